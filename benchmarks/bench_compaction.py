@@ -1,0 +1,117 @@
+"""Compaction costs: the per-turn check, one whole compaction, and offload over successive
+compactions. Run: python -m benchmarks.bench_compaction  (add --quick for a short run)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from cmdc import Compacted, Compactor, Message, OffloadStore, State, estimate_message_tokens
+from cmdc.synthetic import conversation
+
+
+async def instant(messages: Sequence[Message], instruction: str) -> str:
+    return "summary"
+
+
+def time_should_compact(compactor: Compactor, state: State, reps: int) -> float:
+    """Median seconds per call of should_compact, on a state one append past its last check."""
+    samples = []
+    for _ in range(reps):
+        s = state.append(Message.tool_result("c", "x" * 400))
+        t0 = time.perf_counter()
+        for _ in range(100):
+            compactor.should_compact(s)
+        samples.append((time.perf_counter() - t0) / 100)
+    return statistics.median(samples)
+
+
+async def time_compaction(messages: list[Message], root: Path, reps: int) -> float:
+    samples = []
+    for rep in range(reps):
+        config = {
+            "compact_trigger": ("tokens", 1_000),
+            "compact_keep": ("messages", 20),
+            "compact_offload_dir": str(root),
+        }
+        state = State(agent_id=f"agent-{len(messages)}-{rep}", messages=messages, config=config)
+        compactor = Compactor(instant)
+        t0 = time.perf_counter()
+        result = await compactor.maybe_compact(state)
+        samples.append(time.perf_counter() - t0)
+        assert isinstance(result, Compacted)
+    return statistics.median(samples)
+
+
+async def time_successive_offloads(root: Path, batches: int, size: int) -> list[float]:
+    store = OffloadStore(root)
+    out = []
+    for i in range(batches):
+        batch = conversation(size, seed=100 + i, system=False)
+        t0 = time.perf_counter()
+        await store.append("successive", batch, compaction=i + 1)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def time_append(reps: int) -> tuple[float, float]:
+    """Seconds per message: (1) preparing a message as it enters a state (token estimate, JSON
+    encoding and its checksum, done once so a compaction only copies bytes), and (2) the whole
+    `State.append` of one message onto a 10k-message state (mostly the copy of the tuple)."""
+    prepare, append = [], []
+    state = State(agent_id="app", messages=conversation(10_000, seed=7))
+    for r in range(reps):
+        batch = conversation(1_000, seed=500 + r, system=False)
+        t0 = time.perf_counter()
+        for m in batch:
+            estimate_message_tokens(m)
+            m.json_crc()
+        prepare.append((time.perf_counter() - t0) / len(batch))
+        t0 = time.perf_counter()
+        for m in batch:
+            state.append(m)
+        append.append((time.perf_counter() - t0) / len(batch))
+    return statistics.median(prepare), statistics.median(append)
+
+
+async def main(quick: bool) -> None:
+    sizes = (1_000, 10_000) if quick else (1_000, 10_000, 50_000)
+    reps = 3 if quick else 5
+    targets = {1_000: None, 10_000: 30.0, 50_000: 150.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        print("cmdc compaction benchmark (instant summarizer, ~400-char messages)")
+        print(f"{'messages':>9} {'should_compact µs':>18} {'target':>7} {'compaction ms':>14} {'target':>7}")
+        for n in sizes:
+            messages = conversation(n, seed=n)
+            check = time_should_compact(
+                Compactor(instant),
+                State(agent_id="chk", messages=messages, config={"compact_trigger": ("tokens", 10**12)}),
+                reps * 4,
+            )
+            compaction = await time_compaction(messages, Path(tmp), reps)
+            target = targets.get(n)
+            print(
+                f"{len(messages):>9} {check * 1e6:>18.2f} {'< 20':>7} {compaction * 1e3:>14.1f} "
+                f"{'' if target is None else f'< {target:.0f}':>7}"
+            )
+        prepare, append = time_append(reps)
+        print(
+            f"\nper message entering a state, once: {prepare * 1e6:.1f} µs to prepare (estimate, encode, "
+            f"checksum); State.append onto 10k messages: {append * 1e6:.1f} µs (tuple copy included)"
+        )
+        offloads = await time_successive_offloads(Path(tmp), 5, 1_000)
+        print("\noffload of 5 successive compactions of ~1k messages into one journal (ms):")
+        print("  " + "  ".join(f"#{i + 1}: {t * 1e3:.1f}" for i, t in enumerate(offloads)))
+        print(f"  5th / 1st: {offloads[-1] / offloads[0]:.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    trio.run(main, parser.parse_args().quick)

@@ -1,0 +1,53 @@
+"""Deep-freezing of JSON-like values, so data held by frozen classes stays read-only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def freeze(value: Any, where: str) -> Any:
+    """Return a read-only copy of a JSON-like value: dicts become read-only mappings and lists
+    become tuples. Raise `TypeError` naming `where` for anything JSON cannot hold losslessly."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**64:
+            raise TypeError(f"{where}: integer {value} is out of the 64-bit range JSON keeps")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"{where}: {value!r} is not a finite number")
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: key {k!r} is not a string")
+            out[k] = freeze(v, f"{where}.{k}")
+        return MappingProxyType(out)
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v, f"{where}[{i}]") for i, v in enumerate(value))
+    raise TypeError(f"{where}: {type(value).__name__} value {value!r} cannot be stored as JSON")
+
+
+def freeze_mapping(value: Mapping[str, Any] | None, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where}: expected a mapping, got {type(value).__name__}")
+    frozen: Mapping[str, Any] = freeze(value, where)
+    return frozen
+
+
+def thaw(value: Any) -> Any:
+    """The plain (dict / list) form of a frozen value, for JSON encoding."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [thaw(v) for v in value]
+    return value

@@ -1,0 +1,21 @@
+"""Compaction: config, cutoff, summary and the `Compactor`."""
+
+from .compactor import Compacted, CompactionReport, Compactor, Skipped
+from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold
+from .cutoff import Split, split_messages
+from .summary import ExtractiveSummarizer, Summarizer, render_transcript
+
+__all__ = [
+    "DEFAULT_SUMMARY_PROMPT",
+    "CompactConfig",
+    "Compacted",
+    "CompactionReport",
+    "Compactor",
+    "ExtractiveSummarizer",
+    "Skipped",
+    "Split",
+    "Summarizer",
+    "Threshold",
+    "render_transcript",
+    "split_messages",
+]

@@ -1,0 +1,396 @@
+"""The `Compactor`: decide, split, offload (write-ahead), summarize, replace, report."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from ..errors import CompactionAborted, CompactionError, ConfigError, ContextOverflow, SummarizerError
+from ..events import (
+    COMPACTION_END,
+    COMPACTION_FAILED,
+    COMPACTION_SKIPPED,
+    COMPACTION_START,
+    PLUGIN_ERROR,
+    SUMMARIZER_ATTEMPT,
+    Event,
+    EventSink,
+    emit,
+)
+from ..message import Message
+from ..offload import OffloadStore
+from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, PluginReturnError, fold, sort_plugins
+from ..state import State
+from ..tokens import TokenCounter, estimate_message_tokens, estimate_tokens_from_messages
+from .config import CompactConfig
+from .cutoff import Split, split_messages
+from .summary import ExtractiveSummarizer, Summarizer, summarize_rolling, summarizer_name, summary_message
+
+Reason = Literal["auto", "forced", "manual"]
+
+
+@attrs.frozen
+class CompactionReport:
+    """What one compaction did, with its figures."""
+
+    reason: str
+    tokens_before: int
+    tokens_after: int
+    messages_before: int
+    messages_after: int
+    evicted: int
+    offload_path: str
+    first_seq: int
+    last_seq: int
+    compaction: int
+    summary_tokens: int
+    summarizer: str
+    attempts: int
+    duration: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Compacted:
+    """A compaction happened: the new state and its report."""
+
+    state: State
+    report: CompactionReport
+
+
+@attrs.frozen
+class Skipped:
+    """No compaction: the state unchanged, why, and which plugin skipped it (if one did)."""
+
+    state: State
+    reason: str
+    skipped_by: str | None = None
+
+
+class Compactor:
+    """Keeps an agent's context under its configured size.
+
+    `summarizer`: a provider or an async callable `(messages, instruction) -> str`; None means
+    the offline `ExtractiveSummarizer`. `fallbacks`: summarizers tried in order when the primary
+    fails every attempt. `retries`: extra attempts per summarizer, with exponential backoff from
+    `retry_backoff` seconds. `summarizer_input_tokens`: past this many estimated tokens the
+    evicted messages are summarized in chunks, rolled forward. `token_counter`: a per-message
+    counter (a real tokenizer) replacing the default estimate. `on_event`: receives `Event`s.
+    """
+
+    def __init__(
+        self,
+        summarizer: Summarizer | None = None,
+        *,
+        plugins: Iterable[Plugin] = (),
+        token_counter: TokenCounter | None = None,
+        fallbacks: Sequence[Summarizer] = (),
+        retries: int = 2,
+        retry_backoff: float = 0.5,
+        summarizer_input_tokens: int | None = None,
+        on_event: EventSink | None = None,
+    ) -> None:
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
+        if isinstance(retry_backoff, bool) or not isinstance(retry_backoff, (int, float)) or retry_backoff < 0:
+            raise ConfigError(f"retry_backoff must be a number >= 0, got {retry_backoff!r}")
+        if summarizer_input_tokens is not None and (
+            isinstance(summarizer_input_tokens, bool)
+            or not isinstance(summarizer_input_tokens, int)
+            or summarizer_input_tokens < 1
+        ):
+            raise ConfigError(f"summarizer_input_tokens must be an integer >= 1, got {summarizer_input_tokens!r}")
+        for s in (summarizer, *fallbacks):
+            if s is not None and not (hasattr(s, "complete") or callable(s)):
+                raise ConfigError(f"a summarizer must be a provider or an async callable, got {s!r}")
+        self.summarizer: Summarizer = summarizer if summarizer is not None else ExtractiveSummarizer()
+        self.fallbacks = tuple(fallbacks)
+        self.plugins: tuple[Plugin, ...] = sort_plugins(plugins)
+        self.token_counter = token_counter
+        self.retries = retries
+        self.retry_backoff = float(retry_backoff)
+        self.summarizer_input_tokens = summarizer_input_tokens
+        self.on_event = on_event
+        self._config_for: tuple[Mapping[str, Any], CompactConfig] | None = None
+        self._counted: weakref.WeakKeyDictionary[State, int] = weakref.WeakKeyDictionary()
+        self._stores: dict[Path, OffloadStore] = {}
+
+    def add_plugin(self, plugin: Plugin) -> None:
+        """Register a plugin (kept in priority order)."""
+        self.plugins = sort_plugins((*self.plugins, plugin))
+
+    # -- the decision: O(1) in the history's length ----------------------------------------
+    def compact_config(self, state: State) -> CompactConfig:
+        """The compaction settings of `state.config` (validated; cached per config object)."""
+        cached = self._config_for
+        if cached is not None and cached[0] is state.config:
+            return cached[1]
+        config = CompactConfig.from_mapping(state.config)
+        self._config_for = (state.config, config)
+        return config
+
+    def count(self, message: Message) -> int:
+        """Tokens of one message, by the custom counter if one was given."""
+        if self.token_counter is None:
+            return estimate_message_tokens(message)
+        n = self.token_counter(message)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"token_counter returned {n!r} for message {message.id}; expected an int >= 0")
+        return n
+
+    def estimate_tokens(self, state: State) -> int:
+        """The context's size: the last reported usage plus estimates of later messages.
+
+        With the default estimator this is `state.token_usage` (kept up to date by `State`).
+        A custom counter counts only the messages after the baseline, once per state."""
+        if self.token_counter is None:
+            return state.token_usage
+        known = self._counted.get(state)
+        if known is not None:
+            return known
+        usage = state.last_usage
+        base = 0 if usage is None else usage.total_tokens
+        total = base + sum(self.count(m) for m in state.messages[state.baseline_index + 1 :])
+        self._counted[state] = total
+        return total
+
+    def should_compact(self, state: State) -> bool:
+        """True when any trigger is reached (`>=`)."""
+        config = self.compact_config(state)
+        tokens: int | None = None
+        for trigger in config.triggers:
+            if trigger.mode == "messages":
+                if len(state.messages) >= trigger.value:
+                    return True
+                continue
+            if tokens is None:
+                tokens = self.estimate_tokens(state)
+            if tokens >= trigger.tokens(config.context_window):
+                return True
+        return False
+
+    # -- the action ---------------------------------------------------------------------------
+    async def maybe_compact(self, state: State) -> Compacted | Skipped:
+        """Compact when a trigger is reached; otherwise `Skipped`."""
+        if not self.should_compact(state):
+            return Skipped(state, "below every trigger")
+        return await self._compact(state, "auto", None)
+
+    async def force_compact(
+        self, state: State, *, instruction: str | None = None, reason: Reason = "forced"
+    ) -> Compacted | Skipped:
+        """Compact now, whatever the triggers say. `instruction` is added to the summary prompt
+        for this call only (for example "focus on the API changes")."""
+        if reason not in ("auto", "forced", "manual"):
+            raise ConfigError(f"reason must be 'auto', 'forced' or 'manual', got {reason!r}")
+        if instruction is not None and not isinstance(instruction, str):
+            raise ConfigError(f"instruction must be a string, got {type(instruction).__name__}")
+        return await self._compact(state, reason, instruction)
+
+    def store_for(self, config: CompactConfig) -> OffloadStore:
+        store = self._stores.get(config.offload_dir)
+        if store is None:
+            store = self._stores[config.offload_dir] = OffloadStore(config.offload_dir)
+        return store
+
+    def _emit(self, kind: str, state: State, **data: Any) -> None:
+        emit(self.on_event, Event(kind, state.agent_id, data, trio.current_time()))
+
+    def _plugin_error(self, state: State, hook: str) -> Callable[[Plugin, BaseException], None]:
+        def report(plugin: Plugin, exc: BaseException) -> None:
+            self._emit(PLUGIN_ERROR, state, plugin=plugin.name, hook=hook, error=repr(exc))
+
+        return report
+
+    def _split(self, state: State, config: CompactConfig, pinned_ids: Iterable[str] = ()) -> Split:
+        return split_messages(
+            state.messages,
+            config.keep,
+            context_window=config.context_window,
+            count=self.count,
+            pinned_ids=frozenset(pinned_ids),
+            index=state.call_index,
+        )
+
+    async def _compact(self, state: State, reason: str, instruction: str | None) -> Compacted | Skipped:
+        started = trio.current_time()
+        config = self.compact_config(state)
+        split = self._split(state, config)
+        if not split.evicts_anything:
+            self._emit(COMPACTION_SKIPPED, state, reason="nothing can be evicted", skipped_by=None)
+            return Skipped(state, "nothing can be evicted")
+        tokens_before = self.estimate_tokens(state)
+        self._emit(COMPACTION_START, state, reason=reason, tokens=tokens_before, messages=len(state.messages))
+
+        split, skipped = await self._before_compact(state, config, split, reason, instruction)
+        if skipped is not None:
+            return skipped
+
+        # Write-ahead: the evicted messages are durable before anything else happens.
+        compaction = state.compactions + 1
+        store = self.store_for(config)
+        written = await store.append(state.agent_id, split.evicted, compaction=compaction)
+
+        # The previous summary goes first, then every other evicted message.
+        ordered = _summaries_first(state, split.evicted)
+        prompt = config.summary_prompt
+        if instruction:
+            prompt = f"{prompt}\n\nAdditional instruction for this summary: {instruction}"
+        try:
+            text, used, attempts = await self._summarize(state, ordered, prompt)
+        except CompactionError as exc:
+            self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
+            raise
+        summary = summary_message(
+            text,
+            compaction=compaction,
+            evicted=len(split.evicted),
+            offload_path=str(written.path),
+            first_seq=written.first_seq,
+            last_seq=written.last_seq,
+        )
+        messages = (*split.pinned, summary, *split.kept)
+        new_state = state.evolve(messages=messages, compactions=compaction, usage_floor=len(messages))
+        report = CompactionReport(
+            reason=reason,
+            tokens_before=tokens_before,
+            tokens_after=self.estimate_tokens(new_state),
+            messages_before=len(state.messages),
+            messages_after=len(messages),
+            evicted=len(split.evicted),
+            offload_path=str(written.path),
+            first_seq=written.first_seq,
+            last_seq=written.last_seq,
+            compaction=compaction,
+            summary_tokens=self.count(summary),
+            summarizer=used,
+            attempts=attempts,
+            duration=trio.current_time() - started,
+        )
+        after = await self._after_compact(new_state, report)
+        if after is not new_state:
+            new_state = after
+            report = attrs.evolve(report, tokens_after=self.estimate_tokens(after), messages_after=len(after.messages))
+        report = attrs.evolve(report, duration=trio.current_time() - started)
+        self._emit(COMPACTION_END, state, report=report)
+        return Compacted(new_state, report)
+
+    async def _before_compact(
+        self, state: State, config: CompactConfig, split: Split, reason: str, instruction: str | None
+    ) -> tuple[Split, Skipped | None]:
+        if not any(p.implements("before_compact") for p in self.plugins):
+            return split, None
+        offered = {m.id for m in split.evicted}
+
+        def accept(value: object, current: tuple[Message, ...]) -> tuple[Message, ...]:
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                raise PluginReturnError(f"before_compact must return messages to evict, got {type(value).__name__}")
+            chosen = tuple(value)
+            allowed = {m.id for m in current}
+            if not all(isinstance(m, Message) and m.id in allowed for m in chosen):
+                raise PluginReturnError("before_compact may only return a subset of the messages offered")
+            return chosen
+
+        ctx = BeforeCompact(state, split.evicted, split.kept, reason, instruction)
+        folded = await fold(
+            self.plugins,
+            "before_compact",
+            ctx,
+            split.evicted,
+            rebind=lambda c, evicted: attrs.evolve(c, evicted=evicted),
+            accept=accept,
+            on_error=self._plugin_error(state, "before_compact"),
+        )
+        if isinstance(folded.stop, Abort):
+            self._emit(COMPACTION_SKIPPED, state, reason=folded.stop.reason, skipped_by=folded.stopped_by)
+            raise CompactionAborted(f"plugin {folded.stopped_by} aborted the compaction: {folded.stop.reason}")
+        if folded.stop is not None:
+            self._emit(COMPACTION_SKIPPED, state, reason=folded.stop.reason, skipped_by=folded.stopped_by)
+            return split, Skipped(state, folded.stop.reason or "skipped by a plugin", folded.stopped_by)
+        chosen = {m.id for m in folded.value}
+        if chosen != offered:
+            # Keep what the plugins took out, and re-close the call groups around it.
+            split = self._split(state, config, pinned_ids=offered - chosen)
+            if not split.evicts_anything:
+                why = "plugins left nothing to evict"
+                self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
+                return split, Skipped(state, why)
+        return split, None
+
+    async def _after_compact(self, state: State, report: CompactionReport) -> State:
+        def accept(value: object, current: State) -> State:
+            if not isinstance(value, State):
+                raise PluginReturnError(f"after_compact must return a State, got {type(value).__name__}")
+            if value.agent_id != current.agent_id:
+                raise PluginReturnError("after_compact may not change the agent id")
+            return value
+
+        folded = await fold(
+            self.plugins,
+            "after_compact",
+            AfterCompact(state, report),
+            state,
+            rebind=lambda c, s: attrs.evolve(c, state=s),
+            accept=accept,
+            on_error=self._plugin_error(state, "after_compact"),
+        )
+        result = folded.value
+        if folded.stop is not None:  # too late to veto: the offload has happened
+            self._emit(
+                PLUGIN_ERROR,
+                state,
+                plugin=folded.stopped_by,
+                hook="after_compact",
+                error=f"{type(folded.stop).__name__} ignored after compaction: {folded.stop.reason}",
+            )
+        if result is not state:
+            # No reply has come since the compaction: every reported usage in it is stale.
+            result = result.evolve(usage_floor=len(result.messages), compactions=state.compactions)
+        return result
+
+    async def _summarize(self, state: State, messages: Sequence[Message], prompt: str) -> tuple[str, str, int]:
+        """Retries with backoff, then the fallbacks; the text, who wrote it, and attempts used."""
+        attempts = 0
+        last_error = "no summarizer was tried"
+        for role, summarizer in [("primary", self.summarizer)] + [("failover", f) for f in self.fallbacks]:
+            name = summarizer_name(summarizer)
+            chunk = self.summarizer_input_tokens
+            for retry in range(self.retries + 1):
+                attempts += 1
+                try:
+                    text = await summarize_rolling(summarizer, messages, prompt, chunk)
+                except ContextOverflow as exc:
+                    # Too much for the summarizer's window: halve the chunks and go again.
+                    whole = estimate_tokens_from_messages(messages)
+                    chunk = max(1, (chunk or whole) // 2)
+                    last_error = f"{name}: {exc}"
+                except Exception as exc:
+                    last_error = f"{name}: {type(exc).__name__}: {exc}"
+                else:
+                    if text.strip():
+                        self._emit(SUMMARIZER_ATTEMPT, state, summarizer=name, role=role, attempt=attempts, ok=True)
+                        return text, name, attempts
+                    last_error = f"{name}: returned an empty summary"
+                self._emit(
+                    SUMMARIZER_ATTEMPT, state, summarizer=name, role=role, attempt=attempts, ok=False, error=last_error
+                )
+                if retry < self.retries and self.retry_backoff:
+                    await trio.sleep(self.retry_backoff * 2**retry)
+        raise SummarizerError(f"every summarizer attempt failed ({attempts} attempts); last: {last_error}")
+
+
+def _summaries_first(state: State, evicted: tuple[Message, ...]) -> Sequence[Message]:
+    """`evicted` with earlier summaries first. A summary sits right after the pinned system
+    messages, so it is usually first already; only otherwise is the list reordered."""
+    summaries = [state.messages[i] for i in state.call_index.summaries]
+    if not summaries or (len(summaries) == 1 and evicted and evicted[0] is summaries[0]):
+        return evicted
+    ids = {m.id for m in summaries}
+    return [m for m in evicted if m.id in ids] + [m for m in evicted if m.id not in ids]

@@ -1,0 +1,153 @@
+"""`CompactConfig`: the compaction settings read from `state.config`, strictly validated."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from ..errors import ConfigError
+
+TriggerMode = Literal["tokens", "fraction", "messages"]
+KeepMode = Literal["messages", "fraction", "tokens"]
+
+DEFAULT_TRIGGER: tuple[str, int] = ("tokens", 170_000)
+DEFAULT_KEEP: tuple[str, int] = ("messages", 6)
+DEFAULT_OFFLOAD_DIR = ".cmdc/conversation_history"
+
+DEFAULT_SUMMARY_PROMPT = """\
+You are compacting an agent's conversation history. The messages below are being removed from
+its context; your summary replaces them. The agent will continue working from your summary alone,
+so keep everything it needs and nothing else. Write these sections, in this order, as Markdown:
+
+## Primary request and intent
+What the user asked for, in their words where it matters, including every explicit requirement.
+## Key concepts
+Technical concepts, constraints and decisions that shape the work.
+## Files and code
+Files, paths, identifiers and code that were read, written or discussed, and why they matter.
+## Errors and fixes
+Errors met and how they were resolved, including what the user said about them.
+## All user messages
+Every user message, in order (they show the user's changing intent).
+## Pending tasks
+Tasks asked for and not yet done.
+## Current work
+What was being worked on right before this summary, precisely.
+## Next step
+The next step, directly in line with the user's latest request.
+
+If an earlier summary appears first, fold it in: nothing it says may be lost unless it is obsolete.
+"""
+
+COMPACT_KEYS = frozenset(
+    {"compact_trigger", "compact_keep", "compact_offload_dir", "compact_summary_prompt", "context_window"}
+)
+
+
+@attrs.frozen
+class Threshold:
+    """One trigger or keep rule: a mode and its value."""
+
+    mode: str
+    value: int | float
+
+    def tokens(self, context_window: int | None) -> int:
+        """The rule as a token figure (fractions of the context window, rounded down, >= 1)."""
+        if self.mode == "fraction":
+            assert context_window is not None
+            return max(1, math.floor(self.value * context_window))
+        return int(self.value)
+
+
+@attrs.frozen
+class CompactConfig:
+    """Compaction settings. Build it from a state's config with `CompactConfig.from_mapping`."""
+
+    triggers: tuple[Threshold, ...] = (Threshold(*DEFAULT_TRIGGER),)
+    keep: Threshold = Threshold(*DEFAULT_KEEP)
+    offload_dir: Path = Path(DEFAULT_OFFLOAD_DIR)
+    summary_prompt: str = attrs.field(default=DEFAULT_SUMMARY_PROMPT, repr=False)
+    context_window: int | None = None
+
+    @property
+    def token_trigger(self) -> int | None:
+        """The smallest token threshold among the triggers (fractions resolved), or None."""
+        figures = [t.tokens(self.context_window) for t in self.triggers if t.mode != "messages"]
+        return min(figures) if figures else None
+
+    @property
+    def message_trigger(self) -> int | None:
+        figures = [int(t.value) for t in self.triggers if t.mode == "messages"]
+        return min(figures) if figures else None
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> CompactConfig:
+        """Read and validate the compaction keys; anything malformed raises `ConfigError`."""
+        for key in config:
+            if key.startswith("compact_") and key not in COMPACT_KEYS:
+                raise ConfigError(f"unknown config key {key!r}; known keys: {sorted(COMPACT_KEYS)}")
+        window = _context_window(config.get("context_window"))
+        triggers = _triggers(config.get("compact_trigger", DEFAULT_TRIGGER), window)
+        keep_modes = ("messages", "fraction", "tokens")
+        keep = _rule("compact_keep", config.get("compact_keep", DEFAULT_KEEP), keep_modes, window)
+        return cls(
+            triggers=triggers,
+            keep=keep,
+            offload_dir=_offload_dir(config.get("compact_offload_dir", DEFAULT_OFFLOAD_DIR)),
+            summary_prompt=_prompt(config.get("compact_summary_prompt", DEFAULT_SUMMARY_PROMPT)),
+            context_window=window,
+        )
+
+
+def _context_window(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"config key 'context_window' must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _triggers(value: object, window: int | None) -> tuple[Threshold, ...]:
+    modes = ("tokens", "fraction", "messages")
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+        return tuple(_rule("compact_trigger", v, modes, window) for v in value)
+    if isinstance(value, (list, tuple)) and not value:
+        raise ConfigError("config key 'compact_trigger' must not be an empty list")
+    return (_rule("compact_trigger", value, modes, window),)
+
+
+def _rule(key: str, value: object, modes: tuple[str, ...], window: int | None) -> Threshold:
+    shape = f"a pair (mode, value) with mode one of {list(modes)}"
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ConfigError(f"config key {key!r} must be {shape}, got {value!r}")
+    mode, number = value
+    if mode not in modes:
+        raise ConfigError(f"config key {key!r}: unknown mode {mode!r} in {value!r}; expected one of {list(modes)}")
+    if mode == "fraction":
+        if isinstance(number, bool) or not isinstance(number, float) or not 0.0 < number <= 1.0:
+            raise ConfigError(f"config key {key!r}: a fraction must be a float in (0, 1], got {number!r}")
+        if window is None:
+            raise ConfigError(f"config key {key!r}: {value!r} needs 'context_window' to be set")
+    elif isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise ConfigError(f"config key {key!r}: a {mode} count must be an integer >= 1, got {number!r}")
+    return Threshold(mode, number)
+
+
+def _offload_dir(value: object) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"config key 'compact_offload_dir' must be a path, got {value!r}")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise ConfigError(f"config key 'compact_offload_dir' must be a non-empty path without NUL, got {value!r}")
+    return Path(text)
+
+
+def _prompt(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"config key 'compact_summary_prompt' must be a non-empty string, got {value!r}")
+    return value

@@ -1,0 +1,64 @@
+"""Call groups without scanning history: which assistant calls still wait for results, and
+which messages are pinned. `State` keeps a `CallIndex` up to date as messages are appended, so
+the cutoff never has to walk the whole conversation to find them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from .message import Message
+
+
+@attrs.frozen
+class OpenGroup:
+    """An assistant message (at `index`) with calls still `waiting` for results; `results` are
+    the indices of the results that have arrived."""
+
+    index: int
+    waiting: frozenset[str]
+    results: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class CallIndex:
+    """Open call groups, pinned messages and summaries of a conversation, by index."""
+
+    open: tuple[OpenGroup, ...] = ()
+    pinned: tuple[int, ...] = ()
+    summaries: tuple[int, ...] = ()
+
+    def add(self, index: int, message: Message) -> CallIndex:
+        """The index after `message` is appended at `index` (O(open groups); usually no copy)."""
+        result = self
+        if message.metadata:
+            if message.is_pinned:
+                result = attrs.evolve(result, pinned=(*result.pinned, index))
+            if message.is_summary:
+                result = attrs.evolve(result, summaries=(*result.summaries, index))
+        if message.tool_calls:
+            group = OpenGroup(index, frozenset(c.id for c in message.tool_calls))
+            return attrs.evolve(result, open=(*result.open, group))
+        call_id = message.tool_call_id
+        if call_id is None or not result.open:
+            return result
+        groups = result.open
+        for k in range(len(groups) - 1, -1, -1):
+            g = groups[k]
+            if call_id in g.waiting:
+                waiting = g.waiting - {call_id}
+                rest = groups[:k] + groups[k + 1 :]
+                if waiting:
+                    rest = (*groups[:k], OpenGroup(g.index, waiting, (*g.results, index)), *groups[k + 1 :])
+                return attrs.evolve(result, open=rest)
+        return result
+
+    @classmethod
+    def scan(cls, messages: Sequence[Message]) -> CallIndex:
+        """Build the index of `messages` from scratch (O(n))."""
+        index = cls()
+        for i, m in enumerate(messages):
+            if m.tool_calls or m.tool_call_id is not None or m.metadata:
+                index = index.add(i, m)
+        return index

@@ -1,0 +1,383 @@
+"""Messages: frozen values with a unique id, a role, content and (for assistants) tool calls."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Literal
+
+import attrs
+import orjson
+
+from ._frozen import freeze_mapping, thaw
+from .errors import InvalidMessage
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+SUMMARY_KIND = "summary"
+KIND_KEY = "cmdc.kind"
+PINNED_KEY = "cmdc.pinned"
+
+_PREFIX = secrets.token_hex(4)
+_COUNTER = itertools.count(1)
+
+
+def new_id() -> str:
+    """A fresh message id, unique in this process and, with high probability, across processes."""
+    return f"m{_PREFIX}{next(_COUNTER):x}"
+
+
+def _check_text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidMessage(f"{where} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidMessage(f"{where} is not valid Unicode text ({exc.reason} at {exc.start})") from None
+    return value
+
+
+@attrs.frozen
+class TextPart:
+    """A text part of a message's content."""
+
+    text: str = attrs.field(validator=lambda _i, _a, v: _check_text(v, "TextPart.text"))
+
+
+@attrs.frozen
+class ImagePart:
+    """An image part, by reference (a URL, a data URL or a path); counts as a fixed token cost."""
+
+    source: str = attrs.field(validator=lambda _i, _a, v: _check_text(v, "ImagePart.source"))
+    media_type: str | None = None
+
+
+Part = TextPart | ImagePart
+Content = str | tuple[Part, ...]
+
+
+def _convert_content(value: object) -> Content:
+    if isinstance(value, str):
+        return _check_text(value, "message content")
+    if isinstance(value, (list, tuple)):
+        parts: list[Part] = []
+        for i, p in enumerate(value):
+            if isinstance(p, (TextPart, ImagePart)):
+                parts.append(p)
+            elif isinstance(p, str):
+                parts.append(TextPart(p))
+            else:
+                raise InvalidMessage(f"message content part {i} is a {type(p).__name__}, not a part")
+        return tuple(parts)
+    raise InvalidMessage(f"message content must be text or a list of parts, got {type(value).__name__}")
+
+
+def _convert_arguments(value: object) -> Mapping[str, Any]:
+    try:
+        return freeze_mapping(value, "tool call arguments")  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise InvalidMessage(str(exc)) from None
+
+
+def _convert_metadata(value: object) -> Mapping[str, Any]:
+    try:
+        return freeze_mapping(value, "message metadata")  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise InvalidMessage(str(exc)) from None
+
+
+@attrs.frozen(hash=False)
+class ToolCall:
+    """One tool call requested by an assistant message."""
+
+    id: str = attrs.field(validator=lambda _i, _a, v: _check_nonempty(v, "ToolCall.id"))
+    name: str = attrs.field(validator=lambda _i, _a, v: _check_nonempty(v, "ToolCall.name"))
+    arguments: Mapping[str, Any] = attrs.field(factory=dict, converter=_convert_arguments)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": thaw(self.arguments)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> ToolCall:
+        if not isinstance(data, Mapping):
+            raise InvalidMessage(f"a tool call must be an object, got {type(data).__name__}")
+        return cls(id=data.get("id"), name=data.get("name"), arguments=data.get("arguments") or {})  # type: ignore[arg-type]
+
+
+def _check_nonempty(value: object, where: str) -> str:
+    _check_text(value, where)
+    if not value:
+        raise InvalidMessage(f"{where} must not be empty")
+    return value  # type: ignore[return-value]
+
+
+def _nonneg_int(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidMessage(f"TokenUsage.{attribute.name} must be a non-negative integer, got {value!r}")
+
+
+@attrs.frozen
+class TokenUsage:
+    """Token figures a provider reported for one request.
+
+    `total_tokens` defaults to input + output. `cache_read_tokens` and `cache_creation_tokens`
+    are the provider's cache figures where it reports them (informational).
+    """
+
+    input_tokens: int = attrs.field(default=0, validator=_nonneg_int)
+    output_tokens: int = attrs.field(default=0, validator=_nonneg_int)
+    total_tokens: int = attrs.field(validator=_nonneg_int)
+    cache_read_tokens: int = attrs.field(default=0, validator=_nonneg_int)
+    cache_creation_tokens: int = attrs.field(default=0, validator=_nonneg_int)
+
+    @total_tokens.default
+    def _total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        d = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens, "total_tokens": self.total_tokens}
+        if self.cache_read_tokens:
+            d["cache_read_tokens"] = self.cache_read_tokens
+        if self.cache_creation_tokens:
+            d["cache_creation_tokens"] = self.cache_creation_tokens
+        return d
+
+    @classmethod
+    def from_dict(cls, data: object) -> TokenUsage:
+        if not isinstance(data, Mapping):
+            raise InvalidMessage(f"usage must be an object, got {type(data).__name__}")
+        known = {f.name for f in attrs.fields(cls)}
+        extra = set(data) - known
+        if extra:
+            raise InvalidMessage(f"usage has unknown fields {sorted(extra)}")
+        return cls(**data)
+
+
+def _convert_calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise InvalidMessage(f"tool_calls must be a sequence of ToolCall, got {type(value).__name__}")
+    return tuple(value)
+
+
+def _role_validator(_inst: object, _a: object, value: object) -> None:
+    if value not in ROLES:
+        raise InvalidMessage(f"message role must be one of {sorted(ROLES)}, got {value!r}")
+
+
+@attrs.frozen(hash=False)
+class Message:
+    """One message of a conversation. Build it with `Message.system`, `.user`, `.assistant` or
+    `.tool_result`; every message gets a unique `id` at construction."""
+
+    role: Role = attrs.field(validator=_role_validator)
+    content: Content = attrs.field(default="", converter=_convert_content)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_convert_calls)
+    tool_call_id: str | None = None
+    is_error: bool = False
+    usage: TokenUsage | None = None
+    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=_convert_metadata)
+    id: str = attrs.field(factory=new_id)
+    # Caches, not part of the value: the default token estimate (see cmdc.tokens) and the JSON.
+    _tokens: int | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _json: bytes | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _json_crc: int | None = attrs.field(default=None, init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        _check_nonempty(self.id, "message id")
+        for call in self.tool_calls:
+            if not isinstance(call, ToolCall):
+                raise InvalidMessage(f"tool_calls must hold ToolCall values, got {type(call).__name__}")
+        if self.tool_calls and self.role != "assistant":
+            raise InvalidMessage(f"only assistant messages carry tool calls, not {self.role!r}")
+        if len({c.id for c in self.tool_calls}) != len(self.tool_calls):
+            raise InvalidMessage("tool call ids within one message must be unique")
+        if self.role == "tool":
+            _check_nonempty(self.tool_call_id, "tool result's tool_call_id")
+        elif self.tool_call_id is not None:
+            raise InvalidMessage(f"only tool results carry a tool_call_id, not {self.role!r}")
+        if not isinstance(self.is_error, bool):
+            raise InvalidMessage(f"is_error must be a bool, got {self.is_error!r}")
+        if self.usage is not None and not isinstance(self.usage, TokenUsage):
+            raise InvalidMessage(f"usage must be a TokenUsage, got {type(self.usage).__name__}")
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # -- constructors -------------------------------------------------------------------
+    @classmethod
+    def system(cls, text: Content, *, metadata: Mapping[str, Any] | None = None) -> Message:
+        return cls("system", text, metadata=metadata or {})
+
+    @classmethod
+    def user(cls, content: Content | Sequence[Part], *, metadata: Mapping[str, Any] | None = None) -> Message:
+        return cls("user", content, metadata=metadata or {})
+
+    @classmethod
+    def assistant(
+        cls,
+        text: Content = "",
+        *,
+        tool_calls: Iterable[ToolCall] = (),
+        usage: TokenUsage | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Message:
+        return cls("assistant", text, tool_calls=tuple(tool_calls), usage=usage, metadata=metadata or {})
+
+    @classmethod
+    def tool_result(
+        cls,
+        call_id: str,
+        content: Content,
+        *,
+        is_error: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Message:
+        return cls("tool", content, tool_call_id=call_id, is_error=is_error, metadata=metadata or {})
+
+    # -- views ----------------------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        """The content as plain text (image parts are shown as a marker)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text if isinstance(p, TextPart) else f"[image: {p.source}]" for p in self.content)
+
+    @property
+    def is_summary(self) -> bool:
+        return self.metadata.get(KIND_KEY) == SUMMARY_KIND
+
+    @property
+    def is_pinned(self) -> bool:
+        return self.metadata.get(PINNED_KEY) is True
+
+    def evolve(self, **changes: Any) -> Message:
+        """A copy with some fields changed (the id is kept unless given)."""
+        return attrs.evolve(self, **changes)
+
+    # -- serialization --------------------------------------------------------------------
+    def _plain(self) -> dict[str, Any]:
+        """The JSON form, with read-only mappings left in place for orjson's `default`."""
+        content = self.content
+        d: dict[str, Any] = {
+            "id": self.id,
+            "role": self.role,
+            "content": content if isinstance(content, str) else [_part_to_dict(p) for p in content],
+        }
+        if self.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.is_error:
+            d["is_error"] = True
+        if self.usage is not None:
+            d["usage"] = self.usage.to_dict()
+        if self.metadata:
+            d["metadata"] = self.metadata
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON types only) that `from_dict` turns back into an equal message."""
+        plain: dict[str, Any] = thaw(self._plain())
+        return plain
+
+    @classmethod
+    def from_dict(cls, data: object) -> Message:
+        """Rebuild a message from `to_dict` output; anything malformed raises `InvalidMessage`."""
+        if not isinstance(data, Mapping):
+            raise InvalidMessage(f"a message must be an object, got {type(data).__name__}")
+        known = {"id", "role", "content", "tool_calls", "tool_call_id", "is_error", "usage", "metadata"}
+        extra = set(data) - known
+        if extra:
+            raise InvalidMessage(f"message has unknown fields {sorted(extra)}")
+        if "id" not in data or "role" not in data:
+            raise InvalidMessage("message needs an 'id' and a 'role'")
+        content = data.get("content", "")
+        if isinstance(content, list):
+            content = tuple(_part_from_dict(p, i) for i, p in enumerate(content))
+        calls = data.get("tool_calls", ())
+        if not isinstance(calls, (list, tuple)):
+            raise InvalidMessage("tool_calls must be a list")
+        usage = data.get("usage")
+        metadata = data.get("metadata", {})
+        if not isinstance(metadata, Mapping):
+            raise InvalidMessage("metadata must be an object")
+        try:
+            return cls(
+                role=data["role"],
+                content=content,
+                tool_calls=tuple(ToolCall.from_dict(c) for c in calls),
+                tool_call_id=data.get("tool_call_id"),
+                is_error=data.get("is_error", False),
+                usage=None if usage is None else TokenUsage.from_dict(usage),
+                metadata=metadata,
+                id=data["id"],
+            )
+        except TypeError as exc:
+            raise InvalidMessage(f"malformed message: {exc}") from None
+
+    def to_json(self) -> bytes:
+        """The message as compact JSON bytes, encoded once and cached (messages are immutable)."""
+        data = self._json
+        if data is None:
+            data = orjson.dumps(self._plain(), default=_encode_default)
+            object.__setattr__(self, "_json", data)
+        return data
+
+    def json_crc(self) -> int:
+        """CRC-32 of `to_json()`, computed once (the offload journal's line checksum uses it)."""
+        crc = self._json_crc
+        if crc is None:
+            crc = zlib.crc32(self.to_json())
+            object.__setattr__(self, "_json_crc", crc)
+        return crc
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> Message:
+        try:
+            return cls.from_dict(orjson.loads(data))
+        except orjson.JSONDecodeError as exc:
+            raise InvalidMessage(f"message is not valid JSON: {exc}") from None
+
+
+def _part_to_dict(p: Part) -> dict[str, Any]:
+    if isinstance(p, TextPart):
+        return {"type": "text", "text": p.text}
+    return {"type": "image", "source": p.source, "media_type": p.media_type}
+
+
+def _encode_default(value: object) -> object:
+    if isinstance(value, MappingProxyType):
+        return dict(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def _part_from_dict(p: object, i: int) -> Part:
+    if not isinstance(p, Mapping):
+        raise InvalidMessage(f"content part {i} must be an object")
+    kind = p.get("type")
+    if kind == "text":
+        return TextPart(p.get("text"))  # type: ignore[arg-type]
+    if kind == "image":
+        mt = p.get("media_type")
+        if mt is not None and not isinstance(mt, str):
+            raise InvalidMessage(f"content part {i}: media_type must be a string")
+        return ImagePart(p.get("source"), mt)  # type: ignore[arg-type]
+    raise InvalidMessage(f"content part {i} has unknown type {kind!r}")
+
+
+__all__ = [
+    "ImagePart",
+    "Message",
+    "Part",
+    "Role",
+    "TextPart",
+    "TokenUsage",
+    "ToolCall",
+]

@@ -1,0 +1,5 @@
+"""Model providers."""
+
+from .base import ModelRequest, Provider, ToolSchema
+
+__all__ = ["ModelRequest", "Provider", "ToolSchema"]

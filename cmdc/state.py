@@ -1,0 +1,201 @@
+"""`State`: the immutable value an agent owns, with an O(1)-per-message token figure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import orjson
+
+from ._frozen import freeze_mapping, thaw
+from .errors import ConfigError, InvalidMessage, InvalidState
+from .groups import CallIndex
+from .message import Message, TokenUsage
+from .tokens import estimate_message_tokens
+
+_AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def validate_agent_id(agent_id: object) -> str:
+    """Return `agent_id` if it is safe as a file name, else raise `ConfigError`.
+
+    Allowed: `[A-Za-z0-9][A-Za-z0-9_.-]{0,127}` (no `/`, no NUL, no leading dot, at most 128).
+    """
+    if not isinstance(agent_id, str) or _AGENT_ID.fullmatch(agent_id) is None:
+        raise ConfigError(
+            f"agent id {agent_id!r} is not allowed: use 1-128 characters of letters, digits, "
+            "'_', '.' or '-', starting with a letter or digit"
+        )
+    return agent_id
+
+
+def _convert_config(value: object) -> Mapping[str, Any]:
+    try:
+        return freeze_mapping(value, "config")  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _convert_messages(value: object) -> tuple[Message, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidMessage(f"messages must be a sequence of Message, got {type(value).__name__}")
+    messages = tuple(value)
+    for i, m in enumerate(messages):
+        if not isinstance(m, Message):
+            raise InvalidMessage(f"messages[{i}] is a {type(m).__name__}, not a Message")
+    return messages
+
+
+def _count(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidState(f"{what} must be a non-negative integer, got {value!r}")
+
+
+@attrs.frozen(hash=False)
+class State:
+    """An agent's immutable state: its id, its messages (a tuple), its read-only config and its
+    compaction count. Every change returns a new `State`.
+
+    `token_usage` is the current size of the context in tokens: the last reported
+    `usage.total_tokens` (the baseline) plus the estimate of every message appended after it,
+    or the estimate of every message when no usage has been reported. `append` keeps it up to
+    date in O(1) per message. Usage reported on messages before `usage_floor` is stale (it
+    predates a compaction) and is never taken as the baseline.
+    """
+
+    agent_id: str = attrs.field(converter=validate_agent_id)
+    messages: tuple[Message, ...] = attrs.field(default=(), converter=_convert_messages)
+    config: Mapping[str, Any] = attrs.field(factory=dict, converter=_convert_config)
+    compactions: int = attrs.field(default=0)
+    usage_floor: int = attrs.field(default=0)
+    # derived, kept up to date by `append`
+    _baseline_index: int = attrs.field(default=-1, init=False, eq=False, repr=False)
+    _baseline_tokens: int = attrs.field(default=0, init=False, eq=False, repr=False)
+    _tail_tokens: int = attrs.field(default=0, init=False, eq=False, repr=False)
+    _calls: CallIndex = attrs.field(factory=CallIndex, init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        _count(self.compactions, "compactions")
+        _count(self.usage_floor, "usage_floor")
+        index, base = -1, 0
+        for i in range(len(self.messages) - 1, self.usage_floor - 1, -1):
+            usage = self.messages[i].usage
+            if usage is not None:
+                index, base = i, usage.total_tokens
+                break
+        tail = sum(estimate_message_tokens(m) for m in self.messages[index + 1 :])
+        for m in self.messages:
+            m.json_crc()  # encode (and checksum) once now, so offloads only copy bytes
+        object.__setattr__(self, "_baseline_index", index)
+        object.__setattr__(self, "_baseline_tokens", base)
+        object.__setattr__(self, "_tail_tokens", tail)
+        object.__setattr__(self, "_calls", CallIndex.scan(self.messages))
+
+    def __hash__(self) -> int:
+        return hash((self.agent_id, len(self.messages), self.compactions))
+
+    @property
+    def token_usage(self) -> int:
+        """The context's size in tokens: reported baseline plus estimates since (O(1))."""
+        return self._baseline_tokens + self._tail_tokens
+
+    @property
+    def baseline_index(self) -> int:
+        """Index of the message whose reported usage is the baseline, or -1."""
+        return self._baseline_index
+
+    @property
+    def call_index(self) -> CallIndex:
+        """Open call groups and pinned messages, kept up to date by `append`."""
+        return self._calls
+
+    @property
+    def last_usage(self) -> TokenUsage | None:
+        """The usage of the baseline message, if any."""
+        if self._baseline_index < 0:
+            return None
+        return self.messages[self._baseline_index].usage
+
+    def append(self, *messages: Message) -> State:
+        """A new state with `messages` appended; O(1) token accounting per message."""
+        index, base, tail = self._baseline_index, self._baseline_tokens, self._tail_tokens
+        calls = self._calls
+        start = len(self.messages)
+        for offset, m in enumerate(messages):
+            if not isinstance(m, Message):
+                raise InvalidMessage(f"append takes Message values, got {type(m).__name__}")
+            m.json_crc()  # encode (and checksum) once now, O(1) per message: offloads copy bytes
+            if m.tool_calls or m.tool_call_id is not None or m.metadata:
+                calls = calls.add(start + offset, m)
+            if m.usage is not None:
+                index, base, tail = start + offset, m.usage.total_tokens, 0
+            else:
+                tail += estimate_message_tokens(m)
+        new = object.__new__(State)
+        for name, value in (
+            ("agent_id", self.agent_id),
+            ("messages", self.messages + messages),
+            ("config", self.config),
+            ("compactions", self.compactions),
+            ("usage_floor", self.usage_floor),
+            ("_baseline_index", index),
+            ("_baseline_tokens", base),
+            ("_tail_tokens", tail),
+            ("_calls", calls),
+        ):
+            object.__setattr__(new, name, value)
+        return new
+
+    def evolve(self, **changes: Any) -> State:
+        """A copy with some fields changed (the token figure is recomputed)."""
+        return attrs.evolve(self, **changes)
+
+    # -- serialization --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "agent_id": self.agent_id,
+            "messages": [m.to_dict() for m in self.messages],
+            "config": thaw(self.config),
+            "compactions": self.compactions,
+            "usage_floor": self.usage_floor,
+        }
+
+    def to_json(self) -> bytes:
+        """Compact JSON; each message's cached encoding is reused, not redone."""
+        return orjson.dumps(
+            {
+                "version": 1,
+                "agent_id": self.agent_id,
+                "messages": [orjson.Fragment(m.to_json()) for m in self.messages],
+                "config": thaw(self.config),
+                "compactions": self.compactions,
+                "usage_floor": self.usage_floor,
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, data: object) -> State:
+        if not isinstance(data, Mapping):
+            raise InvalidState(f"a state must be an object, got {type(data).__name__}")
+        if data.get("version", 1) != 1:
+            raise InvalidState(f"unknown state version {data.get('version')!r}")
+        messages = data.get("messages", [])
+        if not isinstance(messages, list):
+            raise InvalidState("state 'messages' must be a list")
+        return cls(
+            agent_id=data.get("agent_id"),
+            messages=tuple(Message.from_dict(m) for m in messages),
+            config=data.get("config", {}),
+            compactions=data.get("compactions", 0),
+            usage_floor=data.get("usage_floor", 0),
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> State:
+        try:
+            return cls.from_dict(orjson.loads(data))
+        except orjson.JSONDecodeError as exc:
+            raise InvalidState(f"state is not valid JSON: {exc}") from None

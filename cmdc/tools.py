@@ -1,0 +1,405 @@
+"""Tools: a spec (name, description, JSON-schema parameters) plus the async function that runs it.
+
+`@tool` builds a `Tool` from a typed async function; `tool_from_schema` takes a hand-written
+schema. `validate_arguments` is the small JSON-schema validator both use on a model's arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import re
+import types
+import typing
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, Union, overload
+
+import attrs
+import orjson
+
+from ._frozen import freeze, freeze_mapping, thaw
+from .errors import CmdcError, ConfigError
+from .providers.base import ToolSchema
+
+AsyncFn = Callable[..., Awaitable[Any]]
+Converter = Callable[[Any], Any]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ToolArgumentsError(CmdcError, ValueError):
+    """A model's tool arguments do not match the tool's schema; `errors` lists every problem."""
+
+    def __init__(self, errors: typing.Sequence[str], tool: str | None = None) -> None:
+        self.errors = tuple(errors)
+        self.tool = tool
+        head = f"invalid arguments for tool {tool!r}" if tool else "invalid arguments"
+        super().__init__(f"{head}:\n" + "\n".join(f"- {e}" for e in self.errors))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.errors, self.tool))
+
+
+def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    try:
+        frozen = freeze_mapping(value, "tool parameters")
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None
+    if frozen.get("type") != "object":
+        raise ConfigError('tool parameters must be a JSON schema with "type": "object"')
+    return frozen
+
+
+@attrs.frozen(eq=False)  # compared and hashed by identity: it wraps a function
+class Tool:
+    """A tool the model may call. `timeout` overrides the runtime's tool timeout for this tool.
+
+    `converters` (built by `@tool`) turn validated JSON values into the Python types the
+    function's annotations ask for (enum members, tuples)."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
+    fn: AsyncFn
+    timeout: float | None = None
+    converters: Mapping[str, Converter] = attrs.field(factory=dict, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ConfigError(f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
+            raise ConfigError(f"tool {self.name}: timeout must be a positive number of seconds, got {t!r}")
+
+    @property
+    def schema(self) -> ToolSchema:
+        return ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments for `fn`, or `ToolArgumentsError` listing every problem."""
+        try:
+            kwargs = validate_arguments(self.parameters, arguments)
+        except ToolArgumentsError as exc:
+            raise ToolArgumentsError(exc.errors, tool=self.name) from None
+        for key, convert in self.converters.items():
+            if key in kwargs:
+                kwargs[key] = convert(kwargs[key])
+        return kwargs
+
+    async def __call__(self, arguments: Mapping[str, Any]) -> str:
+        return render_result(await self.fn(**self.validate(arguments)))
+
+
+def render_result(result: Any) -> str:
+    """A tool's return value as text: a string as is, None as "", anything else as JSON."""
+    if isinstance(result, str):
+        return result
+    if result is None:
+        return ""
+    try:
+        default = lambda v: dict(v) if isinstance(v, Mapping) else attrs.asdict(v)  # noqa: E731
+        return orjson.dumps(result, default=default, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # not JSON, not attrs: fall back to str()
+        return str(result)
+
+
+_JSON_TYPES: tuple[tuple[Any, str], ...] = (
+    (type(None), "null"),
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    ((list, tuple), "array"),
+    (Mapping, "object"),
+)
+
+
+def _type_name(value: object) -> str:
+    return next((name for t, name in _JSON_TYPES if isinstance(value, t)), type(value).__name__)
+
+
+def _describe(value: object) -> str:
+    kind = _type_name(value)
+    if kind in ("array", "object", "null"):
+        return kind
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:
+        text = repr(value)
+    return f"{kind} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def _is_type(name: str, value: object) -> bool:
+    if name == "integer" and isinstance(value, float):
+        return value.is_integer()
+    return _type_name(value) in (("integer", "number") if name == "number" else (name,))
+
+
+def _expected(schema: object) -> str:
+    if not isinstance(schema, Mapping):
+        return "any value" if schema is not False else "nothing"
+    if "enum" in schema:
+        return "one of " + ", ".join(orjson.dumps(thaw(v)).decode() for v in schema["enum"])
+    if "anyOf" in schema:
+        return " or ".join(_expected(s) for s in schema["anyOf"])
+    kind = schema.get("type")
+    if kind is None:
+        return "any value"
+    text = kind if isinstance(kind, str) else " or ".join(kind)
+    if kind == "array" and isinstance(schema.get("items"), Mapping):
+        text += f" of {_expected(schema['items'])}"
+    return text
+
+
+def _key_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if key.isidentifier() else f"{path}[{orjson.dumps(key).decode()}]"
+
+
+def _check(schema: object, value: Any, path: str, errors: list[str]) -> Any:
+    """Check `value` against `schema`, appending problems to `errors`; return it normalized."""
+    if not isinstance(schema, Mapping):
+        if schema is False:
+            errors.append(f"{path}: no value is allowed here")
+        return value
+    if "anyOf" in schema:
+        failed: list[list[str]] = []
+        for sub in schema["anyOf"]:
+            failed.append([])
+            checked = _check(sub, value, path, failed[-1])
+            if not failed[-1]:
+                value = checked
+                break
+        else:  # if only one branch had the right type, its (deeper) errors say the most
+            fits = [errs for errs in failed if not any(e.startswith(f"{path}: expected") for e in errs)]
+            mismatch = f"{path}: expected {_expected(schema)}, got {_describe(value)}"
+            errors.extend(fits[0] if len(fits) == 1 else [mismatch])
+            return value
+    kind = schema.get("type")
+    if kind is not None:
+        kinds = [kind] if isinstance(kind, str) else list(kind)
+        match = next((k for k in kinds if _is_type(k, value)), None)
+        if match is None:
+            errors.append(f"{path}: expected {' or '.join(kinds)}, got {_describe(value)}")
+            return value
+        if match == "integer" and isinstance(value, float) and "number" not in kinds:
+            value = int(value)
+    if "enum" in schema and not any(
+        isinstance(value, bool) == isinstance(e, bool) and value == e for e in schema["enum"]
+    ):  # JSON equality: true is not 1
+        errors.append(f"{path}: expected {_expected({'enum': schema['enum']})}, got {_describe(value)}")
+        return value
+    if _type_name(value) in ("integer", "number"):
+        _bounds(schema, "minimum", "maximum", value, "a number", path, errors)
+    elif isinstance(value, str):
+        _bounds(schema, "minLength", "maxLength", len(value), "a string length", path, errors)
+    elif isinstance(value, (list, tuple)):
+        _bounds(schema, "minItems", "maxItems", len(value), "an array length", path, errors)
+        value = [_check(schema.get("items", True), v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+    elif isinstance(value, Mapping):
+        value = _check_object(schema, value, path, errors)
+    return value
+
+
+def _bounds(
+    schema: Mapping[str, Any], lo_key: str, hi_key: str, size: float, what: str, path: str, errors: list[str]
+) -> None:
+    lo, hi = schema.get(lo_key), schema.get(hi_key)
+    if (lo is not None and size < lo) or (hi is not None and size > hi):
+        limits = [f"at least {lo}"] * (lo is not None) + [f"at most {hi}"] * (hi is not None)
+        errors.append(f"{path}: expected {what} {' and '.join(limits)}, got {size}")
+
+
+def _check_object(schema: Mapping[str, Any], value: Mapping[str, Any], path: str, errors: list[str]) -> Any:
+    word = "argument" if path == "arguments" else "property"
+    props: Mapping[str, Any] = schema.get("properties") or {}
+    for key in schema.get("required", ()):
+        if key not in value:
+            errors.append(f'{path}: missing required {word} "{key}" (expected {_expected(props.get(key))})')
+    extra = schema.get("additionalProperties", True)
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in props:
+            out[key] = _check(props[key], item, _key_path(path, str(key)), errors)
+        elif extra is False:
+            allowed = ", ".join(f'"{k}"' for k in props) or "none"
+            errors.append(f'{path}: unknown {word} "{key}" (allowed: {allowed})')
+        else:
+            out[key] = _check(extra, item, _key_path(path, str(key)), errors)
+    return out
+
+
+def validate_arguments(schema: Mapping[str, Any], arguments: object) -> dict[str, Any]:
+    """Check tool arguments against a JSON schema; return them as plain data (integral floats
+    given for integers become ints) or raise `ToolArgumentsError` listing every problem."""
+    if not isinstance(arguments, Mapping):
+        raise ToolArgumentsError([f"arguments: expected an object, got {_describe(arguments)}"])
+    errors: list[str] = []
+    checked = _check(schema, arguments, "arguments", errors)
+    if errors:
+        raise ToolArgumentsError(errors)
+    out: dict[str, Any] = thaw(checked)
+    return out
+
+
+_SCALARS: dict[object, str] = {str: "string", int: "integer", float: "number", bool: "boolean", None: "null"}
+
+
+def _typed_enum(values: list[Any]) -> dict[str, Any]:
+    for v in values:
+        if v is not None and not isinstance(v, (str, int, float, bool)):
+            raise ConfigError(f"enum value {v!r} is not a JSON scalar")
+    kinds = {_type_name(v) for v in values}
+    return {"type": kinds.pop(), "enum": values} if len(kinds) == 1 else {"enum": values}
+
+
+def _schema_for(tp: Any) -> dict[str, Any]:
+    if tp is Any:
+        return {}
+    if tp in _SCALARS or tp is type(None):
+        return {"type": _SCALARS[None if tp is type(None) else tp]}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _typed_enum([m.value for m in tp])
+    if typing.is_typeddict(tp):
+        hints = typing.get_type_hints(tp)
+        return {
+            "type": "object",
+            "properties": {k: _schema_for(t) for k, t in hints.items()},
+            "required": [k for k in hints if k in tp.__required_keys__],
+            "additionalProperties": False,
+        }
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return _typed_enum(list(args))
+    if origin in (Union, types.UnionType):
+        members = [_schema_for(a) for a in args]
+        if all(list(m) == ["type"] and isinstance(m["type"], str) for m in members):
+            return {"type": [m["type"] for m in members]}
+        return {"anyOf": members}
+    if tp in (list, tuple) or origin is list or (origin is tuple and args[1:] == (Ellipsis,)):
+        return {"type": "array", "items": _schema_for(args[0])} if args else {"type": "array"}
+    if tp is dict or (origin is dict and args[:1] == (str,)):
+        return {"type": "object", "additionalProperties": _schema_for(args[1])} if args else {"type": "object"}
+    raise ConfigError(f"unsupported type annotation {tp!r}")
+
+
+def _converter_for(tp: Any) -> Converter | None:
+    """How to turn a validated JSON value into what the annotation asks for (None: as is)."""
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp
+    if tp is tuple:
+        return tuple
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (tuple, list, dict) and args:
+        inner = _converter_for(args[1] if origin is dict else args[0])
+        if origin is tuple:
+            return (lambda v: tuple(map(inner, v))) if inner else tuple
+        if origin is list and inner:
+            return lambda v: [inner(x) for x in v]
+        if origin is dict and inner:
+            return lambda v: {k: inner(x) for k, x in v.items()}
+    if origin in (Union, types.UnionType):
+        others = [a for a in args if a is not type(None)]
+        conv = _converter_for(others[0]) if len(others) == 1 else None
+        if conv:
+            return lambda v: None if v is None else conv(v)
+    return None
+
+
+_ARG_LINE = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """The first paragraph (as one line) and the Google-style "Args:" descriptions."""
+    lines = inspect.cleandoc(doc).splitlines() if doc else []
+    summary: list[str] = []
+    for line in lines:
+        if not line.strip() or re.match(r"^\w[\w ]*:$", line.strip()):
+            break
+        summary.append(line.strip())
+    params: dict[str, str] = {}
+    in_args, current, indent = False, "", -1
+    for line in lines:
+        text, depth = line.strip(), len(line) - len(line.lstrip())
+        if text and depth == 0:
+            in_args, current, indent = text in ("Args:", "Arguments:", "Parameters:"), "", -1
+        elif in_args and text:
+            indent = depth if indent < 0 else indent
+            match = _ARG_LINE.match(text)
+            if depth == indent and match:
+                current = match[1]
+                params[current] = match[2].strip()
+            elif current:
+                params[current] = f"{params[current]} {text}".strip()
+    return " ".join(summary), params
+
+
+def _build(fn: AsyncFn, name: str | None, description: str | None, timeout: float | None) -> Tool:
+    label = getattr(fn, "__qualname__", repr(fn))
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"tool {label}: must be an async function (async def)")
+    try:  # only the parameters' annotations: the return type is not the model's business
+        annotations = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != "return"}
+        globalns = getattr(inspect.unwrap(fn), "__globals__", {})
+        hints = typing.get_type_hints(types.SimpleNamespace(__annotations__=annotations, __globals__=globalns))
+    except Exception as exc:
+        raise ConfigError(f"tool {label}: cannot resolve its type annotations ({exc})") from None
+    summary, arg_docs = _parse_docstring(fn.__doc__)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    converters: dict[str, Converter] = {}
+    for p in inspect.signature(fn).parameters.values():
+        where = f"tool {label}: parameter {p.name!r}"
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ConfigError(f"{where}: *args and **kwargs are not supported; declare each argument")
+        if p.kind is p.POSITIONAL_ONLY:
+            raise ConfigError(f"{where}: positional-only parameters are not supported")
+        if p.name not in hints:
+            raise ConfigError(f"{where} has no type annotation")
+        try:
+            schema = _schema_for(hints[p.name])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if p.name in arg_docs:
+            schema["description"] = arg_docs[p.name]
+        if p.default is p.empty:
+            required.append(p.name)
+        else:
+            default = p.default.value if isinstance(p.default, enum.Enum) else p.default
+            with contextlib.suppress(TypeError):  # not JSON: the model is not told the default
+                schema["default"] = thaw(freeze(default, "default"))
+        properties[p.name] = schema
+        if conv := _converter_for(hints[p.name]):
+            converters[p.name] = conv
+    parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    name = fn.__name__ if name is None else name
+    description = summary if description is None else description
+    return Tool(name, description, parameters, fn, timeout=timeout, converters=converters)
+
+
+@overload
+def tool(
+    fn: AsyncFn, *, name: str | None = ..., description: str | None = ..., timeout: float | None = ...
+) -> Tool: ...
+@overload
+def tool(
+    fn: None = ..., *, name: str | None = ..., description: str | None = ..., timeout: float | None = ...
+) -> Callable[[AsyncFn], Tool]: ...
+def tool(
+    fn: AsyncFn | None = None, *, name: str | None = None, description: str | None = None, timeout: float | None = None
+) -> Tool | Callable[[AsyncFn], Tool]:
+    """Build a `Tool` from a typed async function: `@tool` or `@tool(name=..., timeout=...)`.
+
+    The docstring's first paragraph is the description, its "Args:" section describes the
+    parameters; parameters without a default are required. Unsupported signatures raise
+    `ConfigError` naming the function and the parameter."""
+    if fn is None:
+        return lambda f: _build(f, name, description, timeout)
+    return _build(fn, name, description, timeout)
+
+
+def tool_from_schema(name: str, description: str, parameters: Mapping[str, Any], fn: AsyncFn) -> Tool:
+    """A `Tool` from a hand-written JSON schema (its arguments are passed to `fn` as keywords)."""
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"tool {name!r}: must be an async function (async def)")
+    return Tool(name=name, description=description, parameters=parameters, fn=fn)

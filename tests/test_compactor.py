@@ -1,0 +1,520 @@
+"""The Compactor: triggers, write-ahead offload, summaries, plugins, failures, retries."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from helpers import asst, check_pairs, res
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_cutoff import conversations
+
+from cmdc import (
+    Abort,
+    AfterCompact,
+    BeforeCompact,
+    Compacted,
+    CompactionAborted,
+    CompactionError,
+    Compactor,
+    ContextOverflow,
+    Event,
+    Message,
+    OffloadError,
+    OffloadStore,
+    Plugin,
+    Skip,
+    Skipped,
+    State,
+    TokenUsage,
+)
+from cmdc import tokens as tokens_mod
+from cmdc.compaction.config import Threshold
+from cmdc.providers import ModelRequest
+from cmdc.synthetic import conversation
+
+
+class Recorder:
+    """A summarizer that records its inputs and answers with a fixed text."""
+
+    def __init__(self, answer: str = "the summary") -> None:
+        self.calls: list[tuple[list[Message], str]] = []
+        self.answer = answer
+
+    async def __call__(self, messages: Sequence[Message], instruction: str) -> str:
+        self.calls.append((list(messages), instruction))
+        return self.answer
+
+
+def make_state(tmp_path: Path, messages: Sequence[Message], **config: Any) -> State:
+    cfg = {"compact_offload_dir": str(tmp_path / "offload"), "compact_keep": ("messages", 4), **config}
+    return State(agent_id="a1", messages=messages, config=cfg)
+
+
+async def test_below_threshold_is_skipped(tmp_path: Path) -> None:
+    state = make_state(tmp_path, conversation(20))
+    result = await Compactor(Recorder()).maybe_compact(state)
+    assert isinstance(result, Skipped) and result.state is state
+    assert not (tmp_path / "offload").exists()
+
+
+async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> None:
+    msgs = conversation(60)
+    state = make_state(tmp_path, msgs, compact_trigger=("messages", 50))
+    events: list[Event] = []
+    summarizer = Recorder()
+    result = await Compactor(summarizer, on_event=events.append).maybe_compact(state)
+    assert isinstance(result, Compacted)
+    new, report = result.state, result.report
+    system, summary, *kept = new.messages
+    assert system == msgs[0] and summary.is_summary and summary.role == "user"
+    assert "the summary" in summary.text and report.offload_path in summary.text
+    assert summary.metadata["cmdc.offload_path"] == report.offload_path
+    assert (summary.metadata["cmdc.first_seq"], summary.metadata["cmdc.last_seq"]) == (1, report.evicted)
+    offloaded = await OffloadStore(tmp_path / "offload").read("a1")
+    assert [m.id for m in offloaded] + [m.id for m in kept] == [m.id for m in msgs[1:]]
+    assert summarizer.calls[0][0] == offloaded
+    check_pairs(kept, msgs)
+    assert new.compactions == 1 and report.compaction == 1
+    assert report.reason == "auto" and report.evicted == len(offloaded)
+    assert report.messages_before == 60 and report.messages_after == len(new.messages)
+    assert report.tokens_after < report.tokens_before and report.tokens_after == new.token_usage
+    assert report.attempts == 1 and report.summarizer == "Recorder"
+    assert [e.kind for e in events] == ["compaction_start", "summarizer_attempt", "compaction_end"]
+    assert events[-1].data["report"] == report
+    # The baseline is invalidated: kept replies' usage predates the compaction.
+    assert new.last_usage is None
+    assert new.token_usage == tokens_mod.estimate_tokens_from_messages(new.messages)
+
+
+async def test_usage_baseline_triggers_even_when_the_estimate_is_small(tmp_path: Path) -> None:
+    msgs = [Message.user("hi"), Message.assistant("ok", usage=TokenUsage(input_tokens=10_000, output_tokens=1))]
+    state = make_state(tmp_path, msgs, compact_trigger=("tokens", 10_000))
+    assert tokens_mod.estimate_tokens_from_messages(msgs) < 100
+    assert Compactor().should_compact(state)
+    assert not Compactor().should_compact(make_state(tmp_path, msgs, compact_trigger=("tokens", 10_002)))
+
+
+async def test_triggers_any_one_fires(tmp_path: Path) -> None:
+    state = make_state(
+        tmp_path,
+        conversation(30),
+        context_window=10**9,
+        compact_trigger=[("tokens", 10**8), ("fraction", 0.5), ("messages", 30)],
+    )
+    assert Compactor().should_compact(state)
+    state = make_state(
+        tmp_path, conversation(29), context_window=10**9, compact_trigger=[("tokens", 10**8), ("messages", 30)]
+    )
+    assert not Compactor().should_compact(state)
+
+
+def test_should_compact_cost_does_not_grow_with_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    small = State(agent_id="a", messages=conversation(50), config={"compact_trigger": ("tokens", 10**9)})
+    big = State(agent_id="a", messages=conversation(50_000), config={"compact_trigger": ("tokens", 10**9)})
+    reply = Message.assistant("r", usage=TokenUsage(input_tokens=5_000, output_tokens=5))
+    tail = (reply, Message.user("x" * 100), Message.user("y" * 100))
+    small, big = small.append(*tail), big.append(*tail)
+
+    calls = 0
+    real = tokens_mod._estimate
+
+    def counting(m: Message) -> int:
+        nonlocal calls
+        calls += 1
+        return real(m)
+
+    monkeypatch.setattr(tokens_mod, "_estimate", counting)
+    compactor = Compactor()
+    counts = []
+    for state in (small, big):
+        calls = 0
+        assert not compactor.should_compact(state)
+        counts.append(calls)
+    assert counts[0] == counts[1]
+
+    # A custom counter is asked about the messages after the baseline only, once per state.
+    seen: list[str] = []
+
+    def counter(m: Message) -> int:
+        seen.append(m.id)
+        return 1
+
+    custom = Compactor(token_counter=counter)
+    counts = []
+    for state in (small, big):
+        seen.clear()
+        custom.should_compact(state)
+        custom.should_compact(state)
+        counts.append(len(seen))
+    assert counts == [len(s.messages) - s.baseline_index - 1 for s in (small, big)]
+    assert counts[0] == counts[1] == 2
+
+
+async def test_custom_token_counter_drives_the_trigger(tmp_path: Path) -> None:
+    state = make_state(tmp_path, [Message.user("a"), Message.user("b")], compact_trigger=("tokens", 1000))
+    assert not Compactor().should_compact(state)
+    assert Compactor(token_counter=lambda m: 500).should_compact(state)
+
+
+async def test_chained_compaction_sees_the_previous_summary(tmp_path: Path) -> None:
+    summarizer = Recorder()
+    compactor = Compactor(summarizer)
+    state = make_state(tmp_path, conversation(40))
+    first = await compactor.force_compact(state)
+    assert isinstance(first, Compacted)
+    state2 = first.state.append(*conversation(30, seed=9, system=False))
+    second = await compactor.force_compact(state2, reason="manual")
+    assert isinstance(second, Compacted)
+    first_summary = first.state.messages[1]
+    inputs = summarizer.calls[1][0]
+    assert inputs[0] == first_summary  # the previous summary comes first
+    assert second.report.reason == "manual" and second.state.compactions == 2
+    records = await OffloadStore(tmp_path / "offload").records("a1")
+    seqs = [r.seq for r in records]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert {r.compaction for r in records} == {1, 2}
+    assert first_summary.id in {r.message.id for r in records if r.compaction == 2}
+    assert second.report.first_seq == first.report.last_seq + 1
+
+
+@pytest.mark.parametrize("answer", ["", "   \n"])
+async def test_empty_summary_fails_and_changes_nothing(tmp_path: Path, answer: str) -> None:
+    state = make_state(tmp_path, conversation(30))
+    with pytest.raises(CompactionError, match="empty"):
+        await Compactor(Recorder(answer), retries=1, retry_backoff=0).force_compact(state)
+    assert state == make_state(tmp_path, state.messages)
+
+
+async def test_raising_summarizer_fails_then_a_retry_duplicates_nothing(tmp_path: Path) -> None:
+    state = make_state(tmp_path, conversation(30))
+    before = state.to_json()
+
+    async def broken(messages: Sequence[Message], instruction: str) -> str:
+        raise RuntimeError("model down")
+
+    with pytest.raises(CompactionError, match="model down"):
+        await Compactor(broken, retries=0).force_compact(state)
+    assert state.to_json() == before
+    compactor = Compactor(Recorder())
+    result = await compactor.force_compact(state)
+    assert isinstance(result, Compacted)
+    assert all("placeholder" not in m.text for m in result.state.messages)
+    offloaded = await OffloadStore(tmp_path / "offload").read("a1")
+    assert len(offloaded) == len({m.id for m in offloaded}) == result.report.evicted
+
+
+async def test_offload_failure_changes_nothing_and_skips_the_summarizer(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    state = State(
+        agent_id="a1",
+        messages=conversation(30),
+        config={"compact_offload_dir": str(blocker / "sub"), "compact_keep": ("messages", 2)},
+    )
+    summarizer = Recorder()
+    with pytest.raises(OffloadError):
+        await Compactor(summarizer).force_compact(state)
+    assert summarizer.calls == []
+
+
+async def test_disk_full_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = make_state(tmp_path, conversation(30))
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    summarizer = Recorder()
+    with pytest.raises(OffloadError, match="No space"):
+        await Compactor(summarizer).force_compact(state)
+    assert summarizer.calls == []
+    monkeypatch.setattr(os, "write", real_write)
+    assert await OffloadStore(tmp_path / "offload").read("a1") == []
+
+
+async def test_retries_then_failover(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    state = make_state(tmp_path, conversation(30))
+    tries = 0
+
+    async def flaky(messages: Sequence[Message], instruction: str) -> str:
+        nonlocal tries
+        tries += 1
+        raise ConnectionError("reset")
+
+    backup = Recorder("backup summary")
+    events: list[Event] = []
+    compactor = Compactor(flaky, fallbacks=[backup], retries=2, retry_backoff=1.0, on_event=events.append)
+    start = trio.current_time()
+    result = await compactor.force_compact(state)
+    assert isinstance(result, Compacted)
+    assert tries == 3 and result.report.attempts == 4 and result.report.summarizer == "Recorder"
+    assert trio.current_time() - start >= 1.0 + 2.0  # backoff between the primary's attempts
+    roles = [(e.data["role"], e.data["ok"]) for e in events if e.kind == "summarizer_attempt"]
+    assert roles == [("primary", False)] * 3 + [("failover", True)]
+
+
+async def test_every_summarizer_failing_raises(tmp_path: Path) -> None:
+    state = make_state(tmp_path, conversation(30))
+    compactor = Compactor(Recorder(""), fallbacks=[Recorder(""), Recorder("")], retries=0, retry_backoff=0)
+    with pytest.raises(CompactionError, match="3 attempts"):
+        await compactor.force_compact(state)
+    assert await OffloadStore(tmp_path / "offload").read("a1") != []  # written ahead, seen once
+
+
+async def test_a_provider_can_summarize(tmp_path: Path) -> None:
+    seen: list[ModelRequest] = []
+
+    class Model:
+        async def complete(self, request: ModelRequest) -> Message:
+            seen.append(request)
+            return Message.assistant("provider summary", usage=TokenUsage(input_tokens=5, output_tokens=2))
+
+    state = make_state(
+        tmp_path,
+        [Message.user("read src/app.py"), asst("c1"), res("c1", "contents"), Message.user("now")],
+        compact_keep=("messages", 1),
+    )
+    result = await Compactor(Model()).force_compact(state, instruction="focus on files")
+    assert isinstance(result, Compacted) and "provider summary" in result.state.messages[0].text
+    system, user = seen[0].messages
+    assert system.role == "system" and system.text.endswith("focus on files")
+    assert "read src/app.py" in user.text and "call t (id c1)" in user.text and "contents" in user.text
+
+
+async def test_large_input_is_summarized_in_rolling_chunks(tmp_path: Path) -> None:
+    msgs = conversation(200)
+    summarizer = Recorder("partial")
+    state = make_state(tmp_path, msgs)
+    result = await Compactor(summarizer, summarizer_input_tokens=2_000).force_compact(state)
+    assert isinstance(result, Compacted)
+    assert len(summarizer.calls) > 3
+    seen_ids = [m.id for batch, _ in summarizer.calls for m in batch if not m.is_summary]
+    offloaded = await OffloadStore(tmp_path / "offload").read("a1")
+    assert seen_ids == [m.id for m in offloaded]  # every evicted message, once, in order
+    for batch, _ in summarizer.calls[1:]:
+        assert batch[0].is_summary and batch[0].text == "partial"
+
+
+async def test_summarizer_overflow_halves_the_chunks(tmp_path: Path) -> None:
+    sizes: list[int] = []
+
+    async def small_window(messages: Sequence[Message], instruction: str) -> str:
+        size = tokens_mod.estimate_tokens_from_messages(messages)
+        sizes.append(size)
+        if size > 3_000:
+            raise ContextOverflow(prompt_tokens=size, limit=3_000)
+        return "ok"
+
+    state = make_state(tmp_path, conversation(200))
+    result = await Compactor(small_window, retries=5, retry_backoff=0).force_compact(state)
+    assert isinstance(result, Compacted) and max(sizes) > 3_000
+
+
+# -- plugins ------------------------------------------------------------------------------------
+
+
+class SkipAll(Plugin):
+    async def before_compact(self, ctx: BeforeCompact) -> Skip:
+        return Skip("not now")
+
+
+class Raising(Plugin):
+    priority = 1
+
+    async def before_compact(self, ctx: BeforeCompact) -> None:
+        raise ValueError("plugin bug")
+
+    async def after_compact(self, ctx: AfterCompact) -> None:
+        raise ValueError("plugin bug")
+
+
+class Reinject(Plugin):
+    async def after_compact(self, ctx: AfterCompact) -> State:
+        return ctx.state.append(Message.user("skills re-injected"))
+
+
+async def test_before_compact_skip(tmp_path: Path) -> None:
+    events: list[Event] = []
+    state = make_state(tmp_path, conversation(30))
+    result = await Compactor(Recorder(), plugins=[SkipAll()], on_event=events.append).force_compact(state)
+    assert isinstance(result, Skipped) and result.skipped_by == "SkipAll" and result.reason == "not now"
+    assert events[-1].kind == "compaction_skipped" and events[-1].data["skipped_by"] == "SkipAll"
+    assert not (tmp_path / "offload").exists()
+
+
+async def test_before_compact_abort(tmp_path: Path) -> None:
+    class Stop(Plugin):
+        async def before_compact(self, ctx: BeforeCompact) -> Abort:
+            return Abort("forbidden")
+
+    with pytest.raises(CompactionAborted, match="forbidden"):
+        await Compactor(plugins=[Stop()]).force_compact(make_state(tmp_path, conversation(30)))
+
+
+async def test_raising_plugins_are_reported_and_skipped(tmp_path: Path) -> None:
+    events: list[Event] = []
+    state = make_state(tmp_path, conversation(30))
+    result = await Compactor(Recorder(), plugins=[Raising(), Reinject()], on_event=events.append).force_compact(state)
+    assert isinstance(result, Compacted)
+    errors = [e.data for e in events if e.kind == "plugin_error"]
+    assert [(e["plugin"], e["hook"]) for e in errors] == [("Raising", "before_compact"), ("Raising", "after_compact")]
+    assert "plugin bug" in errors[0]["error"]
+    assert result.state.messages[-1].text == "skills re-injected"
+    assert result.report.messages_after == len(result.state.messages)
+    assert result.state.compactions == 1 and result.state.last_usage is None
+
+
+async def test_before_compact_can_evict_less_and_pairs_are_reclosed(tmp_path: Path) -> None:
+    msgs = [
+        Message.user("task"),
+        asst("A"),
+        res("A"),
+        Message.user("keep me"),
+        asst("B"),
+        res("B"),
+        Message.user("u"),
+        Message.user("last"),
+    ]
+
+    class KeepSome(Plugin):
+        async def before_compact(self, ctx: BeforeCompact) -> list[Message]:
+            # drop "keep me" and only the result of B: B's call must stay with it
+            return [m for m in ctx.evicted if m.text != "keep me" and m.tool_call_id != "B"]
+
+    state = make_state(tmp_path, msgs, compact_keep=("messages", 1))
+    result = await Compactor(Recorder(), plugins=[KeepSome()]).force_compact(state)
+    assert isinstance(result, Compacted)
+    kept = result.state.messages[1:]
+    assert [m.tool_call_id or (m.tool_calls[0].id if m.tool_calls else m.text) for m in kept] == [
+        "keep me",
+        "B",
+        "B",
+        "last",
+    ]
+    check_pairs(kept, msgs)
+
+
+async def test_a_bad_plugin_return_is_ignored(tmp_path: Path) -> None:
+    class Bad(Plugin):
+        async def before_compact(self, ctx: BeforeCompact) -> list[Message]:
+            return [Message.user("not offered")]
+
+    events: list[Event] = []
+    result = await Compactor(Recorder(), plugins=[Bad()], on_event=events.append).force_compact(
+        make_state(tmp_path, conversation(30))
+    )
+    assert isinstance(result, Compacted)
+    assert any(e.kind == "plugin_error" and "subset" in e.data["error"] for e in events)
+
+
+async def test_a_hanging_plugin_times_out(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    class Hang(Plugin):
+        hook_timeout = 5.0
+
+        async def before_compact(self, ctx: BeforeCompact) -> None:
+            await trio.sleep_forever()
+
+    events: list[Event] = []
+    result = await Compactor(Recorder(), plugins=[Hang()], on_event=events.append).force_compact(
+        make_state(tmp_path, conversation(30))
+    )
+    assert isinstance(result, Compacted)
+    assert any(e.kind == "plugin_error" and "TooSlow" in e.data["error"] for e in events)
+
+
+async def test_cancelled_compaction_leaves_the_state_alone(tmp_path: Path) -> None:
+    started = trio.Event()
+
+    async def slow(messages: Sequence[Message], instruction: str) -> str:
+        started.set()
+        await trio.sleep_forever()
+        return ""
+
+    state = make_state(tmp_path, conversation(30))
+    before = state.to_json()
+    with trio.move_on_after(5) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(Compactor(slow).force_compact, state)
+            await started.wait()
+            nursery.cancel_scope.cancel()
+    assert not scope.cancelled_caught and state.to_json() == before
+    # the journal is whole and a later compaction sees every message once
+    result = await Compactor(Recorder()).force_compact(state)
+    assert isinstance(result, Compacted)
+    offloaded = await OffloadStore(tmp_path / "offload").read("a1")
+    assert len(offloaded) == result.report.evicted
+
+
+async def test_nothing_to_evict_is_skipped(tmp_path: Path) -> None:
+    state = make_state(tmp_path, [Message.system("s"), Message.user("only")])
+    result = await Compactor().force_compact(state)
+    assert isinstance(result, Skipped) and "nothing" in result.reason
+
+
+async def test_extractive_default_summarizer(tmp_path: Path) -> None:
+    msgs = [
+        Message.user("Fix ticket ABC-123 in src/app.py"),
+        asst("c1"),
+        res("c1", "Traceback: KeyError"),
+        Message.assistant("I patched src/app.py"),
+        Message.user("also run tests"),
+        Message.user("thanks"),
+    ]
+    result = await Compactor().force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
+    assert isinstance(result, Compacted)
+    text = result.state.messages[0].text
+    for needle in ("Fix ticket ABC-123", "ABC-123", "src/app.py", "also run tests", "I patched", "KeyError"):
+        assert needle in text
+    assert result.report.summarizer == "extractive"
+
+
+# -- the tool-pair property, end to end -------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    conversations(),
+    st.one_of(
+        st.builds(Threshold, st.just("messages"), st.integers(1, 12)),
+        st.builds(Threshold, st.just("tokens"), st.integers(1, 800)),
+    ),
+)
+def test_force_compact_never_splits_pairs_nor_loses_a_message(msgs: list[Message], keep: Threshold) -> None:
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            state = State(
+                agent_id="p",
+                messages=msgs,
+                config={"compact_offload_dir": tmp, "compact_keep": (keep.mode, keep.value)},
+            )
+            result = await Compactor(Recorder()).force_compact(state)
+            if isinstance(result, Skipped):
+                assert result.state is state
+                return
+            offloaded = await OffloadStore(tmp).read("p")
+            lead = 0
+            while lead < len(msgs) and msgs[lead].role == "system":
+                lead += 1
+            new = result.state.messages
+            assert new[:lead] == tuple(msgs[:lead]) and new[lead].is_summary
+            kept = new[lead + 1 :]
+            check_pairs(kept, msgs)
+            order = {m.id: i for i, m in enumerate(msgs)}
+            ids = sorted(order[m.id] for m in (*msgs[:lead], *offloaded, *kept))
+            assert ids == list(range(len(msgs)))
+            pinned_before = [m for m in kept if order[m.id] < max(order[o.id] for o in offloaded)]
+            if not pinned_before:
+                assert [m.id for m in (*offloaded, *kept)] == [m.id for m in msgs[lead:]]
+
+    trio.run(run)

@@ -1,0 +1,631 @@
+"""Tests for the offload journal (cmdc.offload)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cmdc.offload as offload
+from cmdc.errors import ConfigError, OffloadCorrupted, OffloadError
+from cmdc.message import ImagePart, Message, TextPart, TokenUsage, ToolCall
+from cmdc.offload import AppendResult, OffloadStore
+
+REAL_WRITE = os.write
+REAL_FSYNC = os.fsync
+REAL_OPEN = os.open
+REAL_PREAD = os.pread
+
+
+def is_journal_fd(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl")
+    except OSError:
+        return False
+
+
+def listing(path: Path) -> list[str]:
+    return os.listdir(path)
+
+
+def append_bytes(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def users(n: int, prefix: str = "message") -> list[Message]:
+    return [Message.user(f"{prefix} {i}") for i in range(n)]
+
+
+def varied() -> list[Message]:
+    return [
+        Message.system("You are terse.", metadata={"cmdc.pinned": True}),
+        Message.user('héllo wörld ✓ 🐍 "quoted" \\ back\nslash\u2028'),
+        Message.user((TextPart("look at this"), ImagePart("https://x/y.png", "image/png"))),
+        Message.assistant(
+            "calling",
+            tool_calls=(ToolCall(id="c1", name="search", arguments={"q": "trio", "n": [1, 2.5, None, {"k": True}]}),),
+            usage=TokenUsage(input_tokens=10, output_tokens=5),
+        ),
+        Message.tool_result("c1", "result text", is_error=True, metadata={"nested": {"a": [1, 2]}}),
+        Message.assistant("done", metadata={"cmdc.kind": "summary", "big": 2**63}),
+        Message.user(""),
+    ]
+
+
+def check_clean(path: Path) -> list[dict[str, Any]]:
+    """Every line complete, valid JSON, with a good crc and increasing seq."""
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    out = []
+    last = 0
+    for line in data.split(b"\n")[:-1]:
+        obj = orjson.loads(line)
+        assert list(obj) == ["message", "compaction", "ts", "seq", "crc"]
+        assert line.endswith(b',"crc":"%s"}' % obj["crc"].encode())
+        assert line.startswith(b'{"message":')
+        assert int(obj["crc"], 16) == zlib.crc32(line[len(b'{"message":') : -18])
+        assert obj["seq"] > last
+        last = obj["seq"]
+        out.append(obj)
+    return out
+
+
+# -- basics ------------------------------------------------------------------------------------
+
+
+async def test_round_trip(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path / "off")
+    msgs = varied()
+    result = await store.append("a1", msgs, compaction=2)
+    path = tmp_path / "off" / "a1.jsonl"
+    assert result == AppendResult(path=path, first_seq=1, last_seq=len(msgs), written=len(msgs))
+    assert store.path_for("a1") == path
+    back = await store.read("a1")
+    assert back == msgs
+    assert [m.id for m in back] == [m.id for m in msgs]
+    records = await store.records("a1")
+    assert [r.seq for r in records] == list(range(1, len(msgs) + 1))
+    assert all(r.compaction == 2 for r in records)
+    assert all(abs(r.timestamp - time.time()) < 60 for r in records)
+    objs = check_clean(path)
+    assert [Message.from_dict(o["message"]) for o in objs] == msgs
+    # a fresh store reads the same
+    assert await OffloadStore(tmp_path / "off").read("a1") == msgs
+
+
+async def test_seq_across_appends_and_new_store(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    assert (await store.append("a", users(3))).last_seq == 3
+    r = await store.append("a", users(2, "more"), compaction=1)
+    assert (r.first_seq, r.last_seq, r.written) == (4, 5, 2)
+    # a new store (a new process) recovers the seq from the tail
+    store2 = OffloadStore(tmp_path)
+    r = await store2.append("a", users(1, "again"), compaction=2)
+    assert (r.first_seq, r.last_seq) == (6, 6)
+    # interleaved writers on the same file keep seqs increasing
+    r = await store.append("a", users(1, "back"))
+    assert (r.first_seq, r.last_seq) == (7, 7)
+    r = await store2.append("a", users(1, "and forth"))
+    assert (r.first_seq, r.last_seq) == (8, 8)
+    assert [r.seq for r in await store.records("a")] == list(range(1, 9))
+    # journals are per agent
+    assert (await store.append("b", users(1))).first_seq == 1
+    check_clean(tmp_path / "a.jsonl")
+
+
+async def test_empty_append_touches_nothing(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path / "off")
+    r = await store.append("a", [])
+    assert (r.first_seq, r.last_seq, r.written) == (1, 0, 0)
+    assert not (tmp_path / "off").exists()
+    await store.append("a", users(2))
+    r = await OffloadStore(tmp_path / "off").append("a", [])
+    assert (r.first_seq, r.last_seq, r.written) == (3, 2, 0)
+
+
+async def test_permissions(tmp_path: Path) -> None:
+    old = os.umask(0o277)
+    try:
+        store = OffloadStore(tmp_path / "x" / "y")
+        await store.append("a", users(2))
+        await store.write_transcript("a")
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "x", tmp_path / "x" / "y"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    for f in (tmp_path / "x" / "y" / "a.jsonl", tmp_path / "x" / "y" / "a.md"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+
+
+HOSTILE = ["../x", "a/b", "", "a\x00b", ".", "..", "x" * 200, ".hidden", "/abs", "a b", 5, None]
+
+
+@pytest.mark.parametrize("agent_id", HOSTILE)
+async def test_hostile_ids_refused_before_touching_disk(tmp_path: Path, agent_id: Any) -> None:
+    root = tmp_path / "root"
+    store = OffloadStore(root)
+    with pytest.raises(ConfigError):
+        store.path_for(agent_id)
+    with pytest.raises(ConfigError):
+        await store.append(agent_id, users(1))
+    with pytest.raises(ConfigError):
+        await store.append(agent_id, [])
+    with pytest.raises(ConfigError):
+        await store.records(agent_id)
+    with pytest.raises(ConfigError):
+        await store.read(agent_id)
+    with pytest.raises(ConfigError):
+        await store.read_range(agent_id, 1, 5)
+    with pytest.raises(ConfigError):
+        await store.search(agent_id, "x")
+    assert not root.exists()
+    assert listing(tmp_path) == []
+
+
+async def test_missing_journal_reads_empty_and_creates_nothing(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path / "none")
+    assert await store.records("a") == []
+    assert await store.read("a") == []
+    assert await store.read_range("a", 1, 10) == []
+    assert await store.search("a", "anything") == []
+    assert not (tmp_path / "none").exists()
+
+
+async def test_bad_arguments(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    with pytest.raises(ConfigError):
+        await store.append("a", users(1), compaction=-1)
+    with pytest.raises(ConfigError):
+        await store.search("a", "x", limit=0)
+    with pytest.raises(ConfigError):
+        await store.search("a", "x", limit=True)
+    assert listing(tmp_path) == []
+
+
+# -- torn tails and corruption -----------------------------------------------------------------
+
+
+async def test_torn_tail_at_every_offset(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    store = OffloadStore(src)
+    msgs = [*users(2), Message.assistant("last one ✓", tool_calls=(ToolCall("c9", "f", {"x": 1}),))]
+    await store.append("a", msgs[:2])
+    await store.append("a", msgs[2:], compaction=1)
+    data = (src / "a.jsonl").read_bytes()
+    start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    extra = Message.user("after the crash")
+    for cut in range(start, len(data)):
+        d = tmp_path / f"c{cut}"
+        d.mkdir()
+        (d / "a.jsonl").write_bytes(data[:cut])
+        s = OffloadStore(d)
+        assert await s.read("a") == msgs[:2], cut
+        assert (d / "a.jsonl").read_bytes() == data[:cut]  # readers never write
+        r = await s.append("a", [extra])
+        assert (r.first_seq, r.last_seq, r.written) == (3, 3, 1)
+        assert await s.read("a") == [*msgs[:2], extra]
+        objs = check_clean(d / "a.jsonl")
+        assert [o["seq"] for o in objs] == [1, 2, 3]
+        assert (d / "a.jsonl").read_bytes().startswith(data[:start])
+        shutil.rmtree(d)
+
+
+async def test_torn_only_record(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_bytes(b'{"seq":1,"compaction":0,"ts":1.0,"mess')
+    store = OffloadStore(tmp_path)
+    assert await store.read("a") == []
+    r = await store.append("a", users(1))
+    assert r.first_seq == 1
+    assert len(check_clean(tmp_path / "a.jsonl")) == 1
+
+
+async def test_flipped_byte_in_first_line_is_detected(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    await OffloadStore(src).append("a", varied()[:4])
+    data = (src / "a.jsonl").read_bytes()
+    first_end = data.index(b"\n") + 1
+    d = tmp_path / "d"
+    d.mkdir()
+    store = OffloadStore(d)
+    path = d / "a.jsonl"
+    for pos in range(first_end):  # the newline too
+        for new in {data[pos] ^ 0x01, data[pos] ^ 0x80, ord("\n"), ord(" ")} - {data[pos]}:
+            path.write_bytes(data[:pos] + bytes([new]) + data[pos + 1 :])
+            with pytest.raises(OffloadCorrupted) as info:
+                await store.read("a")
+            assert str(path) in str(info.value)
+            assert "line 1" in str(info.value)
+            with pytest.raises(OffloadCorrupted):
+                await store.search("a", "x")
+
+
+async def test_corrupt_last_complete_line(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    await store.append("a", users(3))
+    path = tmp_path / "a.jsonl"
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 0x04
+    path.write_bytes(bytes(data) + b'{"torn')
+    with pytest.raises(OffloadCorrupted, match="line 3"):
+        await OffloadStore(tmp_path).read("a")
+    with pytest.raises(OffloadCorrupted, match=r"a\.jsonl"):
+        await OffloadStore(tmp_path).append("a", users(1))
+    assert path.read_bytes().endswith(b'{"torn')  # nothing truncated or written
+
+
+def line(seq: int, message: dict[str, Any] | bytes, compaction: int = 0) -> bytes:
+    raw = message if isinstance(message, bytes) else orjson.dumps(message)
+    return offload._encode_records(seq, compaction, 1.0, [raw])
+
+
+def crc_line(obj: dict[str, Any]) -> bytes:
+    """A line with a valid checksum for any record shape (the message first, as written)."""
+    body = orjson.dumps({"message": obj.pop("message"), **obj})[:-1]
+    assert body.startswith(b'{"message":')
+    return body + b',"crc":"%08x"}\n' % zlib.crc32(body[len(b'{"message":') :])
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        # seq not strictly increasing
+        lambda: line(1, Message.user("a").to_dict()) + line(1, Message.user("b").to_dict()),
+        lambda: line(2, Message.user("a").to_dict()) + line(1, Message.user("b").to_dict()),
+        # valid crc, bad message
+        lambda: line(1, {"id": "x", "role": "alien"}),
+        lambda: line(1, {"id": "x", "role": "user", "extra": 1}),
+        lambda: line(1, b"[1,2]"),
+        lambda: line(1, {"id": "x", "role": "tool", "content": "no call id"}),
+        # valid crc, bad record shape
+        lambda: line(0, Message.user("a").to_dict()),
+        lambda: line(1, Message.user("a").to_dict(), compaction=-1),
+        lambda: crc_line({"seq": 1, "compaction": 0, "ts": 1.0, "message": Message.user("a").to_dict(), "x": 1}),
+        lambda: crc_line({"seq": True, "compaction": 0, "ts": 1.0, "message": Message.user("a").to_dict()}),
+        lambda: crc_line({"seq": 1, "compaction": 0, "ts": "now", "message": Message.user("a").to_dict()}),
+        lambda: b"\n",
+        lambda: b"not json at all\n",
+    ],
+)
+async def test_bad_complete_lines_raise(tmp_path: Path, content: Callable[[], bytes]) -> None:
+    (tmp_path / "a.jsonl").write_bytes(content())
+    with pytest.raises(OffloadCorrupted, match=r"a\.jsonl"):
+        await OffloadStore(tmp_path).records("a")
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+async def test_enospc_midway_truncates_and_recovers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = OffloadStore(tmp_path)
+    first = users(2)
+    await store.append("a", first)
+    path = tmp_path / "a.jsonl"
+    size = path.stat().st_size
+    calls = {"n": 0}
+
+    def failing_write(fd: int, data: Any) -> int:
+        if not is_journal_fd(fd):
+            return REAL_WRITE(fd, data)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return REAL_WRITE(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(OffloadError) as info:
+        await store.append("a", users(5, "big"))
+    monkeypatch.undo()
+    assert calls["n"] == 2
+    assert str(path) in str(info.value)
+    assert os.strerror(errno.ENOSPC) in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+    assert info.value.__cause__.errno == errno.ENOSPC
+    assert path.stat().st_size == size
+    assert await store.read("a") == first
+    later = users(1, "later")
+    r = await store.append("a", later)
+    assert (r.first_seq, r.last_seq) == (3, 3)
+    assert await store.read("a") == first + later
+    check_clean(path)
+
+
+async def test_fsync_failure_marks_journal_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = OffloadStore(tmp_path)
+    await store.append("a", users(1))
+
+    def failing_fsync(fd: int) -> None:
+        if is_journal_fd(fd):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        REAL_FSYNC(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    batch = users(2, "b")
+    with pytest.raises(OffloadError, match="Input/output error") as info:
+        await store.append("a", batch)
+    assert isinstance(info.value.__cause__, OSError)
+    monkeypatch.undo()
+    size = (tmp_path / "a.jsonl").stat().st_size
+    for _ in range(2):
+        with pytest.raises(OffloadError, match="refused"):
+            await store.append("a", users(1, "c"))
+        with pytest.raises(OffloadError):
+            await store.append("a", batch)
+    assert (tmp_path / "a.jsonl").stat().st_size == size
+    # other agents of the same store are unaffected
+    assert (await store.append("b", users(1))).written == 1
+    # a new store (a restarted process) may write again; readers see each message once
+    fresh = OffloadStore(tmp_path)
+    await fresh.append("a", batch)
+    assert [m.id for m in await fresh.read("a")][1:] == [m.id for m in batch]
+
+
+async def test_root_is_a_file(tmp_path: Path) -> None:
+    root = tmp_path / "file"
+    root.write_text("not a dir")
+    for store in (OffloadStore(root), OffloadStore(root / "sub")):
+        with pytest.raises(OffloadError) as info:
+            await store.append("a", users(1))
+        assert isinstance(info.value.__cause__, OSError)
+        assert "file" in str(info.value)
+        assert os.strerror(errno.ENOTDIR) in str(info.value)
+    assert root.read_text() == "not a dir"
+
+
+async def test_open_eacces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if str(path).endswith(".jsonl"):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return REAL_OPEN(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", denied)
+    store = OffloadStore(tmp_path)
+    with pytest.raises(OffloadError, match="Permission denied") as info:
+        await store.append("a", users(1))
+    assert info.value.__cause__ is not None
+    with pytest.raises(OffloadError, match="Permission denied"):
+        await store.read("a")
+    monkeypatch.undo()
+    assert (await store.append("a", users(1))).first_seq == 1
+
+
+async def test_symlinked_journal_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    (tmp_path / "a.jsonl").symlink_to(target)
+    with pytest.raises(OffloadError):
+        await OffloadStore(tmp_path).append("a", users(1))
+    assert target.read_bytes() == b""
+
+
+async def test_transcript_failure_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if ".md" in str(path):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return REAL_OPEN(path, flags, mode, **kw)
+
+    msgs = users(2)
+    store = OffloadStore(tmp_path)
+    r = await store.append("a", msgs)
+    assert r.written == 2 and not (tmp_path / "a.md").exists()  # not on the append path
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(OffloadError, match="transcript"):
+        await store.write_transcript("a")
+    monkeypatch.setattr(os, "open", REAL_OPEN)
+    assert await OffloadStore(tmp_path).read("a") == msgs
+    assert not (tmp_path / "a.md").exists()
+
+
+async def test_transcript_content(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    await store.append("a", users(1))
+    assert await store.write_transcript("a") == tmp_path / "a.md"
+    await store.append("a", varied()[3:5], compaction=4)
+    await store.write_transcript("a")  # incremental: only the new batch is appended
+    md = (tmp_path / "a.md").read_text()
+    assert md.count("## Compaction") == 2
+    assert "## Compaction 0 — records 1\N{EN DASH}1" in md
+    assert "## Compaction 4 — records 2\N{EN DASH}3" in md
+    assert "search" in md and '"q":"trio"' in md
+    assert "tool (call c1, error)" in md
+    assert "result text" in md
+    # a new store rewrites it whole, with the same content
+    await OffloadStore(tmp_path).write_transcript("a")
+    assert (tmp_path / "a.md").read_text() == md
+
+
+# -- retry dedup --------------------------------------------------------------------------------
+
+
+async def test_retry_dedup(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    a, b, c, d = users(4)
+    r1 = await store.append("x", [a, b, c], compaction=1)
+    assert (r1.first_seq, r1.last_seq, r1.written) == (1, 3, 3)
+    r2 = await store.append("x", [a, b, c], compaction=1)
+    assert (r2.first_seq, r2.last_seq, r2.written) == (1, 3, 0)
+    r3 = await store.append("x", [b, c, d], compaction=1)
+    assert (r3.first_seq, r3.last_seq, r3.written) == (2, 4, 1)
+    r4 = await store.append("x", [d, d])
+    assert (r4.first_seq, r4.last_seq, r4.written) == (4, 4, 0)
+    assert await store.read("x") == [a, b, c, d]
+    assert len(check_clean(tmp_path / "x.jsonl")) == 4
+
+
+async def test_readers_dedup_across_stores(tmp_path: Path) -> None:
+    a, b, c = users(3)
+    await OffloadStore(tmp_path).append("x", [a, b])
+    await OffloadStore(tmp_path).append("x", [a, b, c])  # another process retried
+    await OffloadStore(tmp_path).append("x", [a, a])  # duplicates within a batch are written once
+    records = await OffloadStore(tmp_path).records("x")
+    assert [r.message for r in records] == [a, b, c]
+    assert [r.seq for r in records] == [1, 2, 5]
+    assert len(check_clean(tmp_path / "x.jsonl")) == 6
+
+
+# -- search and ranges --------------------------------------------------------------------------
+
+
+async def test_search_ranking(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    msgs = [
+        Message.user("the quick brown fox"),  # 1: fox
+        Message.user("FOX and dog, dog, dog"),  # 2: fox + dog, 4 hits
+        Message.user("nothing to see"),  # 3
+        Message.user("dog fox"),  # 4: fox + dog, 2 hits
+        Message.assistant("", tool_calls=(ToolCall("c1", "find_dog", {"animal": "Fox"}),)),  # 5: fox
+        Message.user("foxes are not a fox-match? fox"),  # 6: fox x2
+        Message.user("a dog"),  # 7: dog
+    ]
+    await store.append("s", msgs)
+    got = [r.seq for r in await store.search("s", "Fox, DOG!")]
+    assert got == [2, 4, 6, 1, 5, 7]
+    assert [r.seq for r in await store.search("s", "fox dog", limit=2)] == [2, 4]
+    assert [r.seq for r in await store.search("s", "find_dog")] == [5]
+    assert [r.seq for r in await store.search("s", "animal")] == [5]
+    assert await store.search("s", "zebra") == []
+    assert await store.search("s", " ,;! ") == []
+    assert (await store.search("s", "see"))[0].message == msgs[2]
+
+
+async def test_read_range(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    msgs = users(6)
+    await store.append("r", msgs[:3])
+    await store.append("r", msgs[3:], compaction=1)
+    got = await store.read_range("r", 2, 4)
+    assert [r.seq for r in got] == [2, 3, 4]
+    assert [r.message for r in got] == msgs[1:4]
+    assert [r.compaction for r in got] == [0, 0, 1]
+    assert await store.read_range("r", 5, 2) == []
+    assert [r.seq for r in await store.read_range("r", 0, 100)] == list(range(1, 7))
+
+
+# -- concurrency, cancellation, O(1) recovery ---------------------------------------------------
+
+
+async def test_concurrent_appends(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    results: list[AppendResult] = []
+
+    async def writer(i: int) -> None:
+        results.append(await store.append("c", users(5, f"task{i}")))
+
+    async with trio.open_nursery() as nursery:
+        for i in range(10):
+            nursery.start_soon(writer, i)
+    records = await store.records("c")
+    assert [r.seq for r in records] == list(range(1, 51))
+    assert sorted((r.first_seq, r.last_seq) for r in results) == [(i, i + 4) for i in range(1, 51, 5)]
+    for r in results:  # each batch is contiguous
+        texts = {records[s - 1].message.text.split()[0] for s in range(r.first_seq, r.last_seq + 1)}
+        assert len(texts) == 1
+    check_clean(tmp_path / "c.jsonl")
+
+
+async def test_cancel_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = OffloadStore(tmp_path)
+    before = users(2)
+    await store.append("a", before)
+
+    in_fsync: list[float] = []
+
+    def slow_fsync(fd: int) -> None:
+        if is_journal_fd(fd):
+            in_fsync.append(time.monotonic())
+            time.sleep(0.3)
+        REAL_FSYNC(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    batch = users(20, "cancelled")
+    with trio.move_on_after(0.05) as scope:
+        await store.append("a", batch)
+    assert scope.cancel_called
+    with trio.move_on_after(0):
+        await store.append("a", users(3, "never"))
+    monkeypatch.undo()
+    got = await store.read("a")
+    assert got in (before, before + batch)
+    if in_fsync:  # the cancel arrived while the thread ran: the write was waited for, not abandoned
+        assert got == before + batch
+    check_clean(tmp_path / "a.jsonl")
+    after = users(1, "after")
+    r = await store.append("a", after)
+    assert r.first_seq == len(got) + 1
+    assert await store.read("a") == got + after
+
+
+async def test_tail_recovery_reads_only_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "big.jsonl"
+    filler = "x" * 10_000
+    lines = [line(seq, Message.user(f"{seq} {filler}").to_dict()) for seq in range(1, 2001)]
+    path.write_bytes(b"".join(lines) + b'{"seq":2001,"comp')  # and a torn tail
+    size = path.stat().st_size
+    assert size > 20_000_000
+    read_bytes = {"n": 0}
+
+    def counting_pread(fd: int, n: int, offset: int) -> bytes:
+        data = REAL_PREAD(fd, n, offset)
+        read_bytes["n"] += len(data)
+        return data
+
+    def no_read(*args: Any) -> bytes:
+        raise AssertionError("the writer must not read the whole file")
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    monkeypatch.setattr(os, "read", no_read)
+    r = await OffloadStore(tmp_path).append("big", users(1))
+    assert (r.first_seq, r.last_seq) == (2001, 2001)
+    assert 0 < read_bytes["n"] <= 2 * offload._BLOCK
+    monkeypatch.undo()
+    tail = path.read_bytes()[-30_000:]
+    assert tail.count(b'"seq":2000,') == 1 and tail.count(b'"seq":2001,') == 1
+    assert b'"comp\n' not in tail
+
+
+async def test_tail_recovery_with_a_long_last_line(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    big = Message.user("y" * (3 * offload._BLOCK + 123))
+    await store.append("a", [*users(2), big])
+    append_bytes(tmp_path / "a.jsonl", b'{"seq":4')
+    r = await OffloadStore(tmp_path).append("a", users(1))
+    assert r.first_seq == 4
+    assert (await store.read("a"))[2] == big
+    check_clean(tmp_path / "a.jsonl")
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    text=st.text(),
+    metadata=st.dictionaries(st.text(), json_values, max_size=3),
+    seq=st.integers(1, 2**40),
+    compaction=st.integers(0, 10**6),
+)
+def test_line_round_trip_property(text: str, metadata: dict[str, Any], seq: int, compaction: int) -> None:
+    msg = Message.assistant(text, tool_calls=(ToolCall("c", "t", {"v": text}),), metadata=metadata)
+    encoded = offload._encode_records(seq, compaction, 12.5, [orjson.dumps(msg.to_dict())])
+    assert encoded.endswith(b"\n") and encoded.count(b"\n") == 1
+    record = offload._decode_record(encoded[:-1], "here")
+    assert (record.seq, record.compaction, record.timestamp, record.message) == (seq, compaction, 12.5, msg)
