@@ -1,5 +1,6 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
+from .agent import AgentOptions, AgentRef
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
     CompactConfig,
@@ -12,6 +13,7 @@ from .compaction import (
 )
 from .errors import (
     AgentNotFound,
+    AgentStopped,
     CmdcError,
     CompactionAborted,
     CompactionError,
@@ -24,12 +26,16 @@ from .errors import (
     OffloadError,
     PluginAborted,
     ProviderError,
+    RequestSkipped,
+    StepLimitReached,
     SummarizerError,
+    TurnAborted,
 )
 from .events import Event
 from .message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from .offload import JournalRecord, OffloadStore
 from .plugins import Abort, AfterCompact, BeforeCompact, Plugin, Skip
+from .runtime import Runtime, open_runtime
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
@@ -39,6 +45,9 @@ __all__ = [
     "Abort",
     "AfterCompact",
     "AgentNotFound",
+    "AgentOptions",
+    "AgentRef",
+    "AgentStopped",
     "BeforeCompact",
     "CmdcError",
     "CompactConfig",
@@ -63,16 +72,21 @@ __all__ = [
     "Plugin",
     "PluginAborted",
     "ProviderError",
+    "RequestSkipped",
+    "Runtime",
     "Skip",
     "Skipped",
     "State",
+    "StepLimitReached",
     "SummarizerError",
     "TextPart",
     "TokenUsage",
     "Tool",
     "ToolCall",
+    "TurnAborted",
     "estimate_message_tokens",
     "estimate_tokens_from_messages",
+    "open_runtime",
     "split_messages",
     "tool",
     "validate_agent_id",

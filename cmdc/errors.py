@@ -72,9 +72,37 @@ class MailboxFull(CmdcError):
     """A `*_nowait` send found the agent's mailbox full."""
 
 
+class AgentStopped(CmdcError):
+    """The agent stopped (or the runtime closed) before it could answer."""
+
+
+class TurnAborted(CmdcError):
+    """The running turn was aborted (`abort()`); the state stays at its last committed point."""
+
+
+class StepLimitReached(CmdcError):
+    """A turn used `max_steps` model requests without a final answer. `reply` is the last one."""
+
+    def __init__(self, message: str, reply: object = None) -> None:
+        super().__init__(message)
+        self.reply = reply
+
+
+class RequestSkipped(CmdcError):
+    """A `before_request` plugin returned `Skip`: the turn ends without a model request."""
+
+
 class AgentNotFound(CmdcError):
     """No agent is registered under that name."""
 
 
 class InvalidState(CmdcError, ValueError):
     """A serialized `State` is malformed."""
+
+
+class CheckpointError(CmdcError):
+    """Saving, loading or deleting an agent's checkpoint failed."""
+
+
+class CheckpointCorrupted(CheckpointError):
+    """A checkpoint file exists but does not hold a valid `State`."""

@@ -9,8 +9,6 @@ from typing import Any
 
 import attrs
 
-from ._frozen import freeze_mapping
-
 TURN_START = "turn_start"
 TURN_END = "turn_end"
 REQUEST = "request"
@@ -29,13 +27,8 @@ PLUGIN_ERROR = "plugin_error"
 
 
 def _freeze_data(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    # Event data may carry non-JSON values (a report, an exception); freeze only the mapping.
-    if isinstance(value, MappingProxyType):
-        return value
-    try:
-        return freeze_mapping(value, "event data")
-    except TypeError:
-        return MappingProxyType(dict(value))
+    # A shallow read-only copy: event data carries figures and frozen values (reports, usage).
+    return value if isinstance(value, MappingProxyType) else MappingProxyType(dict(value))
 
 
 @attrs.frozen

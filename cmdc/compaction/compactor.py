@@ -356,21 +356,41 @@ class Compactor:
         return result
 
     async def _summarize(self, state: State, messages: Sequence[Message], prompt: str) -> tuple[str, str, int]:
-        """Retries with backoff, then the fallbacks; the text, who wrote it, and attempts used."""
+        """Retries with backoff, then the fallbacks; the text, who wrote it, and attempts used.
+
+        A `ContextOverflow` from a summarizer is not a failure while the input can still be cut
+        smaller: the chunks are halved (to at most half the reported window) and the call is
+        made again at once. That takes O(log n) calls; only an overflow at the smallest chunk
+        size counts as a failed attempt."""
         attempts = 0
         last_error = "no summarizer was tried"
+        whole = estimate_tokens_from_messages(messages)
         for role, summarizer in [("primary", self.summarizer)] + [("failover", f) for f in self.fallbacks]:
             name = summarizer_name(summarizer)
             chunk = self.summarizer_input_tokens
-            for retry in range(self.retries + 1):
+            retry = 0
+            while retry <= self.retries:
                 attempts += 1
                 try:
                     text = await summarize_rolling(summarizer, messages, prompt, chunk)
                 except ContextOverflow as exc:
-                    # Too much for the summarizer's window: halve the chunks and go again.
-                    whole = estimate_tokens_from_messages(messages)
-                    chunk = max(1, (chunk or whole) // 2)
                     last_error = f"{name}: {exc}"
+                    smaller = (chunk or whole) // 2
+                    if exc.limit:
+                        smaller = min(smaller, exc.limit // 2)
+                    if smaller >= 1 and smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
+                        chunk = smaller
+                        self._emit(
+                            SUMMARIZER_ATTEMPT,
+                            state,
+                            summarizer=name,
+                            role=role,
+                            attempt=attempts,
+                            ok=False,
+                            error=last_error,
+                            chunk_tokens=chunk,
+                        )
+                        continue
                 except Exception as exc:
                     last_error = f"{name}: {type(exc).__name__}: {exc}"
                 else:
@@ -383,7 +403,12 @@ class Compactor:
                 )
                 if retry < self.retries and self.retry_backoff:
                     await trio.sleep(self.retry_backoff * 2**retry)
+                retry += 1
         raise SummarizerError(f"every summarizer attempt failed ({attempts} attempts); last: {last_error}")
+
+
+def largest_message(messages: Sequence[Message]) -> int:
+    return max((estimate_message_tokens(m) for m in messages), default=0)
 
 
 def _summaries_first(state: State, evicted: tuple[Message, ...]) -> Sequence[Message]:

@@ -46,7 +46,10 @@ async def call_summarizer(summarizer: Summarizer, messages: Sequence[Message], i
     """One summarizer call. A callable gets the messages themselves; a provider (an object with
     `complete` that is not callable) gets the instruction as system prompt and a transcript."""
     if not callable(summarizer):
-        request = ModelRequest(messages=(Message.system(instruction), Message.user(render_transcript(messages))))
+        request = ModelRequest(
+            messages=(Message.system(instruction), Message.user(render_transcript(messages))),
+            metadata={"cmdc.purpose": "summarize"},
+        )
         reply = await summarizer.complete(request)
         if not isinstance(reply, Message):
             raise SummarizerError(f"summarizer provider returned {type(reply).__name__}, not a Message")

@@ -1,0 +1,678 @@
+"""The agent: one trio task that owns a `State`, serves its mailbox and runs turns.
+
+A turn appends the user's messages, then per step: `before_request` plugins, `maybe_compact`,
+the model request (a `ContextOverflow` forces a compaction and a retry, a bounded number of
+times), `after_response` plugins, and the requested tools, run concurrently. The state is
+committed at step boundaries only (a reply together with its tool results), so an abort, a
+cancelled caller or a failure leaves the last committed state: never a call without its
+results, never half a compaction.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import trio
+
+from .compaction import Compactor, Skipped
+from .errors import (
+    AgentStopped,
+    CmdcError,
+    ConfigError,
+    ContextOverflow,
+    MailboxFull,
+    PluginAborted,
+    ProviderError,
+    RequestSkipped,
+    StepLimitReached,
+    TurnAborted,
+)
+from .events import (
+    ERROR,
+    OVERFLOW,
+    PLUGIN_ERROR,
+    REQUEST,
+    RESPONSE,
+    RETRY,
+    TOOL_END,
+    TOOL_START,
+    TURN_END,
+    TURN_START,
+    Event,
+)
+from .message import Message, ToolCall
+from .plugins import Abort, Plugin, PluginReturnError, Skip, fold, sort_plugins
+from .providers.base import ModelRequest, Provider
+from .state import State
+from .tools import Tool, ToolArgumentsError
+
+if TYPE_CHECKING:
+    from .bus import EventBus
+    from .checkpoint import CheckpointStore
+
+RestartPolicy = Literal["permanent", "transient", "temporary"]
+
+# The names of the agents a delegated turn is running for (to refuse cycles and bound depth).
+current_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cmdc_chain", default=())
+
+
+def _positive_int(name: str) -> Callable[[object, object, object], None]:
+    def check(_i: object, _a: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"agent option {name!r} must be an integer >= 1, got {value!r}")
+
+    return check
+
+
+def _non_negative_int(name: str) -> Callable[[object, object, object], None]:
+    def check(_i: object, _a: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"agent option {name!r} must be an integer >= 0, got {value!r}")
+
+    return check
+
+
+def _seconds(name: str, optional: bool) -> Callable[[object, object, object], None]:
+    def check(_i: object, _a: object, value: object) -> None:
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ConfigError(f"agent option {name!r} must be a positive number of seconds, got {value!r}")
+
+    return check
+
+
+def _policy(_i: object, _a: object, value: object) -> None:
+    if value not in ("permanent", "transient", "temporary"):
+        raise ConfigError(f"agent option 'restart' must be 'permanent', 'transient' or 'temporary', got {value!r}")
+
+
+@attrs.frozen
+class AgentOptions:
+    """How an agent runs. Every value is checked; a bad one raises `ConfigError` naming it.
+
+    - `max_steps`: model requests per turn before `StepLimitReached`.
+    - `tool_timeout`: seconds per tool call (a `Tool.timeout` overrides it); None: no bound.
+    - `max_forced_compactions`: forced compactions per step after `ContextOverflow`.
+    - `mailbox_size`: requests queued before senders wait (or `MailboxFull`).
+    - `max_output_tokens`: passed to the provider with each request.
+    - `restart`: what a crash (an unexpected, non-cmdc exception in a turn) does. `temporary`:
+      the agent ends. `transient`: it restarts from its last committed state, at most
+      `max_restarts` times within `restart_window` seconds, then ends. `permanent`: like
+      transient, but past the limit it waits out `restart_window` and restarts again: it only
+      ends by `stop()` or with the runtime.
+    - `max_delegation_depth`: how deep a chain of agents delegating to agents may go.
+    """
+
+    max_steps: int = attrs.field(default=25, validator=_positive_int("max_steps"))
+    tool_timeout: float | None = attrs.field(default=60.0, validator=_seconds("tool_timeout", True))
+    max_forced_compactions: int = attrs.field(default=2, validator=_non_negative_int("max_forced_compactions"))
+    mailbox_size: int = attrs.field(default=16, validator=_positive_int("mailbox_size"))
+    max_output_tokens: int | None = attrs.field(default=None)
+    restart: RestartPolicy = attrs.field(default="transient", validator=_policy)
+    max_restarts: int = attrs.field(default=3, validator=_non_negative_int("max_restarts"))
+    restart_window: float = attrs.field(default=60.0, validator=_seconds("restart_window", False))
+    max_delegation_depth: int = attrs.field(default=3, validator=_positive_int("max_delegation_depth"))
+
+    @max_output_tokens.validator
+    def _check_output(self, _a: object, value: object) -> None:
+        if value is not None:
+            _positive_int("max_output_tokens")(self, _a, value)
+
+
+class _Reply:
+    """A one-shot reply slot carried by a request."""
+
+    __slots__ = ("_event", "abandoned", "error", "value")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, value: Any) -> None:
+        if not self._event.is_set():
+            self.value = value
+            self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self.error = error
+            self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@attrs.define(slots=True)
+class _Prompt:
+    messages: tuple[Message, ...]
+    reply: _Reply
+    chain: tuple[str, ...] = ()
+
+
+@attrs.define(slots=True)
+class _Send:
+    messages: tuple[Message, ...]
+
+
+@attrs.define(slots=True)
+class _Call:
+    """A request answered by running `fn(agent)` inside the agent task (ping, stop, ...)."""
+
+    fn: Callable[[Agent], Any]
+    reply: _Reply
+
+
+class _Crash(Exception):
+    """An unexpected error in a turn: delivered to the caller, then the agent crashes."""
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, ...]:
+    if isinstance(content, str):
+        return (Message.user(content),)
+    if isinstance(content, Message):
+        return (content,)
+    if isinstance(content, (list, tuple)) and content and all(isinstance(m, Message) for m in content):
+        return tuple(content)
+    raise ConfigError(f"a prompt must be text, a Message or a non-empty list of Messages, got {content!r:.80}")
+
+
+@attrs.frozen
+class ToolContext:
+    """Context of `before_tool` (return a new `ToolCall`, `Skip` or `Abort`) and `after_tool`
+    (`result` set: return a new result `Message`)."""
+
+    state: State
+    call: ToolCall
+    tool: Tool | None
+    result: Message | None = None
+
+
+@attrs.frozen
+class RequestContext:
+    """Context of `before_request` (return a new `State`, `Skip` to end the turn, `Abort`)."""
+
+    state: State
+    step: int
+
+
+@attrs.frozen
+class ResponseContext:
+    """Context of `after_response`: return a new assistant `Message` to use instead."""
+
+    state: State
+    reply: Message
+
+
+@attrs.frozen
+class LifecycleContext:
+    """Context of `on_start` (may return a new `State`), `on_error` and `on_stop`."""
+
+    state: State
+    error: BaseException | None = None
+
+
+class AgentRef:
+    """The handle users hold. Every method is safe to call from any task of the trio run."""
+
+    __slots__ = ("_agent", "name")
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self.name = agent.name
+
+    def __repr__(self) -> str:
+        return f"<AgentRef {self.name!r}>"
+
+    async def prompt(self, content: str | Message | Sequence[Message]) -> Message:
+        """Run a turn with `content` as the user's message(s); return the final assistant reply.
+        Errors inside the turn are raised here. Cancelling this call cancels the turn."""
+        request = _Prompt(_as_messages(content), _Reply(), current_chain.get())
+        await self._agent.enqueue(request)
+        return await self._agent.wait(request)  # type: ignore[no-any-return]
+
+    async def send(self, content: str | Message | Sequence[Message]) -> None:
+        """Queue user message(s) for the next turn, without running one (waits if the mailbox is full)."""
+        await self._agent.enqueue(_Send(_as_messages(content)))
+
+    def send_nowait(self, content: str | Message | Sequence[Message]) -> None:
+        """Like `send`, but raise `MailboxFull` instead of waiting."""
+        self._agent.enqueue_nowait(_Send(_as_messages(content)))
+
+    def prompt_nowait(self, content: str | Message | Sequence[Message]) -> _Reply:
+        """Queue a turn or raise `MailboxFull`; `await reply.wait()` for the answer."""
+        request = _Prompt(_as_messages(content), _Reply(), current_chain.get())
+        self._agent.enqueue_nowait(request)
+        return request.reply
+
+    async def ping(self) -> None:
+        """A round trip through the mailbox: returns when the agent has served it."""
+        request = _Call(lambda agent: None, _Reply())
+        await self._agent.enqueue(request)
+        await self._agent.wait(request)
+
+    async def state(self) -> State:
+        """The last committed state (immutable; never a state in the middle of a step)."""
+        return self._agent.state
+
+    def abort(self) -> None:
+        """Cancel the running turn, if any: its caller gets `TurnAborted`."""
+        scope = self._agent.turn_scope
+        if scope is not None:
+            self._agent.aborted = True
+            scope.cancel()
+
+    async def stop(self) -> None:
+        """Stop the agent after the request it is serving; queued requests get `AgentStopped`."""
+        if self._agent.finished.is_set():
+            return
+        request = _Call(_stop, _Reply())
+        try:
+            await self._agent.enqueue(request)
+        except AgentStopped:
+            return
+        await self._agent.finished.wait()
+
+    def add_plugin(self, plugin: Plugin) -> None:
+        """Register a plugin at run time (for turns and compactions alike)."""
+        self._agent.add_plugin(plugin)
+
+    @property
+    def running(self) -> bool:
+        return not self._agent.finished.is_set()
+
+    @property
+    def restarts(self) -> int:
+        return self._agent.restart_count
+
+
+def _stop(agent: Agent) -> None:
+    raise _StopRequested
+
+
+class Agent:
+    """The agent task's state and loop. Users see it through an `AgentRef`."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        state: State,
+        provider: Provider,
+        compactor: Compactor,
+        tools: Iterable[Tool],
+        plugins: Iterable[Plugin],
+        options: AgentOptions,
+        bus: EventBus,
+        checkpoints: CheckpointStore | None = None,
+    ) -> None:
+        self.name = name
+        self.state = state
+        self.provider = provider
+        self.compactor = compactor
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise ConfigError(f"tools must be cmdc Tool values (use @cmdc.tool), got {t!r:.80}")
+            if t.name in self.tools:
+                raise ConfigError(f"two tools are named {t.name!r}")
+            self.tools[t.name] = t
+        self._schemas = tuple(t.schema for t in self.tools.values())
+        self.plugins = sort_plugins(plugins)
+        self.options = options
+        self.bus = bus
+        self.checkpoints = checkpoints
+        self._send, self._receive = trio.open_memory_channel[Any](options.mailbox_size)
+        self.pending: list[Message] = []  # sent messages waiting for the next turn
+        self.turn_scope: trio.CancelScope | None = None
+        self.current: _Prompt | None = None
+        self.aborted = False
+        self.finished = trio.Event()
+        self.restart_count = 0
+        self.ref = AgentRef(self)
+
+    # -- the mailbox ------------------------------------------------------------------------
+    async def enqueue(self, request: Any) -> None:
+        try:
+            await self._send.send(request)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise AgentStopped(f"agent {self.name!r} has stopped") from None
+
+    def enqueue_nowait(self, request: Any) -> None:
+        try:
+            self._send.send_nowait(request)
+        except trio.WouldBlock:
+            raise MailboxFull(f"agent {self.name!r}: mailbox full ({self.options.mailbox_size} requests)") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise AgentStopped(f"agent {self.name!r} has stopped") from None
+
+    async def wait(self, request: _Prompt | _Call) -> Any:
+        try:
+            return await request.reply.wait()
+        finally:
+            if not request.reply.done:  # the caller gave up (cancelled): so does the turn
+                request.reply.abandoned = True
+                if self.current is request and self.turn_scope is not None:
+                    self.turn_scope.cancel()
+
+    def add_plugin(self, plugin: Plugin) -> None:
+        self.plugins = sort_plugins((*self.plugins, plugin))
+        self.compactor.add_plugin(plugin)
+
+    # -- the task -----------------------------------------------------------------------------
+    async def main(self, *, task_status: trio.TaskStatus[AgentRef] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until stopped; restart after crashes as the policy says."""
+        crashes: deque[float] = deque()
+        try:
+            await self._lifecycle("on_start")
+            task_status.started(self.ref)
+            while True:
+                try:
+                    await self._serve()
+                except _StopRequested:
+                    return
+                except _Crash as crash:
+                    error = crash.__cause__ or crash
+                    self._emit(ERROR, error=repr(error), crashed=True)
+                    await self._lifecycle("on_error", error)
+                    now = trio.current_time()
+                    crashes.append(now)
+                    while crashes and crashes[0] < now - self.options.restart_window:
+                        crashes.popleft()
+                    if self.options.restart == "temporary":
+                        return
+                    if len(crashes) > self.options.max_restarts:
+                        if self.options.restart == "transient":
+                            self._emit(ERROR, error=f"agent {self.name} gave up after {len(crashes)} crashes")
+                            return
+                        await trio.sleep(self.options.restart_window)  # permanent: back off, go on
+                        crashes.clear()
+                    self.restart_count += 1
+                    self._emit("restart", restarts=self.restart_count)
+        finally:
+            self._send.close()
+            self._receive.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self._lifecycle("on_stop")
+            self._fail_queued()
+            self.finished.set()
+
+    def _fail_queued(self) -> None:
+        error = AgentStopped(f"agent {self.name!r} stopped before answering")
+        if self.current is not None:
+            self.current.reply.fail(error)
+        while True:
+            try:
+                request = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            if isinstance(request, (_Prompt, _Call)):
+                request.reply.fail(error)
+
+    async def _serve(self) -> None:
+        async for request in self._receive:
+            if isinstance(request, _Send):
+                self.pending.extend(request.messages)
+            elif isinstance(request, _Call):
+                try:
+                    request.reply.set(request.fn(self))
+                except _StopRequested:
+                    request.reply.set(None)
+                    raise
+            elif not request.reply.abandoned:
+                await self._serve_prompt(request)
+
+    async def _serve_prompt(self, request: _Prompt) -> None:
+        self.current, self.aborted = request, False
+        token = current_chain.set((*request.chain, self.name))
+        try:
+            with trio.CancelScope() as scope:
+                self.turn_scope = scope
+                try:
+                    reply = await self._turn(request.messages)
+                except Exception as exc:
+                    request.reply.fail(exc)
+                    self._emit(ERROR, error=repr(exc))
+                    await self._lifecycle("on_error", exc)
+                    if not isinstance(exc, CmdcError):
+                        raise _Crash(repr(exc)) from exc
+                else:
+                    request.reply.set(reply)
+            if scope.cancelled_caught:
+                why = "aborted" if self.aborted else "cancelled by its caller"
+                request.reply.fail(TurnAborted(f"agent {self.name!r}: turn {why}; state kept at the last commit"))
+                self._emit(TURN_END, aborted=True, reason=why)
+        finally:
+            current_chain.reset(token)
+            self.turn_scope, self.current = None, None
+            # Cancelled from outside (the runtime closing): the caller must not hang.
+            request.reply.fail(AgentStopped(f"agent {self.name!r} stopped during the turn"))
+
+    # -- the turn -------------------------------------------------------------------------------
+    async def _commit(self, state: State) -> None:
+        # Shielded: the checkpoint on disk and the state in memory never disagree.
+        with trio.CancelScope(shield=True):
+            if self.checkpoints is not None:
+                await self.checkpoints.save(state)
+            self.state = state
+            self.pending.clear()
+
+    async def _turn(self, incoming: tuple[Message, ...]) -> Message:
+        started = trio.current_time()
+        state = self.state.append(*self.pending, *incoming)
+        self._emit(TURN_START, messages=len(state.messages), tokens=state.token_usage)
+        reply: Message | None = None
+        for step in range(1, self.options.max_steps + 1):
+            state = await self._before_request(state, step)
+            outcome = await self.compactor.maybe_compact(state)
+            state = outcome.state
+            state, reply = await self._request(state)
+            reply = await self._after_response(state, reply)
+            if reply.tool_calls:
+                state = state.append(reply, *await self._run_tools(state, reply))
+                await self._commit(state)
+                continue
+            state = state.append(reply)
+            await self._commit(state)
+            self._emit(TURN_END, steps=step, duration=trio.current_time() - started, usage=reply.usage)
+            return reply
+        raise StepLimitReached(
+            f"agent {self.name!r}: no final answer after {self.options.max_steps} steps", reply=reply
+        )
+
+    async def _request(self, state: State) -> tuple[State, Message]:
+        forced = 0
+        while True:
+            request = ModelRequest(state.messages, self._schemas, self.options.max_output_tokens)
+            self._emit(REQUEST, messages=len(state.messages), tokens=state.token_usage)
+            t0 = trio.current_time()
+            try:
+                reply = await self.provider.complete(request)
+            except ContextOverflow as exc:
+                self._emit(OVERFLOW, prompt_tokens=exc.prompt_tokens, limit=exc.limit, forced=forced)
+                if forced >= self.options.max_forced_compactions:
+                    raise ContextOverflow(
+                        f"agent {self.name!r}: prompt still too long after {forced} forced compactions: {exc}",
+                        prompt_tokens=exc.prompt_tokens,
+                        limit=exc.limit,
+                    ) from exc
+                outcome = await self.compactor.force_compact(state)
+                if isinstance(outcome, Skipped):
+                    raise ContextOverflow(
+                        f"agent {self.name!r}: prompt too long and nothing more can be compacted "
+                        f"({outcome.reason}): {exc}",
+                        prompt_tokens=exc.prompt_tokens,
+                        limit=exc.limit,
+                    ) from exc
+                forced += 1
+                state = outcome.state
+                self._emit(RETRY, after="overflow", forced=forced)
+                continue
+            if not isinstance(reply, Message) or reply.role != "assistant":
+                raise ProviderError(f"provider returned {reply!r:.80}, not an assistant Message")
+            self._emit(RESPONSE, usage=reply.usage, duration=trio.current_time() - t0, tool_calls=len(reply.tool_calls))
+            return state, reply
+
+    # -- plugins --------------------------------------------------------------------------------
+    def _plugin_error(self, hook: str) -> Callable[[Plugin, BaseException], None]:
+        def report(plugin: Plugin, exc: BaseException) -> None:
+            self._emit(PLUGIN_ERROR, plugin=plugin.name, hook=hook, error=repr(exc))
+
+        return report
+
+    async def _before_request(self, state: State, step: int) -> State:
+        def accept(value: object, current: State) -> State:
+            if not isinstance(value, State) or value.agent_id != current.agent_id:
+                raise PluginReturnError(f"before_request must return this agent's State, got {value!r:.80}")
+            return value
+
+        folded = await fold(
+            self.plugins,
+            "before_request",
+            RequestContext(state, step),
+            state,
+            rebind=lambda ctx, s: RequestContext(s, step),
+            accept=accept,
+            on_error=self._plugin_error("before_request"),
+        )
+        if isinstance(folded.stop, Abort):
+            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
+        if isinstance(folded.stop, Skip):
+            raise RequestSkipped(f"plugin {folded.stopped_by} skipped the request: {folded.stop.reason}")
+        return folded.value
+
+    async def _after_response(self, state: State, reply: Message) -> Message:
+        def accept(value: object, current: Message) -> Message:
+            if not isinstance(value, Message) or value.role != "assistant":
+                raise PluginReturnError(f"after_response must return an assistant Message, got {value!r:.80}")
+            return value
+
+        folded = await fold(
+            self.plugins,
+            "after_response",
+            ResponseContext(state, reply),
+            reply,
+            rebind=lambda ctx, r: ResponseContext(state, r),
+            accept=accept,
+            on_error=self._plugin_error("after_response"),
+        )
+        if isinstance(folded.stop, Abort):
+            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
+        return folded.value
+
+    async def _lifecycle(self, hook: str, error: BaseException | None = None) -> None:
+        def accept(value: object, current: State) -> State:
+            if hook != "on_start" or not isinstance(value, State) or value.agent_id != current.agent_id:
+                raise PluginReturnError(f"{hook} returned {value!r:.80}")
+            return value
+
+        folded = await fold(
+            self.plugins,
+            hook,
+            LifecycleContext(self.state, error),
+            self.state,
+            rebind=lambda ctx, s: LifecycleContext(s, error),
+            accept=accept,
+            on_error=self._plugin_error(hook),
+        )
+        if folded.value is not self.state:
+            self.state = folded.value
+
+    # -- tools ----------------------------------------------------------------------------------
+    async def _run_tools(self, state: State, reply: Message) -> list[Message]:
+        results: list[Message] = [Message.tool_result(c.id, "") for c in reply.tool_calls]
+        async with trio.open_nursery() as nursery:
+            for i, call in enumerate(reply.tool_calls):
+                nursery.start_soon(self._run_tool, state, call, results, i)
+        return results
+
+    async def _run_tool(self, state: State, call: ToolCall, results: list[Message], i: int) -> None:
+        tool = self.tools.get(call.name)
+        t0 = trio.current_time()
+        self._emit(TOOL_START, tool=call.name, call_id=call.id)
+        result = await self._tool_result(state, call, tool)
+        result = await self._after_tool(state, call, tool, result)
+        results[i] = result
+        self._emit(TOOL_END, tool=call.name, call_id=call.id, error=result.is_error, duration=trio.current_time() - t0)
+
+    async def _tool_result(self, state: State, call: ToolCall, tool: Tool | None) -> Message:
+        def accept(value: object, current: ToolCall) -> ToolCall:
+            if not isinstance(value, ToolCall) or value.id != current.id:
+                raise PluginReturnError(f"before_tool must return a ToolCall with id {current.id}, got {value!r:.80}")
+            return value
+
+        folded = await fold(
+            self.plugins,
+            "before_tool",
+            ToolContext(state, call, tool),
+            call,
+            rebind=lambda ctx, c: ToolContext(state, c, tool),
+            accept=accept,
+            on_error=self._plugin_error("before_tool"),
+        )
+        if isinstance(folded.stop, Abort):
+            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
+        if isinstance(folded.stop, Skip):
+            return Message.tool_result(
+                call.id, f"tool call skipped by {folded.stopped_by}: {folded.stop.reason}", is_error=True
+            )
+        call = folded.value
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return Message.tool_result(call.id, f"unknown tool {call.name!r}; available tools: {known}", is_error=True)
+        timeout = tool.timeout if tool.timeout is not None else self.options.tool_timeout
+        try:
+            with trio.fail_after(math.inf if timeout is None else timeout):
+                text = await tool(call.arguments)
+        except ToolArgumentsError as exc:
+            return Message.tool_result(call.id, str(exc), is_error=True)
+        except trio.TooSlowError:
+            return Message.tool_result(call.id, f"tool {call.name!r} timed out after {timeout} s", is_error=True)
+        except Exception as exc:
+            return Message.tool_result(
+                call.id, f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", is_error=True
+            )
+        return Message.tool_result(call.id, text)
+
+    async def _after_tool(self, state: State, call: ToolCall, tool: Tool | None, result: Message) -> Message:
+        def accept(value: object, current: Message) -> Message:
+            if not isinstance(value, Message) or value.tool_call_id != call.id:
+                raise PluginReturnError(f"after_tool must return a tool result for {call.id}, got {value!r:.80}")
+            return value
+
+        folded = await fold(
+            self.plugins,
+            "after_tool",
+            ToolContext(state, call, tool, result),
+            result,
+            rebind=lambda ctx, r: ToolContext(state, call, tool, r),
+            accept=accept,
+            on_error=self._plugin_error("after_tool"),
+        )
+        if isinstance(folded.stop, Abort):
+            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
+        return folded.value
+
+    def _emit(self, kind: str, **data: Any) -> None:
+        self.bus.publish(Event(kind, self.name, data, trio.current_time()))
+
+
+__all__ = ["Agent", "AgentOptions", "AgentRef", "RestartPolicy", "ToolContext"]

@@ -1,0 +1,210 @@
+"""`SimulatedModel`: a plausible, deterministic fake model for demos and benchmarks.
+
+It has a context window and raises `ContextOverflow` like a real model when the prompt does not
+fit, reports usage, calls the tools it is offered (a bounded number of rounds), answers in text
+that echoes the user's words, and summarizes (briefly) when asked to by the compactor.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import trio
+
+from .._frozen import thaw
+from ..errors import ConfigError, ContextOverflow
+from ..message import Message, TokenUsage, ToolCall
+from ..tokens import estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
+from .base import ModelRequest, ToolSchema
+from .scripted import check_delay, check_name
+
+PURPOSE_KEY = "cmdc.purpose"
+SUMMARIZE = "summarize"
+
+_WORDS = (
+    "the", "module", "parser", "config", "test", "change", "result", "cache", "schema", "request",
+    "handler", "error", "file", "function", "update", "check", "value", "path", "state", "next",
+)  # fmt: skip
+_EDGE_LINES = 4
+
+
+def _int(value: object, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _clip(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: max(0, width - 1)] + "…"
+
+
+def tool_schema_tokens(tool: ToolSchema) -> int:
+    """What a tool's schema costs in the prompt: the estimate of its JSON form."""
+    data = {"name": tool.name, "description": tool.description, "parameters": thaw(tool.parameters)}
+    return estimate_text_tokens(orjson.dumps(data).decode())
+
+
+def example_value(schema: object, rng: random.Random) -> Any:
+    """A value fitting a JSON schema: enums give their first value, strings a couple of words,
+    integers a small int, numbers a float, arrays one element, objects `{}`."""
+    if not isinstance(schema, Mapping):
+        return rng.choice(_WORDS)
+    if "const" in schema:
+        return thaw(schema["const"])
+    enum = schema.get("enum")
+    if isinstance(enum, (list, tuple)) and enum:
+        return thaw(enum[0])
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, (list, tuple)) and options:
+            return example_value(options[0], rng)
+    kind = schema.get("type")
+    if isinstance(kind, (list, tuple)):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "integer":
+        return rng.randint(1, 10)
+    if kind == "number":
+        return round(rng.uniform(0, 10), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        return [example_value(schema.get("items"), rng)]
+    if kind == "object":
+        return {}
+    if kind == "null":
+        return None
+    return f"{rng.choice(_WORDS)} {rng.choice(_WORDS)}"
+
+
+def example_arguments(parameters: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Arguments for a tool: a value for each required property of its `parameters` schema."""
+    properties = parameters.get("properties")
+    if not isinstance(properties, Mapping):
+        properties = {}
+    required = parameters.get("required")
+    if not isinstance(required, (list, tuple)):
+        return {}
+    return {name: example_value(properties.get(name), rng) for name in required if isinstance(name, str)}
+
+
+def tool_rounds(messages: tuple[Message, ...]) -> int:
+    """Assistant messages with tool calls since the last user message."""
+    rounds = 0
+    for m in reversed(messages):
+        if m.role == "user":
+            break
+        if m.role == "assistant" and m.tool_calls:
+            rounds += 1
+    return rounds
+
+
+class SimulatedModel:
+    """A fake model with a `context_window`, deterministic given `seed` and the requests it sees.
+
+    The prompt costs the messages' estimate plus each tool schema's; when that plus
+    `max_output_tokens` exceeds the window it raises `ContextOverflow` with both figures.
+    Summarization requests (`metadata["cmdc.purpose"] == "summarize"`) get a summary of at most
+    `summary_chars` characters. Otherwise, with tools offered and fewer than `max_tool_rounds`
+    tool rounds since the last user message, it calls 1-2 tools with probability
+    `tool_probability`; else it answers with ~`reply_chars` characters of text that quote the
+    last user message. Every reply carries usage; `latency` seconds pass before each answer.
+    """
+
+    def __init__(
+        self,
+        context_window: int = 8_000,
+        *,
+        seed: int = 0,
+        reply_chars: int = 300,
+        tool_probability: float = 0.5,
+        max_tool_rounds: int = 2,
+        summary_chars: int = 1_200,
+        latency: float = 0.0,
+        name: str = "simulated",
+    ) -> None:
+        self.context_window = _int(context_window, "context_window", 1)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        self.reply_chars = _int(reply_chars, "reply_chars", 1)
+        if (
+            isinstance(tool_probability, bool)
+            or not isinstance(tool_probability, (int, float))
+            or not 0 <= tool_probability <= 1
+        ):
+            raise ConfigError(f"tool_probability must be a number in [0, 1], got {tool_probability!r}")
+        self.tool_probability = float(tool_probability)
+        self.max_tool_rounds = _int(max_tool_rounds, "max_tool_rounds", 0)
+        self.summary_chars = _int(summary_chars, "summary_chars", 1)
+        self.latency = check_delay(latency, "latency")
+        self.name = check_name(name)
+        self.seed = seed
+        self.calls = 0
+        self.overflows = 0
+        self._rng = random.Random(seed)
+        self._call_ids = 0
+
+    def prompt_tokens(self, request: ModelRequest) -> int:
+        """The request's prompt size as this model counts it."""
+        return estimate_tokens_from_messages(request.messages) + sum(tool_schema_tokens(t) for t in request.tools)
+
+    async def complete(self, request: ModelRequest) -> Message:
+        self.calls += 1
+        if self.latency:
+            await trio.sleep(self.latency)
+        prompt = self.prompt_tokens(request)
+        output = request.max_output_tokens or 0
+        if prompt + output > self.context_window:
+            self.overflows += 1
+            if prompt > self.context_window:
+                message = f"prompt is too long: {prompt} tokens > {self.context_window} maximum"
+            else:  # the prompt fits, but not with the output it asks room for
+                message = (
+                    f"input length and `max_tokens` exceed context limit: {prompt} + {output} > "
+                    f"{self.context_window}, decrease input length or `max_tokens` and try again"
+                )
+            raise ContextOverflow(message, prompt_tokens=prompt, limit=self.context_window)
+        if request.metadata.get(PURPOSE_KEY) == SUMMARIZE:
+            reply = Message.assistant(self._summary(request))
+        elif (
+            request.tools
+            and tool_rounds(request.messages) < self.max_tool_rounds
+            and self._rng.random() < self.tool_probability
+        ):
+            reply = self._tool_reply(request.tools)
+        else:
+            reply = Message.assistant(self._text_reply(request.messages))
+        return reply.evolve(usage=TokenUsage(input_tokens=prompt, output_tokens=estimate_message_tokens(reply)))
+
+    def _summary(self, request: ModelRequest) -> str:
+        text = "\n".join(m.text for m in request.messages if m.role != "system")
+        lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
+        header = f"Summary of {len(lines)} lines ({estimate_text_tokens(text)} tokens) of conversation:"
+        if len(lines) > 2 * _EDGE_LINES:
+            lines = [*lines[:_EDGE_LINES], "[...]", *lines[-_EDGE_LINES:]]
+        width = max(1, (self.summary_chars - len(header) - len(lines)) // max(1, len(lines)))
+        return "\n".join([header, *(_clip(line, width) for line in lines)])[: self.summary_chars]
+
+    def _tool_reply(self, tools: tuple[ToolSchema, ...]) -> Message:
+        calls = []
+        for _ in range(self._rng.randint(1, 2)):
+            tool = self._rng.choice(tools)
+            self._call_ids += 1
+            arguments = example_arguments(tool.parameters, self._rng)
+            calls.append(ToolCall(id=f"sim_{self._call_ids}", name=tool.name, arguments=arguments))
+        names = ", ".join(dict.fromkeys(c.name for c in calls))
+        return Message.assistant(f"Calling {names}.", tool_calls=calls)
+
+    def _text_reply(self, messages: tuple[Message, ...]) -> str:
+        users = [m for m in reversed(messages) if m.role == "user"]
+        last = next((m for m in users if not m.is_summary), users[0] if users else None)
+        topic = " ".join(last.text.split()[:6]) if last is not None else ""
+        text = f'About "{topic}": ' if topic else "About your request: "
+        words: list[str] = []
+        size = len(text)
+        while size < self.reply_chars:
+            words.append(self._rng.choice(_WORDS))
+            size += len(words[-1]) + 1
+        return (text + " ".join(words)).rstrip() + "."

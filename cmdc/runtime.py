@@ -1,0 +1,201 @@
+"""The runtime: a nursery of agents, their registry, supervision, checkpoints and events."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import structlog
+import trio
+
+from .agent import Agent, AgentOptions, AgentRef, current_chain
+from .bus import EventBus, Subscription
+from .checkpoint import CheckpointStore
+from .compaction import Compactor
+from .compaction.summary import Summarizer
+from .errors import AgentNotFound, AgentStopped, CmdcError, ConfigError
+from .plugins import Plugin
+from .providers.base import Provider
+from .state import State, validate_agent_id
+from .tools import Tool, tool
+
+_log = structlog.get_logger("cmdc.runtime")
+_OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
+
+
+class Runtime:
+    """Owns the agents of one `open_runtime()` block. Use `spawn`, `whereis`, `subscribe`."""
+
+    def __init__(self, nursery: trio.Nursery, bus: EventBus, checkpoints: CheckpointStore | None) -> None:
+        self._nursery = nursery
+        self.bus = bus
+        self.checkpoints = checkpoints
+        self._agents: dict[str, Agent] = {}
+        self._children = itertools.count(1)
+        self._closed = False
+
+    @property
+    def agents(self) -> list[str]:
+        """Names of the running agents."""
+        return list(self._agents)
+
+    def whereis(self, name: str) -> AgentRef | None:
+        """The running agent called `name`, or None."""
+        agent = self._agents.get(name)
+        return None if agent is None else agent.ref
+
+    def get(self, name: str) -> AgentRef:
+        """The running agent called `name`; raise `AgentNotFound` if there is none."""
+        ref = self.whereis(name)
+        if ref is None:
+            raise AgentNotFound(f"no running agent is called {name!r}")
+        return ref
+
+    def subscribe(self, agent: str | None = None, *, buffer: int = 256) -> Subscription:
+        """Events of one agent (or of all): `with rt.subscribe("a1") as sub: async for e in sub`."""
+        return self.bus.subscribe(agent, buffer=buffer)
+
+    async def spawn(
+        self,
+        name: str,
+        provider: Provider,
+        *,
+        tools: Iterable[Tool] = (),
+        plugins: Iterable[Plugin] = (),
+        config: Mapping[str, Any] | None = None,
+        summarizer: Summarizer | None = None,
+        resume: bool = False,
+        delegation: bool = False,
+        options: AgentOptions | None = None,
+        **option_values: Any,
+    ) -> AgentRef:
+        """Start an agent and return its handle once it is ready (`nursery.start`).
+
+        `summarizer` None: the agent's own provider summarizes. `resume`: start from the
+        checkpoint of an agent of this name (needs `open_runtime(checkpoint_dir=...)`).
+        `delegation`: give it the built-in `delegate` tool. Agent options (`max_steps`,
+        `tool_timeout`, `restart`, ...) come as `options=AgentOptions(...)` or as keywords.
+        """
+        if self._closed:
+            raise AgentStopped("the runtime is closed")
+        validate_agent_id(name)
+        unknown = set(option_values) - _OPTION_NAMES
+        if unknown:
+            raise ConfigError(f"unknown spawn option(s) {sorted(unknown)}; agent options are {sorted(_OPTION_NAMES)}")
+        if options is None:
+            options = AgentOptions(**option_values)
+        elif option_values:
+            options = attrs.evolve(options, **option_values)
+        if not hasattr(provider, "complete"):
+            raise ConfigError(f"provider must have an async complete(request) method, got {provider!r:.80}")
+        if name in self._agents:
+            raise ConfigError(f"an agent called {name!r} is already running")
+        plugins = tuple(plugins)
+        state = State(agent_id=name, config=config or {})
+        if resume:
+            if self.checkpoints is None:
+                raise ConfigError("resume=True needs open_runtime(checkpoint_dir=...)")
+            saved = await self.checkpoints.load(name)
+            if saved is not None:
+                state = saved if config is None else saved.evolve(config=config)
+        compactor = Compactor(
+            summarizer if summarizer is not None else provider, plugins=plugins, on_event=self.bus.publish
+        )
+        compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
+        tools = tuple(tools)
+        agent = Agent(
+            name=name,
+            state=state,
+            provider=provider,
+            compactor=compactor,
+            tools=(*tools, _delegate_tool(self, name)) if delegation else tools,
+            plugins=plugins,
+            options=options,
+            bus=self.bus,
+            checkpoints=self.checkpoints,
+        )
+        if name in self._agents:  # spawned meanwhile, while a checkpoint was read
+            raise ConfigError(f"an agent called {name!r} is already running")
+        self._agents[name] = agent
+        try:
+            ref: AgentRef = await self._nursery.start(self._run, agent)
+        except BaseException:
+            self._agents.pop(name, None)
+            raise
+        return ref
+
+    async def _run(self, agent: Agent, *, task_status: trio.TaskStatus[AgentRef] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await agent.main(task_status=task_status)
+        except Exception as exc:  # a bug in an agent never takes the runtime down
+            _log.error("agent task failed", agent=agent.name, error=repr(exc))
+        finally:
+            if self._agents.get(agent.name) is agent:
+                del self._agents[agent.name]
+
+    def child_name(self, parent: str) -> str:
+        return f"{parent[:100]}.child{next(self._children)}"
+
+
+def _delegate_tool(runtime: Runtime, parent: str) -> Tool:
+    async def delegate(task: str, agent: str | None = None) -> str:
+        """Hand a task to another agent and return its final answer.
+
+        Args:
+            task: What the other agent should do, with everything it needs to know.
+            agent: The name of a running agent; leave it out to have a temporary child agent do it.
+        """
+        chain = current_chain.get()
+        me = runtime._agents.get(parent)
+        if me is None:
+            raise AgentStopped(f"agent {parent!r} is not running")
+        depth = me.options.max_delegation_depth
+        if len(chain) >= depth:
+            raise CmdcError(f"delegation depth limit ({depth}) reached: {' -> '.join(chain)}")
+        if agent is not None:
+            if agent in chain:
+                raise CmdcError(f"agent {agent!r} is already waiting in this chain ({' -> '.join(chain)})")
+            return (await runtime.get(agent).prompt(task)).text
+        child = await runtime.spawn(
+            runtime.child_name(parent),
+            me.provider,
+            tools=[t for t in me.tools.values() if t.name != "delegate"],
+            config=me.state.config,
+            summarizer=me.compactor.summarizer,
+            options=attrs.evolve(me.options, restart="temporary"),
+            delegation=True,
+        )
+        try:
+            return (await child.prompt(task)).text
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await child.stop()
+
+    return tool(delegate, name="delegate")
+
+
+@asynccontextmanager
+async def open_runtime(
+    *, checkpoint_dir: str | os.PathLike[str] | None = None, log_events: bool = True
+) -> AsyncIterator[Runtime]:
+    """A runtime owning a nursery of agents; leaving the block stops every agent, and any
+    caller still waiting on one gets `AgentStopped`. `checkpoint_dir`: each agent's state is
+    saved there atomically at every commit, and `spawn(..., resume=True)` picks it up.
+    `log_events`: every event also goes to structlog, one line each."""
+    bus = EventBus(log=log_events)
+    checkpoints = None if checkpoint_dir is None else CheckpointStore(checkpoint_dir)
+    async with trio.open_nursery() as nursery:
+        runtime = Runtime(nursery, bus, checkpoints)
+        try:
+            yield runtime
+        finally:
+            runtime._closed = True
+            nursery.cancel_scope.cancel()
+            bus.close()
+
+
+__all__ = ["Runtime", "open_runtime"]
