@@ -13,6 +13,13 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 def freeze(value: Any, where: str) -> Any:
     """Return a read-only copy of a JSON-like value: dicts become read-only mappings and lists
     become tuples. Raise `TypeError` naming `where` for anything JSON cannot hold losslessly."""
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return value
+    if kind is dict or kind is MappingProxyType:
+        if not value:
+            return _EMPTY
+        return MappingProxyType({_key(k, where): freeze(v, f"{where}.{k}") for k, v in value.items()})
     if value is None or isinstance(value, (str, bool)):
         return value
     if isinstance(value, int):
@@ -35,8 +42,14 @@ def freeze(value: Any, where: str) -> Any:
     raise TypeError(f"{where}: {type(value).__name__} value {value!r} cannot be stored as JSON")
 
 
+def _key(k: object, where: str) -> str:
+    if type(k) is not str:
+        raise TypeError(f"{where}: key {k!r} is not a string")
+    return k
+
+
 def freeze_mapping(value: Mapping[str, Any] | None, where: str) -> Mapping[str, Any]:
-    if value is None:
+    if value is None or (type(value) is dict and not value):
         return _EMPTY
     if not isinstance(value, Mapping):
         raise TypeError(f"{where}: expected a mapping, got {type(value).__name__}")

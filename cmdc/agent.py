@@ -282,14 +282,14 @@ class AgentRef:
 
     async def stop(self) -> None:
         """Stop the agent after the request it is serving; queued requests get `AgentStopped`."""
-        if self._agent.finished.is_set():
+        if self._agent.done:
             return
         request = _Call(_stop, _Reply())
         try:
             await self._agent.enqueue(request)
         except AgentStopped:
             return
-        await self._agent.finished.wait()
+        await self._agent.wait_done()
 
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin at run time (for turns and compactions alike)."""
@@ -297,7 +297,7 @@ class AgentRef:
 
     @property
     def running(self) -> bool:
-        return not self._agent.finished.is_set()
+        return not self._agent.done
 
     @property
     def restarts(self) -> int:
@@ -311,6 +311,30 @@ def _stop(agent: Agent) -> None:
 class Agent:
     """The agent task's state and loop. Users see it through an `AgentRef`."""
 
+    __slots__ = (
+        "_done_event",
+        "_receive",
+        "_schemas",
+        "_send",
+        "aborted",
+        "bus",
+        "checkpoints",
+        "compactor",
+        "current",
+        "done",
+        "name",
+        "on_exit",
+        "options",
+        "pending",
+        "plugins",
+        "provider",
+        "ref",
+        "restart_count",
+        "state",
+        "tools",
+        "turn_scope",
+    )
+
     def __init__(
         self,
         *,
@@ -323,8 +347,10 @@ class Agent:
         options: AgentOptions,
         bus: EventBus,
         checkpoints: CheckpointStore | None = None,
+        on_exit: Callable[[Agent], None] | None = None,
     ) -> None:
         self.name = name
+        self.on_exit = on_exit
         self.state = state
         self.provider = provider
         self.compactor = compactor
@@ -345,7 +371,8 @@ class Agent:
         self.turn_scope: trio.CancelScope | None = None
         self.current: _Prompt | None = None
         self.aborted = False
-        self.finished = trio.Event()
+        self.done = False
+        self._done_event: trio.Event | None = None  # made only when someone waits for the end
         self.restart_count = 0
         self.ref = AgentRef(self)
 
@@ -373,6 +400,12 @@ class Agent:
                 if self.current is request and self.turn_scope is not None:
                     self.turn_scope.cancel()
 
+    async def wait_done(self) -> None:
+        if not self.done:
+            if self._done_event is None:
+                self._done_event = trio.Event()
+            await self._done_event.wait()
+
     def add_plugin(self, plugin: Plugin) -> None:
         self.plugins = sort_plugins((*self.plugins, plugin))
         self.compactor.add_plugin(plugin)
@@ -380,7 +413,7 @@ class Agent:
     # -- the task -----------------------------------------------------------------------------
     async def main(self, *, task_status: trio.TaskStatus[AgentRef] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until stopped; restart after crashes as the policy says."""
-        crashes: deque[float] = deque()
+        crashes: deque[float] | None = None
         try:
             await self._lifecycle("on_start")
             task_status.started(self.ref)
@@ -394,6 +427,7 @@ class Agent:
                     self._emit(ERROR, error=repr(error), crashed=True)
                     await self._lifecycle("on_error", error)
                     now = trio.current_time()
+                    crashes = crashes if crashes is not None else deque()
                     crashes.append(now)
                     while crashes and crashes[0] < now - self.options.restart_window:
                         crashes.popleft()
@@ -407,13 +441,19 @@ class Agent:
                         crashes.clear()
                     self.restart_count += 1
                     self._emit("restart", restarts=self.restart_count)
+        except Exception as exc:  # a bug here must never take the runtime down
+            self._emit(ERROR, error=f"agent task failed: {exc!r}")
         finally:
             self._send.close()
             self._receive.close()
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self._lifecycle("on_stop")
             self._fail_queued()
-            self.finished.set()
+            self.done = True
+            if self._done_event is not None:
+                self._done_event.set()
+            if self.on_exit is not None:
+                self.on_exit(self)
 
     def _fail_queued(self) -> None:
         error = AgentStopped(f"agent {self.name!r} stopped before answering")
@@ -468,12 +508,12 @@ class Agent:
 
     # -- the turn -------------------------------------------------------------------------------
     async def _commit(self, state: State) -> None:
-        # Shielded: the checkpoint on disk and the state in memory never disagree.
-        with trio.CancelScope(shield=True):
-            if self.checkpoints is not None:
+        if self.checkpoints is not None:
+            # Shielded: the checkpoint on disk and the state in memory never disagree.
+            with trio.CancelScope(shield=True):
                 await self.checkpoints.save(state)
-            self.state = state
-            self.pending.clear()
+        self.state = state
+        self.pending.clear()
 
     async def _turn(self, incoming: tuple[Message, ...]) -> Message:
         started = trio.current_time()
@@ -598,13 +638,13 @@ class Agent:
 
     # -- tools ----------------------------------------------------------------------------------
     async def _run_tools(self, state: State, reply: Message) -> list[Message]:
-        results: list[Message] = [Message.tool_result(c.id, "") for c in reply.tool_calls]
+        results: list[Message | None] = [None] * len(reply.tool_calls)
         async with trio.open_nursery() as nursery:
             for i, call in enumerate(reply.tool_calls):
                 nursery.start_soon(self._run_tool, state, call, results, i)
-        return results
+        return results  # type: ignore[return-value]  # every slot is filled once the nursery closes
 
-    async def _run_tool(self, state: State, call: ToolCall, results: list[Message], i: int) -> None:
+    async def _run_tool(self, state: State, call: ToolCall, results: list[Message | None], i: int) -> None:
         tool = self.tools.get(call.name)
         t0 = trio.current_time()
         self._emit(TOOL_START, tool=call.name, call_id=call.id)
@@ -672,7 +712,8 @@ class Agent:
         return folded.value
 
     def _emit(self, kind: str, **data: Any) -> None:
-        self.bus.publish(Event(kind, self.name, data, trio.current_time()))
+        if self.bus.listening(self.name):
+            self.bus.publish(Event(kind, self.name, data, trio.current_time()))
 
 
 __all__ = ["Agent", "AgentOptions", "AgentRef", "RestartPolicy", "ToolContext"]

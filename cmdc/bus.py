@@ -194,6 +194,11 @@ class EventBus:
             if not subs:
                 del self._by_agent[sub.agent]
 
+    def listening(self, agent_id: str | None) -> bool:
+        """Whether an event of `agent_id` would reach anyone (a subscriber or the log), so a
+        publisher can skip building it."""
+        return self.log or bool(self._all) or (agent_id is not None and agent_id in self._by_agent)
+
     def publish(self, event: Event) -> None:
         """Deliver `event` to its agent's subscribers and to the all-agents ones, then log it.
         Never blocks and never raises."""

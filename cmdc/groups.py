@@ -57,8 +57,11 @@ class CallIndex:
     @classmethod
     def scan(cls, messages: Sequence[Message]) -> CallIndex:
         """Build the index of `messages` from scratch (O(n))."""
-        index = cls()
+        index = _EMPTY
         for i, m in enumerate(messages):
             if m.tool_calls or m.tool_call_id is not None or m.metadata:
                 index = index.add(i, m)
         return index
+
+
+_EMPTY = CallIndex()

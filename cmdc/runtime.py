@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import structlog
 import trio
 
 from .agent import Agent, AgentOptions, AgentRef, current_chain
@@ -23,8 +22,8 @@ from .providers.base import Provider
 from .state import State, validate_agent_id
 from .tools import Tool, tool
 
-_log = structlog.get_logger("cmdc.runtime")
 _OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
+_DEFAULT_OPTIONS = AgentOptions()
 
 
 class Runtime:
@@ -73,7 +72,8 @@ class Runtime:
         options: AgentOptions | None = None,
         **option_values: Any,
     ) -> AgentRef:
-        """Start an agent and return its handle once it is ready (`nursery.start`).
+        """Start an agent and return its handle once it is ready: its mailbox takes requests,
+        and its `on_start` plugins have run (then through `nursery.start`).
 
         `summarizer` None: the agent's own provider summarizes. `resume`: start from the
         checkpoint of an agent of this name (needs `open_runtime(checkpoint_dir=...)`).
@@ -87,7 +87,7 @@ class Runtime:
         if unknown:
             raise ConfigError(f"unknown spawn option(s) {sorted(unknown)}; agent options are {sorted(_OPTION_NAMES)}")
         if options is None:
-            options = AgentOptions(**option_values)
+            options = AgentOptions(**option_values) if option_values else _DEFAULT_OPTIONS
         elif option_values:
             options = attrs.evolve(options, **option_values)
         if not hasattr(provider, "complete"):
@@ -95,7 +95,7 @@ class Runtime:
         if name in self._agents:
             raise ConfigError(f"an agent called {name!r} is already running")
         plugins = tuple(plugins)
-        state = State(agent_id=name, config=config or {})
+        state = State(agent_id=name, config=config)
         if resume:
             if self.checkpoints is None:
                 raise ConfigError("resume=True needs open_runtime(checkpoint_dir=...)")
@@ -117,25 +117,26 @@ class Runtime:
             options=options,
             bus=self.bus,
             checkpoints=self.checkpoints,
+            on_exit=self._forget,
         )
         if name in self._agents:  # spawned meanwhile, while a checkpoint was read
             raise ConfigError(f"an agent called {name!r} is already running")
         self._agents[name] = agent
-        try:
-            ref: AgentRef = await self._nursery.start(self._run, agent)
+        if not any(p.implements("on_start") for p in plugins):
+            # Ready by construction: the mailbox exists and the task is scheduled, so requests
+            # queue at once and are served in order. No need for start()'s round trip.
+            self._nursery.start_soon(agent.main, name=name)
+            return agent.ref
+        try:  # on_start plugins run before the agent counts as ready
+            ref: AgentRef = await self._nursery.start(agent.main, name=name)
         except BaseException:
             self._agents.pop(name, None)
             raise
         return ref
 
-    async def _run(self, agent: Agent, *, task_status: trio.TaskStatus[AgentRef] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            await agent.main(task_status=task_status)
-        except Exception as exc:  # a bug in an agent never takes the runtime down
-            _log.error("agent task failed", agent=agent.name, error=repr(exc))
-        finally:
-            if self._agents.get(agent.name) is agent:
-                del self._agents[agent.name]
+    def _forget(self, agent: Agent) -> None:
+        if self._agents.get(agent.name) is agent:
+            del self._agents[agent.name]
 
     def child_name(self, parent: str) -> str:
         return f"{parent[:100]}.child{next(self._children)}"

@@ -67,14 +67,14 @@ class State:
 
     agent_id: str = attrs.field(converter=validate_agent_id)
     messages: tuple[Message, ...] = attrs.field(default=(), converter=_convert_messages)
-    config: Mapping[str, Any] = attrs.field(factory=dict, converter=_convert_config)
+    config: Mapping[str, Any] = attrs.field(default=None, converter=_convert_config)
     compactions: int = attrs.field(default=0)
     usage_floor: int = attrs.field(default=0)
     # derived, kept up to date by `append`
     _baseline_index: int = attrs.field(default=-1, init=False, eq=False, repr=False)
     _baseline_tokens: int = attrs.field(default=0, init=False, eq=False, repr=False)
     _tail_tokens: int = attrs.field(default=0, init=False, eq=False, repr=False)
-    _calls: CallIndex = attrs.field(factory=CallIndex, init=False, eq=False, repr=False)
+    _calls: CallIndex = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         _count(self.compactions, "compactions")

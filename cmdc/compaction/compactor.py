@@ -85,6 +85,20 @@ class Compactor:
     counter (a real tokenizer) replacing the default estimate. `on_event`: receives `Event`s.
     """
 
+    __slots__ = (
+        "_config_for",
+        "_counted",
+        "_store",
+        "fallbacks",
+        "on_event",
+        "plugins",
+        "retries",
+        "retry_backoff",
+        "summarizer",
+        "summarizer_input_tokens",
+        "token_counter",
+    )
+
     def __init__(
         self,
         summarizer: Summarizer | None = None,
@@ -119,8 +133,8 @@ class Compactor:
         self.summarizer_input_tokens = summarizer_input_tokens
         self.on_event = on_event
         self._config_for: tuple[Mapping[str, Any], CompactConfig] | None = None
-        self._counted: weakref.WeakKeyDictionary[State, int] = weakref.WeakKeyDictionary()
-        self._stores: dict[Path, OffloadStore] = {}
+        self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
+        self._store: OffloadStore | None = None
 
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin (kept in priority order)."""
@@ -132,7 +146,7 @@ class Compactor:
         cached = self._config_for
         if cached is not None and cached[0] is state.config:
             return cached[1]
-        config = CompactConfig.from_mapping(state.config)
+        config = _parse_config(state.config)
         self._config_for = (state.config, config)
         return config
 
@@ -152,13 +166,13 @@ class Compactor:
         A custom counter counts only the messages after the baseline, once per state."""
         if self.token_counter is None:
             return state.token_usage
-        known = self._counted.get(state)
-        if known is not None:
-            return known
+        known = self._counted
+        if known is not None and known[0] is state:
+            return known[1]
         usage = state.last_usage
         base = 0 if usage is None else usage.total_tokens
         total = base + sum(self.count(m) for m in state.messages[state.baseline_index + 1 :])
-        self._counted[state] = total
+        self._counted = (state, total)
         return total
 
     def should_compact(self, state: State) -> bool:
@@ -195,9 +209,9 @@ class Compactor:
         return await self._compact(state, reason, instruction)
 
     def store_for(self, config: CompactConfig) -> OffloadStore:
-        store = self._stores.get(config.offload_dir)
-        if store is None:
-            store = self._stores[config.offload_dir] = OffloadStore(config.offload_dir)
+        store = self._store
+        if store is None or store.root != config.offload_dir:
+            store = self._store = shared_store(config.offload_dir)
         return store
 
     def _emit(self, kind: str, state: State, **data: Any) -> None:
@@ -405,6 +419,34 @@ class Compactor:
                     await trio.sleep(self.retry_backoff * 2**retry)
                 retry += 1
         raise SummarizerError(f"every summarizer attempt failed ({attempts} attempts); last: {last_error}")
+
+
+_STORES: weakref.WeakValueDictionary[Path, OffloadStore] = weakref.WeakValueDictionary()
+
+
+def shared_store(root: Path) -> OffloadStore:
+    """One `OffloadStore` per directory for every compactor of the process, so the journals'
+    locks and sequence numbers are shared (it lives while a compactor holds it)."""
+    store = _STORES.get(root)
+    if store is None:
+        store = _STORES[root] = OffloadStore(root)
+    return store
+
+
+_PARSED: dict[int, tuple[Mapping[str, Any], CompactConfig]] = {}
+
+
+def _parse_config(config: Mapping[str, Any]) -> CompactConfig:
+    """`CompactConfig.from_mapping`, shared by every compactor that sees the same (immutable)
+    config object: agents spawned with one config parse it once. A small, bounded cache."""
+    hit = _PARSED.get(id(config))
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    parsed = CompactConfig.from_mapping(config)
+    if len(_PARSED) >= 256:
+        _PARSED.clear()
+    _PARSED[id(config)] = (config, parsed)
+    return parsed
 
 
 def largest_message(messages: Sequence[Message]) -> int:
