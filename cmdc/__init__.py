@@ -9,6 +9,7 @@ from .compaction import (
     Compactor,
     ExtractiveSummarizer,
     Skipped,
+    SummaryAttempt,
     split_messages,
 )
 from .errors import (
@@ -79,6 +80,7 @@ __all__ = [
     "State",
     "StepLimitReached",
     "SummarizerError",
+    "SummaryAttempt",
     "TextPart",
     "TokenUsage",
     "Tool",

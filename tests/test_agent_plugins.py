@@ -71,7 +71,10 @@ async def test_every_hook_in_priority_order(tmp_path: Path) -> None:
     log: list[str] = []
     async with open_runtime(log_events=False) as rt:
         agent = await rt.spawn(
-            "p", script(), tools=[shout], config=cfg(tmp_path),
+            "p",
+            script(),
+            tools=[shout],
+            config=cfg(tmp_path),
             plugins=[Recorder("late", 200, log), Recorder("early", 10, log)],
         )
         assert log == ["early:on_start", "late:on_start"]  # spawn waited for on_start
@@ -211,8 +214,9 @@ async def test_on_error_sees_a_failed_turn_and_add_plugin_at_run_time(tmp_path: 
             return Abort("added later")
 
     async with open_runtime(log_events=False) as rt:
-        agent = await rt.spawn("e", ScriptedProvider([ValueError("bad model")]), config=cfg(tmp_path),
-                               plugins=[Watch()])
+        agent = await rt.spawn(
+            "e", ScriptedProvider([ValueError("bad model")]), config=cfg(tmp_path), plugins=[Watch()]
+        )
         with pytest.raises(ValueError):
             await agent.prompt("go")
         assert len(errors) >= 1 and isinstance(errors[0], ValueError)

@@ -36,6 +36,7 @@ from cmdc import (
     TokenUsage,
 )
 from cmdc import tokens as tokens_mod
+from cmdc.compaction.compactor import SummaryAttempt, default_should_retry
 from cmdc.compaction.config import Threshold
 from cmdc.providers import ModelRequest
 from cmdc.synthetic import conversation
@@ -518,3 +519,83 @@ def test_force_compact_never_splits_pairs_nor_loses_a_message(msgs: list[Message
                 assert [m.id for m in (*offloaded, *kept)] == [m.id for m in msgs[lead:]]
 
     trio.run(run)
+
+
+# -- retry predicate and failover -------------------------------------------------------------
+
+
+async def test_should_retry_sees_unusable_answers(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    answers = iter(["too short", "## Summary\nthe real one"])
+
+    async def model(messages: Sequence[Message], instruction: str) -> str:
+        return next(answers)
+
+    seen: list[SummaryAttempt] = []
+
+    def needs_sections(attempt: SummaryAttempt) -> bool:
+        seen.append(attempt)
+        return attempt.error is not None or "##" not in (attempt.answer or "")
+
+    state = make_state(tmp_path, conversation(30))
+    result = await Compactor(model, should_retry=needs_sections).force_compact(state)
+    assert isinstance(result, Compacted)
+    assert "the real one" in result.state.messages[1].text and result.report.attempts == 2
+    assert [(a.number, a.answer, a.error) for a in seen] == [
+        (1, "too short", None),
+        (2, "## Summary\nthe real one", None),
+    ]
+
+
+async def test_failover_callable_gets_the_last_attempt(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    async def primary(messages: Sequence[Message], instruction: str) -> str:
+        raise TimeoutError("primary timed out")
+
+    big_model = Recorder("summary by the big model")
+    calls: list[SummaryAttempt | None] = []
+
+    def failover(last: SummaryAttempt | None) -> tuple[Recorder, list[Message]]:
+        calls.append(last)
+        assert last is not None
+        return big_model, list(last.messages)  # the same input, a model with a larger window
+
+    events: list[Event] = []
+    state = make_state(tmp_path, conversation(30))
+    compactor = Compactor(primary, retries=1, retry_backoff=1.0, failover=failover, on_event=events.append)
+    result = await compactor.force_compact(state)
+    assert isinstance(result, Compacted)
+    assert result.report.summarizer == "Recorder" and result.report.attempts == 3
+    assert len(calls) == 1 and calls[0] is not None
+    assert calls[0].number == 2 and isinstance(calls[0].error, TimeoutError) and calls[0].answer is None
+    roles = [(e.data["role"], e.data["ok"]) for e in events if e.kind == "summarizer_attempt"]
+    assert roles == [("primary", False), ("primary", False), ("failover", True)]
+
+
+async def test_when_every_summarizer_fails_nothing_changes(tmp_path: Path) -> None:
+    async def broken(messages: Sequence[Message], instruction: str) -> str:
+        raise ConnectionError("down")
+
+    state = make_state(tmp_path, conversation(30))
+    before = state.to_json()
+    compactor = Compactor(broken, fallbacks=[broken], failover=lambda last: None, retries=1, retry_backoff=0)
+    with pytest.raises(CompactionError, match="4 attempts"):
+        await compactor.force_compact(state)
+    assert state.to_json() == before
+
+
+async def test_a_predicate_can_stop_retrying_an_error(tmp_path: Path) -> None:
+    tries = 0
+
+    async def auth_broken(messages: Sequence[Message], instruction: str) -> str:
+        nonlocal tries
+        tries += 1
+        raise PermissionError("bad key")
+
+    def retry_transient(attempt: SummaryAttempt) -> bool:
+        if isinstance(attempt.error, PermissionError):
+            return False  # never retry an auth error: move on to the fallback
+        return default_should_retry(attempt)
+
+    state = make_state(tmp_path, conversation(30))
+    compactor = Compactor(auth_broken, fallbacks=[Recorder("backup")], should_retry=retry_transient, retries=5)
+    result = await compactor.force_compact(state)
+    assert isinstance(result, Compacted) and tries == 1 and result.report.attempts == 2

@@ -1,6 +1,6 @@
 """Compaction: config, cutoff, summary and the `Compactor`."""
 
-from .compactor import Compacted, CompactionReport, Compactor, Skipped
+from .compactor import Compacted, CompactionReport, Compactor, Skipped, SummaryAttempt, default_should_retry
 from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .summary import ExtractiveSummarizer, Summarizer, render_transcript
@@ -15,7 +15,9 @@ __all__ = [
     "Skipped",
     "Split",
     "Summarizer",
+    "SummaryAttempt",
     "Threshold",
+    "default_should_retry",
     "render_transcript",
     "split_messages",
 ]

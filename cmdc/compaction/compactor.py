@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,9 +79,14 @@ class Compactor:
     """Keeps an agent's context under its configured size.
 
     `summarizer`: a provider or an async callable `(messages, instruction) -> str`; None means
-    the offline `ExtractiveSummarizer`. `fallbacks`: summarizers tried in order when the primary
-    fails every attempt. `retries`: extra attempts per summarizer, with exponential backoff from
-    `retry_backoff` seconds. `summarizer_input_tokens`: past this many estimated tokens the
+    the offline `ExtractiveSummarizer`. `retries`: extra attempts per summarizer, with
+    exponential backoff from `retry_backoff` seconds (at most `max_backoff`). `should_retry`:
+    sees each `SummaryAttempt` (its answer or its error) and says whether it is unusable; by
+    default an error or an empty answer is, a non-empty answer is not (an empty answer is never
+    accepted). `fallbacks`: summarizers tried in order, with the same retries, when the primary
+    gives up. `failover`: a callable (sync or async) that gets the last `SummaryAttempt` and
+    returns `(summarizer, messages)` to try next, or None to stop; it is called at most
+    `retries + 1` times, after the fallbacks. `summarizer_input_tokens`: past this many estimated tokens the
     evicted messages are summarized in chunks, rolled forward. `token_counter`: a per-message
     counter (a real tokenizer) replacing the default estimate. `on_event`: receives `Event`s.
     """
@@ -89,11 +95,14 @@ class Compactor:
         "_config_for",
         "_counted",
         "_store",
+        "failover",
         "fallbacks",
+        "max_backoff",
         "on_event",
         "plugins",
         "retries",
         "retry_backoff",
+        "should_retry",
         "summarizer",
         "summarizer_input_tokens",
         "token_counter",
@@ -106,8 +115,11 @@ class Compactor:
         plugins: Iterable[Plugin] = (),
         token_counter: TokenCounter | None = None,
         fallbacks: Sequence[Summarizer] = (),
-        retries: int = 2,
+        retries: int = 3,
         retry_backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        should_retry: ShouldRetry | None = None,
+        failover: Failover | None = None,
         summarizer_input_tokens: int | None = None,
         on_event: EventSink | None = None,
     ) -> None:
@@ -115,6 +127,11 @@ class Compactor:
             raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
         if isinstance(retry_backoff, bool) or not isinstance(retry_backoff, (int, float)) or retry_backoff < 0:
             raise ConfigError(f"retry_backoff must be a number >= 0, got {retry_backoff!r}")
+        if isinstance(max_backoff, bool) or not isinstance(max_backoff, (int, float)) or max_backoff < 0:
+            raise ConfigError(f"max_backoff must be a number >= 0, got {max_backoff!r}")
+        for what, fn in (("should_retry", should_retry), ("failover", failover)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{what} must be callable, got {fn!r}")
         if summarizer_input_tokens is not None and (
             isinstance(summarizer_input_tokens, bool)
             or not isinstance(summarizer_input_tokens, int)
@@ -130,6 +147,9 @@ class Compactor:
         self.token_counter = token_counter
         self.retries = retries
         self.retry_backoff = float(retry_backoff)
+        self.max_backoff = float(max_backoff)
+        self.should_retry: ShouldRetry = should_retry or default_should_retry
+        self.failover = failover
         self.summarizer_input_tokens = summarizer_input_tokens
         self.on_event = on_event
         self._config_for: tuple[Mapping[str, Any], CompactConfig] | None = None
@@ -370,55 +390,29 @@ class Compactor:
         return result
 
     async def _summarize(self, state: State, messages: Sequence[Message], prompt: str) -> tuple[str, str, int]:
-        """Retries with backoff, then the fallbacks; the text, who wrote it, and attempts used.
-
-        A `ContextOverflow` from a summarizer is not a failure while the input can still be cut
-        smaller: the chunks are halved (to at most half the reported window) and the call is
-        made again at once. That takes O(log n) calls; only an overflow at the smallest chunk
-        size counts as a failed attempt."""
-        attempts = 0
-        last_error = "no summarizer was tried"
-        whole = estimate_tokens_from_messages(messages)
-        for role, summarizer in [("primary", self.summarizer)] + [("failover", f) for f in self.fallbacks]:
-            name = summarizer_name(summarizer)
-            chunk = self.summarizer_input_tokens
-            retry = 0
-            while retry <= self.retries:
-                attempts += 1
-                try:
-                    text = await summarize_rolling(summarizer, messages, prompt, chunk)
-                except ContextOverflow as exc:
-                    last_error = f"{name}: {exc}"
-                    smaller = (chunk or whole) // 2
-                    if exc.limit:
-                        smaller = min(smaller, exc.limit // 2)
-                    if smaller >= 1 and smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
-                        chunk = smaller
-                        self._emit(
-                            SUMMARIZER_ATTEMPT,
-                            state,
-                            summarizer=name,
-                            role=role,
-                            attempt=attempts,
-                            ok=False,
-                            error=last_error,
-                            chunk_tokens=chunk,
-                        )
-                        continue
-                except Exception as exc:
-                    last_error = f"{name}: {type(exc).__name__}: {exc}"
-                else:
-                    if text.strip():
-                        self._emit(SUMMARIZER_ATTEMPT, state, summarizer=name, role=role, attempt=attempts, ok=True)
-                        return text, name, attempts
-                    last_error = f"{name}: returned an empty summary"
-                self._emit(
-                    SUMMARIZER_ATTEMPT, state, summarizer=name, role=role, attempt=attempts, ok=False, error=last_error
-                )
-                if retry < self.retries and self.retry_backoff:
-                    await trio.sleep(self.retry_backoff * 2**retry)
-                retry += 1
-        raise SummarizerError(f"every summarizer attempt failed ({attempts} attempts); last: {last_error}")
+        """Retries, fallbacks, failover: the text, the summarizer that wrote it, attempts used."""
+        tries = _Tries(self, state, prompt)
+        result = await tries.run("primary", self.summarizer, messages, self.retries)
+        for fallback in self.fallbacks:
+            if result is not None:
+                break
+            result = await tries.run("failover", fallback, messages, self.retries)
+        if result is None and self.failover is not None:
+            for _ in range(self.retries + 1):
+                choice = self.failover(tries.last)
+                if inspect.isawaitable(choice):
+                    choice = await choice
+                if choice is None:
+                    break
+                summarizer, inputs = choice
+                result = await tries.run("failover", summarizer, inputs, 0)
+                if result is not None:
+                    break
+        if result is None:
+            last = tries.last
+            why = "no summarizer was tried" if last is None else _describe(last)
+            raise SummarizerError(f"every summarizer attempt failed ({tries.count} attempts); last: {why}")
+        return result[0], result[1], tries.count
 
 
 _STORES: weakref.WeakValueDictionary[Path, OffloadStore] = weakref.WeakValueDictionary()
@@ -447,6 +441,111 @@ def _parse_config(config: Mapping[str, Any]) -> CompactConfig:
         _PARSED.clear()
     _PARSED[id(config)] = (config, parsed)
     return parsed
+
+
+@attrs.frozen
+class SummaryAttempt:
+    """One summarizer call, as `should_retry` and `failover` see it."""
+
+    number: int
+    summarizer: str
+    role: str  # "primary" or "failover"
+    answer: str | None
+    error: BaseException | None
+    messages: Sequence[Message] = attrs.field(repr=False, default=())
+
+
+ShouldRetry = Callable[[SummaryAttempt], bool]
+Failover = Callable[
+    [SummaryAttempt | None],
+    "tuple[Summarizer, Sequence[Message]] | Awaitable[tuple[Summarizer, Sequence[Message]] | None] | None",
+]
+
+
+def default_should_retry(attempt: SummaryAttempt) -> bool:
+    """An error or an empty answer is unusable; any other answer is used."""
+    return attempt.error is not None or not (attempt.answer or "").strip()
+
+
+def _describe(attempt: SummaryAttempt) -> str:
+    if attempt.error is not None:
+        return f"{attempt.summarizer}: {type(attempt.error).__name__}: {attempt.error}"
+    if not (attempt.answer or "").strip():
+        return f"{attempt.summarizer}: returned an empty summary"
+    return f"{attempt.summarizer}: answer judged unusable by should_retry"
+
+
+class _Tries:
+    """Runs summarizer attempts for one compaction, counting them and emitting an event each."""
+
+    def __init__(self, compactor: Compactor, state: State, prompt: str) -> None:
+        self.compactor, self.state, self.prompt = compactor, state, prompt
+        self.count = 0
+        self.last: SummaryAttempt | None = None
+
+    async def run(
+        self, role: str, summarizer: Summarizer, messages: Sequence[Message], retries: int
+    ) -> tuple[str, str] | None:
+        """Up to `retries + 1` attempts with backoff. A `ContextOverflow` is not a failure while
+        the input can still be cut smaller: the chunks are halved (to at most half the reported
+        window) and the call is made again at once, O(log n) times."""
+        c = self.compactor
+        name = summarizer_name(summarizer)
+        whole = estimate_tokens_from_messages(messages)
+        chunk = c.summarizer_input_tokens
+        retry = 0
+        while retry <= retries:
+            self.count += 1
+            answer: str | None = None
+            error: BaseException | None = None
+            try:
+                answer = await summarize_rolling(summarizer, messages, self.prompt, chunk)
+            except ContextOverflow as exc:
+                error = exc
+                smaller = (chunk or whole) // 2
+                if exc.limit:
+                    smaller = min(smaller, exc.limit // 2)
+                if 1 <= smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
+                    chunk = smaller
+                    c._emit(
+                        SUMMARIZER_ATTEMPT,
+                        self.state,
+                        summarizer=name,
+                        role=role,
+                        attempt=self.count,
+                        ok=False,
+                        error=str(exc),
+                        chunk_tokens=chunk,
+                    )
+                    continue
+            except Exception as exc:
+                error = exc
+            attempt = SummaryAttempt(self.count, name, role, answer, error, messages)
+            self.last = attempt
+            try:
+                unusable = bool(c.should_retry(attempt))
+            except Exception as exc:  # a broken predicate: count the attempt as unusable
+                unusable = True
+                error = error or exc
+            usable = not unusable and answer is not None and bool(answer.strip())
+            c._emit(
+                SUMMARIZER_ATTEMPT,
+                self.state,
+                summarizer=name,
+                role=role,
+                attempt=self.count,
+                ok=usable,
+                error=None if usable else _describe(attempt),
+            )
+            if usable:
+                assert answer is not None
+                return answer, name
+            if not unusable and error is not None:
+                return None  # the predicate says this error is not worth retrying
+            if retry < retries and c.retry_backoff:
+                await trio.sleep(min(c.max_backoff, c.retry_backoff * 2**retry))
+            retry += 1
+        return None
 
 
 def largest_message(messages: Sequence[Message]) -> int:
