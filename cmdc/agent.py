@@ -23,9 +23,11 @@ from .compaction import Compactor, Skipped
 from .errors import (
     AgentStopped,
     CmdcError,
+    CompactionError,
     ConfigError,
     ContextOverflow,
     MailboxFull,
+    OffloadError,
     PluginAborted,
     ProviderError,
     RequestSkipped,
@@ -107,6 +109,8 @@ class AgentOptions:
       transient, but past the limit it waits out `restart_window` and restarts again: it only
       ends by `stop()` or with the runtime.
     - `max_delegation_depth`: how deep a chain of agents delegating to agents may go.
+    - `compaction_cooldown`: after an automatic compaction fails, seconds before the next
+      automatic one is tried (the turn goes on uncompacted; an overflow still forces one).
     """
 
     max_steps: int = attrs.field(default=25, validator=_positive_int("max_steps"))
@@ -118,6 +122,7 @@ class AgentOptions:
     max_restarts: int = attrs.field(default=3, validator=_non_negative_int("max_restarts"))
     restart_window: float = attrs.field(default=60.0, validator=_seconds("restart_window", False))
     max_delegation_depth: int = attrs.field(default=3, validator=_positive_int("max_delegation_depth"))
+    compaction_cooldown: float = attrs.field(default=30.0, validator=_seconds("compaction_cooldown", False))
 
     @max_output_tokens.validator
     def _check_output(self, _a: object, value: object) -> None:
@@ -319,6 +324,7 @@ class Agent:
         "aborted",
         "bus",
         "checkpoints",
+        "compaction_resume_at",
         "compactor",
         "current",
         "done",
@@ -374,6 +380,7 @@ class Agent:
         self.done = False
         self._done_event: trio.Event | None = None  # made only when someone waits for the end
         self.restart_count = 0
+        self.compaction_resume_at = -math.inf
         self.ref = AgentRef(self)
 
     # -- the mailbox ------------------------------------------------------------------------
@@ -522,8 +529,7 @@ class Agent:
         reply: Message | None = None
         for step in range(1, self.options.max_steps + 1):
             state = await self._before_request(state, step)
-            outcome = await self.compactor.maybe_compact(state)
-            state = outcome.state
+            state = await self._maybe_compact(state)
             state, reply = await self._request(state)
             reply = await self._after_response(state, reply)
             if reply.tool_calls:
@@ -537,6 +543,20 @@ class Agent:
         raise StepLimitReached(
             f"agent {self.name!r}: no final answer after {self.options.max_steps} steps", reply=reply
         )
+
+    async def _maybe_compact(self, state: State) -> State:
+        """The automatic compaction before a request. If it fails (the summarizer or the disk),
+        the request goes ahead uncompacted and automatic compaction rests for
+        `compaction_cooldown` seconds; an overflow still forces one."""
+        if trio.current_time() < self.compaction_resume_at:
+            return state
+        try:
+            outcome = await self.compactor.maybe_compact(state)
+        except (CompactionError, OffloadError) as exc:
+            self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
+            self._emit(ERROR, error=repr(exc), during="compaction", retry_in=self.options.compaction_cooldown)
+            return state
+        return outcome.state
 
     async def _request(self, state: State) -> tuple[State, Message]:
         forced = 0

@@ -268,3 +268,30 @@ async def test_permanent_agents_back_off_and_come_back(tmp_path: Path, autojump_
         assert (await agent.prompt("hi")).text == "fine"
         assert agent.running and agent.restarts == 3
         assert trio.current_time() - start >= 30.0  # past the limit it waited out the window
+
+
+async def test_a_failing_auto_compaction_does_not_fail_the_turn(tmp_path: Path, autojump_clock: Any) -> None:
+    calls = 0
+
+    async def down(messages: Any, instruction: str) -> str:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError("summarizer down")
+
+    config = {**cfg(tmp_path), "compact_trigger": ("messages", 3), "compact_keep": ("messages", 1)}
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn(
+            "c",
+            ScriptedProvider(["one", "two", "three"]),
+            summarizer=down,
+            config=config,
+            compaction_cooldown=60.0,
+        )
+        assert (await agent.prompt("a")).text == "one"
+        assert (await agent.prompt("b")).text == "two"  # 3 messages: compaction tried, failed
+        failed_calls = calls
+        assert failed_calls == 4  # 1 attempt + 3 retries
+        assert (await agent.prompt("c")).text == "three"  # within the cool-down: not retried
+        assert calls == failed_calls
+        state = await agent.state()
+        assert state.compactions == 0 and [m.text for m in state.messages] == ["a", "one", "b", "two", "c", "three"]
