@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
-from .compaction import Compactor, Skipped
+from .compaction import Compacted, Compactor
 from .errors import (
     AgentStopped,
     CmdcError,
+    CompactionAborted,
     CompactionError,
+    CompactionIncomplete,
     ConfigError,
     ContextOverflow,
     MailboxFull,
@@ -432,7 +434,6 @@ class Agent:
                 except _Crash as crash:
                     error = crash.__cause__ or crash
                     self._emit(ERROR, error=repr(error), crashed=True)
-                    await self._lifecycle("on_error", error)
                     now = trio.current_time()
                     crashes = crashes if crashes is not None else deque()
                     crashes.append(now)
@@ -452,10 +453,10 @@ class Agent:
             self._emit(ERROR, error=f"agent task failed: {exc!r}")
         finally:
             self._send.close()
+            self._fail_queued()  # before the receive side closes: queued callers get an answer
             self._receive.close()
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await self._lifecycle("on_stop")
-            self._fail_queued()
             self.done = True
             if self._done_event is not None:
                 self._done_event.set()
@@ -552,6 +553,12 @@ class Agent:
             return state
         try:
             outcome = await self.compactor.maybe_compact(state)
+        except CompactionAborted:
+            raise  # a plugin's Abort ends the turn with the error
+        except CompactionIncomplete as exc:  # compacted, yet still over a trigger: keep the gain
+            self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
+            self._emit(ERROR, error=str(exc), during="compaction", retry_in=self.options.compaction_cooldown)
+            return exc.state  # type: ignore[return-value]
         except (CompactionError, OffloadError) as exc:
             self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
             self._emit(ERROR, error=repr(exc), during="compaction", retry_in=self.options.compaction_cooldown)
@@ -559,7 +566,10 @@ class Agent:
         return outcome.state
 
     async def _request(self, state: State) -> tuple[State, Message]:
-        forced = 0
+        """The model request. On `ContextOverflow`: forced compactions (at most
+        `max_forced_compactions`), then once, clipping the trailing tool results (journaled
+        whole first); then the overflow reaches the caller with its figures."""
+        forced, clipped = 0, False
         while True:
             request = ModelRequest(state.messages, self._schemas, self.options.max_output_tokens)
             self._emit(REQUEST, messages=len(state.messages), tokens=state.token_usage)
@@ -568,24 +578,30 @@ class Agent:
                 reply = await self.provider.complete(request)
             except ContextOverflow as exc:
                 self._emit(OVERFLOW, prompt_tokens=exc.prompt_tokens, limit=exc.limit, forced=forced)
-                if forced >= self.options.max_forced_compactions:
-                    raise ContextOverflow(
-                        f"agent {self.name!r}: prompt still too long after {forced} forced compactions: {exc}",
-                        prompt_tokens=exc.prompt_tokens,
-                        limit=exc.limit,
-                    ) from exc
-                outcome = await self.compactor.force_compact(state)
-                if isinstance(outcome, Skipped):
-                    raise ContextOverflow(
-                        f"agent {self.name!r}: prompt too long and nothing more can be compacted "
-                        f"({outcome.reason}): {exc}",
-                        prompt_tokens=exc.prompt_tokens,
-                        limit=exc.limit,
-                    ) from exc
-                forced += 1
-                state = outcome.state
-                self._emit(RETRY, after="overflow", forced=forced)
-                continue
+                why = f"still too long after {forced} forced compactions"
+                if forced < self.options.max_forced_compactions:
+                    try:
+                        outcome = await self.compactor.force_compact(state, window=exc.limit)
+                    except CompactionIncomplete as incomplete:
+                        outcome = Compacted(incomplete.state, incomplete.report)  # type: ignore[arg-type]
+                    if isinstance(outcome, Compacted):
+                        forced += 1
+                        state = outcome.state
+                        self._emit(RETRY, after="overflow", forced=forced)
+                        continue
+                    why = f"nothing more can be compacted ({outcome.reason})"
+                if not clipped:
+                    clipped = True
+                    smaller = await self.compactor.clip_tail(state)
+                    if smaller is not None:
+                        state = smaller
+                        self._emit(RETRY, after="overflow", clipped=True)
+                        continue
+                raise ContextOverflow(
+                    f"agent {self.name!r}: prompt too long and {why}: {exc}",
+                    prompt_tokens=exc.prompt_tokens,
+                    limit=exc.limit,
+                ) from exc
             if not isinstance(reply, Message) or reply.role != "assistant":
                 raise ProviderError(f"provider returned {reply!r:.80}, not an assistant Message")
             self._emit(RESPONSE, usage=reply.usage, duration=trio.current_time() - t0, tool_calls=len(reply.tool_calls))
@@ -659,21 +675,40 @@ class Agent:
     # -- tools ----------------------------------------------------------------------------------
     async def _run_tools(self, state: State, reply: Message) -> list[Message]:
         results: list[Message | None] = [None] * len(reply.tool_calls)
+        aborted: list[PluginAborted] = []
         async with trio.open_nursery() as nursery:
             for i, call in enumerate(reply.tool_calls):
-                nursery.start_soon(self._run_tool, state, call, results, i)
+                nursery.start_soon(self._run_tool, state, call, results, i, aborted, nursery.cancel_scope)
+        if aborted:  # raised here, not inside the nursery: the caller gets PluginAborted itself
+            raise aborted[0]
         return results  # type: ignore[return-value]  # every slot is filled once the nursery closes
 
-    async def _run_tool(self, state: State, call: ToolCall, results: list[Message | None], i: int) -> None:
-        tool = self.tools.get(call.name)
+    async def _run_tool(
+        self,
+        state: State,
+        call: ToolCall,
+        results: list[Message | None],
+        i: int,
+        aborted: list[PluginAborted],
+        scope: trio.CancelScope,
+    ) -> None:
         t0 = trio.current_time()
         self._emit(TOOL_START, tool=call.name, call_id=call.id)
-        result = await self._tool_result(state, call, tool)
-        result = await self._after_tool(state, call, tool, result)
+        try:
+            call, result = await self._tool_result(state, call)
+            result = await self._after_tool(state, call, self.tools.get(call.name), result)
+        except PluginAborted as exc:
+            aborted.append(exc)
+            scope.cancel()
+            return
         results[i] = result
         self._emit(TOOL_END, tool=call.name, call_id=call.id, error=result.is_error, duration=trio.current_time() - t0)
 
-    async def _tool_result(self, state: State, call: ToolCall, tool: Tool | None) -> Message:
+    async def _tool_result(self, state: State, call: ToolCall) -> tuple[ToolCall, Message]:
+        """Run one tool call (after `before_tool`, which may rewrite it): the call as run and
+        its result; a failure of any kind is a result the model can read."""
+        tool = self.tools.get(call.name)
+
         def accept(value: object, current: ToolCall) -> ToolCall:
             if not isinstance(value, ToolCall) or value.id != current.id:
                 raise PluginReturnError(f"before_tool must return a ToolCall with id {current.id}, got {value!r:.80}")
@@ -684,33 +719,36 @@ class Agent:
             "before_tool",
             ToolContext(state, call, tool),
             call,
-            rebind=lambda ctx, c: ToolContext(state, c, tool),
+            rebind=lambda ctx, c: ToolContext(state, c, self.tools.get(c.name)),
             accept=accept,
             on_error=self._plugin_error("before_tool"),
         )
         if isinstance(folded.stop, Abort):
             raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
         if isinstance(folded.stop, Skip):
-            return Message.tool_result(
+            return call, Message.tool_result(
                 call.id, f"tool call skipped by {folded.stopped_by}: {folded.stop.reason}", is_error=True
             )
         call = folded.value
+        tool = self.tools.get(call.name)  # the call as the plugins left it
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return Message.tool_result(call.id, f"unknown tool {call.name!r}; available tools: {known}", is_error=True)
+            return call, Message.tool_result(
+                call.id, f"unknown tool {call.name!r}; available tools: {known}", is_error=True
+            )
         timeout = tool.timeout if tool.timeout is not None else self.options.tool_timeout
         try:
             with trio.fail_after(math.inf if timeout is None else timeout):
                 text = await tool(call.arguments)
         except ToolArgumentsError as exc:
-            return Message.tool_result(call.id, str(exc), is_error=True)
+            return call, Message.tool_result(call.id, str(exc), is_error=True)
         except trio.TooSlowError:
-            return Message.tool_result(call.id, f"tool {call.name!r} timed out after {timeout} s", is_error=True)
+            return call, Message.tool_result(call.id, f"tool {call.name!r} timed out after {timeout} s", is_error=True)
         except Exception as exc:
-            return Message.tool_result(
+            return call, Message.tool_result(
                 call.id, f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", is_error=True
             )
-        return Message.tool_result(call.id, text)
+        return call, Message.tool_result(call.id, text)
 
     async def _after_tool(self, state: State, call: ToolCall, tool: Tool | None, result: Message) -> Message:
         def accept(value: object, current: Message) -> Message:

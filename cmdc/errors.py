@@ -48,6 +48,16 @@ class SummarizerError(CompactionError):
     """Every summarizer attempt (retries and failovers) failed or gave an unusable answer."""
 
 
+class CompactionIncomplete(CompactionError):
+    """After every allowed pass the context is still over a trigger. `state` is the compacted
+    state (the evicted messages are journaled), `report` the combined report."""
+
+    def __init__(self, message: str, *, state: object = None, report: object = None) -> None:
+        super().__init__(message)
+        self.state = state
+        self.report = report
+
+
 class CompactionAborted(CompactionError):
     """A `before_compact` plugin returned `Abort`."""
 
@@ -106,3 +116,112 @@ class CheckpointError(CmdcError):
 
 class CheckpointCorrupted(CheckpointError):
     """A checkpoint file exists but does not hold a valid `State`."""
+
+
+# -- HTTP providers ----------------------------------------------------------------------------
+# `cmdc.providers.overflow.classify` turns a failed HTTP response (or an error event inside a
+# 200 stream) into one of these, or into `ContextOverflow` / `OutputBudgetOverflow`.
+
+
+class OutputBudgetOverflow(ContextOverflow):
+    """The prompt fits, but the prompt plus the requested output limit does not
+    ("input length and `max_tokens` exceed context limit: A + B > C").
+
+    `reduce_output_to` is the largest output limit that fits (C - A) when the text gives the
+    figures: lowering the limit is the first remedy, compaction the second. The HTTP providers
+    retry once with the lower limit when it leaves a useful budget, then raise this error (a
+    `ContextOverflow`, so the agent compacts).
+    """
+
+    def __init__(
+        self,
+        message: str = "prompt plus output limit exceed the context window",
+        *,
+        prompt_tokens: int | None = None,
+        limit: int | None = None,
+        reduce_output_to: int | None = None,
+    ) -> None:
+        super().__init__(message, prompt_tokens=prompt_tokens, limit=limit)
+        self.reduce_output_to = reduce_output_to
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_budget, (str(self), self.prompt_tokens, self.limit, self.reduce_output_to))
+
+
+def _rebuild_budget(
+    message: str, prompt_tokens: int | None, limit: int | None, reduce_output_to: int | None
+) -> OutputBudgetOverflow:
+    return OutputBudgetOverflow(message, prompt_tokens=prompt_tokens, limit=limit, reduce_output_to=reduce_output_to)
+
+
+class HTTPProviderError(ProviderError):
+    """A model endpoint answered with an error. `status` is the HTTP status (or the status an
+    error event inside a 200 stream names); `body` the response body as text, when there is one;
+    `retry_after` the wait in seconds the server asked for (`retry-after-ms`, `retry-after`), if any."""
+
+    retryable = False
+    """Whether the HTTP providers retry this error (with backoff)."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, body: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_http_error, (type(self), str(self), self.status, self.body, self.retry_after))
+
+
+def _rebuild_http_error(
+    cls: type[HTTPProviderError], message: str, status: int | None, body: str | None, retry_after: float | None
+) -> HTTPProviderError:
+    return cls(message, status=status, body=body, retry_after=retry_after)
+
+
+class RateLimited(HTTPProviderError):
+    """429 (or `rate_limit_error`): too many requests. Retried, waiting at least `retry_after`
+    seconds when the server said."""
+
+    retryable = True
+
+
+class Overloaded(HTTPProviderError):
+    """529 / 503 (or `overloaded_error`): the service is overloaded. Retried, honouring
+    `retry_after` like `RateLimited`."""
+
+    retryable = True
+
+
+class ServerError(HTTPProviderError):
+    """A transient failure on the server's side: a 5xx, 408 (timeout), 409 (conflict), or an
+    unclassified error inside a 200 stream. Retried."""
+
+    retryable = True
+
+
+class ConnectionFailed(HTTPProviderError):
+    """The endpoint could not be reached, timed out, or cut the connection. Retried."""
+
+    retryable = True
+
+
+class IncompleteStream(ConnectionFailed):
+    """A streamed reply ended before its terminal event (`[DONE]` / a finish reason,
+    `message_stop`): never taken as a complete reply. Retried like a cut connection."""
+
+
+class AuthError(HTTPProviderError):
+    """401 / 403 (`authentication_error`, `permission_error`): the key is missing, wrong or not
+    allowed. Never retried."""
+
+
+class QuotaExceeded(HTTPProviderError):
+    """The account is out of credit or quota (`insufficient_quota`, `billing_error`, 402).
+    Never retried: waiting does not help."""
+
+
+class BadRequest(HTTPProviderError):
+    """The endpoint refused the request for a reason other than its length (a malformed field,
+    an invalid tool schema, a string above a size limit, an unknown model). Never retried."""

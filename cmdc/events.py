@@ -24,6 +24,7 @@ OVERFLOW = "overflow"
 RETRY = "retry"
 ERROR = "error"
 PLUGIN_ERROR = "plugin_error"
+PINS_OVER_BUDGET = "pins_over_budget"
 
 
 def _freeze_data(value: Mapping[str, Any]) -> Mapping[str, Any]:

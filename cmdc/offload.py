@@ -147,8 +147,7 @@ def _decode_record(line: bytes, where: str) -> JournalRecord:
 def _parse_journal(data: bytes, path: Path) -> list[JournalRecord]:
     lines = data.split(b"\n")
     lines.pop()  # b"" after the last newline, or a torn record: skipped
-    records: list[JournalRecord] = []
-    seen: set[str] = set()
+    by_id: dict[str, JournalRecord] = {}
     last = 0
     for number, line in enumerate(lines, 1):
         where = f"{path}: line {number}"
@@ -156,10 +155,11 @@ def _parse_journal(data: bytes, path: Path) -> list[JournalRecord]:
         if record.seq <= last:
             raise OffloadCorrupted(f"{where}: seq {record.seq} does not follow {last}")
         last = record.seq
-        if record.message.id not in seen:
-            seen.add(record.message.id)
-            records.append(record)
-    return records
+        # A message written again (a compaction retried after a failure, in a new process) is
+        # seen once, at its latest record: the one the summary that replaced it names.
+        by_id.pop(record.message.id, None)
+        by_id[record.message.id] = record
+    return list(by_id.values())
 
 
 def _pread_exact(fd: int, n: int, offset: int) -> bytes:
@@ -437,7 +437,7 @@ class OffloadStore:
 
     # -- reading ----------------------------------------------------------------------------
     async def records(self, agent_id: str) -> list[JournalRecord]:
-        """Every record in seq order, each message id once (its first occurrence)."""
+        """Every record in seq order, each message id once (its latest record)."""
         path = self.path_for(agent_id)
         return await trio.to_thread.run_sync(self._records_sync, path)
 

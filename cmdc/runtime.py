@@ -15,10 +15,12 @@ from .agent import Agent, AgentOptions, AgentRef, current_chain
 from .bus import EventBus, Subscription
 from .checkpoint import CheckpointStore
 from .compaction import Compactor
+from .compaction.compactor import shared_store
 from .compaction.summary import Summarizer
 from .errors import AgentNotFound, AgentStopped, CmdcError, ConfigError
 from .plugins import Plugin
 from .providers.base import Provider
+from .recall import recall_tool
 from .state import State, validate_agent_id
 from .tools import Tool, tool
 
@@ -69,6 +71,7 @@ class Runtime:
         summarizer: Summarizer | None = None,
         resume: bool = False,
         delegation: bool = False,
+        recall: bool = False,
         options: AgentOptions | None = None,
         **option_values: Any,
     ) -> AgentRef:
@@ -77,8 +80,10 @@ class Runtime:
 
         `summarizer` None: the agent's own provider summarizes. `resume`: start from the
         checkpoint of an agent of this name (needs `open_runtime(checkpoint_dir=...)`).
-        `delegation`: give it the built-in `delegate` tool. Agent options (`max_steps`,
-        `tool_timeout`, `restart`, ...) come as `options=AgentOptions(...)` or as keywords.
+        `delegation`: give it the built-in `delegate` tool. `recall`: give it the built-in
+        `recall` tool, which reads evicted history back from its offload journal. Agent options
+        (`max_steps`, `tool_timeout`, `restart`, ...) come as `options=AgentOptions(...)` or as
+        keywords.
         """
         if self._closed:
             raise AgentStopped("the runtime is closed")
@@ -107,6 +112,10 @@ class Runtime:
         )
         compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
         tools = tuple(tools)
+        if recall:
+            if any(isinstance(t, Tool) and t.name == "recall" for t in tools):
+                raise ConfigError("recall=True adds a tool named 'recall', but one of the given tools has that name")
+            tools += (recall_tool(shared_store(compactor.compact_config(state).offload_dir), name),)
         agent = Agent(
             name=name,
             state=state,
@@ -164,7 +173,7 @@ def _delegate_tool(runtime: Runtime, parent: str) -> Tool:
         child = await runtime.spawn(
             runtime.child_name(parent),
             me.provider,
-            tools=[t for t in me.tools.values() if t.name != "delegate"],
+            tools=[t for t in me.tools.values() if t.name not in ("delegate", "recall")],
             config=me.state.config,
             summarizer=me.compactor.summarizer,
             options=attrs.evolve(me.options, restart="temporary"),

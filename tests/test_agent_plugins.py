@@ -11,6 +11,8 @@ import trio
 
 from cmdc import (
     Abort,
+    AgentStopped,
+    CompactionAborted,
     Message,
     Plugin,
     PluginAborted,
@@ -295,3 +297,90 @@ async def test_a_failing_auto_compaction_does_not_fail_the_turn(tmp_path: Path, 
         assert calls == failed_calls
         state = await agent.state()
         assert state.compactions == 0 and [m.text for m in state.messages] == ["a", "one", "b", "two", "c", "three"]
+
+
+async def test_queued_callers_get_an_answer_when_the_agent_stops(tmp_path: Path, autojump_clock: Any) -> None:
+    gate = trio.Event()
+
+    async def slow(request: ModelRequest) -> Message:
+        await gate.wait()
+        return Message.assistant("ok")
+
+    outcomes: list[str] = []
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("q", ScriptedProvider([slow], cycle=True), config=cfg(tmp_path))
+
+        async def ask(text: str) -> None:
+            try:
+                outcomes.append((await agent.prompt(text)).text)
+            except AgentStopped:
+                outcomes.append("stopped")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "running")
+            await trio.sleep(1)
+            nursery.start_soon(agent.stop)  # queued behind the running turn
+            await trio.sleep(1)
+            nursery.start_soon(ask, "queued after stop")
+            await trio.sleep(1)
+            gate.set()
+    assert sorted(outcomes) == ["ok", "stopped"]
+
+
+async def test_abort_from_tool_hooks_reaches_the_caller(tmp_path: Path) -> None:
+    class NoTools(Plugin):
+        async def before_tool(self, ctx: ToolContext) -> Abort:
+            return Abort("no tools allowed")
+
+    class NoResults(Plugin):
+        async def after_tool(self, ctx: ToolContext) -> Abort:
+            return Abort("result refused")
+
+    async with open_runtime(log_events=False) as rt:
+        for name, plugin, why in (("bt", NoTools(), "no tools allowed"), ("at", NoResults(), "result refused")):
+            agent = await rt.spawn(name, script(), tools=[shout], plugins=[plugin], config=cfg(tmp_path))
+            with pytest.raises(PluginAborted, match=why):
+                await agent.prompt("go")
+            assert agent.running and agent.restarts == 0
+            assert (await agent.state()).messages == ()
+
+
+async def test_abort_from_before_compact_ends_the_turn(tmp_path: Path) -> None:
+    class Forbid(Plugin):
+        async def before_compact(self, ctx: Any) -> Abort:
+            return Abort("compaction forbidden")
+
+    config = {**cfg(tmp_path), "compact_trigger": ("messages", 2), "compact_keep": ("messages", 1)}
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("f", ScriptedProvider(["one", "two"]), plugins=[Forbid()], config=config)
+        assert (await agent.prompt("a")).text == "one"
+        with pytest.raises(CompactionAborted, match="compaction forbidden"):
+            await agent.prompt("b")
+        assert agent.running
+
+
+async def test_on_error_runs_once_per_crash_and_renamed_calls_run_the_new_tool(tmp_path: Path) -> None:
+    errors: list[BaseException | None] = []
+
+    @tool
+    async def whisper(text: str) -> str:
+        """Lower-case a text."""
+        return text.lower()
+
+    class Watch(Plugin):
+        async def on_error(self, ctx: LifecycleContext) -> None:
+            errors.append(ctx.error)
+
+        async def before_tool(self, ctx: ToolContext) -> ToolCall:
+            return ToolCall(id=ctx.call.id, name="whisper", arguments={"text": "QUIET"})
+
+    async with open_runtime(log_events=False) as rt:
+        crashy = await rt.spawn("c", ScriptedProvider([RuntimeError("bug")]), config=cfg(tmp_path), plugins=[Watch()])
+        with pytest.raises(RuntimeError):
+            await crashy.prompt("go")
+        assert len(errors) == 1
+
+        renamer = await rt.spawn("r", script(), tools=[shout, whisper], plugins=[Watch()], config=cfg(tmp_path))
+        await renamer.prompt("go")
+        result = next(m for m in (await renamer.state()).messages if m.role == "tool")
+        assert result.text == "quiet"

@@ -33,6 +33,7 @@ from cmdc import (
     Skip,
     Skipped,
     State,
+    SummarizerError,
     TokenUsage,
 )
 from cmdc import tokens as tokens_mod
@@ -80,7 +81,8 @@ async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> Non
     assert summary.metadata["cmdc.offload_path"] == report.offload_path
     assert (summary.metadata["cmdc.first_seq"], summary.metadata["cmdc.last_seq"]) == (1, report.evicted)
     offloaded = await OffloadStore(tmp_path / "offload").read("a1")
-    assert [m.id for m in offloaded] + [m.id for m in kept] == [m.id for m in msgs[1:]]
+    assert kept[0] == msgs[1]  # the session's task (its first user message) stays verbatim
+    assert [m.id for m in offloaded] + [m.id for m in kept[1:]] == [m.id for m in msgs[2:]]
     assert summarizer.calls[0][0] == offloaded
     check_pairs(kept, msgs)
     assert new.compactions == 1 and report.compaction == 1
@@ -286,7 +288,7 @@ async def test_a_provider_can_summarize(tmp_path: Path) -> None:
         [Message.user("read src/app.py"), asst("c1"), res("c1", "contents"), Message.user("now")],
         compact_keep=("messages", 1),
     )
-    result = await Compactor(Model()).force_compact(state, instruction="focus on files")
+    result = await Compactor(Model(), pin_task=False).force_compact(state, instruction="focus on files")
     assert isinstance(result, Compacted) and "provider summary" in result.state.messages[0].text
     system, user = seen[0].messages
     assert system.role == "system" and system.text.endswith("focus on files")
@@ -394,7 +396,7 @@ async def test_before_compact_can_evict_less_and_pairs_are_reclosed(tmp_path: Pa
             return [m for m in ctx.evicted if m.text != "keep me" and m.tool_call_id != "B"]
 
     state = make_state(tmp_path, msgs, compact_keep=("messages", 1))
-    result = await Compactor(Recorder(), plugins=[KeepSome()]).force_compact(state)
+    result = await Compactor(Recorder(), plugins=[KeepSome()], pin_task=False).force_compact(state)
     assert isinstance(result, Compacted)
     kept = result.state.messages[1:]
     assert [m.tool_call_id or (m.tool_calls[0].id if m.tool_calls else m.text) for m in kept] == [
@@ -472,7 +474,7 @@ async def test_extractive_default_summarizer(tmp_path: Path) -> None:
         Message.user("also run tests"),
         Message.user("thanks"),
     ]
-    result = await Compactor().force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
+    result = await Compactor(pin_task=False).force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(result, Compacted)
     text = result.state.messages[0].text
     for needle in ("Fix ticket ABC-123", "ABC-123", "src/app.py", "also run tests", "I patched", "KeyError"):
@@ -599,3 +601,35 @@ async def test_a_predicate_can_stop_retrying_an_error(tmp_path: Path) -> None:
     compactor = Compactor(auth_broken, fallbacks=[Recorder("backup")], should_retry=retry_transient, retries=5)
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted) and tries == 1 and result.report.attempts == 2
+
+
+async def test_a_broken_failover_is_a_summarizer_error(tmp_path: Path) -> None:
+    async def down(messages: Sequence[Message], instruction: str) -> str:
+        raise ConnectionError("down")
+
+    state = make_state(tmp_path, conversation(30))
+    for failover in (lambda last: 1 / 0, lambda last: "not a pair"):
+        compactor = Compactor(down, failover=failover, retries=0)
+        with pytest.raises(SummarizerError, match="failover callable failed"):
+            await compactor.force_compact(state)
+
+
+def test_a_custom_counter_counts_only_new_messages_as_a_state_grows() -> None:
+    counted: list[str] = []
+
+    def counter(m: Message) -> int:
+        counted.append(m.id)
+        return 10
+
+    compactor = Compactor(token_counter=counter)
+    state = State(
+        agent_id="a", messages=conversation(2_000, usage=False), config={"compact_trigger": ("tokens", 10**9)}
+    )
+    compactor.should_compact(state)
+    assert len(counted) == len(state.messages)  # no usage reported: everything, once
+    for i in range(5):
+        counted.clear()
+        state = state.append(Message.user(f"step {i}"), Message.assistant("ok"))
+        assert not compactor.should_compact(state)
+        assert len(counted) == 2  # only the appended messages
+    assert compactor.estimate_tokens(state) == 10 * len(state.messages)

@@ -470,8 +470,10 @@ async def test_readers_dedup_across_stores(tmp_path: Path) -> None:
     await OffloadStore(tmp_path).append("x", [a, b, c])  # another process retried
     await OffloadStore(tmp_path).append("x", [a, a])  # duplicates within a batch are written once
     records = await OffloadStore(tmp_path).records("x")
-    assert [r.message for r in records] == [a, b, c]
-    assert [r.seq for r in records] == [1, 2, 5]
+    assert [r.message for r in records] == [b, c, a]  # each message once, at its latest record
+    assert [r.seq for r in records] == [4, 5, 6]
+    retried = await OffloadStore(tmp_path).read_range("x", 3, 5)  # the range the retry's summary names
+    assert [r.message for r in retried] == [b, c]
     assert len(check_clean(tmp_path / "x.jsonl")) == 6
 
 

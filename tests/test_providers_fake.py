@@ -340,7 +340,7 @@ def big_state(tmp_path: Path) -> State:
 async def test_compactor_summarizes_with_the_simulated_model(tmp_path: Path) -> None:
     state = big_state(tmp_path)
     model = SimulatedModel(context_window=200_000, summary_chars=1_200)
-    result = await Compactor(model).force_compact(state)
+    result = await Compactor(model, user_message_budget=100).force_compact(state)  # the model's text only
     assert isinstance(result, Compacted)
     report = result.report
     assert report.summarizer == "simulated" and report.attempts == 1
@@ -356,7 +356,7 @@ async def test_compactor_falls_back_to_chunks_on_overflow(tmp_path: Path) -> Non
     state = big_state(tmp_path)
     model = SimulatedModel(context_window=3_000)
     assert estimate_tokens_from_messages(state.messages) > 5 * model.context_window
-    compactor = Compactor(model, retries=8, retry_backoff=0, summarizer_input_tokens=None)
+    compactor = Compactor(model, retries=8, retry_backoff=0, summarizer_input_tokens=None, user_message_budget=100)
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted)
     assert model.overflows >= 1

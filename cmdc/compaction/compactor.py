@@ -11,12 +11,21 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from ..errors import CompactionAborted, CompactionError, ConfigError, ContextOverflow, SummarizerError
+from ..errors import (
+    CompactionAborted,
+    CompactionError,
+    CompactionIncomplete,
+    ConfigError,
+    ContextOverflow,
+    OffloadError,
+    SummarizerError,
+)
 from ..events import (
     COMPACTION_END,
     COMPACTION_FAILED,
     COMPACTION_SKIPPED,
     COMPACTION_START,
+    PINS_OVER_BUDGET,
     PLUGIN_ERROR,
     SUMMARIZER_ATTEMPT,
     Event,
@@ -24,13 +33,14 @@ from ..events import (
     emit,
 )
 from ..message import Message
-from ..offload import OffloadStore
+from ..offload import AppendResult, OffloadStore
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, PluginReturnError, fold, sort_plugins
 from ..state import State
 from ..tokens import TokenCounter, estimate_message_tokens, estimate_tokens_from_messages
-from .config import CompactConfig
+from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
-from .summary import ExtractiveSummarizer, Summarizer, summarize_rolling, summarizer_name, summary_message
+from .finalize import Finalize, FinalizeContext, default_finalize, run_finalize
+from .summary import ExtractiveSummarizer, Summarizer, summarize_rolling, summarizer_name
 
 Reason = Literal["auto", "forced", "manual"]
 
@@ -53,6 +63,7 @@ class CompactionReport:
     summarizer: str
     attempts: int
     duration: float
+    passes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -89,6 +100,17 @@ class Compactor:
     `retries + 1` times, after the fallbacks. `summarizer_input_tokens`: past this many estimated tokens the
     evicted messages are summarized in chunks, rolled forward. `token_counter`: a per-message
     counter (a real tokenizer) replacing the default estimate. `on_event`: receives `Event`s.
+
+    What survives: `finalize` turns the summary into the messages that replace the evicted
+    ones (default: `default_finalize`, which puts the real user messages, newest first within
+    `user_message_budget` tokens — default a third of the token trigger — into the summary,
+    `user_message_filter` choosing which count). `pin_task` keeps the session's first user
+    message verbatim; pins (the task, `cmdc.pinned` messages) are kept within `pin_budget`
+    tokens (default a quarter of the token trigger), past which the oldest are summarized
+    with an event. `reduce_tokens`: tool results and tool-call arguments longer than this are
+    clipped, with a pointer to the journal, in what the summarizer reads. After compacting, if
+    a trigger still fires, up to `max_extra_passes` more passes run with a halved keep rule;
+    then `CompactionIncomplete` says so, carrying the compacted state.
     """
 
     __slots__ = (
@@ -97,15 +119,22 @@ class Compactor:
         "_store",
         "failover",
         "fallbacks",
+        "finalize",
         "max_backoff",
+        "max_extra_passes",
         "on_event",
+        "pin_budget",
+        "pin_task",
         "plugins",
+        "reduce_tokens",
         "retries",
         "retry_backoff",
         "should_retry",
         "summarizer",
         "summarizer_input_tokens",
         "token_counter",
+        "user_message_budget",
+        "user_message_filter",
     )
 
     def __init__(
@@ -121,6 +150,13 @@ class Compactor:
         should_retry: ShouldRetry | None = None,
         failover: Failover | None = None,
         summarizer_input_tokens: int | None = None,
+        finalize: Finalize | None = None,
+        user_message_budget: int | None = None,
+        user_message_filter: Callable[[Message], bool] | None = None,
+        pin_task: bool = True,
+        pin_budget: int | None = None,
+        reduce_tokens: int | None = 2_000,
+        max_extra_passes: int = 2,
         on_event: EventSink | None = None,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -129,7 +165,21 @@ class Compactor:
             raise ConfigError(f"retry_backoff must be a number >= 0, got {retry_backoff!r}")
         if isinstance(max_backoff, bool) or not isinstance(max_backoff, (int, float)) or max_backoff < 0:
             raise ConfigError(f"max_backoff must be a number >= 0, got {max_backoff!r}")
-        for what, fn in (("should_retry", should_retry), ("failover", failover)):
+        for what, value in (
+            ("user_message_budget", user_message_budget),
+            ("pin_budget", pin_budget),
+            ("reduce_tokens", reduce_tokens),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{what} must be an integer >= 1 or None, got {value!r}")
+        if isinstance(max_extra_passes, bool) or not isinstance(max_extra_passes, int) or max_extra_passes < 0:
+            raise ConfigError(f"max_extra_passes must be an integer >= 0, got {max_extra_passes!r}")
+        for what, fn in (
+            ("should_retry", should_retry),
+            ("failover", failover),
+            ("finalize", finalize),
+            ("user_message_filter", user_message_filter),
+        ):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{what} must be callable, got {fn!r}")
         if summarizer_input_tokens is not None and (
@@ -151,6 +201,13 @@ class Compactor:
         self.should_retry: ShouldRetry = should_retry or default_should_retry
         self.failover = failover
         self.summarizer_input_tokens = summarizer_input_tokens
+        self.finalize: Finalize = finalize or default_finalize
+        self.user_message_budget = user_message_budget
+        self.user_message_filter = user_message_filter
+        self.pin_task = pin_task
+        self.pin_budget = pin_budget
+        self.reduce_tokens = reduce_tokens
+        self.max_extra_passes = max_extra_passes
         self.on_event = on_event
         self._config_for: tuple[Mapping[str, Any], CompactConfig] | None = None
         self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
@@ -183,12 +240,25 @@ class Compactor:
         """The context's size: the last reported usage plus estimates of later messages.
 
         With the default estimator this is `state.token_usage` (kept up to date by `State`).
-        A custom counter counts only the messages after the baseline, once per state."""
+        A custom counter counts only the messages after the baseline, and for a state that grew
+        by appends from the last one counted, only the new messages."""
         if self.token_counter is None:
             return state.token_usage
         known = self._counted
-        if known is not None and known[0] is state:
-            return known[1]
+        if known is not None:
+            old, total = known
+            if old is state:
+                return total
+            n = len(old.messages)
+            if (
+                old.baseline_index == state.baseline_index
+                and len(state.messages) >= n > 0
+                and state.messages[n - 1] is old.messages[-1]
+                and state.messages[0] is old.messages[0]
+            ):  # the state grew by appends since: count only what is new
+                total += sum(self.count(m) for m in state.messages[n:])
+                self._counted = (state, total)
+                return total
         usage = state.last_usage
         base = 0 if usage is None else usage.total_tokens
         total = base + sum(self.count(m) for m in state.messages[state.baseline_index + 1 :])
@@ -218,15 +288,50 @@ class Compactor:
         return await self._compact(state, "auto", None)
 
     async def force_compact(
-        self, state: State, *, instruction: str | None = None, reason: Reason = "forced"
+        self, state: State, *, instruction: str | None = None, reason: Reason = "forced", window: int | None = None
     ) -> Compacted | Skipped:
         """Compact now, whatever the triggers say. `instruction` is added to the summary prompt
-        for this call only (for example "focus on the API changes")."""
+        for this call only (for example "focus on the API changes"). `window`: the model's
+        context window when known (a `ContextOverflow` reports it); the budgets for preserved
+        user messages and pins then stay within a share of it."""
         if reason not in ("auto", "forced", "manual"):
             raise ConfigError(f"reason must be 'auto', 'forced' or 'manual', got {reason!r}")
         if instruction is not None and not isinstance(instruction, str):
             raise ConfigError(f"instruction must be a string, got {type(instruction).__name__}")
-        return await self._compact(state, reason, instruction)
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError(f"window must be an integer >= 1, got {window!r}")
+        return await self._compact(state, reason, instruction, window)
+
+    async def clip_tail(self, state: State) -> State | None:
+        """When the kept messages alone overflow the model: the trailing tool results longer
+        than `reduce_tokens` (default 2,000) are journaled whole, then replaced by their head and
+        a pointer to the journal. None when there is nothing to clip."""
+        limit = self.reduce_tokens or 2_000
+        end = len(state.messages)
+        start = end
+        while start > 0 and state.messages[start - 1].role == "tool":
+            start -= 1
+        large = [m for m in state.messages[start:end] if self.count(m) > limit]
+        if not large:
+            return None
+        config = self.compact_config(state)
+        written = await self.store_for(config).append(state.agent_id, large, compaction=state.compactions)
+        by_id = {m.id: m for m in large}
+        pointer = f"the full result is in the journal {written.path}, records {written.first_seq}-{written.last_seq}"
+        clipped = []
+        for m in state.messages[start:end]:
+            if m.id in by_id:
+                head = m.text[: limit * 4]
+                m = Message.tool_result(
+                    m.tool_call_id or "",
+                    f"{head}\n[… {len(m.text) - len(head)} more characters clipped to fit the context; {pointer}]",
+                    is_error=m.is_error,
+                    metadata={**m.metadata, "cmdc.clipped_from": m.id},
+                )
+            clipped.append(m)
+        messages = (*state.messages[:start], *clipped)
+        self._emit(COMPACTION_END, state, clipped=len(large), offload_path=str(written.path))
+        return state.evolve(messages=messages, usage_floor=len(messages))
 
     def store_for(self, config: CompactConfig) -> OffloadStore:
         store = self._store
@@ -243,54 +348,140 @@ class Compactor:
 
         return report
 
-    def _split(self, state: State, config: CompactConfig, pinned_ids: Iterable[str] = ()) -> Split:
+    def _split(
+        self,
+        state: State,
+        config: CompactConfig,
+        pinned_ids: Iterable[str] = (),
+        *,
+        keep: Threshold | None = None,
+        unpinned: Iterable[str] = (),
+    ) -> Split:
         return split_messages(
             state.messages,
-            config.keep,
+            keep or config.keep,
             context_window=config.context_window,
             count=self.count,
             pinned_ids=frozenset(pinned_ids),
+            unpinned_ids=frozenset(unpinned),
             index=state.call_index,
         )
 
-    async def _compact(self, state: State, reason: str, instruction: str | None) -> Compacted | Skipped:
+    async def _compact(
+        self, state: State, reason: str, instruction: str | None, window: int | None = None
+    ) -> Compacted | Skipped:
+        """One compaction, then the check: while a trigger still fires, another pass with a
+        halved keep rule, at most `max_extra_passes` times; never a loop."""
+        config = self.compact_config(state)
+        first = await self._compact_once(state, reason, instruction, config.keep, window)
+        if not isinstance(first, Compacted):
+            return first
+        result, keep = first, config.keep
+        for _ in range(self.max_extra_passes):
+            if not self.should_compact(result.state):
+                return result
+            keep = _halved(keep)
+            again = await self._compact_once(result.state, reason, instruction, keep, window)
+            if not isinstance(again, Compacted):
+                break
+            result = Compacted(again.state, _combined(result.report, again.report))
+        if self.should_compact(result.state):
+            tokens = self.estimate_tokens(result.state)
+            raise CompactionIncomplete(
+                f"agent {state.agent_id}: still over a compaction trigger after {result.report.passes} passes "
+                f"(~{tokens} tokens, {len(result.state.messages)} messages): the kept messages and pins "
+                "alone are too large for the trigger; lower compact_keep or raise compact_trigger",
+                state=result.state,
+                report=result.report,
+            )
+        return result
+
+    def _task_id(self, state: State, lead: int = 0) -> str | None:
+        """The session's first user message: the first non-summary user message."""
+        for m in state.messages:
+            if m.role == "user" and not m.is_summary:
+                return m.id
+        return None
+
+    def _split_with_pins(
+        self, state: State, config: CompactConfig, keep: Threshold, extra: Iterable[str], window: int | None = None
+    ) -> Split:
+        task = self._task_id(state) if self.pin_task else None
+        pins = {*extra, task} - {None}
+        split = self._split(state, config, pins, keep=keep)  # type: ignore[arg-type]
+        budget = self.pin_budget if self.pin_budget is not None else _share(config, 4, 20_000, window)
+        open_groups = {state.messages[g.index].id for g in state.call_index.open}
+        open_results = {state.messages[i].id for g in state.call_index.open for i in g.results}
+        pinned = [m for m in split.held if m.id not in open_groups and m.id not in open_results]
+        total = sum(self.count(m) for m in pinned)
+        if total <= budget:
+            return split
+        # Over the pin budget: the oldest pins go (the task last) and are summarized instead.
+        order = [m for m in pinned if m.id != task] + [m for m in pinned if m.id == task]
+        dropped: list[str] = []
+        for m in order:
+            if total <= budget:
+                break
+            dropped.append(m.id)
+            total -= self.count(m)
+        self._emit(PINS_OVER_BUDGET, state, budget=budget, unpinned=tuple(dropped), pinned_tokens=total)
+        return self._split(state, config, pins - set(dropped), keep=keep, unpinned=dropped)  # type: ignore[arg-type]
+
+    async def _compact_once(
+        self, state: State, reason: str, instruction: str | None, keep: Threshold, window: int | None = None
+    ) -> Compacted | Skipped:
         started = trio.current_time()
         config = self.compact_config(state)
-        split = self._split(state, config)
+        split = self._split_with_pins(state, config, keep, (), window)
         if not split.evicts_anything:
             self._emit(COMPACTION_SKIPPED, state, reason="nothing can be evicted", skipped_by=None)
             return Skipped(state, "nothing can be evicted")
         tokens_before = self.estimate_tokens(state)
         self._emit(COMPACTION_START, state, reason=reason, tokens=tokens_before, messages=len(state.messages))
 
-        split, skipped = await self._before_compact(state, config, split, reason, instruction)
+        split, skipped = await self._before_compact(state, config, split, reason, instruction, keep, window)
         if skipped is not None:
             return skipped
 
         # Write-ahead: the evicted messages are durable before anything else happens.
         compaction = state.compactions + 1
         store = self.store_for(config)
-        written = await store.append(state.agent_id, split.evicted, compaction=compaction)
+        try:
+            written = await store.append(state.agent_id, split.evicted, compaction=compaction)
+        except OffloadError as exc:
+            self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
+            raise
 
-        # The previous summary goes first, then every other evicted message.
-        ordered = _summaries_first(state, split.evicted)
+        # The previous summary goes first, then every other evicted message, large parts clipped.
+        ordered = _reduced(_summaries_first(state, split.evicted), self.reduce_tokens, written)
         prompt = config.summary_prompt
         if instruction:
             prompt = f"{prompt}\n\nAdditional instruction for this summary: {instruction}"
         try:
             text, used, attempts = await self._summarize(state, ordered, prompt)
+            context = FinalizeContext(
+                summary=text,
+                evicted=split.evicted,
+                state=state,
+                compaction=compaction,
+                offload_path=str(written.path),
+                first_seq=written.first_seq,
+                last_seq=written.last_seq,
+                user_message_budget=(
+                    self.user_message_budget
+                    if self.user_message_budget is not None
+                    else _share(config, 3, 30_000, window)
+                ),
+                user_message_filter=self.user_message_filter,
+            )
+            try:
+                inserted = await run_finalize(self.finalize, context)
+            except Exception as exc:
+                raise CompactionError(f"the finalizer failed: {type(exc).__name__}: {exc}") from exc
         except CompactionError as exc:
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
             raise
-        summary = summary_message(
-            text,
-            compaction=compaction,
-            evicted=len(split.evicted),
-            offload_path=str(written.path),
-            first_seq=written.first_seq,
-            last_seq=written.last_seq,
-        )
-        messages = (*split.pinned, summary, *split.kept)
+        messages = (*split.pinned, *inserted, *split.kept)
         new_state = state.evolve(messages=messages, compactions=compaction, usage_floor=len(messages))
         report = CompactionReport(
             reason=reason,
@@ -303,7 +494,7 @@ class Compactor:
             first_seq=written.first_seq,
             last_seq=written.last_seq,
             compaction=compaction,
-            summary_tokens=self.count(summary),
+            summary_tokens=sum(self.count(m) for m in inserted),
             summarizer=used,
             attempts=attempts,
             duration=trio.current_time() - started,
@@ -317,7 +508,14 @@ class Compactor:
         return Compacted(new_state, report)
 
     async def _before_compact(
-        self, state: State, config: CompactConfig, split: Split, reason: str, instruction: str | None
+        self,
+        state: State,
+        config: CompactConfig,
+        split: Split,
+        reason: str,
+        instruction: str | None,
+        keep: Threshold,
+        window: int | None,
     ) -> tuple[Split, Skipped | None]:
         if not any(p.implements("before_compact") for p in self.plugins):
             return split, None
@@ -351,7 +549,7 @@ class Compactor:
         chosen = {m.id for m in folded.value}
         if chosen != offered:
             # Keep what the plugins took out, and re-close the call groups around it.
-            split = self._split(state, config, pinned_ids=offered - chosen)
+            split = self._split_with_pins(state, config, keep, offered - chosen, window)
             if not split.evicts_anything:
                 why = "plugins left nothing to evict"
                 self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
@@ -399,12 +597,16 @@ class Compactor:
             result = await tries.run("failover", fallback, messages, self.retries)
         if result is None and self.failover is not None:
             for _ in range(self.retries + 1):
-                choice = self.failover(tries.last)
-                if inspect.isawaitable(choice):
-                    choice = await choice
-                if choice is None:
-                    break
-                summarizer, inputs = choice
+                try:
+                    choice = self.failover(tries.last)
+                    if inspect.isawaitable(choice):
+                        choice = await choice
+                    if choice is None:
+                        break
+                    summarizer, inputs = choice
+                    inputs = list(inputs)
+                except Exception as exc:
+                    raise SummarizerError(f"the failover callable failed: {type(exc).__name__}: {exc}") from exc
                 result = await tries.run("failover", summarizer, inputs, 0)
                 if result is not None:
                     break
@@ -546,6 +748,61 @@ class _Tries:
                 await trio.sleep(min(c.max_backoff, c.retry_backoff * 2**retry))
             retry += 1
         return None
+
+
+def _share(config: CompactConfig, divisor: int, fallback: int, window: int | None = None) -> int:
+    """A budget as a share of the smallest of the token trigger and the context windows known
+    (configured, or reported by the model), else `fallback`."""
+    bases = [b for b in (config.token_trigger, config.context_window, window) if b]
+    return max(1, min(bases) // divisor) if bases else fallback
+
+
+def _halved(keep: Threshold) -> Threshold:
+    if keep.mode == "fraction":
+        return Threshold("fraction", keep.value / 2)
+    return Threshold(keep.mode, max(1, int(keep.value) // 2))
+
+
+def _combined(first: CompactionReport, last: CompactionReport) -> CompactionReport:
+    """One report for several passes: before-figures from the first, after-figures from the last."""
+    return attrs.evolve(
+        last,
+        tokens_before=first.tokens_before,
+        messages_before=first.messages_before,
+        evicted=first.evicted + last.evicted,
+        first_seq=first.first_seq,
+        attempts=first.attempts + last.attempts,
+        duration=first.duration + last.duration,
+        passes=first.passes + last.passes,
+    )
+
+
+def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResult) -> Sequence[Message]:
+    """What the summarizer reads: tool results and tool-call arguments longer than `limit`
+    tokens cut to a head with a pointer to the journal (which holds them whole)."""
+    if limit is None:
+        return messages
+    pointer = f"the full text is in the journal {written.path}, records {written.first_seq}-{written.last_seq}"
+    out: list[Message] = []
+    for m in messages:
+        if m.role == "tool" and estimate_message_tokens(m) > limit:
+            text = m.text
+            head = text[: limit * 4]
+            m = m.evolve(content=f"{head}\n[… {len(text) - len(head)} more characters clipped; {pointer}]")
+        elif m.tool_calls and estimate_message_tokens(m) > limit:
+            calls = tuple(
+                attrs.evolve(c, arguments={k: _clip_value(v, limit, pointer) for k, v in c.arguments.items()})
+                for c in m.tool_calls
+            )
+            m = m.evolve(tool_calls=calls)
+        out.append(m)
+    return out
+
+
+def _clip_value(value: Any, limit: int, pointer: str) -> Any:
+    if isinstance(value, str) and len(value) > limit * 4:
+        return f"{value[: limit * 4]}\n[… {len(value) - limit * 4} more characters clipped; {pointer}]"
+    return value
 
 
 def largest_message(messages: Sequence[Message]) -> int:

@@ -31,6 +31,7 @@ class Split:
     pinned: tuple[Message, ...]
     evicted: tuple[Message, ...]
     kept: tuple[Message, ...]
+    held: tuple[Message, ...] = ()  # kept from before the cut: pins and pending call groups
 
     @property
     def evicts_anything(self) -> bool:
@@ -45,13 +46,15 @@ def split_messages(
     context_window: int | None = None,
     count: Callable[[Message], int] = estimate_message_tokens,
     pinned_ids: Collection[str] = (),
+    unpinned_ids: Collection[str] = (),
     index: CallIndex | None = None,
 ) -> Split:
     """Split `messages` following the rules above. Pure.
 
     With the conversation's `CallIndex` (a `State` keeps one), the work is proportional to the
     kept part and the pins, not to the history: the evicted part is only sliced. Without it,
-    or with `pinned_ids`, one O(n) scan finds them."""
+    or with `pinned_ids`, one O(n) scan finds them. `unpinned_ids` take back the pins of
+    those messages (a pin budget); pending calls are always kept."""
     n = len(messages)
     lead = 0
     while lead < n and messages[lead].role == "system":
@@ -70,6 +73,9 @@ def split_messages(
     if pinned_ids:
         wanted = set(pinned_ids)
         pins += [i for i in range(lead, n) if messages[i].id in wanted]
+    if unpinned_ids:
+        dropped = set(unpinned_ids)
+        pins = [i for i in pins if messages[i].id not in dropped]
     for i in pins:
         if i not in held:
             held.update(groups.group_of(i))
@@ -95,8 +101,9 @@ def split_messages(
         kept.append(messages[i])
         start = i + 1
     evicted += messages[start:cut]
+    held_before_cut = tuple(kept)
     kept += messages[cut:]
-    return Split(pinned=pinned, evicted=tuple(evicted), kept=tuple(kept))
+    return Split(pinned=pinned, evicted=tuple(evicted), kept=tuple(kept), held=held_before_cut)
 
 
 class _Groups:

@@ -1,0 +1,194 @@
+"""Finalizers: from the summarizer's answer to the messages that replace the evicted ones.
+
+The default finalizer strips an analysis scratchpad, replaces the summary's user-messages
+section with the real user messages (newest first within a budget, carried forward across
+compactions) and builds the summary message. A custom `finalize` replaces it; `finalizer(...)`
+composes steps, `default_summary` being the default as a step and `preserve_skills(...)` one
+that re-injects skills the agent had loaded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+
+from ..message import Message
+from ..tokens import estimate_message_tokens, estimate_text_tokens
+from .summary import summary_message
+
+try:  # TEMPORARY until summary.strip_scratchpad lands
+    from .summary import strip_scratchpad
+except ImportError:  # pragma: no cover
+
+    def strip_scratchpad(text: str) -> str:
+        return re.sub(r"(?is)<analysis>.*?</analysis>", "", text).strip() or text.strip()
+
+
+USER_MESSAGES_KEY = "cmdc.user_messages"
+USER_MESSAGES_HEADING = "All user messages"
+
+
+@attrs.frozen
+class FinalizeContext:
+    """What a finalizer knows: the summarizer's answer, the evicted messages (the previous
+    summary among them), the state before compaction, where the evicted messages went, and the
+    budget and filter for preserved user messages."""
+
+    summary: str
+    evicted: tuple[Message, ...]
+    state: Any
+    compaction: int
+    offload_path: str
+    first_seq: int
+    last_seq: int
+    user_message_budget: int
+    user_message_filter: Callable[[Message], bool] | None = None
+
+
+Finalize = Callable[[FinalizeContext], "Sequence[Message] | Awaitable[Sequence[Message]]"]
+Step = Callable[[FinalizeContext, list[Message]], "list[Message] | Awaitable[list[Message]]"]
+
+
+def _clip_middle(text: str, budget_tokens: int) -> str:
+    """`text` cut to its head and tail around a marker, to about `budget_tokens`."""
+    keep = max(0, budget_tokens * 4 - 40)
+    if len(text.encode()) <= budget_tokens * 4:
+        return text
+    head, tail = text[: keep // 2], text[len(text) - keep // 2 :] if keep else ""
+    return f"{head} [… {len(text) - len(head) - len(tail)} characters omitted …] {tail}"
+
+
+def preserved_user_messages(ctx: FinalizeContext) -> list[str]:
+    """The user messages to keep verbatim: those carried by the previous summary, then the
+    evicted ones, newest first within the budget; the first that does not fit is cut to its
+    head and tail; the result is in chronological order."""
+    texts: list[str] = []
+    for m in ctx.evicted:
+        if m.is_summary:
+            texts.extend(t for t in m.metadata.get(USER_MESSAGES_KEY, ()) if isinstance(t, str))
+        elif m.role == "user" and (ctx.user_message_filter is None or ctx.user_message_filter(m)):
+            texts.append(m.text)
+    chosen: list[str] = []
+    left = ctx.user_message_budget
+    for text in reversed(texts):
+        cost = estimate_text_tokens(text) + 4
+        if cost <= left:
+            chosen.append(text)
+            left -= cost
+            continue
+        if left >= 40:
+            chosen.append(_clip_middle(text, left - 4))
+        break
+    chosen.reverse()
+    return chosen
+
+
+_HEADING = re.compile(r"^(#{1,6})\s*(?:\d+[.)]\s*)?(.+?)\s*:?\s*$")
+
+
+def replace_section(text: str, heading: str, body: str) -> str:
+    """`text` with the Markdown section called `heading` replaced by `body` (appended as a
+    `## heading` section when the text has none)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _HEADING.match(line)
+        if m and m.group(2).strip().lower() == heading.lower():
+            level = len(m.group(1))
+            end = i + 1
+            while end < len(lines):
+                n = _HEADING.match(lines[end])
+                if n and len(n.group(1)) <= level:
+                    break
+                end += 1
+            return "\n".join([*lines[: i + 1], body, "", *lines[end:]]).rstrip() + "\n"
+    return f"{text.rstrip()}\n\n## {heading}\n{body}\n"
+
+
+def default_finalize(ctx: FinalizeContext) -> list[Message]:
+    """The default post-processing: one summary message."""
+    users = preserved_user_messages(ctx)
+    body = "\n".join(f"- {' '.join(t.split())}" for t in users) if users else "(none)"
+    text = replace_section(strip_scratchpad(ctx.summary), USER_MESSAGES_HEADING, body)
+    message = summary_message(
+        text,
+        compaction=ctx.compaction,
+        evicted=len(ctx.evicted),
+        offload_path=ctx.offload_path,
+        first_seq=ctx.first_seq,
+        last_seq=ctx.last_seq,
+    )
+    return [message.evolve(metadata={**message.metadata, USER_MESSAGES_KEY: users})]
+
+
+async def default_summary(ctx: FinalizeContext, messages: list[Message]) -> list[Message]:
+    """`default_finalize` as a step of `finalizer(...)`."""
+    return [*messages, *default_finalize(ctx)]
+
+
+def finalizer(*steps: Step) -> Finalize:
+    """A finalizer that runs `steps` in order, each taking and returning the message list
+    (starting empty). Include `default_summary` to keep the default summary message."""
+
+    async def run(ctx: FinalizeContext) -> list[Message]:
+        messages: list[Message] = []
+        for step in steps:
+            result = step(ctx, messages)
+            messages = list(await result if inspect.isawaitable(result) else result)
+        return messages
+
+    return run
+
+
+def preserve_skills(
+    tool_name: str = "skill", *, max_skills: int = 5, max_tokens: int = 5_000, max_total: int = 25_000
+) -> Step:
+    """A step that re-injects the skills the agent loaded through the tool `tool_name` (their
+    tool results among the evicted messages): newest first, at most `max_skills`, each cut to
+    `max_tokens`, `max_total` in all, as user messages after the summary."""
+
+    def step(ctx: FinalizeContext, messages: list[Message]) -> list[Message]:
+        calls = {c.id: c for m in ctx.evicted for c in m.tool_calls if c.name == tool_name}
+        loaded = [m for m in ctx.evicted if m.role == "tool" and m.tool_call_id in calls and not m.is_error]
+        seen: set[str] = set()
+        picked: list[Message] = []
+        total = 0
+        for result in reversed(loaded):
+            if len(picked) >= max_skills:
+                break
+            key = result.text
+            if key in seen:
+                continue
+            seen.add(key)
+            text = _clip_middle(result.text, max_tokens)
+            cost = estimate_text_tokens(text)
+            if total + cost > max_total:
+                break
+            total += cost
+            args = dict(calls[result.tool_call_id or ""].arguments)
+            picked.append(
+                Message.user(
+                    f"[Skill re-loaded after compaction: {tool_name}({args})]\n{text}",
+                    metadata={"cmdc.kind": "skill", "cmdc.skill_call": result.tool_call_id},
+                )
+            )
+        picked.reverse()
+        return [*messages, *picked]
+
+    return step
+
+
+async def run_finalize(finalize: Finalize, ctx: FinalizeContext) -> list[Message]:
+    """Run a finalizer and check what it returned."""
+    result = finalize(ctx)
+    messages = list(await result if inspect.isawaitable(result) else result)
+    if not messages or not all(isinstance(m, Message) for m in messages):
+        raise TypeError("a finalizer must return a non-empty list of Messages")
+    return messages
+
+
+def messages_tokens(messages: Sequence[Message]) -> int:
+    return sum(estimate_message_tokens(m) for m in messages)

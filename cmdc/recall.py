@@ -1,0 +1,251 @@
+"""Recall: a built-in tool that reads evicted history back from the agent's own offload journal.
+
+Every compaction replaces old messages with a summary that names the journal and the range of
+records (`seq`) holding what it replaced. `recall_tool` gives the model a way back to them: a
+search by words, or a read by record range, as plain text bounded by a token budget. Switch it
+on for an agent with `Runtime.spawn(..., recall=True)`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Sequence
+
+import orjson
+
+from .errors import ConfigError
+from .message import Message
+from .offload import JournalRecord, OffloadStore
+from .tokens import estimate_text_tokens
+from .tools import Tool, ToolArgumentsError, tool
+
+DEFAULT_RANGE = 20
+"""How many records after `first` a read covers when `last` is not given."""
+
+MAX_LIMIT = 50
+"""The most records a search may ask for."""
+
+MIN_BUDGET = 200
+"""The smallest output budget a recall tool accepts (room for a record and the notes)."""
+
+_CUT_MIN_TOKENS = 100  # with less room than this, a record that does not fit is left out, not cut
+_LISTED = 10  # how many seqs of records not shown the closing note names
+_ALONE_OVERHEAD = 200  # bytes of notes around a record read alone (intro line)
+_WORD = re.compile(r"\w")  # what the journal search counts as a word character
+
+DESCRIPTION = (
+    "Read back earlier parts of this conversation that were moved out of your context. When the "
+    "context grows too long, old messages are replaced by a conversation summary; the summary names "
+    "the journal that keeps them and the records it replaces (for example 'records 1-14'). Nothing "
+    "is lost: use recall whenever you need an exact detail that the summary left out or only "
+    "paraphrased (file contents, numbers, identifiers, error messages, tool outputs, the user's "
+    "earlier instructions) instead of guessing. Either search by words (query), or read a range of "
+    "records (first, and optionally last), not both. Each record shows its number, the compaction "
+    "that moved it out, and its role. The output is bounded in size: when it says records were "
+    "left out or cut, read those by range."
+)
+
+Footer = Callable[[list[int]], str | None]
+
+
+def _header(record: JournalRecord) -> str:
+    m = record.message
+    role: str = m.role
+    if m.is_summary:
+        role += " (an earlier conversation summary)"
+    if m.tool_call_id is not None:
+        role += f" (call {m.tool_call_id}{', error' if m.is_error else ''})"
+    if m.tool_calls:
+        role += " -> " + ", ".join(c.name for c in m.tool_calls)
+    return f"[record {record.seq} · compaction {record.compaction} · {role}]"
+
+
+def _body(message: Message) -> str:
+    lines = [message.text] if message.text else []
+    for call in message.tool_calls:
+        args = orjson.dumps(call.to_dict()["arguments"]).decode()
+        lines.append(f"-> call {call.name} (id {call.id}) {args}")
+    return "\n".join(lines) if lines else "(no text)"
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def _head(text: str, max_bytes: int) -> str:
+    """The longest prefix of `text` whose UTF-8 encoding fits in `max_bytes`."""
+    return text.encode("utf-8")[: max(0, max_bytes)].decode("utf-8", errors="ignore")
+
+
+def _seq_list(seqs: Sequence[int]) -> str:
+    named = ", ".join(str(s) for s in seqs[:_LISTED])
+    return named + (f" and {len(seqs) - _LISTED} more" if len(seqs) > _LISTED else "")
+
+
+def _quote(query: str) -> str:
+    query = " ".join(query.split())
+    return orjson.dumps(query if len(query) <= 80 else query[:79] + "…").decode()
+
+
+def _span(records: Sequence[JournalRecord]) -> str:
+    return f"{records[0].seq}-{records[-1].seq}"
+
+
+def _originals_first(hits: list[JournalRecord]) -> list[JournalRecord]:
+    """The search's order, except that earlier summaries come after every original message:
+    a summary repeats many words but only paraphrases records that are themselves in the
+    journal, and the original holds the exact details."""
+    return sorted(hits, key=lambda r: r.message.is_summary)
+
+
+def render_records(
+    intro: str, records: Sequence[JournalRecord], *, budget_tokens: int, journal: str, footer: Footer
+) -> str:
+    """`intro`, then one block per record in order while they fit in `budget_tokens`; a record
+    that does not fit is cut to a head with a marker (given room enough, else left out), and
+    `footer(seqs of the records not shown)`, unless None, closes the output."""
+    budget = budget_tokens * 4  # estimate_text_tokens is UTF-8 bytes / 4, rounded up
+    seqs = [r.seq for r in records]
+    # Room kept for the closing note, in its longest form (every record left out).
+    reserve = 2 + _size(footer(seqs) or "") + 8 * _LISTED
+    parts = [intro]
+    used = _size(intro)
+    shown = 0
+    for record in records:
+        header, body = _header(record), _body(record.message)
+        cost = 2 + _size(header) + 1 + _size(body)
+        if used + cost + reserve <= budget:
+            parts.append(f"{header}\n{body}")
+            used += cost
+            shown += 1
+            continue
+        room = budget - used - reserve - 2
+        if room >= _CUT_MIN_TOKENS * 4:
+            if cost - 2 + _ALONE_OVERHEAD <= budget:
+                marker = "[... {k} more characters; read record " + f"{record.seq} alone to see it all]"
+            else:
+                marker = (
+                    "[... {k} more characters; the record is larger than the recall budget: the whole "
+                    f"text is in the journal {journal}, record {record.seq}]"
+                )
+            fixed = _size(header) + 2 + _size(marker.format(k=len(body)))
+            head = _head(body, room - fixed)
+            parts.append(f"{header}\n{head}\n{marker.format(k=len(body) - len(head))}")
+            shown += 1
+        break
+    note = footer(seqs[shown:])
+    if note is not None:
+        parts.append(note)
+    text = "\n\n".join(parts)
+    if estimate_text_tokens(text) > budget_tokens:  # not expected: the reserve covers the notes
+        text = _head(text, budget)
+    return text
+
+
+def recall_tool(store: OffloadStore, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall") -> Tool:
+    """A tool that reads `agent_id`'s offload journal in `store`: search by words, or read a
+    range of records; its output is plain text within `budget_tokens` (estimated) tokens.
+
+    Bad arguments raise `ToolArgumentsError` (an agent turns that into an error result the model
+    can read); an empty or missing journal answers that nothing has been offloaded yet."""
+    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < MIN_BUDGET:
+        raise ConfigError(f"recall budget_tokens must be an integer >= {MIN_BUDGET}, got {budget_tokens!r}")
+    if not isinstance(store, OffloadStore):
+        raise ConfigError(f"recall needs an OffloadStore, got {store!r:.80}")
+    journal = str(store.path_for(agent_id))  # ConfigError for an unsafe agent id, before any call
+
+    def nothing_yet() -> str:
+        return (
+            f"Nothing has been offloaded yet: the journal {journal} is empty or missing, "
+            "so everything said so far is still in your context."
+        )
+
+    async def search(query: str, limit: int) -> str:
+        hits = _originals_first(await store.search(agent_id, query, limit=sys.maxsize))
+        if not hits:
+            records = await store.records(agent_id)
+            if not records:
+                return nothing_yet()
+            return (
+                f"No records match {_quote(query)} in the journal ({len(records)} records, "
+                f"{_span(records)}). Try other words: a synonym, a file name, an identifier or a number, "
+                "or fewer words; or read a range of records named in the conversation summary (first, last)."
+            )
+        candidates, beyond = hits[:limit], [r.seq for r in hits[limit:]]
+        intro = f"{len(hits)} records match {_quote(query)}, best match first"
+        intro += f" (showing at most limit={limit}):" if beyond else ":"
+
+        def footer(not_shown: list[int]) -> str | None:
+            left = [*not_shown, *beyond]
+            if not left:
+                return None
+            why = "the output budget is used up" if not_shown else f"limit={limit}"
+            if not_shown and beyond:
+                why = f"limit={limit} and the output budget"
+            return (
+                f"[{len(left)} more matching records not shown ({why}): records {_seq_list(left)}. "
+                f"Read one with first={left[0]}, last={left[0]}; or search with more specific words.]"
+            )
+
+        return render_records(intro, candidates, budget_tokens=budget_tokens, journal=journal, footer=footer)
+
+    async def read(first: int, last: int) -> str:
+        records = await store.records(agent_id)
+        if not records:
+            return nothing_yet()
+        chosen = [r for r in records if first <= r.seq <= last]
+        if not chosen:
+            return f"No records in {first}-{last}: the journal holds records {_span(records)}."
+        intro = f"Records {first}-{last} of the journal (it holds records {_span(records)}):"
+
+        def footer(not_shown: list[int]) -> str | None:
+            if not not_shown:
+                return None
+            return (
+                f"[{len(not_shown)} more records in {first}-{last} not shown: the output budget "
+                f"({budget_tokens} tokens) is used up. Continue with first={not_shown[0]}, last={last}.]"
+            )
+
+        return render_records(intro, chosen, budget_tokens=budget_tokens, journal=journal, footer=footer)
+
+    async def recall(
+        query: str | None = None, first: int | None = None, last: int | None = None, limit: int = 8
+    ) -> str:
+        """Read back messages that were moved out of the context.
+
+        Args:
+            query: Words to search for (a name, a number, an identifier, a phrase); the best matches come first.
+            first: The first record to read (records are numbered from 1; the summary names its range).
+                Left out with last given: the 20 records before last.
+            last: The last record to read, inclusive; defaults to first + 20.
+            limit: The most records a search returns, 1 to 50.
+        """
+        errors: list[str] = []
+        ranged = first is not None or last is not None
+        if query is not None and ranged:
+            errors.append("give either query (search by words) or first/last (read a range of records), not both")
+        elif query is None and not ranged:
+            errors.append("give query (words to search for) or first (and optionally last) to read a range of records")
+        elif query is not None and not _WORD.search(query):
+            errors.append(f"query {_quote(query)} has no words to search for")
+        for key, value in (("first", first), ("last", last)):
+            if value is not None and value < 1:
+                errors.append(f"{key} must be a record number, 1 or more; got {value}")
+        if first is not None and last is not None and first > last:
+            errors.append(f"first ({first}) must not be greater than last ({last})")
+        if not 1 <= limit <= MAX_LIMIT:
+            errors.append(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
+        if errors:
+            raise ToolArgumentsError(errors, tool=name)
+        if query is not None:
+            return await search(query, limit)
+        if first is None:
+            assert last is not None
+            first = max(1, last - DEFAULT_RANGE)
+        return await read(first, first + DEFAULT_RANGE if last is None else last)
+
+    return tool(recall, name=name, description=DESCRIPTION)
+
+
+__all__ = ["DESCRIPTION", "recall_tool", "render_records"]
