@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
-from .compaction import Compacted, Compactor
+from .compaction import Compacted, CompactionReport, Compactor
 from .errors import (
     AgentStopped,
     CmdcError,
@@ -172,6 +172,12 @@ class _Prompt:
 
 
 @attrs.define(slots=True)
+class _Compact:
+    instruction: str | None
+    reply: _Reply
+
+
+@attrs.define(slots=True)
 class _Send:
     messages: tuple[Message, ...]
 
@@ -269,6 +275,13 @@ class AgentRef:
         request = _Prompt(_as_messages(content), _Reply(), current_chain.get())
         self._agent.enqueue_nowait(request)
         return request.reply
+
+    async def compact(self, instruction: str | None = None) -> CompactionReport | None:
+        """Compact now (a manual compaction, like `/compact focus on the API changes`),
+        between turns; return its report, or None when there was nothing to evict."""
+        request = _Compact(instruction, _Reply())
+        await self._agent.enqueue(request)
+        return await self._agent.wait(request)  # type: ignore[no-any-return]
 
     async def ping(self) -> None:
         """A round trip through the mailbox: returns when the agent has served it."""
@@ -400,7 +413,7 @@ class Agent:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise AgentStopped(f"agent {self.name!r} has stopped") from None
 
-    async def wait(self, request: _Prompt | _Call) -> Any:
+    async def wait(self, request: _Prompt | _Call | _Compact) -> Any:
         try:
             return await request.reply.wait()
         finally:
@@ -472,7 +485,7 @@ class Agent:
                 request = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-            if isinstance(request, (_Prompt, _Call)):
+            if isinstance(request, (_Prompt, _Call, _Compact)):
                 request.reply.fail(error)
 
     async def _serve(self) -> None:
@@ -485,8 +498,26 @@ class Agent:
                 except _StopRequested:
                     request.reply.set(None)
                     raise
+            elif isinstance(request, _Compact):
+                await self._serve_compact(request)
             elif not request.reply.abandoned:
                 await self._serve_prompt(request)
+
+    async def _serve_compact(self, request: _Compact) -> None:
+        if request.reply.abandoned:
+            return
+        try:
+            outcome = await self.compactor.force_compact(self.state, instruction=request.instruction, reason="manual")
+            if isinstance(outcome, Compacted):
+                await self._commit(outcome.state)
+                request.reply.set(outcome.report)
+            else:
+                request.reply.set(None)
+        except CompactionIncomplete as exc:
+            await self._commit(exc.state)  # type: ignore[arg-type]
+            request.reply.fail(exc)
+        except CmdcError as exc:
+            request.reply.fail(exc)
 
     async def _serve_prompt(self, request: _Prompt) -> None:
         self.current, self.aborted = request, False

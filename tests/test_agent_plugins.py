@@ -384,3 +384,27 @@ async def test_on_error_runs_once_per_crash_and_renamed_calls_run_the_new_tool(t
         await renamer.prompt("go")
         result = next(m for m in (await renamer.state()).messages if m.role == "tool")
         assert result.text == "quiet"
+
+
+async def test_manual_compaction_with_an_instruction(tmp_path: Path) -> None:
+    instructions: list[str] = []
+
+    async def summarizer(messages: Any, instruction: str) -> str:
+        instructions.append(instruction)
+        return "## Current work\nthe API changes"
+
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn(
+            "m",
+            ScriptedProvider(["a", "b", "c"]),
+            summarizer=summarizer,
+            config={**cfg(tmp_path), "compact_keep": ("messages", 1)},
+        )
+        assert await agent.compact() is None  # nothing to evict yet
+        for text in ("one", "two", "three"):
+            await agent.prompt(text)
+        report = await agent.compact("focus on the API changes")
+        assert report is not None and report.reason == "manual" and report.evicted >= 3
+        assert instructions[-1].endswith("focus on the API changes")
+        state = await agent.state()
+        assert state.compactions == 1 and any(m.is_summary for m in state.messages)
