@@ -339,6 +339,7 @@ class Agent:
         "aborted",
         "bus",
         "checkpoints",
+        "compact_next",
         "compaction_resume_at",
         "compactor",
         "current",
@@ -396,6 +397,7 @@ class Agent:
         self._done_event: trio.Event | None = None  # made only when someone waits for the end
         self.restart_count = 0
         self.compaction_resume_at = -math.inf
+        self.compact_next = False
         self.ref = AgentRef(self)
 
     # -- the mailbox ------------------------------------------------------------------------
@@ -564,6 +566,8 @@ class Agent:
             state = await self._maybe_compact(state)
             state, reply = await self._request(state)
             reply = await self._after_response(state, reply)
+            if reply.metadata.get("cmdc.context_exceeded"):
+                self.compact_next = True  # the model ran out of room: compact before the next step
             if reply.tool_calls:
                 state = state.append(reply, *await self._run_tools(state, reply))
                 await self._commit(state)
@@ -577,13 +581,18 @@ class Agent:
         )
 
     async def _maybe_compact(self, state: State) -> State:
-        """The automatic compaction before a request. If it fails (the summarizer or the disk),
+        """The automatic compaction before a request (forced when the last reply said the
+        model's window was exhausted, `cmdc.context_exceeded`). If it fails (the summarizer or the disk),
         the request goes ahead uncompacted and automatic compaction rests for
         `compaction_cooldown` seconds; an overflow still forces one."""
-        if trio.current_time() < self.compaction_resume_at:
+        forced, self.compact_next = self.compact_next, False
+        if not forced and trio.current_time() < self.compaction_resume_at:
             return state
         try:
-            outcome = await self.compactor.maybe_compact(state)
+            if forced:
+                outcome = await self.compactor.force_compact(state)
+            else:
+                outcome = await self.compactor.maybe_compact(state)
         except CompactionAborted:
             raise  # a plugin's Abort ends the turn with the error
         except CompactionIncomplete as exc:  # compacted, yet still over a trigger: keep the gain

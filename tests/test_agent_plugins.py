@@ -408,3 +408,23 @@ async def test_manual_compaction_with_an_instruction(tmp_path: Path) -> None:
         assert instructions[-1].endswith("focus on the API changes")
         state = await agent.state()
         assert state.compactions == 1 and any(m.is_summary for m in state.messages)
+
+
+async def test_a_reply_saying_the_window_is_exhausted_compacts_before_the_next_step(tmp_path: Path) -> None:
+    exhausted = Message.assistant(
+        "",
+        tool_calls=(ToolCall(id="t1", name="shout", arguments={"text": "x"}),),
+        metadata={"cmdc.context_exceeded": True},
+    )
+    provider = ScriptedProvider(["first", exhausted, "done"])
+    config = {**cfg(tmp_path), "compact_keep": ("messages", 2)}
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("w", provider, tools=[shout], config=config, summarizer=_summary)
+        await agent.prompt("one")
+        assert (await agent.prompt("two")).text == "done"
+        state = await agent.state()
+        assert state.compactions == 1  # forced by the flag, although no trigger was reached
+
+
+async def _summary(messages: Any, instruction: str) -> str:
+    return "## Current work\nsummarized"

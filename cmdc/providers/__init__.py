@@ -1,7 +1,51 @@
-"""Model providers."""
+"""Model providers.
+
+The HTTP providers (`OpenAIProvider`, `AnthropicProvider`) need the `http` extra
+(`pip install 'cmdc[http]'`: httpx and stamina); they are imported on first use, so
+`import cmdc.providers` works without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .base import ModelRequest, Provider, ToolSchema
 from .scripted import ScriptedProvider
 from .simulated import SimulatedModel
 
-__all__ = ["ModelRequest", "Provider", "ScriptedProvider", "SimulatedModel", "ToolSchema"]
+if TYPE_CHECKING:
+    from ..compaction.summary import ExtractiveSummarizer
+    from .anthropic import AnthropicProvider
+    from .openai import OpenAIProvider
+
+__all__ = [
+    "AnthropicProvider",
+    "ExtractiveSummarizer",
+    "ModelRequest",
+    "OpenAIProvider",
+    "Provider",
+    "ScriptedProvider",
+    "SimulatedModel",
+    "ToolSchema",
+]
+
+_HTTP = {"OpenAIProvider": "openai", "AnthropicProvider": "anthropic"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HTTP:
+        import importlib
+
+        try:
+            module = importlib.import_module(f".{_HTTP[name]}", __name__)
+        except ImportError as exc:
+            raise ImportError(
+                f"cmdc.providers.{name} needs the 'http' extra: pip install 'cmdc[http]' ({exc})"
+            ) from exc
+        value = getattr(module, name)
+    elif name == "ExtractiveSummarizer":
+        from ..compaction.summary import ExtractiveSummarizer as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -1,0 +1,432 @@
+"""Plumbing shared by the HTTP providers: settings, the client, retries, SSE, images, arguments.
+
+Needs the `http` extra (httpx, stamina). Every request goes through `HTTPProvider._post`:
+
+- the body is sent with `client.stream(...)` inside `async with`, so a cancelled or failed
+  request (streaming or not) closes its response and never leaves a connection checked out;
+- a failure is classified (`overflow.classify`); rate limits, overload, 5xx, 408, 409, cut
+  connections and truncated streams are retried with stamina (exponential backoff with jitter,
+  sleeping with `trio.sleep`), waiting at least what `retry-after-ms` / `retry-after` asks for;
+  an overflow, an auth, quota or bad-request error is raised at once;
+- an `OutputBudgetOverflow` that leaves a useful output budget is retried once with the output
+  limit lowered to what fits.
+
+There is no overall deadline here: deadlines come from the caller's cancel scopes. `timeout` is
+httpx's per-request timeout (connect, and each read: for a stream, the gap between chunks).
+"""
+
+from __future__ import annotations
+
+import base64
+import mimetypes
+import os
+import secrets
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import attrs
+import httpx
+import orjson
+import stamina
+import trio
+
+from ..errors import (
+    ConfigError,
+    ConnectionFailed,
+    InvalidMessage,
+    OutputBudgetOverflow,
+    ProviderError,
+)
+from ..message import ImagePart, Message, ToolCall
+from .overflow import classify, retryable
+
+# Reply metadata keys the HTTP providers set.
+CONTEXT_EXCEEDED_KEY = "cmdc.context_exceeded"
+"""True on a reply that was cut short because the context window filled up (Anthropic's
+`stop_reason == "model_context_window_exceeded"`), or that only fitted with a lowered output
+limit: the agent should compact before its next step."""
+STOP_REASON_KEY = "cmdc.stop_reason"
+"""The provider's own finish / stop reason (`stop`, `tool_calls`, `length`, `end_turn`, ...)."""
+INVALID_ARGUMENTS_KEY = "cmdc.invalid_tool_arguments"
+"""{call id: raw text} for tool calls whose arguments were not a JSON object (delivered with
+arguments `{}`, so the tool's validation answers the model with a readable error)."""
+OUTPUT_REDUCED_KEY = "cmdc.output_limit_reduced_to"
+"""The lowered output limit a reply was produced with after an `OutputBudgetOverflow`."""
+
+MAX_RETRY_AFTER = 60.0
+"""A server asking to wait longer than this (seconds) is not retried: the classified error
+(with its `retry_after`) is raised for the caller to decide."""
+MIN_REDUCED_OUTPUT = 1024
+"""An `OutputBudgetOverflow` is retried with a lower output limit only if at least this many
+output tokens still fit; with less room, compaction is the better remedy."""
+DRAIN_SECONDS = 1.0
+"""How long a stream's body is read after its terminal event before the connection is cut."""
+WAIT_INITIAL = 0.5
+WAIT_MAX = 8.0
+WAIT_JITTER = 1.0
+
+USER_AGENT = "cmdc"
+
+Parse = Callable[[httpx.Response], Awaitable[Message]]
+"""Reads a successful response (JSON or SSE) into an assistant message, or raises."""
+
+
+# -- settings --------------------------------------------------------------------------------------
+
+
+def setting(value: str | None, env: str, default: str | None = None) -> str | None:
+    """An explicit value, else the environment variable `env` (empty counts as unset), else `default`."""
+    if value is not None:
+        if not isinstance(value, str):
+            raise ConfigError(f"the value for {env} must be a string, got a {type(value).__name__}")
+        return value
+    from_env = os.environ.get(env)
+    return from_env if from_env else default
+
+
+def check_model(model: object) -> str:
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"model must be a non-empty string, got {model!r:.80}")
+    return model
+
+
+def check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    return float(timeout)
+
+
+def check_count(value: object, what: str, minimum: int, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ConfigError("headers must map strings to strings")  # values unshown: they may hold keys
+    return dict(headers)
+
+
+def endpoint(base_url: str, path: str) -> str:
+    """`path` appended to `base_url`'s path, keeping its query (Azure's `?api-version=...`)."""
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"base_url {base_url!r} is not a valid URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(f"base_url must be an http(s) URL, got {base_url!r}")
+    return str(url.copy_with(path=url.path.rstrip("/") + path))
+
+
+def dumps(value: object) -> bytes:
+    return orjson.dumps(value)
+
+
+def count(value: object) -> int:
+    """A token figure from a usage object: a non-negative integer, 0 for anything else (null)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**63:
+        return 0
+    return int(value)
+
+
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(8)}"
+
+
+# -- tool calls ------------------------------------------------------------------------------------
+
+
+def tool_call(call_id: str | None, name: object, arguments: object, invalid: dict[str, str]) -> ToolCall:
+    """A `ToolCall` from a model's call. Arguments that are not a JSON object (text that does not
+    parse, a list, a number) are delivered as `{}` and their raw text recorded in `invalid`
+    (reply metadata `cmdc.invalid_tool_arguments`): the tool's validation then answers the model
+    with a readable error and the agent keeps working."""
+    cid = call_id or new_call_id()
+    if not isinstance(name, str) or not name:
+        raise ProviderError(f"the model called a tool without a name (call {cid!r}, arguments {arguments!r:.200})")
+    raw: str | None = None
+    value: object = arguments
+    if isinstance(arguments, str):
+        if arguments.strip():
+            try:
+                value = orjson.loads(arguments)
+            except orjson.JSONDecodeError:
+                raw = arguments
+        else:
+            value = {}
+    elif arguments is None:
+        value = {}
+    if raw is None and not isinstance(value, Mapping):
+        raw = arguments if isinstance(arguments, str) else orjson.dumps(arguments, default=str).decode()
+    if raw is None:
+        try:
+            return ToolCall(id=cid, name=name, arguments=value)
+        except InvalidMessage:
+            raw = orjson.dumps(arguments, default=str).decode() if not isinstance(arguments, str) else arguments
+    invalid[cid] = raw
+    return ToolCall(id=cid, name=name, arguments={})
+
+
+def reply_metadata(stop_reason: object, invalid: Mapping[str, str]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {}
+    if isinstance(stop_reason, str) and stop_reason:
+        metadata[STOP_REASON_KEY] = stop_reason
+    if invalid:
+        metadata[INVALID_ARGUMENTS_KEY] = dict(invalid)
+    return metadata
+
+
+# -- images ----------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Image:
+    """An image part resolved for sending: by URL, or as base64 data with its media type."""
+
+    url: str | None
+    media_type: str
+    data: str = ""
+
+    def data_url(self) -> str:
+        return self.url if self.url is not None else f"data:{self.media_type};base64,{self.data}"
+
+
+async def load_image(part: ImagePart) -> Image:
+    """Resolve an `ImagePart`: an http(s) URL is passed by reference, a data URL is decoded, a
+    path (or `file://` URL) is read and sent as base64."""
+    source = part.source
+    if source.startswith(("http://", "https://")):
+        return Image(url=source, media_type=part.media_type or _guess(source))
+    if source.startswith("data:"):
+        header, sep, payload = source[5:].partition(",")
+        if not sep:
+            raise ProviderError(f"image data URL is malformed: {source[:60]!r}")
+        kinds = header.split(";")
+        media = part.media_type or kinds[0] or "application/octet-stream"
+        if "base64" in kinds[1:]:
+            return Image(url=None, media_type=media, data=payload)
+        return Image(url=None, media_type=media, data=base64.b64encode(urllib.parse.unquote_to_bytes(payload)).decode())
+    path = urllib.parse.unquote(urllib.parse.urlparse(source).path) if source.startswith("file://") else source
+    try:
+        raw = await trio.Path(path).read_bytes()
+    except OSError as exc:
+        raise ProviderError(f"cannot read image {source!r}: {exc}") from exc
+    return Image(url=None, media_type=part.media_type or _guess(path), data=base64.b64encode(raw).decode())
+
+
+def _guess(source: str) -> str:
+    guessed, _ = mimetypes.guess_type(urllib.parse.urlparse(source).path)
+    return guessed or "image/png"
+
+
+# -- server-sent events ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SSEEvent:
+    event: str
+    data: str
+
+
+class SSEDecoder:
+    """Server-sent events, line by line: `feed` each line (without its line break); an event
+    is returned at the blank line that ends it. Comments (`:`) and `id`/`retry` are skipped."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> SSEEvent | None:
+        if not line:
+            return self.flush()
+        if line.startswith(":"):
+            return None
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "event":
+            self._event = value
+        elif field == "data":
+            self._data.append(value)
+        return None
+
+    def flush(self) -> SSEEvent | None:
+        """The pending event, if any (a stream's last event may lack its blank line)."""
+        if not self._data and not self._event:
+            return None
+        event = SSEEvent(self._event or "message", "\n".join(self._data))
+        self._event, self._data = "", []
+        return event
+
+
+async def read_sse(response: httpx.Response, handle: Callable[[SSEEvent], bool]) -> None:
+    """Feed each server-sent event of `response` to `handle` until it returns True (the
+    terminal event), raises, or the body ends.
+
+    Reading stops by cancelling the read rather than by leaving the loop: the cancellation
+    runs through httpx's (nested) async generators, so none is abandoned half-way (trio would
+    warn and finalize it later). After the terminal event the rest of the body (normally just
+    its end) is read for up to `DRAIN_SECONDS`, so the connection can go back to the pool. An
+    error `handle` raised is re-raised afterwards."""
+    decoder = SSEDecoder()
+    failure: Exception | None = None
+    finished = False
+    with trio.CancelScope() as scope:
+        async for line in response.aiter_lines():
+            if finished:
+                continue
+            event = decoder.feed(line)
+            if event is None:
+                continue
+            try:
+                finished = handle(event)
+            except Exception as exc:
+                failure, finished = exc, True
+                scope.cancel()
+            else:
+                if finished:
+                    scope.deadline = trio.current_time() + DRAIN_SECONDS
+    if failure is not None:
+        raise failure
+    if not finished:
+        event = decoder.flush()
+        if event is not None:
+            handle(event)
+
+
+def json_object(text: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ProviderError(f"{what} is not JSON ({exc}): {text[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise ProviderError(f"{what} is not a JSON object: {text[:200]!r}")
+    return value
+
+
+# -- the provider base -----------------------------------------------------------------------------
+
+
+class HTTPProvider:
+    """What the OpenAI-compatible and Anthropic providers share: settings, the httpx client and
+    the request loop. Use a provider as `async with` (or call `aclose()`) to close the client it
+    made; a `client` you pass in is yours to close (its own timeout is overridden per request)."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        timeout: float | None,
+        max_retries: int,
+        stream: bool,
+        headers: Mapping[str, str] | None,
+        client: httpx.AsyncClient | None,
+        name: str | None,
+        kind: str,
+    ) -> None:
+        self.model = check_model(model)
+        self.timeout = check_timeout(timeout)
+        self.max_retries: int = check_count(max_retries, "max_retries", 0)
+        if not isinstance(stream, bool):
+            raise ConfigError(f"stream must be a bool, got {stream!r}")
+        self.stream = stream
+        self.headers = check_headers(headers)
+        if client is not None and not isinstance(client, httpx.AsyncClient):
+            raise ConfigError(f"client must be an httpx.AsyncClient, got {type(client).__name__}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        self.name: str = name or f"{kind}:{model}"
+        self._client = client
+        self._owns_client = client is None
+
+    # -- the client's lifetime -----------------------------------------------------------------
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(headers={"user-agent": USER_AGENT})
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the httpx client this provider made (not one passed in). It is made again on
+        the next request."""
+        if self._owns_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- requests ------------------------------------------------------------------------------
+    async def _post(
+        self, url: str, headers: Mapping[str, str], body: Mapping[str, Any], parse: Parse, limit_key: str
+    ) -> Message:
+        """POST `body` with retries; on an `OutputBudgetOverflow` that leaves at least
+        `MIN_REDUCED_OUTPUT` tokens, once more with `body[limit_key]` lowered to fit."""
+        try:
+            return await self._send(url, headers, dumps(body), parse)
+        except OutputBudgetOverflow as exc:
+            room = exc.reduce_output_to
+            current = body.get(limit_key)
+            if room is None or room < MIN_REDUCED_OUTPUT or (isinstance(current, int) and room >= current):
+                raise
+            reduced = room
+        reply = await self._send(url, headers, dumps({**body, limit_key: reduced}), parse)
+        return reply.evolve(metadata={**reply.metadata, OUTPUT_REDUCED_KEY: reduced, CONTEXT_EXCEEDED_KEY: True})
+
+    async def _send(self, url: str, headers: Mapping[str, str], content: bytes, parse: Parse) -> Message:
+        """One request with stamina's retries: `1 + max_retries` attempts at most."""
+        current: stamina.Attempt | None = None
+
+        def backoff(exc: Exception) -> bool | float:
+            if not retryable(exc):
+                return False
+            wait = getattr(exc, "retry_after", None)
+            if wait is None:
+                return True  # stamina's exponential backoff with jitter
+            if wait > MAX_RETRY_AFTER:
+                return False
+            # The server's wait, but never less than the backoff of this attempt.
+            return max(float(wait), current.next_wait if current is not None else 0.0)
+
+        async for attempt in stamina.retry_context(
+            on=backoff,
+            attempts=self.max_retries + 1,
+            timeout=None,
+            wait_initial=WAIT_INITIAL,
+            wait_max=WAIT_MAX,
+            wait_jitter=WAIT_JITTER,
+        ):
+            current = attempt
+            with attempt:
+                return await self._once(url, headers, content, parse)
+        raise AssertionError("unreachable: stamina raises the last error")  # pragma: no cover
+
+    async def _once(self, url: str, headers: Mapping[str, str], content: bytes, parse: Parse) -> Message:
+        client = self._http()
+        try:
+            async with client.stream(
+                "POST", url, content=content, headers=headers, timeout=httpx.Timeout(self.timeout)
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    raw = await response.aread()
+                    raise classify(response.status_code, response.headers, raw)
+                return await parse(response)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"{self.name}: {type(exc).__name__}: {exc or 'connection failed'}") from exc
+        except httpx.RequestError as exc:
+            raise ProviderError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
