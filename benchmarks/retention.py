@@ -129,10 +129,7 @@ async def run_session(offload_dir: str, *, rounds: int = 80, compactor: Compacto
     constraints = iter(CONSTRAINTS)
     for r in range(rounds):
         constraint = next(constraints, None) if r % 7 == 2 else None
-        if constraint is not None:
-            text = constraint
-        else:
-            text = f"Round {r}: continue with {FILES[r % len(FILES)]}."
+        text = constraint or f"Round {r}: continue with {FILES[r % len(FILES)]}."
         user = Message.user(text)
         users.append(user)
         seen.update(i for i in IDENTIFIERS if i in text or i in TASK)
