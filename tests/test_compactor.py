@@ -83,7 +83,7 @@ async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> Non
     offloaded = await OffloadStore(tmp_path / "offload").read("a1")
     assert kept[0] == msgs[1]  # the session's task (its first user message) stays verbatim
     assert [m.id for m in offloaded] + [m.id for m in kept[1:]] == [m.id for m in msgs[2:]]
-    assert summarizer.calls[0][0] == offloaded
+    assert summarizer.calls[0][0] == [msgs[1], *offloaded]  # the pinned task is read too, first
     check_pairs(kept, msgs)
     assert new.compactions == 1 and report.compaction == 1
     assert report.reason == "auto" and report.evicted == len(offloaded)
@@ -304,7 +304,7 @@ async def test_large_input_is_summarized_in_rolling_chunks(tmp_path: Path) -> No
     assert len(summarizer.calls) > 3
     seen_ids = [m.id for batch, _ in summarizer.calls for m in batch if not m.is_summary]
     offloaded = await OffloadStore(tmp_path / "offload").read("a1")
-    assert seen_ids == [m.id for m in offloaded]  # every evicted message, once, in order
+    assert seen_ids == [msgs[1].id] + [m.id for m in offloaded]  # the task, then every evicted one, in order
     for batch, _ in summarizer.calls[1:]:
         assert batch[0].is_summary and batch[0].text == "partial"
 

@@ -454,6 +454,13 @@ class Compactor:
 
         # The previous summary goes first, then every other evicted message, large parts clipped.
         ordered = _reduced(_summaries_first(state, split.evicted), self.reduce_tokens, written)
+        task = self._task_id(state) if self.pin_task else None
+        if task is not None and all(m.id != task for m in split.evicted):
+            # The pinned task stays in the context, but the summarizer reads it too (after the
+            # previous summary), so the summary's request section states the real task.
+            at = next((i for i, m in enumerate(ordered) if not m.is_summary), len(ordered))
+            task_message = next(m for m in state.messages if m.id == task)
+            ordered = [*ordered[:at], task_message, *ordered[at:]]
         prompt = config.summary_prompt
         if instruction:
             prompt = f"{prompt}\n\nAdditional instruction for this summary: {instruction}"

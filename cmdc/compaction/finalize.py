@@ -18,15 +18,7 @@ import attrs
 
 from ..message import Message
 from ..tokens import estimate_message_tokens, estimate_text_tokens
-from .summary import summary_message
-
-try:  # TEMPORARY until summary.strip_scratchpad lands
-    from .summary import strip_scratchpad
-except ImportError:  # pragma: no cover
-
-    def strip_scratchpad(text: str) -> str:
-        return re.sub(r"(?is)<analysis>.*?</analysis>", "", text).strip() or text.strip()
-
+from .summary import strip_scratchpad, summary_message
 
 USER_MESSAGES_KEY = "cmdc.user_messages"
 USER_MESSAGES_HEADING = "All user messages"

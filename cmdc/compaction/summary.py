@@ -7,11 +7,12 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
+import trio
 
-from ..errors import SummarizerError
-from ..message import KIND_KEY, SUMMARY_KIND, Message
+from ..errors import InvalidMessage, SummarizerError
+from ..message import KIND_KEY, SUMMARY_KIND, Message, TokenUsage, ToolCall
 from ..providers.base import ModelRequest, Provider
-from ..tokens import estimate_message_tokens
+from ..tokens import estimate_message_tokens, estimate_text_tokens
 
 SummarizeFn = Callable[[Sequence[Message], str], Awaitable[str]]
 Summarizer = Provider | SummarizeFn
@@ -112,52 +113,530 @@ def summary_message(
     )
 
 
+# -- the analysis scratchpad ------------------------------------------------------------------
+
+_ANALYSIS_BLOCK = re.compile(r"<analysis\b[^>]*>.*?</analysis\s*>", re.IGNORECASE | re.DOTALL)
+_ANALYSIS_OPEN = re.compile(r"<analysis\b[^>]*>", re.IGNORECASE)
+_ANALYSIS_CLOSE = re.compile(r"</analysis\s*>", re.IGNORECASE)
+_SUMMARY_BLOCK = re.compile(r"<summary\b[^>]*>(.*?)(?:</summary\s*>|\Z)", re.IGNORECASE | re.DOTALL)
+
+
+def strip_scratchpad(text: str) -> str:
+    """`text` without the analysis scratchpad a summarizing model may write before its answer:
+    `<analysis>...</analysis>` blocks go (an unclosed one runs to the end, a stray closing tag
+    takes what precedes it along), and when a `<summary>...</summary>` wrapper is present only
+    its inside is kept. Surrounding whitespace is stripped. If nothing would be left, the
+    original text is returned, stripped: this never invents content."""
+    rest = _ANALYSIS_BLOCK.sub("", text)
+    closes = list(_ANALYSIS_CLOSE.finditer(rest))
+    if closes:
+        rest = rest[closes[-1].end() :]
+    inside = [m.group(1).strip() for m in _SUMMARY_BLOCK.finditer(rest)]
+    if inside:
+        rest = "\n\n".join(part for part in inside if part)
+    else:
+        opened = _ANALYSIS_OPEN.search(rest)
+        if opened is not None:
+            rest = rest[: opened.start()]
+    return rest.strip() or text.strip()
+
+
 # -- the offline extractive summarizer --------------------------------------------------------
 
 _SECTIONS = (
     "Primary request and intent",
+    "Key concepts",
+    "Files and code",
+    "Errors and fixes",
     "All user messages",
-    "Tool calls and outcomes",
-    "Files and identifiers",
-    "Errors",
+    "Pending tasks",
     "Current work",
+    "Next step",
 )
-_IDENT = re.compile(r"(?:[\w.-]*/[\w./-]*\w|\b[\w-]+\.[A-Za-z]{1,5}\b|\b[A-Z][A-Z0-9]+-\d+\b)")
+_TASK, _CONCEPTS, _FILES, _ERRORS, _USERS, _PENDING, _CURRENT, _NEXT = _SECTIONS
+
+# Headings an earlier summary may use for our sections (the default prompt's, Claude Code's, and
+# the first extractive format's), lower case, without numbering or emphasis.
+_ALIASES: dict[str, str] = {name.lower(): name for name in _SECTIONS} | {
+    "task": _TASK,
+    "primary request": _TASK,
+    "key technical concepts": _CONCEPTS,
+    "files and code sections": _FILES,
+    "files and identifiers": _FILES,
+    "errors": _ERRORS,
+    "problem solving": _ERRORS,
+    "user messages": _USERS,
+    "pending": _PENDING,
+    "next steps": _NEXT,
+    "optional next step": _NEXT,
+}
+
+# When the budget forces dropping: (section, how many of its newest items may stay), in order.
+# The task and the identifiers go last; the user messages are trimmed before the identifiers.
+_DROP_ORDER = (
+    (_CONCEPTS, 5),
+    (_ERRORS, 3),
+    (_USERS, 1),
+    (_CONCEPTS, 0),
+    (_ERRORS, 0),
+    (_USERS, 0),
+    (_PENDING, 1),
+    (_FILES, 0),
+    (_PENDING, 0),
+)
+
+_CLIP_STEPS = (400, 200, 100, 60, 40, 30, 24)
+_SCRATCHPAD_START = re.compile(r"\s*<(?:analysis|summary)\b", re.IGNORECASE)
+_SUMMARY_HEADER = re.compile(r"\A\s*\[Conversation summary #\d+\][^\n]*(?:\n|\Z)")
+_HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)[\s#]*$")
+_BOLD_HEADING = re.compile(r"^\s*\*\*(.+?)\*\*\s*:?\s*$")
+_BULLET = re.compile(r"^\s*(?:[-*+\u2022]|\d+[.)])\s+(.*)$")
+_DROPPED = re.compile(r"^\((\d+) older entr(?:y is|ies are) in the journal\)$")
+_PENDING_CALL = re.compile(r"^tool call \S+ \(([^()\s]+)\) has no result yet")
+
+# Identifiers, in the order they are looked for: each kind's matches are masked before the next
+# kind looks, so `src/InvoiceParser.py` is one path, not a path and a class.
+_EXTS = (
+    "py|pyi|pyx|ipynb|js|mjs|cjs|ts|tsx|jsx|json|jsonl|ya?ml|toml|ini|cfg|conf|md|rst|txt|csv|tsv|xml|html?|"
+    "css|scss|sass|less|vue|svelte|rs|go|java|kts?|scala|swift|c|h|cc|cpp|cxx|hpp|hh|cs|fs|rb|php|pl|pm|"
+    "sh|bash|zsh|fish|ps1|bat|sql|graphql|proto|lua|jl|exs?|erl|hrl|hs|ml|elm|clj|dart|zig|nim|tf|hcl|"
+    "lock|log|pdf|png|jpe?g|gif|svg|webp|zip|gz|tgz|tar|whl|gradle|sbt|cmake|mk|sqlite|parquet|pem|crt|"
+    "patch|diff|env|gitignore|dockerignore|editorconfig"
+)
+_URL = re.compile(r"\bhttps?://[^\s<>()\[\]{}\"'`]+")
+_PATH = re.compile(r"(?<![\w/.:@-])(?:~|\.{1,2})?/?(?:[\w.@+-]+/)+[\w.@+-]*")
+_FILE = re.compile(rf"(?<![\w/.-])\.?[\w+-]+(?:\.[\w+-]+)*\.(?:{_EXTS})(?![\w(])", re.IGNORECASE)
+_NAMED_FILE = re.compile(r"\b(?:Makefile|Dockerfile|Containerfile|Justfile|Procfile|Gemfile|Rakefile|Vagrantfile)\b")
+_TICKET = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]{1,9}-\d+(?![\w-])")
+_ISSUE_REF = re.compile(r"(?<![\w&#])#\d+\b")
+_FUNC = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\((?!s\))")
+_DOTTED = re.compile(r"(?<![\w.])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*){2,}(?![\w(])")
+_CAMEL = re.compile(
+    r"(?<![\w.])(?:[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+|[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+"
+    r"|[A-Z]{2,}[a-z]{2,}[a-z0-9]*(?:[A-Z][a-z0-9]*)*)(?!\w)"
+)
+_SNAKE = re.compile(r"(?<!\w)_{0,2}[A-Za-z][A-Za-z0-9]*(?:_+[A-Za-z0-9]+)+_{0,2}(?![\w(])")
+_KEBAB = re.compile(r"(?<![\w.-])[a-z][a-z0-9]*(?:-[a-z0-9]+)+(?![\w-])")
+_STRONG_KINDS = (("url", _URL), ("path", _PATH), ("file", _FILE), ("file", _NAMED_FILE), ("ticket", _TICKET))
+_ALL_KINDS = (
+    *_STRONG_KINDS,
+    ("ticket", _ISSUE_REF),
+    ("func", _FUNC),
+    ("name", _DOTTED),
+    ("name", _CAMEL),
+    ("name", _SNAKE),
+    ("kebab", _KEBAB),
+)
+_THREAD_CHARS = 200_000  # larger inputs are summarized in a worker thread
+_PER_TOOL_MESSAGE = 8  # identifiers taken from one tool result or one call's arguments
+_TOOL_WINDOW = (2_000, 1_000)  # the head and tail of a tool result that are looked at
+_TEXT_WINDOW = (40_000, 10_000)  # the same for a user or assistant message (a pasted file)
+_LETTER = re.compile(r"[A-Za-z]")
+_DIGIT = re.compile(r"\d")
+_TWO_LOWER = re.compile(r"[a-z]{2}")
+
+# Key concepts: capitalized words and phrases (not a sentence's first word), quoted terms.
+_CAP_WORD = r"[A-Z](?:[a-z]+|[A-Z0-9]+)(?![\w(]|[-_./'\u2019]\w)"
+_CAP_PHRASE = re.compile(rf"(?<![\w./'\u2019-]){_CAP_WORD}(?: {_CAP_WORD})*")
+_QUOTED = re.compile(
+    r"`([^`\n]{2,60})`|\"([^\"\n]{2,60})\"|\u201c([^\u201d\n]{2,60})\u201d|(?<!\w)'([^'\n]{2,60})'(?!\w)"
+)
+_STOPWORD_TEXT = (
+    "a an and also are as at be but by can could do done for from he her here hi his how i if in is it its "
+    "let me my no not now of ok okay on or our please she so some sure that the then there these they this "
+    "those to todo we what when where which who why will with would yes you your thanks thank note next "
+    "first finally after before again great good fine all any each every just only still"
+)
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+_MAX_CONCEPTS = 12
+
+_ERROR_LINE = re.compile(r"Traceback|Error|Exception|\bfailed\b|\bFAILED\b|\berror(?:\[\w+\])?:|\bfatal:")
+_ERROR_WORDS = ("Traceback", "Error", "Exception", "failed", "FAILED", "error", "fatal:")  # a quick test first
+_FIX_WORDS = ("fix", "patch", "resolv", "solv", "correct", "repair", "works", "pass")
+_NOT_ERROR = re.compile(r"(?i)\b(?:no|0|zero|without)\s+(?:errors?|failures?|exceptions?)\b")
+_FIX = re.compile(
+    r"(?i)\b(?:fix(?:ed|es|ing)?|patch(?:ed|es|ing)?|resolv(?:e|ed|es|ing)|solv(?:e|ed|es)|correct(?:ed|s)?"
+    r"|repair(?:ed|s)?|works now|now works|pass(?:es|ed|ing)?)\b"
+)
+_PLAN = re.compile(r"(?i)\b(?:next,? I(?:'ll| will)|I(?:'ll| will) (?:now|next)|next step)\b")
+_OPEN_ITEM = re.compile(r"^\s*(?:[-*]\s*\[ \]|TODO\b:?)\s*(.+)$")
 
 
 def _clip(text: str, limit: int) -> str:
+    """`text` on one line, at most `limit` characters: its head and tail around `…` if longer."""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    if limit < 24:
+        return text[: max(0, limit - 1)] + "…"
+    tail = (limit - 3) // 3
+    head = limit - 3 - tail
+    return f"{text[:head].rstrip()} … {text[len(text) - tail :].lstrip()}"
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    return [item for item in dict.fromkeys(items) if item]
+
+
+def _dropped_line(count: int) -> str:
+    return f"({count} older entry is in the journal)" if count == 1 else f"({count} older entries are in the journal)"
+
+
+def _args_text(call: ToolCall) -> str:
+    return orjson.dumps(dict(call.to_dict()["arguments"])).decode()
+
+
+# -- reading an earlier summary -----------------------------------------------------------------
+
+
+def _section_name(label: str) -> str:
+    """Our section called `label` in an earlier summary, or "" when it is not one of ours."""
+    key = re.sub(r"^\d+[.)]\s*|[*_`]", "", label).strip().rstrip(":").strip().lower()
+    return _ALIASES.get(key, "")
+
+
+def _parse_summary(text: str) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """An earlier summary's sections, `## ` heading by heading: our section name -> its items,
+    and the counts of entries it had already left in the journal. Items are `- ` lines (other
+    list markers and plain lines are taken too, indented lines continue the item before them;
+    parenthesized notes such as `(none)` are not items). Items of sections that are not ours go
+    to the key concepts under their heading's name, and a summary with no headings at all is
+    kept whole there, so nothing an earlier summary said is lost."""
+    text = _SUMMARY_HEADER.sub("", text, count=1)
+    if _SCRATCHPAD_START.match(text):  # a model's raw answer, scratchpad and all
+        text = strip_scratchpad(text)
+    sections: dict[str, list[str]] = {}
+    dropped: dict[str, int] = {}
+    target: list[str] | None = None
+    name, prefix, level = "", "", 0
+    free: list[str] = []
+    headed = fence = False
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = not fence
+            continue
+        heading = None if fence else _HEADING.match(line)
+        bold = None if fence or heading else _BOLD_HEADING.match(line)
+        if heading is not None:
+            label, depth = heading.group(2), len(heading.group(1))
+        elif bold is not None and _section_name(bold.group(1)):
+            label, depth = bold.group(1), 2
+        else:
+            label, depth = "", 0
+        if depth:
+            found = _section_name(label)
+            headed = True
+            if found:
+                name, prefix, level = found, "", depth
+                target = sections.setdefault(found, [])
+            elif target is not None and name and depth > level:
+                target.append(prefix + stripped.lstrip("#* ").rstrip("*: "))  # a sub-heading: an item
+            else:
+                label = re.sub(r"[*_`]", "", label).strip().rstrip(":")
+                name, prefix, level = "", f"{label}: ", depth
+                target = sections.setdefault(_CONCEPTS, [])
+            continue
+        if not stripped:
+            continue
+        if target is None:
+            free.append(stripped)
+            continue
+        count = _DROPPED.match(stripped)
+        if count is not None:
+            if name:
+                dropped[name] = dropped.get(name, 0) + int(count.group(1))
+            continue
+        if stripped.startswith("(") and stripped.endswith(")"):
+            continue
+        bullet = None if fence else _BULLET.match(line)
+        if bullet is not None:
+            target.append(prefix + bullet.group(1).strip())
+        elif (fence or line[:1].isspace()) and target and (not prefix or target[-1].startswith(prefix)):
+            target[-1] = f"{target[-1]} {stripped}"
+        else:
+            target.append(prefix + stripped)
+    if not headed and free:
+        sections.setdefault(_CONCEPTS, []).append("earlier summary: " + " ".join(free))
+    return sections, dropped
 
 
 def _parse_sections(text: str) -> dict[str, list[str]]:
-    sections: dict[str, list[str]] = {}
-    current: list[str] | None = None
+    """An earlier summary's items by our section names (see `_parse_summary`)."""
+    return _parse_summary(text)[0]
+
+
+# -- reading the messages -----------------------------------------------------------------------
+
+
+def _mask(text: str, spans: list[tuple[int, int]]) -> str:
+    parts: list[str] = []
+    last = 0
+    for start, end in spans:
+        parts.append(text[last:start])
+        parts.append(" " * (end - start))
+        last = end
+    parts.append(text[last:])
+    return "".join(parts)
+
+
+def _accept(kind: str, match: re.Match[str]) -> str | None:
+    raw = match.group(1) if kind == "func" else match.group(0)
+    if kind == "url":
+        return raw.rstrip(".,;:!?")
+    if kind == "path":
+        path = raw.rstrip(".,;:")
+        last = path.rstrip("/").rsplit("/", 1)[-1]
+        first = path.lstrip("~./").split("/", 1)[0]
+        if not _LETTER.search(path):
+            return None
+        if (
+            _FILE.fullmatch(last)
+            or path.startswith(("/", "./", "../", "~/"))
+            or path.count("/") >= 2
+            or path.endswith("/")
+            or ("." in first.strip(".") and "/" in path)
+        ):
+            return path
+        return None
+    if kind == "file":
+        return raw if _LETTER.search(raw.rsplit(".", 1)[0]) else None
+    if kind == "func":
+        return raw + "()"
+    if kind == "kebab":
+        return raw if _DIGIT.search(raw) and _TWO_LOWER.search(raw) else None
+    return raw
+
+
+def _identifiers(text: str, *, strong: bool) -> list[str]:
+    """Identifiers in `text`, in the order they appear (repeats included): paths, file names,
+    URLs, ticket ids; unless `strong`, also `name()` calls, CamelCase, snake_case and dotted
+    names, issue references and kebab-case ids with a digit."""
+    found: list[tuple[int, str]] = []
+    for kind, pattern in _STRONG_KINDS if strong else _ALL_KINDS:
+        spans: list[tuple[int, int]] = []
+        for match in pattern.finditer(text):
+            key = _accept(kind, match)
+            if key:
+                found.append((match.start(), key))
+                spans.append(match.span())
+        if spans:
+            text = _mask(text, spans)
+    found.sort(key=lambda pair: pair[0])
+    return [key for _, key in found]
+
+
+def _sentence_start(text: str, index: int) -> bool:
+    i = index - 1
+    while i >= 0 and text[i] in " \t":
+        i -= 1
+    return i < 0 or text[i] in ".!?:;\n-*>#|()[]\"'`\u201c"
+
+
+def _capitalized_terms(text: str) -> list[str]:
+    terms: list[str] = []
+    for match in _CAP_PHRASE.finditer(text):
+        words = match.group(0).split(" ")
+        if _sentence_start(text, match.start()) and words[0][1:].islower():
+            words = words[1:]
+        while words and words[0].lower() in _STOPWORDS:
+            words = words[1:]
+        while words and words[-1].lower() in _STOPWORDS:
+            words = words[:-1]
+        if words:
+            terms.append(" ".join(words))
+    return terms
+
+
+def _concepts(texts: list[str], idents: list[list[str]]) -> list[str]:
+    """Recurring capitalized terms and identifiers, and quoted terms, most frequent first
+    (ties: first seen first)."""
+    counts: dict[str, int] = {}
+    quoted: set[str] = set()
+
+    def note(term: str, weight: int = 1) -> None:
+        counts[term] = counts.get(term, 0) + weight
+
+    for text, found in zip(texts, idents, strict=True):
+        mentioned = set(found)
+        for match in _QUOTED.finditer(text):
+            term = " ".join(next(g for g in match.groups() if g is not None).split())
+            if term and len(term.split()) <= 6 and any(ch.isalnum() for ch in term):
+                quoted.add(term)
+                note(term, 0 if term in mentioned else 1)
+        for term in _capitalized_terms(text):
+            note(term)
+        for key in found:
+            note(key)
+    ranked = [t for t in counts if counts[t] >= 2 or t in quoted]
+    order = {t: i for i, t in enumerate(counts)}
+    ranked.sort(key=lambda t: (-counts[t], order[t]))
+    return ranked[:_MAX_CONCEPTS]
+
+
+def _label(m: Message, names: dict[str, str]) -> str:
+    if m.role == "tool":
+        name = names.get(m.tool_call_id or "")
+        return f"{name} ({m.tool_call_id})" if name else f"tool result {m.tool_call_id}"
+    return m.role
+
+
+def _window(text: str, window: tuple[int, int]) -> str:
+    """The head and tail of a long `text` (what is looked at for identifiers and errors)."""
+    head, tail = window
+    return text if len(text) <= head + tail else f"{text[:head]}\n{text[len(text) - tail :]}"
+
+
+def _error_text(m: Message) -> str | None:
+    """The error lines of `m` (the first and the last), or None when it reports no error."""
+    if m.role not in ("tool", "user"):
+        return None
+    text = _window(m.text, _TEXT_WINDOW)
+    lines: list[str] = []
+    if any(word in text for word in _ERROR_WORDS) and _ERROR_LINE.search(text):
+        lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln) and not _NOT_ERROR.search(ln)]
+    if not lines:
+        if not (m.role == "tool" and m.is_error):
+            return None
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()][:1] or ["(no message)"]
+    chosen = lines if len(lines) <= 2 else [lines[0], lines[-1]]
+    return " … ".join(dict.fromkeys(chosen))
+
+
+def _fix_text(m: Message, error: str | None) -> str | None:
+    """The line of `m` that mentions a fix, or None (`error`: what `_error_text` says of `m`)."""
+    if m.role == "system" or (m.role == "tool" and m.is_error) or error is not None:
+        return None
+    text = _window(m.text, _TEXT_WINDOW)
+    lower = text.lower()
+    if not any(word in lower for word in _FIX_WORDS) or not _FIX.search(text):
+        return None
     for line in text.splitlines():
-        if line.startswith("## "):
-            current = sections.setdefault(line[3:].strip(), [])
-        elif current is not None and line.startswith("- "):
-            current.append(line[2:])
-    return sections
+        if _FIX.search(line):
+            return line.strip()
+    return None
 
 
-def _fit(items: list[str], budget: int) -> list[str]:
-    """The newest items whose total length fits `budget` characters, in original order."""
-    out: list[str] = []
-    used = 0
-    for item in reversed(items):
-        if used + len(item) > budget and out:
-            break
-        out.append(item)
-        used += len(item)
-    out.reverse()
+_TRANSCRIPT_HEADER = re.compile(
+    r"(?:\A|\n\n)\[(user|assistant|system|earlier summary|tool result (\S+?)( \(error\))?)\](?:\n|\Z)"
+)
+_TRANSCRIPT_CALL = re.compile(r"  -> call (\S+) \(id (.+?)\) (\{.*\})")
+
+
+def _from_transcript(text: str) -> list[Message] | None:
+    """The messages of a transcript written by `render_transcript`, or None if `text` is not one."""
+    headers = list(_TRANSCRIPT_HEADER.finditer(text))
+    if not headers or headers[0].start() != 0:
+        return None
+    out: list[Message] = []
+    try:
+        for i, h in enumerate(headers):
+            body = text[h.end() : headers[i + 1].start() if i + 1 < len(headers) else len(text)]
+            kind = h.group(1)
+            if kind == "earlier summary":
+                out.append(Message.user(body, metadata={KIND_KEY: SUMMARY_KIND}))
+            elif h.group(2) is not None:
+                out.append(Message.tool_result(h.group(2), body, is_error=h.group(3) is not None))
+            elif kind == "assistant":
+                paragraphs = body.split("\n\n")
+                if paragraphs[0].startswith("\n"):  # no text, then the calls
+                    paragraphs[:1] = ["", paragraphs[0][1:]]
+                calls: list[ToolCall] = []
+                while paragraphs and (m := _TRANSCRIPT_CALL.fullmatch(paragraphs[-1])) is not None:
+                    paragraphs.pop()
+                    args = orjson.loads(m.group(3))
+                    calls.insert(0, ToolCall(id=m.group(2), name=m.group(1), arguments=args))
+                out.append(Message.assistant("\n\n".join(paragraphs), tool_calls=calls))
+            elif kind == "user":
+                out.append(Message.user(body))
+    except (InvalidMessage, orjson.JSONDecodeError):
+        return None
     return out
 
 
+# -- laying the sections out within the budget ------------------------------------------------
+
+
+class _Layout:
+    """The sections being fitted into `limit` characters; `total` is always the length of
+    `render()`, kept up to date in O(1) per dropped item."""
+
+    def __init__(self, sections: dict[str, list[str]], dropped: dict[str, int], limit: int) -> None:
+        self.items = {n: list(sections.get(n, ())) for n in _SECTIONS}
+        self.start = dict.fromkeys(_SECTIONS, 0)
+        self.dropped = {n: dropped.get(n, 0) for n in _SECTIONS}
+        self.sizes = {n: sum(len(i) for i in self.items[n]) for n in _SECTIONS}
+        self.limit = limit
+        self.total = sum(self._block(n) for n in _SECTIONS) + 2 * (len(_SECTIONS) - 1)
+
+    def _kept(self, name: str) -> int:
+        return len(self.items[name]) - self.start[name]
+
+    def _block(self, name: str) -> int:
+        size = 3 + len(name)
+        if self.dropped[name]:
+            size += 1 + len(_dropped_line(self.dropped[name]))
+        kept = self._kept(name)
+        if kept:
+            size += self.sizes[name] + 3 * kept
+        elif not self.dropped[name]:
+            size += len("\n(none)")
+        return size
+
+    def drop_oldest(self, name: str, floor: int) -> None:
+        while self.total > self.limit and self._kept(name) > floor:
+            before = self._block(name)
+            self.sizes[name] -= len(self.items[name][self.start[name]])
+            self.start[name] += 1
+            self.dropped[name] += 1
+            self.total += self._block(name) - before
+
+    def clip(self, name: str, cap: int) -> None:
+        if self.total <= self.limit:
+            return
+        before = self._block(name)
+        self.items[name] = [_clip(i, cap) for i in self.items[name][self.start[name] :]]
+        self.start[name] = 0
+        self.sizes[name] = sum(len(i) for i in self.items[name])
+        self.total += self._block(name) - before
+
+    def keep_first(self, name: str) -> None:
+        """Only the section's first item: for the single-valued sections, past every other measure."""
+        if self.total <= self.limit or self._kept(name) <= 1:
+            return
+        before = self._block(name)
+        self.items[name] = self.items[name][self.start[name] : self.start[name] + 1]
+        self.start[name] = 0
+        self.sizes[name] = len(self.items[name][0])
+        self.total += self._block(name) - before
+
+    def render(self) -> str:
+        blocks: list[str] = []
+        for name in _SECTIONS:
+            lines = [f"## {name}"]
+            if self.dropped[name]:
+                lines.append(_dropped_line(self.dropped[name]))
+            lines.extend(f"- {item}" for item in self.items[name][self.start[name] :])
+            if len(lines) == 1:
+                lines.append("(none)")
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+
 class ExtractiveSummarizer:
-    """Offline, deterministic summarizer: no model, no network. It extracts the task, the user
-    messages, the tool calls and their outcomes, identifiers and errors, and the last assistant
-    text, within `max_chars`, and folds an earlier summary's sections forward."""
+    """Offline, deterministic summarizer: no model, no network. It writes every section of the
+    default structured prompt, under the same headings and in the same order, from the messages
+    themselves: the task (the first user message), key concepts (recurring capitalized terms and
+    identifiers, quoted terms), files and code (every path, file, URL, ticket id and code name
+    mentioned, with the tools that touched it), errors and what fixed them, every user message,
+    pending requests and tool calls, the last assistant text and the next step.
+
+    An earlier summary among the messages is folded in section by section, its items before the
+    new ones, so nothing it said is lost. The output stays within `max_chars`: past it, the
+    oldest items of the long sections are dropped first (key concepts, errors, then user
+    messages, and only then identifiers), each section saying how many of its entries are left
+    to the journal; the task is never dropped."""
 
     name = "extractive"
 
@@ -167,68 +646,183 @@ class ExtractiveSummarizer:
         self.max_chars = max_chars
 
     async def __call__(self, messages: Sequence[Message], instruction: str) -> str:
+        if sum(len(m.text) for m in messages) > _THREAD_CHARS:  # keep the event loop responsive
+            return await trio.to_thread.run_sync(self.summarize, messages)
         return self.summarize(messages)
 
     async def complete(self, request: ModelRequest) -> Message:
-        """Provider form: summarizes the request's messages (a rendered transcript is taken as is)."""
-        text = self.summarize([m for m in request.messages if m.role != "system"])
-        return Message.assistant(text)
+        """Provider form: summarizes the request's messages (a transcript written by
+        `render_transcript` is read back into its messages)."""
+        messages = [m for m in request.messages if m.role != "system"]
+        if len(messages) == 1 and messages[0].role == "user" and not messages[0].is_summary:
+            messages = _from_transcript(messages[0].text) or messages
+        text = await self(messages, "")
+        usage = TokenUsage(
+            input_tokens=sum(estimate_message_tokens(m) for m in request.messages),
+            output_tokens=estimate_text_tokens(text),
+        )
+        return Message.assistant(text, usage=usage)
+
+    def _caps(self) -> dict[str, int]:
+        """The longest an item of each section may be, in characters."""
+        m = self.max_chars
+        return {
+            _TASK: max(120, min(2_000, m // 5)),
+            _CONCEPTS: 80,
+            _FILES: 200,
+            _ERRORS: max(100, min(400, m // 20)),
+            _USERS: max(80, min(600, m // 12)),
+            _PENDING: max(80, min(400, m // 20)),
+            _CURRENT: max(100, min(1_000, m // 8)),
+            _NEXT: max(80, min(500, m // 12)),
+        }
 
     def summarize(self, messages: Sequence[Message]) -> str:
-        s: dict[str, list[str]] = {name: [] for name in _SECTIONS}
-        calls: dict[str, str] = {}
+        caps = self._caps()
+        prior: dict[str, list[str]] = {name: [] for name in _SECTIONS}
+        dropped: dict[str, int] = {}
+        real: list[Message] = []
         for m in messages:
             if m.is_summary:
-                for name, items in _parse_sections(m.text).items():
-                    if name in s:
-                        s[name].extend(items)
+                sections, counts = _parse_summary(m.text)
+                for name, items in sections.items():
+                    prior[name].extend(items)
+                for name, count in counts.items():
+                    dropped[name] = dropped.get(name, 0) + count
+            elif m.role != "system":
+                real.append(m)
+
+        calls = {c.id: c for m in real for c in m.tool_calls}
+        names = {cid: c.name for cid, c in calls.items()}
+        results = {m.tool_call_id: m for m in real if m.role == "tool" and m.tool_call_id}
+        users = [(i, m) for i, m in enumerate(real) if m.role == "user" and m.text.strip()]
+        replies = [i for i, m in enumerate(real) if m.role == "assistant" and m.text.strip()]
+        last_reply = replies[-1] if replies else -1
+
+        s: dict[str, list[str]] = {}
+        s[_TASK] = prior[_TASK] or [users[0][1].text for _ in users[:1]]
+
+        # Identifiers: everything said by the user or the assistant; from tool calls and tool
+        # results only paths, files, URLs and tickets, a few per message (they can be long).
+        files: dict[str, list[str]] = {}
+        for item in prior[_FILES]:
+            key, _, used_by = item.partition(" \u2014 ")
+            files.setdefault(key, []).extend(t for t in used_by.split(", ") if t)
+        texts: list[str] = []
+        said: list[list[str]] = []
+        for m in real:
+            if m.role in ("user", "assistant"):
+                found = _identifiers(_window(m.text, _TEXT_WINDOW), strong=False)
+                texts.append(m.text)
+                said.append(found)
+                for key in found:
+                    files.setdefault(key, [])
+            if m.role == "tool":
+                tool_text = _window(m.text, _TOOL_WINDOW)
+                for key in list(dict.fromkeys(_identifiers(tool_text, strong=True)))[:_PER_TOOL_MESSAGE]:
+                    files.setdefault(key, [])
+            for c in m.tool_calls:
+                args_text = _window(_args_text(c), _TOOL_WINDOW)
+                for key in list(dict.fromkeys(_identifiers(args_text, strong=True)))[:_PER_TOOL_MESSAGE]:
+                    users_of = files.setdefault(key, [])
+                    if c.name not in users_of:
+                        users_of.append(c.name)
+        s[_FILES] = [f"{key} \u2014 {', '.join(dict.fromkeys(used))}" if used else key for key, used in files.items()]
+        s[_CONCEPTS] = prior[_CONCEPTS] + _concepts(texts, said)
+
+        # Errors, each with the first later message that mentions a fix.
+        found_errors = [_error_text(m) for m in real]
+        fixes = [_fix_text(m, e) for m, e in zip(real, found_errors, strict=True)]
+        fix_after: list[int] = [-1] * len(real)
+        following = -1
+        for i in range(len(real) - 1, -1, -1):
+            fix_after[i] = following
+            if fixes[i] is not None:
+                following = i
+        errors: list[str] = []
+        for i, (m, error) in enumerate(zip(real, found_errors, strict=True)):
+            if error is None:
                 continue
-            text = m.text
-            if m.role == "user":
-                if not s["Primary request and intent"]:
-                    s["Primary request and intent"].append(_clip(text, 600))
-                s["All user messages"].append(_clip(text, 400))
-            elif m.role == "assistant":
-                if text.strip():
-                    s["Current work"] = [_clip(text, 600)]
-                for c in m.tool_calls:
-                    args = orjson.dumps(dict(c.to_dict()["arguments"])).decode()
-                    calls[c.id] = f"{c.name}({_clip(args, 160)})"
-                    s["Tool calls and outcomes"].append(f"{calls[c.id]} -> (no result yet)")
-            elif m.role == "tool":
-                outcome = ("ERROR: " if m.is_error else "") + _clip(text, 200)
-                call = calls.get(m.tool_call_id or "", f"call {m.tool_call_id}")
-                line = f"{call} -> {outcome}"
-                pending = f"{call} -> (no result yet)"
-                items = s["Tool calls and outcomes"]
-                if pending in items:
-                    items[items.index(pending)] = line
-                else:
-                    items.append(line)
-                if m.is_error:
-                    s["Errors"].append(f"{call}: {_clip(text, 200)}")
-            for ident in _IDENT.findall(text):
-                if ident not in s["Files and identifiers"]:
-                    s["Files and identifiers"].append(ident)
-        s["Primary request and intent"] = s["Primary request and intent"][:1]
-        s["Current work"] = s["Current work"][-1:]
-        shares = {
-            "Primary request and intent": 0.12,
-            "All user messages": 0.33,
-            "Tool calls and outcomes": 0.25,
-            "Files and identifiers": 0.1,
-            "Errors": 0.08,
-            "Current work": 0.12,
-        }
-        out: list[str] = []
+            item = f"{_label(m, names)}: {_clip(error, caps[_ERRORS] * 3 // 5)}"
+            if fix_after[i] >= 0:
+                j = fix_after[i]
+                item += f" -> fix ({_label(real[j], names)}): {_clip(fixes[j] or '', caps[_ERRORS] * 2 // 5)}"
+            errors.append(item)
+        s[_ERRORS] = prior[_ERRORS] + errors
+
+        s[_USERS] = prior[_USERS] + [m.text for _, m in users]
+
+        # Pending: earlier pending items not settled since, user requests after the last
+        # assistant reply, tool calls with no result, open items of the last reply.
+        pending: list[str] = []
+        for item in prior[_PENDING]:
+            call = _PENDING_CALL.match(item)
+            if call is not None and call.group(1) in results:
+                continue
+            if call is None and last_reply >= 0 and item.startswith(("user request: ", "open item: ")):
+                continue
+            pending.append(item)
+        waiting: list[ToolCall] = []
+        for i, m in enumerate(real):
+            if m.role == "user" and i > last_reply and m.text.strip():
+                pending.append(f"user request: {m.text}")
+            for c in m.tool_calls:
+                if c.id not in results:
+                    waiting.append(c)
+                    pending.append(f"tool call {c.name} ({c.id}) has no result yet: {_args_text(c)}")
+        if last_reply >= 0:
+            for line in real[last_reply].text.splitlines():
+                open_item = _OPEN_ITEM.match(line)
+                if open_item is not None:
+                    pending.append(f"open item: {open_item.group(1)}")
+        s[_PENDING] = pending
+
+        # Current work: the last assistant text and the tool calls made since.
+        current = [real[last_reply].text] if last_reply >= 0 else list(prior[_CURRENT])
+        recent = [c for m in real[max(last_reply, 0) :] for c in m.tool_calls][-3:]
+        for c in recent:
+            result = results.get(c.id)
+            if result is None:
+                outcome = "(no result yet)"
+            else:
+                outcome = ("error: " if result.is_error else "") + _clip(result.text, 100)
+            current.append(f"tool call {c.name}({_clip(_args_text(c), 100)}) -> {outcome}")
+        s[_CURRENT] = current
+
+        # Next step: in line with the latest user request and what is pending.
+        latest = users[-1][1].text if users else ""
+        asked = [m.text for i, m in users if i > last_reply]
+        reply_lines = real[last_reply].text.splitlines() if last_reply >= 0 else []
+        plan = next((ln for ln in reply_lines if _PLAN.search(ln)), "")
+        step = ""
+        if waiting:
+            step = "Wait for the result of " + ", ".join(f"{c.name} ({c.id})" for c in waiting)
+            step += f", then continue with the latest user request: {latest}" if latest else ", then continue."
+        elif asked:
+            step = f"Answer the latest user request: {asked[-1]}"
+        elif plan:
+            step = f"Continue as planned: {plan.strip()}"
+        elif latest:
+            step = f"Continue in line with the latest user request: {latest}"
+        s[_NEXT] = [step] if step else list(prior[_NEXT])
+
         for name in _SECTIONS:
-            items = list(dict.fromkeys(s[name]))
-            kept = _fit(items, int(self.max_chars * shares[name]))
-            out.append(f"## {name}")
-            if len(kept) < len(items):
-                out.append(f"({len(items) - len(kept)} older entries are in the journal)")
-            out.extend(f"- {item}" for item in kept)
-            if not items:
-                out.append("(none)")
-            out.append("")
-        return "\n".join(out).strip()
+            s[name] = _dedupe([_clip(item, caps[name]) for item in s[name]])
+        return self._fit(s, dropped)
+
+    def _fit(self, sections: dict[str, list[str]], dropped: dict[str, int]) -> str:
+        layout = _Layout(sections, dropped, self.max_chars)
+        for name, floor in _DROP_ORDER:
+            layout.drop_oldest(name, floor)
+        # Every list is empty by now: the last assistant text alone, shorter items, the task last.
+        layout.keep_first(_CURRENT)
+        for cap in _CLIP_STEPS:
+            for name in (_CURRENT, _NEXT):
+                layout.clip(name, cap)
+        for cap in _CLIP_STEPS:
+            layout.clip(_TASK, cap)
+        layout.keep_first(_TASK)
+        text = layout.render()
+        if len(text) > self.max_chars:  # a last resort; not reached with max_chars >= 500
+            text = text[: self.max_chars].rsplit("\n", 1)[0]
+        return text
