@@ -36,7 +36,7 @@ async def time_compaction(messages: list[Message], root: Path, reps: int) -> flo
     samples = []
     for rep in range(reps):
         config = {
-            "compact_trigger": ("tokens", 1_000),
+            "compact_trigger": ("tokens", 50_000),
             "compact_keep": ("messages", 20),
             "compact_offload_dir": str(root),
         }

@@ -56,12 +56,31 @@ class CallIndex:
 
     @classmethod
     def scan(cls, messages: Sequence[Message]) -> CallIndex:
-        """Build the index of `messages` from scratch (O(n))."""
-        index = _EMPTY
+        """Build the index of `messages` from scratch (O(n)), as `add` would, one by one."""
+        open_groups: dict[int, tuple[set[str], list[int]]] = {}
+        pinned: list[int] = []
+        summaries: list[int] = []
         for i, m in enumerate(messages):
-            if m.tool_calls or m.tool_call_id is not None or m.metadata:
-                index = index.add(i, m)
-        return index
+            if m.metadata:
+                if m.is_pinned:
+                    pinned.append(i)
+                if m.is_summary:
+                    summaries.append(i)
+            if m.tool_calls:
+                open_groups[i] = ({c.id for c in m.tool_calls}, [])
+            elif m.tool_call_id is not None and open_groups:
+                for index in reversed(open_groups):  # the latest group waiting for this call
+                    waiting, results = open_groups[index]
+                    if m.tool_call_id in waiting:
+                        waiting.discard(m.tool_call_id)
+                        results.append(i)
+                        if not waiting:
+                            del open_groups[index]
+                        break
+        if not (open_groups or pinned or summaries):
+            return _EMPTY
+        groups = tuple(OpenGroup(i, frozenset(w), tuple(r)) for i, (w, r) in open_groups.items())
+        return cls(groups, tuple(pinned), tuple(summaries))
 
 
 _EMPTY = CallIndex()

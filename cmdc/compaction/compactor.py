@@ -455,11 +455,11 @@ class Compactor:
         # The previous summary goes first, then every other evicted message, large parts clipped.
         ordered = _reduced(_summaries_first(state, split.evicted), self.reduce_tokens, written)
         task = self._task_id(state) if self.pin_task else None
-        if task is not None and all(m.id != task for m in split.evicted):
+        if task is not None and any(m.id == task for m in split.kept):
             # The pinned task stays in the context, but the summarizer reads it too (after the
             # previous summary), so the summary's request section states the real task.
             at = next((i for i, m in enumerate(ordered) if not m.is_summary), len(ordered))
-            task_message = next(m for m in state.messages if m.id == task)
+            task_message = next(m for m in split.kept if m.id == task)
             ordered = [*ordered[:at], task_message, *ordered[at:]]
         prompt = config.summary_prompt
         if instruction:
@@ -789,20 +789,22 @@ def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResu
     tokens cut to a head with a pointer to the journal (which holds them whole)."""
     if limit is None:
         return messages
+    large = [i for i, m in enumerate(messages) if estimate_message_tokens(m) > limit]
+    if not large:
+        return messages
     pointer = f"the full text is in the journal {written.path}, records {written.first_seq}-{written.last_seq}"
-    out: list[Message] = []
-    for m in messages:
-        if m.role == "tool" and estimate_message_tokens(m) > limit:
-            text = m.text
-            head = text[: limit * 4]
-            m = m.evolve(content=f"{head}\n[… {len(text) - len(head)} more characters clipped; {pointer}]")
-        elif m.tool_calls and estimate_message_tokens(m) > limit:
+    out = list(messages)
+    for i in large:
+        m = out[i]
+        if m.role == "tool":
+            head = m.text[: limit * 4]
+            out[i] = m.evolve(content=f"{head}\n[… {len(m.text) - len(head)} more characters clipped; {pointer}]")
+        elif m.tool_calls:
             calls = tuple(
                 attrs.evolve(c, arguments={k: _clip_value(v, limit, pointer) for k, v in c.arguments.items()})
                 for c in m.tool_calls
             )
-            m = m.evolve(tool_calls=calls)
-        out.append(m)
+            out[i] = m.evolve(tool_calls=calls)
     return out
 
 

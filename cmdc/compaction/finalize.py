@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -55,26 +55,35 @@ def _clip_middle(text: str, budget_tokens: int) -> str:
 
 
 def preserved_user_messages(ctx: FinalizeContext) -> list[str]:
-    """The user messages to keep verbatim: those carried by the previous summary, then the
-    evicted ones, newest first within the budget; the first that does not fit is cut to its
-    head and tail; the result is in chronological order."""
-    texts: list[str] = []
-    for m in ctx.evicted:
-        if m.is_summary:
-            texts.extend(t for t in m.metadata.get(USER_MESSAGES_KEY, ()) if isinstance(t, str))
-        elif m.role == "user" and (ctx.user_message_filter is None or ctx.user_message_filter(m)):
-            texts.append(m.text)
+    """The user messages to keep verbatim: the evicted ones and those the previous summary
+    carried, newest first within the budget; the first that does not fit is cut to its head
+    and tail; the result is in chronological order. Only as far back as the budget reaches is
+    looked at."""
     chosen: list[str] = []
     left = ctx.user_message_budget
-    for text in reversed(texts):
-        cost = estimate_text_tokens(text) + 4
+
+    def take(text: str, cost: int) -> bool:
+        nonlocal left
         if cost <= left:
             chosen.append(text)
             left -= cost
-            continue
+            return True
         if left >= 40:
             chosen.append(_clip_middle(text, left - 4))
-        break
+        return False
+
+    def candidates() -> Iterator[tuple[str, int]]:
+        for m in reversed(ctx.evicted):
+            if m.is_summary:
+                carried = [t for t in m.metadata.get(USER_MESSAGES_KEY, ()) if isinstance(t, str)]
+                for text in reversed(carried):
+                    yield text, estimate_text_tokens(text) + 4
+            elif m.role == "user" and (ctx.user_message_filter is None or ctx.user_message_filter(m)):
+                yield m.text, estimate_message_tokens(m)
+
+    for text, cost in candidates():
+        if not take(text, cost):
+            break
     chosen.reverse()
     return chosen
 
