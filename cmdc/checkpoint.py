@@ -11,7 +11,6 @@ loads ignore it and the next save of that agent removes it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import secrets
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import trio
 
+from ._fs import fsync_dir, make_dirs, write_all
 from .errors import CheckpointCorrupted, CheckpointError
 from .state import State, validate_agent_id
 
@@ -32,39 +32,6 @@ _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 def _error(path: Path, exc: OSError, doing: str) -> CheckpointError:
     text = os.strerror(exc.errno) if exc.errno else str(exc)
     return CheckpointError(f"checkpoint {path}: {doing} failed: {text}")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _make_dirs(directory: Path) -> None:
-    """Create `directory` and its missing parents with mode 0o700, fsyncing each new one's parent."""
-    missing: list[Path] = []
-    p = directory
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(d, 0o700)
-        _fsync_dir(d.parent)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        view = view[n:]
 
 
 class CheckpointStore:
@@ -113,7 +80,7 @@ class CheckpointStore:
             try:
                 fd = os.open(temp, _TEMP_FLAGS, 0o600)
             except FileNotFoundError:
-                _make_dirs(directory)
+                make_dirs(directory)
                 fd = os.open(temp, _TEMP_FLAGS, 0o600)
         except OSError as exc:
             raise _error(path, exc, "create temp file") from exc
@@ -121,7 +88,7 @@ class CheckpointStore:
         try:
             try:
                 os.fchmod(fd, 0o600)
-                _write_all(fd, data)
+                write_all(fd, data)
                 doing = "fsync"
                 os.fsync(fd)
             finally:
@@ -135,7 +102,7 @@ class CheckpointStore:
                 raise _error(path, exc, doing) from exc
             raise
         try:
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except OSError as exc:
             raise _error(path, exc, "fsync directory") from exc
         self._remove_leftovers(directory, agent_id)
@@ -194,7 +161,7 @@ class CheckpointStore:
         except OSError as exc:
             raise _error(path, exc, "delete") from exc
         try:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         except OSError as exc:
             raise _error(path, exc, "fsync directory") from exc
 

@@ -30,6 +30,7 @@ import attrs
 import orjson
 import trio
 
+from ._fs import fsync_dir, make_dirs, write_all
 from .errors import ConfigError, InvalidMessage, OffloadCorrupted, OffloadError
 from .message import Message
 from .state import validate_agent_id
@@ -114,7 +115,7 @@ def _write_pieces(fd: int, pieces: list[bytes]) -> int:
     total = 0
     for start in range(0, len(pieces), _GROUP):
         data = b"".join(pieces[start : start + _GROUP])
-        _write_all(fd, data)
+        write_all(fd, data)
         total += len(data)
     return total
 
@@ -194,39 +195,6 @@ def _read_tail(fd: int, size: int, path: Path) -> tuple[int, int]:
     data = b"".join(reversed(chunks))
     line = data[start - pos : cut - 1 - pos]
     return cut, _decode_record(line, f"{path}: last complete line (byte {start})").seq
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _make_dirs(directory: Path) -> None:
-    """Create `directory` and any missing parents with mode 0o700, fsyncing each new one's parent."""
-    missing: list[Path] = []
-    p = directory
-    while not os.path.lexists(p) and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(d, 0o700)
-        _fsync_dir(d.parent)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        view = view[n:]
 
 
 def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> bytes:
@@ -331,7 +299,7 @@ class OffloadStore:
         try:
             return os.open(path, _WRITE_FLAGS, 0o600)
         except FileNotFoundError:
-            _make_dirs(path.parent)
+            make_dirs(path.parent)
             return os.open(path, _WRITE_FLAGS, 0o600)
 
     def _write_batch(self, journal: _Journal, path: Path, fresh: Sequence[Message], compaction: int) -> int:
@@ -380,7 +348,7 @@ class OffloadStore:
                 # The journal is an archive, rarely read: let its pages go back to the system.
                 os.posix_fadvise(fd, size, written, os.POSIX_FADV_DONTNEED)
                 if new_file:
-                    _fsync_dir(path.parent)
+                    fsync_dir(path.parent)
             except OSError as exc:
                 journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
                 raise
@@ -418,7 +386,7 @@ class OffloadStore:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
                 try:
                     os.fchmod(fd, 0o600)
-                    _write_all(fd, data)
+                    write_all(fd, data)
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -426,7 +394,7 @@ class OffloadStore:
             elif data:
                 fd = os.open(md, _WRITE_FLAGS, 0o600)
                 try:
-                    _write_all(fd, data)
+                    write_all(fd, data)
                 finally:
                     os.close(fd)
         except OSError as exc:
