@@ -14,7 +14,7 @@ import contextvars
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import trio
@@ -50,7 +50,7 @@ from .events import (
     Event,
 )
 from .message import Message, ToolCall
-from .plugins import Abort, Plugin, PluginReturnError, Skip, fold, sort_plugins
+from .plugins import Abort, Folded, Plugin, PluginReturnError, Skip, fold, sort_plugins
 from .providers.base import ModelRequest, Provider
 from .state import State
 from .tools import Tool, ToolArgumentsError
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from .checkpoint import CheckpointStore
 
 RestartPolicy = Literal["permanent", "transient", "temporary"]
+T = TypeVar("T")
 
 # The names of the agents a delegated turn is running for (to refuse cycles and bound depth).
 current_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cmdc_chain", default=())
@@ -654,23 +655,26 @@ class Agent:
 
         return report
 
+    async def _hook(
+        self, hook: str, ctx: Any, subject: T, rebind: Callable[[Any, T], Any], accept: Callable[[object, T], T]
+    ) -> Folded[T]:
+        """Fold `hook` over the plugins; an `Abort` ends the turn with `PluginAborted`."""
+        folded = await fold(
+            self.plugins, hook, ctx, subject, rebind=rebind, accept=accept, on_error=self._plugin_error(hook)
+        )
+        if isinstance(folded.stop, Abort):
+            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
+        return folded
+
     async def _before_request(self, state: State, step: int) -> State:
         def accept(value: object, current: State) -> State:
             if not isinstance(value, State) or value.agent_id != current.agent_id:
                 raise PluginReturnError(f"before_request must return this agent's State, got {value!r:.80}")
             return value
 
-        folded = await fold(
-            self.plugins,
-            "before_request",
-            RequestContext(state, step),
-            state,
-            rebind=lambda ctx, s: RequestContext(s, step),
-            accept=accept,
-            on_error=self._plugin_error("before_request"),
+        folded = await self._hook(
+            "before_request", RequestContext(state, step), state, lambda ctx, s: RequestContext(s, step), accept
         )
-        if isinstance(folded.stop, Abort):
-            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
         if isinstance(folded.stop, Skip):
             raise RequestSkipped(f"plugin {folded.stopped_by} skipped the request: {folded.stop.reason}")
         return folded.value
@@ -681,17 +685,9 @@ class Agent:
                 raise PluginReturnError(f"after_response must return an assistant Message, got {value!r:.80}")
             return value
 
-        folded = await fold(
-            self.plugins,
-            "after_response",
-            ResponseContext(state, reply),
-            reply,
-            rebind=lambda ctx, r: ResponseContext(state, r),
-            accept=accept,
-            on_error=self._plugin_error("after_response"),
+        folded = await self._hook(
+            "after_response", ResponseContext(state, reply), reply, lambda ctx, r: ResponseContext(state, r), accept
         )
-        if isinstance(folded.stop, Abort):
-            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
         return folded.value
 
     async def _lifecycle(self, hook: str, error: BaseException | None = None) -> None:
@@ -754,17 +750,13 @@ class Agent:
                 raise PluginReturnError(f"before_tool must return a ToolCall with id {current.id}, got {value!r:.80}")
             return value
 
-        folded = await fold(
-            self.plugins,
+        folded = await self._hook(
             "before_tool",
             ToolContext(state, call, tool),
             call,
-            rebind=lambda ctx, c: ToolContext(state, c, self.tools.get(c.name)),
-            accept=accept,
-            on_error=self._plugin_error("before_tool"),
+            lambda ctx, c: ToolContext(state, c, self.tools.get(c.name)),
+            accept,
         )
-        if isinstance(folded.stop, Abort):
-            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
         if isinstance(folded.stop, Skip):
             return call, Message.tool_result(
                 call.id, f"tool call skipped by {folded.stopped_by}: {folded.stop.reason}", is_error=True
@@ -796,17 +788,13 @@ class Agent:
                 raise PluginReturnError(f"after_tool must return a tool result for {call.id}, got {value!r:.80}")
             return value
 
-        folded = await fold(
-            self.plugins,
+        folded = await self._hook(
             "after_tool",
             ToolContext(state, call, tool, result),
             result,
-            rebind=lambda ctx, r: ToolContext(state, call, tool, r),
-            accept=accept,
-            on_error=self._plugin_error("after_tool"),
+            lambda ctx, r: ToolContext(state, call, tool, r),
+            accept,
         )
-        if isinstance(folded.stop, Abort):
-            raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
         return folded.value
 
     def _emit(self, kind: str, **data: Any) -> None:

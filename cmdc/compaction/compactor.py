@@ -692,6 +692,9 @@ class _Tries:
         self.count = 0
         self.last: SummaryAttempt | None = None
 
+    def _emit(self, name: str, role: str, **data: Any) -> None:
+        self.compactor._emit(SUMMARIZER_ATTEMPT, self.state, summarizer=name, role=role, attempt=self.count, **data)
+
     async def run(
         self, role: str, summarizer: Summarizer, messages: Sequence[Message], retries: int
     ) -> tuple[str, str] | None:
@@ -716,16 +719,7 @@ class _Tries:
                     smaller = min(smaller, exc.limit // 2)
                 if 1 <= smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
                     chunk = smaller
-                    c._emit(
-                        SUMMARIZER_ATTEMPT,
-                        self.state,
-                        summarizer=name,
-                        role=role,
-                        attempt=self.count,
-                        ok=False,
-                        error=str(exc),
-                        chunk_tokens=chunk,
-                    )
+                    self._emit(name, role, ok=False, error=str(exc), chunk_tokens=chunk)
                     continue
             except Exception as exc:
                 error = exc
@@ -737,15 +731,7 @@ class _Tries:
                 unusable = True
                 error = error or exc
             usable = not unusable and answer is not None and bool(answer.strip())
-            c._emit(
-                SUMMARIZER_ATTEMPT,
-                self.state,
-                summarizer=name,
-                role=role,
-                attempt=self.count,
-                ok=usable,
-                error=None if usable else _describe(attempt),
-            )
+            self._emit(name, role, ok=usable, error=None if usable else _describe(attempt))
             if usable:
                 assert answer is not None
                 return answer, name
