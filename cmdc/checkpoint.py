@@ -19,8 +19,8 @@ from pathlib import Path
 
 import trio
 
-from ._fs import fsync_dir, make_dirs, write_all
-from .errors import CheckpointCorrupted, CheckpointError
+from ._fs import fsync_dir, make_dirs, run_bounded, write_all
+from .errors import CheckpointCorrupted, CheckpointError, ConfigError
 from .state import State, validate_agent_id
 
 _SUFFIX = ".state.json"
@@ -43,8 +43,12 @@ class CheckpointStore:
     touched; an `OSError` becomes a `CheckpointError` naming the path.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
+        if isinstance(write_timeout, bool) or not isinstance(write_timeout, (int, float)) or not write_timeout > 0:
+            raise ConfigError(f"write_timeout must be a positive number of seconds, got {write_timeout!r}")
         self.root = Path(root)
+        self.write_timeout = float(write_timeout)
+        self._stalled: dict[str, str] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._leftovers: dict[str, list[str]] | None = None  # temp files seen by the first save
         self._scan_lock = threading.Lock()
@@ -70,8 +74,18 @@ class CheckpointStore:
         path = self.path_for(state.agent_id)
         data = state.to_json()
         async with self._lock(state.agent_id):
-            # Not abandoned on cancel: a cancelled caller waits, so nothing is left half-done.
-            return await trio.to_thread.run_sync(self._save_sync, path, state.agent_id, data, abandon_on_cancel=False)
+            if state.agent_id in self._stalled:
+                raise CheckpointError(self._stalled[state.agent_id])
+            # A cancelled caller waits for the save to finish, but not past write_timeout.
+            try:
+                return await run_bounded(self._save_sync, path, state.agent_id, data, limit=self.write_timeout)
+            except trio.TooSlowError:
+                # The abandoned save may still land later: no newer save may race it.
+                self._stalled[state.agent_id] = (
+                    f"checkpoint {path}: a save did not finish within {self.write_timeout} s "
+                    "(the disk stalls); later saves are refused"
+                )
+                raise CheckpointError(self._stalled[state.agent_id]) from None
 
     def _save_sync(self, path: Path, agent_id: str, data: bytes) -> Path:
         directory = path.parent

@@ -30,7 +30,7 @@ import attrs
 import orjson
 import trio
 
-from ._fs import fsync_dir, make_dirs, write_all
+from ._fs import fsync_dir, make_dirs, run_bounded, write_all
 from .errors import ConfigError, InvalidMessage, OffloadCorrupted, OffloadError
 from .message import Message
 from .state import validate_agent_id
@@ -222,8 +222,11 @@ def _message_words(message: Message) -> Counter[str]:
 class OffloadStore:
     """Append-only journals under `root`, one per agent; see the module docstring."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
+        if isinstance(write_timeout, bool) or not isinstance(write_timeout, (int, float)) or not write_timeout > 0:
+            raise ConfigError(f"write_timeout must be a positive number of seconds, got {write_timeout!r}")
         self.root = Path(root)
+        self.write_timeout = float(write_timeout)
         self._journals: dict[str, _Journal] = {}
 
     def __repr__(self) -> str:
@@ -248,10 +251,17 @@ class OffloadStore:
         async with journal.lock:
             if journal.failed is not None:
                 raise OffloadError(journal.failed)
-            # Not abandoned on cancel: a cancelled caller waits for the write to finish.
-            return await trio.to_thread.run_sync(
-                self._append_sync, journal, path, batch, compaction, abandon_on_cancel=False
-            )
+            # A cancelled caller waits for the write to finish, but not past write_timeout.
+            try:
+                return await run_bounded(
+                    self._append_sync, journal, path, batch, compaction, limit=self.write_timeout
+                )
+            except trio.TooSlowError:
+                journal.failed = (
+                    f"offload journal {path}: an append did not finish within {self.write_timeout} s "
+                    "(the disk stalls); later appends are refused"
+                )
+                raise OffloadError(journal.failed) from None
 
     def _append_sync(self, journal: _Journal, path: Path, batch: tuple[Message, ...], compaction: int) -> AppendResult:
         if not batch:

@@ -252,3 +252,29 @@ async def test_symlink_not_followed(tmp_path: Path) -> None:
     (tmp_path / "a1.state.json").symlink_to(target)
     with pytest.raises(CheckpointError):
         await CheckpointStore(tmp_path).load("a1")
+
+
+async def test_a_stalled_save_is_bounded_and_later_saves_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def stalled(fd: int) -> None:
+        release.wait(5)
+        real_fsync(fd)
+
+    store = CheckpointStore(tmp_path, write_timeout=0.2)
+    state = State(agent_id="a", messages=(Message.user("hi"),))
+    monkeypatch.setattr(os, "fsync", stalled)
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match="did not finish within"):
+        await store.save(state)
+    assert time.monotonic() - start < 3
+    with pytest.raises(CheckpointError, match="later saves are refused"):
+        await store.save(state)
+    release.set()
+    with pytest.raises(ConfigError, match="write_timeout"):
+        CheckpointStore(tmp_path, write_timeout=0)

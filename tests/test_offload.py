@@ -631,3 +631,26 @@ def test_line_round_trip_property(text: str, metadata: dict[str, Any], seq: int,
     assert encoded.endswith(b"\n") and encoded.count(b"\n") == 1
     record = offload._decode_record(encoded[:-1], "here")
     assert (record.seq, record.compaction, record.timestamp, record.message) == (seq, compaction, 12.5, msg)
+
+
+async def test_a_stalled_disk_is_bounded_and_fails_the_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def stalled(fd: int) -> None:
+        release.wait(5)  # a disk that does not answer (released at the end of the test)
+        real_fsync(fd)
+
+    store = OffloadStore(tmp_path, write_timeout=0.2)
+    monkeypatch.setattr(os, "fsync", stalled)
+    start = time.monotonic()
+    with trio.move_on_after(0.05):  # the caller gives up while the write runs: it still waits,
+        with pytest.raises(OffloadError, match="did not finish within"):  # but only until the bound
+            await store.append("a", users(1))
+    assert time.monotonic() - start < 3
+    with pytest.raises(OffloadError, match="later appends are refused"):
+        await store.append("a", users(1))
+    release.set()
