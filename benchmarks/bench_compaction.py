@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 import trio
 
 from cmdc import Compacted, Compactor, Message, OffloadStore, State, estimate_message_tokens
@@ -49,44 +50,78 @@ async def time_compaction(messages: list[Message], root: Path, reps: int) -> flo
     return statistics.median(samples)
 
 
-async def time_successive_offloads(root: Path, batches: int, size: int) -> list[float]:
+async def time_successive_offloads(root: Path, batches: int, size: int, agent_id: str = "successive") -> list[float]:
     store = OffloadStore(root)
     out = []
     for i in range(batches):
         batch = conversation(size, seed=100 + i, system=False)
         t0 = time.perf_counter()
-        await store.append("successive", batch, compaction=i + 1)
+        await store.append(agent_id, batch, compaction=i + 1)
         out.append(time.perf_counter() - t0)
     return out
 
 
-def time_append(reps: int) -> tuple[float, float]:
+def time_append(reps: int, base: int = 10_000, batch: int = 1_000) -> tuple[float, float]:
     """Seconds per message: (1) preparing a message as it enters a state (token estimate, JSON
     encoding and its checksum, done once so a compaction only copies bytes), and (2) the whole
-    `State.append` of one message onto a 10k-message state (mostly the copy of the tuple)."""
+    `State.append` of one message onto a `base`-message state (mostly the copy of the tuple)."""
     prepare, append = [], []
-    state = State(agent_id="app", messages=conversation(10_000, seed=7))
+    state = State(agent_id="app", messages=conversation(base, seed=7))
     for r in range(reps):
-        batch = conversation(1_000, seed=500 + r, system=False)
+        messages = conversation(batch, seed=500 + r, system=False)
         t0 = time.perf_counter()
-        for m in batch:
+        for m in messages:
             estimate_message_tokens(m)
             m.json_crc()
-        prepare.append((time.perf_counter() - t0) / len(batch))
+        prepare.append((time.perf_counter() - t0) / len(messages))
         t0 = time.perf_counter()
-        for m in batch:
+        for m in messages:
             state.append(m)
-        append.append((time.perf_counter() - t0) / len(batch))
+        append.append((time.perf_counter() - t0) / len(messages))
     return statistics.median(prepare), statistics.median(append)
 
 
-async def main(quick: bool) -> None:
-    sizes = (1_000, 10_000) if quick else (1_000, 10_000, 50_000)
-    reps = 3 if quick else 5
-    targets = {1_000: None, 10_000: 30.0, 50_000: 150.0}
+TARGETS_MS = {1_000: None, 10_000: 30.0, 50_000: 150.0}  # one compaction, by conversation size
+CHECK_TARGET_US = 20.0
+
+
+@attrs.frozen
+class Size:
+    """The figures at one conversation size (`n` asked for, `messages` generated)."""
+
+    n: int
+    messages: int
+    check: float  # seconds per should_compact
+    compaction: float  # seconds per maybe_compact
+
+    @property
+    def target_ms(self) -> float | None:
+        return TARGETS_MS.get(self.n)
+
+
+@attrs.frozen
+class Figures:
+    sizes: list[Size]
+    prepare: float  # seconds per message
+    append: float  # seconds per State.append onto `append_base` messages
+    append_base: int
+    offloads: list[float]  # seconds per successive offload
+
+
+async def measure(
+    sizes: Sequence[int] = (1_000, 10_000, 50_000),
+    reps: int = 5,
+    *,
+    append_base: int = 10_000,
+    offload_batches: int = 5,
+    offload_size: int = 1_000,
+    offload_series: int = 1,
+) -> Figures:
+    """Every figure of this benchmark (`main` prints them). With `offload_series` > 1 the
+    successive offloads run that many times, each into a fresh journal, and each position's
+    figure is the median (fsync times are noisy)."""
+    out = []
     with tempfile.TemporaryDirectory() as tmp:
-        print("cmdc compaction benchmark (instant summarizer, ~400-char messages)")
-        print(f"{'messages':>9} {'should_compact µs':>18} {'target':>7} {'compaction ms':>14} {'target':>7}")
         for n in sizes:
             messages = conversation(n, seed=n)
             check = time_should_compact(
@@ -95,20 +130,35 @@ async def main(quick: bool) -> None:
                 reps * 4,
             )
             compaction = await time_compaction(messages, Path(tmp), reps)
-            target = targets.get(n)
-            print(
-                f"{len(messages):>9} {check * 1e6:>18.2f} {'< 20':>7} {compaction * 1e3:>14.1f} "
-                f"{'' if target is None else f'< {target:.0f}':>7}"
-            )
-        prepare, append = time_append(reps)
+            out.append(Size(n, len(messages), check, compaction))
+        prepare, append = time_append(reps, append_base, min(1_000, append_base))
+        series = [
+            await time_successive_offloads(Path(tmp), offload_batches, offload_size, f"successive-{k}")
+            for k in range(offload_series)
+        ]
+        offloads = [statistics.median(times) for times in zip(*series, strict=True)]
+    return Figures(out, prepare, append, append_base, offloads)
+
+
+async def main(quick: bool) -> None:
+    sizes = (1_000, 10_000) if quick else (1_000, 10_000, 50_000)
+    figures = await measure(sizes, 3 if quick else 5)
+    print("cmdc compaction benchmark (instant summarizer, ~400-char messages)")
+    print(f"{'messages':>9} {'should_compact µs':>18} {'target':>7} {'compaction ms':>14} {'target':>7}")
+    for size in figures.sizes:
+        target = size.target_ms
         print(
-            f"\nper message entering a state, once: {prepare * 1e6:.1f} µs to prepare (estimate, encode, "
-            f"checksum); State.append onto 10k messages: {append * 1e6:.1f} µs (tuple copy included)"
+            f"{size.messages:>9} {size.check * 1e6:>18.2f} {'< 20':>7} {size.compaction * 1e3:>14.1f} "
+            f"{'' if target is None else f'< {target:.0f}':>7}"
         )
-        offloads = await time_successive_offloads(Path(tmp), 5, 1_000)
-        print("\noffload of 5 successive compactions of ~1k messages into one journal (ms):")
-        print("  " + "  ".join(f"#{i + 1}: {t * 1e3:.1f}" for i, t in enumerate(offloads)))
-        print(f"  5th / 1st: {offloads[-1] / offloads[0]:.2f}")
+    print(
+        f"\nper message entering a state, once: {figures.prepare * 1e6:.1f} µs to prepare (estimate, encode, "
+        f"checksum); State.append onto 10k messages: {figures.append * 1e6:.1f} µs (tuple copy included)"
+    )
+    offloads = figures.offloads
+    print("\noffload of 5 successive compactions of ~1k messages into one journal (ms):")
+    print("  " + "  ".join(f"#{i + 1}: {t * 1e3:.1f}" for i, t in enumerate(offloads)))
+    print(f"  5th / 1st: {offloads[-1] / offloads[0]:.2f}")
 
 
 if __name__ == "__main__":

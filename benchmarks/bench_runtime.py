@@ -18,8 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 import trio.lowlevel
 
@@ -153,14 +155,53 @@ def child(kind: str, n: int) -> None:
     print(json.dumps(trio.run(fn, n)))
 
 
+ROOT = Path(__file__).resolve().parent.parent  # the directory `-m benchmarks...` runs from
+
+
 def in_subprocess(kind: str, n: int) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_runtime", "--child", kind, str(n)],
         check=True,
         capture_output=True,
         text=True,
+        cwd=ROOT,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@attrs.frozen
+class Figures:
+    n: int  # idle agents spawned
+    base: dict[str, float]  # {"seconds", "bytes"}: a trio task + a memory channel each
+    agents: dict[str, float]  # the same for cmdc agents
+    ping_pong: float  # seconds per round trip over two channels
+    round_trip: float  # seconds per `agent.ping()`
+    turn_agents: int
+    turns_per_agent: int
+    turns: dict[str, float]  # see `turns`
+
+    @property
+    def spawn_ratio(self) -> float:
+        return self.agents["seconds"] / self.base["seconds"]
+
+    @property
+    def rss_ratio(self) -> float:
+        return self.agents["bytes"] / self.base["bytes"]
+
+    @property
+    def round_trip_ratio(self) -> float:
+        return self.round_trip / self.ping_pong
+
+
+def measure(n: int = 10_000, rounds: int = 20_000, agents: int = 1_000, per_agent: int = 20) -> Figures:
+    """Every figure of this benchmark (`main` prints them); the memory figures each come from a
+    fresh subprocess."""
+    base = in_subprocess("baseline", n)
+    spawned = in_subprocess("agents", n)
+    pp = trio.run(ping_pong, rounds)
+    rt = trio.run(agent_round_trip, rounds)
+    result = trio.run(turns, agents, per_agent)
+    return Figures(n, base, spawned, pp, rt, agents, per_agent, result)
 
 
 def main() -> None:
@@ -172,24 +213,20 @@ def main() -> None:
         child(args.child[0], int(args.child[1]))
         return
     n = 2_000 if args.quick else 10_000
-    base = in_subprocess("baseline", n)
-    agents = in_subprocess("agents", n)
+    rounds = 5_000 if args.quick else 20_000
+    a, t = (200, 10) if args.quick else (1_000, 20)
+    f = measure(n, rounds, a, t)
+    base, agents = f.base, f.agents
     print(f"cmdc runtime benchmark ({n:,} idle agents; baseline: a trio task + a memory channel each)")
     print(f"{'':28} {'baseline':>12} {'cmdc':>12} {'ratio':>7}  target")
-    print(
-        f"{'spawn, seconds':28} {base['seconds']:>12.3f} {agents['seconds']:>12.3f} "
-        f"{agents['seconds'] / base['seconds']:>7.2f}  <= 2"
-    )
+    print(f"{'spawn, seconds':28} {base['seconds']:>12.3f} {agents['seconds']:>12.3f} {f.spawn_ratio:>7.2f}  <= 2")
     print(
         f"{'RSS per idle agent, bytes':28} {base['bytes']:>12,.0f} {agents['bytes']:>12,.0f} "
-        f"{agents['bytes'] / base['bytes']:>7.2f}  cmdc <= 16,384"
+        f"{f.rss_ratio:>7.2f}  cmdc <= 16,384"
     )
-    rounds = 5_000 if args.quick else 20_000
-    pp = trio.run(ping_pong, rounds)
-    rt = trio.run(agent_round_trip, rounds)
-    print(f"{'round trip, µs':28} {pp * 1e6:>12.1f} {rt * 1e6:>12.1f} {rt / pp:>7.2f}  <= 3")
-    a, t = (200, 10) if args.quick else (1_000, 20)
-    result = trio.run(turns, a, t)
+    pp, rt = f.ping_pong, f.round_trip
+    print(f"{'round trip, µs':28} {pp * 1e6:>12.1f} {rt * 1e6:>12.1f} {f.round_trip_ratio:>7.2f}  <= 3")
+    result = f.turns
     print(f"\n{a:,} agents x {t} turns, all at once (a turn: request, tool call, request; compaction on,")
     print(
         f"every offload fsync'd): {result['us_per_turn']:.0f} µs per turn of wall time, "

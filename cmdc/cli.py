@@ -1,86 +1,461 @@
-"""The `cmdc` command."""
+"""The `cmdc` command: `cmdc demo`, `cmdc compact FILE`, `cmdc history DIR AGENT`.
+
+Exit codes: 0 success; 1 a runtime failure (a turn or a summarizer failed, a retention check of
+the demo failed, a write failed); 2 a usage or input error (bad options, a missing or malformed
+file, an unsafe agent id), in which case nothing has been written.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 import trio
 
-from .compaction import Compacted, Compactor
-from .errors import CmdcError
-from .offload import OffloadStore
-from .state import State
-from .synthetic import conversation
+from ._chatfile import (
+    ChatFile,
+    ChatFileError,
+    agent_id_for,
+    default_output,
+    encode_chat,
+    read_chat,
+    to_openai,
+    write_atomic,
+)
+from ._demo import MIN_WINDOW, DemoError, DemoOptions, real_provider, run_demo
+from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
+from .compaction.summary import Summarizer
+from .errors import CmdcError, CompactionIncomplete, ConfigError, OffloadCorrupted, OffloadError
+from .message import Message
+from .offload import JournalRecord, OffloadStore
+from .state import State, validate_agent_id
+
+DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
+
+
+class UsageError(Exception):
+    """A usage or input error: exit code 2, nothing written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors raise `UsageError` instead of exiting, so `main` returns a code."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise UsageError(message)
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < 60:
+        raise argparse.ArgumentTypeError(f"must be in [0, 60), got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cmdc", description="An actor runtime for LLM agents, on trio.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="compact a long generated conversation, offline, and print the reports")
-    demo.add_argument("--messages", type=_positive, default=5_000, help="messages per round (default 5000)")
-    demo.add_argument("--rounds", type=_positive, default=3, help="rounds of growth and compaction (default 3)")
-    demo.add_argument("--keep", type=_positive, default=20, help="messages kept after each compaction")
-    demo.add_argument("--offload-dir", type=Path, default=None, help="journal directory (default: a new temp dir)")
+    parser = _Parser(
+        prog="cmdc",
+        description="An actor runtime for LLM agents on trio, with durable context compaction.",
+        epilog="Exit codes: 0 ok, 1 a runtime failure, 2 a usage or input error (nothing written).",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    demo = sub.add_parser(
+        "demo",
+        help="agents on a small context window compacting live, offline",
+        description=(
+            "N agents on SimulatedModel (offline, no keys), each working a long scripted task with tool calls "
+            "on a small context window. The compaction trigger is 80% of the window and each request reserves "
+            "23% of it for the reply (which the trigger does not count), so both automatic compactions and forced "
+            "ones (after the model answers 'too long') happen. On a terminal a live table; otherwise one line "
+            "per compaction and every 10 turns. "
+            "Ends with a table of compactions, tokens, journal sizes and retention checks; exits 1 if a check fails."
+        ),
+    )
+    demo.add_argument("--agents", type=_positive, default=8, help="agents (default 8)")
+    demo.add_argument("--turns", type=_positive, default=40, help="turns per agent (default 40)")
+    demo.add_argument(
+        "--window",
+        type=_positive,
+        default=6_000,
+        help=f"context window in tokens (default 6000, at least {MIN_WINDOW})",
+    )
+    demo.add_argument("--offload-dir", type=Path, help="journal directory (default: a new temporary directory)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the simulated models (default 0)")
+    demo.add_argument(
+        "--provider",
+        choices=("simulated", "openai", "anthropic"),
+        default="simulated",
+        help="run the same workload against a real endpoint: openai (OPENAI_API_KEY, OPENAI_BASE_URL) or "
+        "anthropic (ANTHROPIC_API_KEY); needs the http extra: pip install 'cmdc[http]'",
+    )
+    demo.add_argument("--model", help="the model name, with --provider openai|anthropic")
+    demo.add_argument(
+        "--summarizer",
+        choices=("extractive", "model"),
+        help="who writes summaries: the offline extractive summarizer (default with the simulated model) "
+        "or the agents' own model (default with a real provider)",
+    )
+    demo.add_argument(
+        "--latency", type=_seconds, default=0.05, help="seconds each simulated model call takes (default 0.05)"
+    )
+    demo.add_argument("--plain", action="store_true", help="plain event lines even on a terminal")
+
+    compact = sub.add_parser(
+        "compact",
+        help="compact a conversation file (JSONL or a JSON array of OpenAI-style chat messages)",
+        description=(
+            "Read a conversation file (JSONL, one OpenAI-style chat message per line, or a JSON array of them), "
+            "compact it now (a manual compaction), write the compacted conversation in the same format and the "
+            "evicted messages to the journal, and print the report. Kept messages are written exactly as they "
+            "were; the summary is a user message (an OpenAI-style consumer takes the output as it is). The whole "
+            "file is checked before anything is written."
+        ),
+    )
+    compact.add_argument("file", type=Path, metavar="FILE")
+    compact.add_argument(
+        "--out", type=Path, help="the compacted conversation (default FILE's stem + .compacted.jsonl / .json)"
+    )
+    compact.add_argument(
+        "--offload-dir",
+        type=Path,
+        help=f"journal directory (default {DEFAULT_OFFLOAD} in FILE's directory, so the journal stays with "
+        "the conversation whatever the working directory)",
+    )
+    compact.add_argument("--agent", help="the journal's agent id (default FILE's stem, made safe)")
+    compact.add_argument("--keep", type=_positive, default=6, help="messages kept verbatim at the end (default 6)")
+    compact.add_argument(
+        "--summarizer",
+        choices=("extractive", "openai", "anthropic"),
+        default="extractive",
+        help="extractive (offline, default), or a model: openai / anthropic with --model",
+    )
+    compact.add_argument("--model", help="the summarizer's model, with --summarizer openai|anthropic")
+    compact.add_argument("--instruction", help='an instruction for this summary, e.g. "focus on the API changes"')
+    compact.add_argument(
+        "--annotate",
+        action="store_true",
+        help='add a "cmdc" object (kind, journal, records) to the summary message. Off by default: '
+        "OpenAI's API and some compatible servers have refused unknown message keys",
+    )
+
+    history = sub.add_parser(
+        "history",
+        help="list, search, show or render an agent's offload journal",
+        description="Read DIR/AGENT.jsonl: without options, list every record (seq, compaction, role, first line).",
+    )
+    history.add_argument("dir", type=Path, metavar="DIR", help="the offload directory")
+    history.add_argument("agent", metavar="AGENT", help="the agent id")
+    mode = history.add_mutually_exclusive_group()
+    mode.add_argument("--search", nargs="+", metavar="WORD", help="records matching these words, best first")
+    mode.add_argument("--range", nargs=2, type=_positive, metavar=("FIRST", "LAST"), help="records FIRST-LAST in full")
+    mode.add_argument(
+        "--markdown",
+        nargs="?",
+        const="",
+        metavar="OUT",
+        help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, also copy it there",
+    )
+    history.add_argument(
+        "--limit", type=_positive, help="at most N records (the listing: the last N; --search: default 10)"
+    )
     return parser
 
 
-async def _demo(args: argparse.Namespace) -> int:
-    offload_dir = args.offload_dir or Path(tempfile.mkdtemp(prefix="cmdc-demo-"))
-    config = {
-        "compact_trigger": [("tokens", 50_000), ("messages", args.messages)],
-        "compact_keep": ("messages", args.keep),
-        "compact_offload_dir": str(offload_dir),
-    }
-    compactor = Compactor()  # the embedded offline extractive summarizer
-    state = State(agent_id="demo", config=config)
-    print(f"cmdc demo: {args.rounds} rounds of {args.messages} messages, journal in {offload_dir}")
-    header = f"{'round':>5} {'reason':>6} {'msgs before':>11} {'msgs after':>10} {'tokens before':>13} "
-    header += f"{'tokens after':>12} {'evicted':>7} {'records':>11} {'ms':>7}"
-    print(header)
-    for round_no in range(1, args.rounds + 1):
-        state = state.append(*conversation(args.messages, seed=round_no, system=round_no == 1))
-        result = await compactor.maybe_compact(state)
-        if not isinstance(result, Compacted):
-            print(f"{round_no:>5} skipped: {result.reason}")
-            continue
-        r = result.report
-        state = result.state
-        print(
-            f"{round_no:>5} {r.reason:>6} {r.messages_before:>11} {r.messages_after:>10} {r.tokens_before:>13} "
-            f"{r.tokens_after:>12} {r.evicted:>7} {f'{r.first_seq}-{r.last_seq}':>11} {r.duration * 1000:>7.1f}"
-        )
-    journal = compactor.store_for(compactor.compact_config(state)).path_for(state.agent_id)
-    offloaded = await OffloadStore(offload_dir).read(state.agent_id)
-    print(f"\njournal: {journal} ({journal.stat().st_size:,} bytes, {len(offloaded)} messages, each once)")
-    print(
-        f"context now: {len(state.messages)} messages, ~{state.token_usage:,} tokens, {state.compactions} compactions"
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `cmdc` command; return its exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        print(f"cmdc: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "compact":
+            return _compact(args)
+        return _history(args)
+    except (UsageError, ChatFileError, DemoError) as exc:
+        print(f"cmdc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except CmdcError as exc:
+        print(f"cmdc {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"cmdc {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"cmdc {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+# -- demo ---------------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.provider == "simulated" and args.model:
+        raise UsageError("--model goes with --provider openai|anthropic")
+    options = DemoOptions(
+        agents=args.agents,
+        turns=args.turns,
+        window=args.window,
+        offload_dir=args.offload_dir,
+        seed=args.seed,
+        provider=args.provider,
+        model=args.model,
+        summarizer=args.summarizer,
+        latency=args.latency,
+        display="plain" if args.plain else "auto",
     )
-    summary = next(m for m in state.messages if m.is_summary)
-    print("\nthe latest summary message begins:\n")
-    print("\n".join(summary.text.splitlines()[:14]))
+    if args.window < MIN_WINDOW:
+        raise UsageError(
+            f"--window must be at least {MIN_WINDOW} tokens (room for the tool schemas, the pinned task, "
+            f"a summary and a reply), got {args.window}"
+        )
+    if args.offload_dir is not None and args.offload_dir.exists() and not args.offload_dir.is_dir():
+        raise UsageError(f"--offload-dir {args.offload_dir} exists and is not a directory")
+    code, _stats = trio.run(run_demo, options)
+    return code
+
+
+# -- compact ------------------------------------------------------------------------------------
+
+
+def _summarizer(args: argparse.Namespace) -> Summarizer:
+    if args.summarizer == "extractive":
+        if args.model:
+            raise UsageError("--model goes with --summarizer openai|anthropic")
+        return ExtractiveSummarizer()
+    try:
+        provider = real_provider(args.summarizer, args.model)
+    except DemoError as exc:
+        raise UsageError(str(exc).replace("--provider", "--summarizer")) from None
+    return provider
+
+
+def _compact(args: argparse.Namespace) -> int:
+    """Check everything (the file, the agent id, the paths, the summarizer's settings), then
+    compact (the journal is written first), then write the output."""
+    path: Path = args.file
+    chat = read_chat(path)  # every message is checked and converted before any write
+    if args.agent is not None:
+        try:
+            agent = validate_agent_id(args.agent)
+        except ConfigError as exc:
+            raise UsageError(f"--agent: {exc}") from None
+    else:
+        agent = agent_id_for(path)
+    out: Path = args.out or default_output(path, chat.format)
+    # absolute, so the summary names a journal that can be found from anywhere
+    offload = (args.offload_dir if args.offload_dir is not None else path.parent / DEFAULT_OFFLOAD).absolute()
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: no such directory {out.parent}")
+    if offload.exists() and not offload.is_dir():
+        raise UsageError(f"the offload directory {offload} exists and is not a directory")
+    _check_writable(offload)
+    _check_writable(out.parent)
+    summarizer = _summarizer(args)
+    state = State(
+        agent_id=agent,
+        messages=chat.messages,
+        config={"compact_keep": ("messages", args.keep), "compact_offload_dir": str(offload)},
+        compactions=_last_compaction(chat),
+    )
+    result = trio.run(_run_compaction, state, summarizer, args.instruction)
+    if not isinstance(result, Compacted):
+        print(f"{path}: nothing to compact ({result.reason}); {len(chat.messages)} messages, nothing written")
+        return 0
+    objects = [to_openai(m, annotate=args.annotate) for m in result.state.messages]
+    write_atomic(out, encode_chat(objects, chat.format))
+    _print_report(chat, out, result.report, result.state)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _check_writable(directory: Path) -> None:
+    """Refuse a directory that cannot be written (or created) before anything is written."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {directory} ({existing} is not a writable directory)")
+
+
+async def _run_compaction(state: State, summarizer: Summarizer, instruction: str | None) -> Compacted | Skipped:
     try:
-        if args.command == "demo":
-            return trio.run(_demo, args)
-    except CmdcError as exc:
-        print(f"cmdc: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 2  # pragma: no cover - argparse requires a command
+        return await Compactor(summarizer).force_compact(state, instruction=instruction, reason="manual")
+    except CompactionIncomplete as exc:  # compacted, but the kept messages alone are still large
+        print(f"cmdc compact: warning: {exc}", file=sys.stderr)
+        assert isinstance(exc.state, State) and isinstance(exc.report, CompactionReport)
+        return Compacted(exc.state, exc.report)
+    finally:
+        close = getattr(summarizer, "aclose", None)
+        if close is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await close()
+
+
+def _last_compaction(chat: ChatFile) -> int:
+    """The number of the latest summary in the file (so new ones continue from it), else 0."""
+    numbers = [m.metadata.get("cmdc.compaction") for m in chat.messages if m.is_summary]
+    return max((n for n in numbers if isinstance(n, int) and not isinstance(n, bool) and n >= 0), default=0)
+
+
+def _print_report(chat: ChatFile, out: Path, r: CompactionReport, state: State) -> None:
+    print(f"compacted {chat.path} ({chat.format}, {r.messages_before} messages) -> {out} ({r.messages_after} messages)")
+    print(f"  tokens:     {r.tokens_before:,} -> {r.tokens_after:,} (summary {r.summary_tokens:,})")
+    print(f"  evicted:    {r.evicted} messages -> {r.offload_path} (records {r.first_seq}-{r.last_seq})")
+    print(f"  summarizer: {r.summarizer}, {r.attempts} attempt(s), {r.passes} pass(es), {r.duration * 1000:.0f} ms")
+    print(
+        f"  agent:      {state.agent_id} (compaction #{r.compaction}; read it back: cmdc history "
+        f"{Path(r.offload_path).parent} {state.agent_id})"
+    )
+
+
+# -- history ------------------------------------------------------------------------------------
+
+
+def _history(args: argparse.Namespace) -> int:
+    directory: Path = args.dir
+    try:
+        agent = validate_agent_id(args.agent)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if not directory.exists():
+        raise UsageError(f"{directory}: no such directory")
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory")
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise UsageError(f"{directory}: cannot read the directory (permission denied)")
+    store = OffloadStore(directory)
+    journal = store.path_for(agent)
+    if not journal.is_file():
+        known = sorted(p.stem for p in directory.glob("*.jsonl"))
+        hint = f"; journals there: {', '.join(known[:20])}" if known else "; there are no journals there"
+        raise UsageError(f"{journal}: no journal for agent {agent!r}{hint}")
+    if args.range and args.range[0] > args.range[1]:
+        raise UsageError(f"--range {args.range[0]} {args.range[1]}: FIRST must not be after LAST")
+    if args.markdown:
+        target = Path(args.markdown)
+        if target.is_dir() or not target.parent.is_dir():
+            raise UsageError(f"--markdown {target}: not a file path in an existing directory")
+    try:
+        trio.run(_show_history, args, store, agent, journal)
+    except OffloadCorrupted as exc:
+        raise UsageError(f"the journal is damaged: {exc}") from None
+    except OffloadError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: str, journal: Path) -> None:
+    if args.markdown is not None:
+        md = await store.write_transcript(agent)
+        if args.markdown:
+            await trio.to_thread.run_sync(shutil.copyfile, md, args.markdown)
+            print(args.markdown)
+        else:
+            print(md)
+        return
+    if args.search:
+        query = " ".join(args.search)
+        hits = await store.search(agent, query, limit=args.limit or 10)
+        if not hits:
+            print(f"no records match {query!r}")
+        for record in hits:
+            print(_line(record, _snippet(record.message, args.search)))
+        return
+    records = await store.records(agent)
+    if args.range:
+        first, last = args.range
+        chosen = [r for r in records if first <= r.seq <= last]
+        if not chosen:
+            span = f"{records[0].seq}-{records[-1].seq}" if records else "none"
+            print(f"no records in {first}-{last} (the journal holds records {span})")
+        for record in chosen:
+            print(_full(record))
+        return
+    shown = records[-args.limit :] if args.limit else records
+    for record in shown:
+        print(_line(record, _first_line(record.message)))
+    compactions = len({r.compaction for r in records})
+    print(f"{len(records)} records from {compactions} compaction(s) in {journal}")
+
+
+def _role(message: Message) -> str:
+    role: str = message.role
+    if message.is_summary:
+        role = "summary"
+    elif message.tool_call_id is not None:
+        role = f"tool[{message.tool_call_id}]" + ("!" if message.is_error else "")
+    return role
+
+
+def _first_line(message: Message) -> str:
+    text = message.text.strip()
+    if text:
+        first = text.splitlines()[0]
+        more = " …" if len(text.splitlines()) > 1 else ""
+        return first + more
+    if message.tool_calls:
+        return "-> " + ", ".join(f"{c.name}({_args(c.to_dict()['arguments'])})" for c in message.tool_calls)
+    return "(empty)"
+
+
+def _args(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+
+
+def _line(record: JournalRecord, text: str) -> str:
+    width = shutil.get_terminal_size((120, 24)).columns
+    head = f"{record.seq:>6}  #{record.compaction:<3} {_role(record.message):<14} "
+    line = head + " ".join(text.split())
+    return line if len(line) <= max(width, 40) else line[: max(width, 40) - 1] + "…"
+
+
+def _snippet(message: Message, words: Sequence[str]) -> str:
+    """The first line of the message that holds one of `words`, else its first line."""
+    wanted = [w.casefold() for w in " ".join(words).split()]
+    for line in message.text.splitlines():
+        low = line.casefold()
+        if any(w in low for w in wanted):
+            return line.strip()
+    return _first_line(message)
+
+
+def _full(record: JournalRecord) -> str:
+    m = record.message
+    lines = [f"── record {record.seq} · compaction {record.compaction} · {_role(m)} · id {m.id}"]
+    for call in m.tool_calls:
+        lines.append(f"   tool call {call.name} (id {call.id}): {_args(call.to_dict()['arguments'])}")
+    if m.text:
+        lines.append(m.text.rstrip("\n"))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":  # pragma: no cover

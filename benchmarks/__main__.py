@@ -1,0 +1,290 @@
+"""Every benchmark, one table: python -m benchmarks  [--quick] [--no-compare]
+
+Runs bench_compaction, bench_runtime (its memory figures in fresh subprocesses), the retention
+probes and, when deepagents is installed (pip install -e '.[compare]'), the DeepAgents
+comparison; then prints one table of figures with their targets. A missed target is listed
+under the table; the exit status is 0 all the same (this is a report). It is 1 only when a
+benchmark could not run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+import attrs
+import trio
+
+from benchmarks import bench_compaction, bench_runtime, retention
+from benchmarks._table import Row, render
+
+INSTALL_HINT = "pip install -e '.[compare]'"
+
+
+@attrs.frozen
+class Preset:
+    """How big each benchmark runs."""
+
+    name: str
+    compaction_sizes: tuple[int, ...]
+    reps: int
+    append_base: int
+    offload_size: int
+    offload_series: int
+    spawn: int  # idle agents
+    rounds: int  # round trips
+    turn_agents: int
+    turns: int  # per agent
+    retention_rounds: int
+    compare_sizes: tuple[int, ...]
+    compare_reps: int
+    compare_budget: float  # seconds of repetitions per DeepAgents check figure
+    compare_series: int
+
+
+FULL = Preset(
+    "full",
+    (1_000, 10_000, 50_000),
+    5,
+    10_000,
+    1_000,
+    3,
+    10_000,
+    20_000,
+    1_000,
+    20,
+    80,
+    (1_000, 10_000, 50_000),
+    5,
+    1.0,
+    3,
+)
+QUICK = Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 80, (1_000, 10_000), 3, 0.3, 2)
+# For the test suite: every code path, tiny sizes, figures meaningless (1k messages is the least
+# a compaction benchmark can use: below it the conversation stays under the 50k-token trigger).
+SMOKE = Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 80, (1_000,), 2, 0.02, 1)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.2f} µs"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def _duration(seconds: float) -> str:
+    return _ms(seconds) if seconds >= 1e-3 else _us(seconds)
+
+
+def _k(n: int) -> str:
+    return f"{n / 1000:g}k" if n >= 1000 else str(n)
+
+
+# -- each benchmark's rows ---------------------------------------------------------------------------
+def compaction_rows(p: Preset) -> list[Row]:
+    f = trio.run(
+        lambda: bench_compaction.measure(
+            p.compaction_sizes,
+            p.reps,
+            append_base=p.append_base,
+            offload_size=p.offload_size,
+            offload_series=p.offload_series,
+        )
+    )
+    b = "compaction"
+    rows = []
+    for s in f.sizes:
+        us = s.check * 1e6
+        rows.append(
+            Row(
+                b,
+                f"should_compact, {s.messages:,} msgs",
+                _us(s.check),
+                "< 20 µs",
+                us < bench_compaction.CHECK_TARGET_US,
+            )
+        )
+    for s in f.sizes:
+        target = s.target_ms
+        ms = s.compaction * 1e3
+        rows.append(
+            Row(
+                b,
+                f"one compaction, {s.messages:,} msgs",
+                _ms(s.compaction),
+                "" if target is None else f"< {target:.0f} ms",
+                None if target is None else ms < target,
+            )
+        )
+    rows.append(Row(b, "prepare a message (estimate, encode, checksum)", _us(f.prepare)))
+    rows.append(Row(b, f"State.append onto {_k(f.append_base)} msgs", _us(f.append)))
+    offloads = f.offloads
+    rows.append(
+        Row(
+            b,
+            f"offload #1 … #{len(offloads)}, ~{_k(p.offload_size)} msgs each, one journal",
+            " / ".join(f"{t * 1e3:.1f}" for t in offloads) + " ms",
+        )
+    )
+    ratio = offloads[-1] / offloads[0]
+    rows.append(Row(b, f"offload #{len(offloads)} / #1", f"{ratio:.2f}", "≈ 1 (≤ 1.5)", ratio <= 1.5))
+    return rows
+
+
+def runtime_rows(p: Preset) -> list[Row]:
+    f = bench_runtime.measure(p.spawn, p.rounds, p.turn_agents, p.turns)
+    b = "runtime"
+    kib = f.agents["bytes"] / 1024
+    return [
+        Row(
+            b,
+            f"spawn {f.n:,} idle agents, cmdc / bare trio",
+            f"{f.spawn_ratio:.2f} ({f.agents['seconds']:.3f} / {f.base['seconds']:.3f} s)",
+            "≤ 2",
+            f.spawn_ratio <= 2,
+        ),
+        Row(b, "RSS per idle agent", f"{kib:.1f} KiB", "≤ 16 KiB", f.agents["bytes"] <= 16 * 1024),
+        Row(
+            b,
+            "round trip, agent.ping / channel ping-pong",
+            f"{f.round_trip_ratio:.2f} ({f.round_trip * 1e6:.1f} / {f.ping_pong * 1e6:.1f} µs)",
+            "≤ 3",
+            f.round_trip_ratio <= 3,
+        ),
+        Row(
+            b,
+            f"per turn, {f.turn_agents:,} agents x {f.turns_per_agent} turns, wall",
+            f"{f.turns['us_per_turn']:,.0f} µs",
+        ),
+        Row(b, "per turn, CPU", f"{f.turns['cpu_us_per_turn']:,.0f} µs"),
+        Row(b, "compactions during those turns", f"{f.turns['compactions']:,.0f}"),
+    ]
+
+
+def retention_rows(p: Preset) -> list[Row]:
+    with tempfile.TemporaryDirectory() as tmp:
+        checks = trio.run(lambda: retention.run_session(tmp, rounds=p.retention_rounds))
+    b = "retention"
+    rows = [Row(b, f"compactions in the {p.retention_rounds}-round session", str(len(checks)), "≥ 5", len(checks) >= 5)]
+    for c in checks:
+        pending = "" if c.pending is None else (", pending call kept" if c.pending else ", pending call LOST")
+        rows.append(
+            Row(
+                b,
+                f"compaction #{c.compaction}: task, users, pins, ids",
+                f"{'task' if c.task else 'task LOST'}, {c.users[0]}/{c.users[1]}, {c.pins[0]}/{c.pins[1]}, "
+                f"{c.identifiers[0]}/{c.identifiers[1]}{pending}",
+                "all ✓",
+                c.ok,
+            )
+        )
+    return rows
+
+
+def deepagents_available() -> bool:
+    try:
+        import deepagents  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compare_rows(p: Preset) -> list[Row]:
+    from benchmarks import compare_deepagents as cd
+
+    c = cd.measure(
+        p.compare_sizes,
+        p.compare_reps,
+        check_budget=p.compare_budget,
+        offload_size=p.offload_size,
+        offload_series=p.compare_series,
+    )
+    b = f"vs DeepAgents {c.deepagents}"
+
+    def versus(d: float, k: float, ratio: str) -> str:
+        return f"{_duration(d)} vs {_duration(k)} ({ratio.format(d / k)})"
+
+    rows = []
+    for s in c.sizes:
+        rows.append(Row(b, f"per-turn check, {s.messages:,} msgs", versus(s.da_check, s.cmdc_check, "{:,.0f}x")))
+    for s in c.sizes:
+        rows.append(
+            Row(b, f"one compaction, {s.messages:,} msgs", versus(s.da_compaction, s.cmdc_compaction, "{:,.1f}x"))
+        )
+    n = len(c.da_offloads)
+    rows.append(Row(b, "offload #1", versus(c.da_offloads[0], c.cmdc_offloads[0], "{:.2f}x")))
+    rows.append(Row(b, f"offload #{n}", versus(c.da_offloads[-1], c.cmdc_offloads[-1], "{:.2f}x")))
+    rows.append(
+        Row(
+            b,
+            f"offload #{n} / #1",
+            f"{c.da_offloads[-1] / c.da_offloads[0]:.2f} vs {c.cmdc_offloads[-1] / c.cmdc_offloads[0]:.2f}",
+        )
+    )
+    return rows
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def collect(
+    preset: Preset, *, compare: bool = True, log: Callable[[str], None] | None = None
+) -> tuple[list[Row], list[str]]:
+    """Run every benchmark: the table's rows, and the notes to print under it."""
+    say = log or (lambda _s: None)
+    rows: list[Row] = []
+    notes: list[str] = []
+    benches: list[tuple[str, Callable[[Preset], list[Row]]]] = [
+        ("compaction", compaction_rows),
+        ("runtime", runtime_rows),
+        ("retention", retention_rows),
+    ]
+    if not compare:
+        notes.append("DeepAgents comparison: skipped (--no-compare).")
+    elif deepagents_available():
+        benches.append(("vs DeepAgents", compare_rows))
+        notes.append(
+            "vs DeepAgents: 'X vs Y (r)' is DeepAgents vs cmdc, r = DeepAgents / cmdc; details: "
+            "python -m benchmarks.compare_deepagents"
+        )
+    else:
+        notes.append(f"DeepAgents comparison: skipped, deepagents is not installed; to run it: {INSTALL_HINT}")
+    for name, fn in benches:
+        say(f"running {name} …")
+        t0 = time.perf_counter()
+        try:
+            rows.extend(fn(preset))
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(Row(name, "ERROR: the benchmark did not run", f"{type(exc).__name__}: {exc}", "runs", False))
+        say(f"  {name}: {time.perf_counter() - t0:.1f} s")
+    return rows, notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Run every benchmark; print one table.")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite (figures meaningless)")
+    parser.add_argument("--no-compare", action="store_true", help="skip the DeepAgents comparison")
+    args = parser.parse_args(argv)
+    preset = SMOKE if args.smoke else QUICK if args.quick else FULL
+    t0 = time.perf_counter()
+    rows, notes = collect(preset, compare=not args.no_compare, log=lambda s: print(s, file=sys.stderr, flush=True))
+    elapsed = time.perf_counter() - t0
+    print(
+        f"cmdc benchmarks ({preset.name}; Python {platform.python_version()}, {os.cpu_count()} CPUs, {elapsed:.0f} s)"
+    )
+    print(render(rows))
+    for note in notes:
+        print(note)
+    broken = any(r.figure.startswith("ERROR") for r in rows)
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

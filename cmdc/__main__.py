@@ -1,0 +1,7 @@
+"""`python -m cmdc`: the `cmdc` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,411 @@
+"""Conversation files of OpenAI-style chat messages, for `cmdc compact`.
+
+A file is either JSONL (one message object per line; blank lines are skipped) or a JSON array
+of message objects. Each message is checked and converted to a cmdc `Message` before anything is
+written; the first problem raises `ChatFileError` naming the file, the line (JSONL, 1-based) or
+the element (array, 0-based `[i]`) and what is wrong.
+
+Accepted, per message: `role` (`system`, `developer` — kept as a system message — `user`,
+`assistant`, `tool`); `content` as a string or a list of parts (`{"type": "text", "text"}`,
+`{"type": "image_url", "image_url": {"url"}}` for user messages); on assistant messages
+`tool_calls` (`{"id", "type": "function", "function": {"name", "arguments"}}`, `arguments` a JSON
+object encoded as a string; `""` counts as `{}`), `content` may then be null; on tool results
+`tool_call_id`, which must name a call of an earlier assistant message that has no result yet.
+`name` and other keys are carried along. An optional `"cmdc"` object is cmdc's own metadata
+(`{"pinned": true}` pins a message; the summary written by `--annotate` has `"kind": "summary"`);
+a user message starting with `[Conversation summary #N]` (a summary cmdc wrote) is read back as a
+summary, so compacting a compacted file folds the old summary in instead of quoting it.
+
+Messages that a plain conversion would not reproduce exactly keep their original object in
+their metadata (`openai.message`), so the journal loses nothing and the compacted file repeats
+kept messages exactly as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import orjson
+
+from ._frozen import thaw
+from .errors import InvalidMessage
+from .message import KIND_KEY, PINNED_KEY, SUMMARY_KIND, ImagePart, Message, Part, TextPart, ToolCall
+
+Format = Literal["jsonl", "json"]
+
+SOURCE_KEY = "openai.message"
+"""Metadata key holding a message's original object when converting it back would differ."""
+
+ROLE_KEY = "openai.role"
+"""Metadata key holding the original role when it is not a cmdc role (`developer`)."""
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_SUMMARY_HEAD = re.compile(r"\[Conversation summary #(\d+)\]")
+_CMDC_PREFIX = "cmdc."
+
+
+class ChatFileError(Exception):
+    """A conversation file that cannot be used: `where` is `path:line` or `path: [index]`."""
+
+    def __init__(self, path: Path, problem: str, *, line: int | None = None, index: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.index = index
+        self.problem = problem
+        if line is not None:
+            where = f"{path}:{line}"
+        elif index is not None:
+            where = f"{path}: element [{index}]"
+        else:
+            where = str(path)
+        super().__init__(f"{where}: {problem}")
+
+
+@attrs.frozen
+class ChatFile:
+    """A parsed conversation: its format and the converted messages, in order."""
+
+    path: Path
+    format: Format
+    messages: tuple[Message, ...]
+
+
+class _Problem(Exception):
+    """A problem in one message; the reader adds where it is."""
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def detect_format(path: Path, data: bytes) -> Format:
+    """JSONL for `.jsonl`/`.ndjson` files, a JSON array for `.json`, else by the first character."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix == ".json":
+        return "json"
+    return "json" if data.lstrip()[:1] == b"[" else "jsonl"
+
+
+def read_chat(path: Path) -> ChatFile:
+    """Read, check and convert a conversation file; raise `ChatFileError` on the first problem."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ChatFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise ChatFileError(path, "is a directory, not a conversation file") from None
+    except OSError as exc:
+        raise ChatFileError(path, f"cannot read it: {os.strerror(exc.errno) if exc.errno else exc}") from None
+    if not data.strip():
+        raise ChatFileError(path, "the file is empty: it holds no messages")
+    fmt = detect_format(path, data)
+    converter = _Converter()
+    messages: list[Message] = []
+    if fmt == "jsonl":
+        for number, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ChatFileError(path, f"not valid JSON ({_json_problem(exc)})", line=number) from None
+            try:
+                messages.append(converter.convert(obj))
+            except _Problem as exc:
+                raise ChatFileError(path, str(exc), line=number) from None
+    else:
+        try:
+            items = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ChatFileError(path, f"not valid JSON ({_json_problem(exc, with_line=True)})") from None
+        if not isinstance(items, list):
+            raise ChatFileError(
+                path, f"expected a JSON array of messages (or JSONL, one message per line), got {_kind(items)}"
+            )
+        for index, obj in enumerate(items):
+            try:
+                messages.append(converter.convert(obj))
+            except _Problem as exc:
+                raise ChatFileError(path, str(exc), index=index) from None
+    if not messages:
+        raise ChatFileError(path, "holds no messages")
+    return ChatFile(path=path, format=fmt, messages=tuple(messages))
+
+
+def _json_problem(exc: orjson.JSONDecodeError, *, with_line: bool = False) -> str:
+    if with_line:
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    return f"{exc.msg} at column {exc.colno}"
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__  # pragma: no cover - JSON has no other types
+
+
+class _Converter:
+    """Converts messages in order, tracking tool calls that still wait for their result."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, str] = {}  # call id -> tool name, calls without a result yet
+        self.answered: set[str] = set()
+
+    def convert(self, obj: object) -> Message:
+        if not isinstance(obj, dict):
+            raise _Problem(f"a message must be a JSON object, got {_kind(obj)}")
+        role = obj.get("role")
+        if "role" not in obj:
+            raise _Problem('the message has no "role"')
+        if role not in _ROLES:
+            raise _Problem(f"unknown role {role!r} (expected one of {', '.join(_ROLES)})")
+        metadata = _cmdc_metadata(obj.get("cmdc"))
+        try:
+            message = self._convert(obj, role, metadata)
+        except InvalidMessage as exc:
+            raise _Problem(str(exc)) from None
+        if to_openai(message) != obj:  # keep what a plain conversion would lose
+            message = message.evolve(metadata={**message.metadata, SOURCE_KEY: obj})
+        return message
+
+    def _convert(self, obj: dict[str, Any], role: str, metadata: dict[str, Any]) -> Message:
+        if role in ("system", "developer"):
+            if role == "developer":
+                metadata[ROLE_KEY] = "developer"
+            return Message.system(_content(obj, role, images=False), metadata=metadata)
+        if role == "user":
+            user_content = _content(obj, role, images=True)
+            head = _SUMMARY_HEAD.match(user_content) if isinstance(user_content, str) else None
+            if head and KIND_KEY not in metadata:
+                metadata[KIND_KEY] = SUMMARY_KIND
+                metadata.setdefault("cmdc.compaction", int(head[1]))
+            return Message.user(user_content, metadata=metadata)
+        if role == "assistant":
+            calls = self._tool_calls(obj.get("tool_calls"))
+            if obj.get("content") is None:
+                if not calls:
+                    raise _Problem('an assistant message needs "content" or "tool_calls"')
+                content: str | tuple[Part, ...] = ""
+            else:
+                content = _content(obj, role, images=False)
+            return Message.assistant(content, tool_calls=calls, metadata=metadata)
+        # a tool result
+        call_id = obj.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise _Problem('a tool result needs a "tool_call_id" string')
+        if call_id in self.answered:
+            raise _Problem(f"tool_call_id {call_id!r}: that call already has a result")
+        if call_id not in self.waiting:
+            raise _Problem(f"tool_call_id {call_id!r} matches no tool call of an earlier assistant message")
+        del self.waiting[call_id]
+        self.answered.add(call_id)
+        return Message.tool_result(call_id, _content(obj, role, images=False), metadata=metadata)
+
+    def _tool_calls(self, value: object) -> list[ToolCall]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise _Problem(f'"tool_calls" must be an array, got {_kind(value)}')
+        calls: list[ToolCall] = []
+        for i, call in enumerate(value):
+            where = f"tool_calls[{i}]"
+            if not isinstance(call, dict):
+                raise _Problem(f"{where} must be an object, got {_kind(call)}")
+            call_id = call.get("id")
+            if not isinstance(call_id, str) or not call_id:
+                raise _Problem(f'{where} needs an "id" string')
+            if call_id in self.waiting or call_id in self.answered or any(c.id == call_id for c in calls):
+                raise _Problem(f"{where}: the call id {call_id!r} is already used by an earlier call")
+            kind = call.get("type", "function")
+            if kind != "function":
+                raise _Problem(f'{where}: unsupported type {kind!r} (only "function")')
+            function = call.get("function")
+            if not isinstance(function, dict):
+                raise _Problem(f'{where} needs a "function" object')
+            name = function.get("name")
+            if not isinstance(name, str) or not name:
+                raise _Problem(f'{where}.function needs a "name" string')
+            calls.append(ToolCall(id=call_id, name=name, arguments=_arguments(function.get("arguments"), where)))
+        for c in calls:
+            self.waiting[c.id] = c.name
+        return calls
+
+
+def _cmdc_metadata(value: object) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Problem(f'"cmdc" must be an object, got {_kind(value)}')
+    metadata = {_CMDC_PREFIX + str(k): v for k, v in value.items()}
+    pinned = metadata.get(PINNED_KEY)
+    if pinned is not None and not isinstance(pinned, bool):
+        raise _Problem(f'"cmdc": "pinned" must be true or false, got {pinned!r}')
+    return metadata
+
+
+def _arguments(value: object, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if not isinstance(value, str):
+        raise _Problem(f"{where}.function.arguments must be a JSON string, got {_kind(value)}")
+    if not value.strip():
+        return {}
+    try:
+        decoded = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise _Problem(f"{where}.function.arguments is not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(decoded, dict):
+        raise _Problem(f"{where}.function.arguments must encode a JSON object, got {_kind(decoded)}")
+    return decoded
+
+
+def _content(obj: Mapping[str, Any], role: str, *, images: bool) -> str | tuple[Part, ...]:
+    if "content" not in obj or obj["content"] is None:
+        raise _Problem(f'a {role} message needs "content"')
+    value = obj["content"]
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _Problem(f'"content" must be a string or an array of parts, got {_kind(value)}')
+    parts: list[Part] = []
+    for i, part in enumerate(value):
+        where = f"content[{i}]"
+        if not isinstance(part, dict):
+            raise _Problem(f"{where} must be an object, got {_kind(part)}")
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _Problem(f'{where} needs a "text" string')
+            parts.append(TextPart(text))
+        elif kind == "image_url" and images:
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if not isinstance(url, str) or not url:
+                raise _Problem(f'{where} needs "image_url": {{"url": ...}}')
+            parts.append(ImagePart(url))
+        elif kind == "image_url":
+            raise _Problem(f"{where}: a {role} message cannot hold images")
+        else:
+            raise _Problem(f'{where}: unsupported part type {kind!r} (expected "text" or "image_url")')
+    return tuple(parts)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def to_openai(message: Message, *, annotate: bool = False) -> dict[str, Any]:
+    """The OpenAI-style object for `message`: its original object when it has one, else a
+    conversion. `annotate`: add cmdc's metadata as a `"cmdc"` object (summaries and pins)."""
+    source = message.metadata.get(SOURCE_KEY)
+    if isinstance(source, Mapping):
+        obj: dict[str, Any] = thaw(source)
+    else:
+        obj = _convert_back(message)
+    if annotate:
+        extra = {
+            k[len(_CMDC_PREFIX) :]: thaw(v)
+            for k, v in message.metadata.items()
+            if k.startswith(_CMDC_PREFIX) and (message.is_summary or k == PINNED_KEY)
+        }
+        if extra:
+            obj["cmdc"] = extra
+    return obj
+
+
+def _convert_back(message: Message) -> dict[str, Any]:
+    role: str = message.metadata.get(ROLE_KEY, message.role)
+    obj: dict[str, Any] = {"role": role}
+    content = message.content
+    if isinstance(content, str):
+        obj["content"] = content if content or not message.tool_calls else None
+    else:
+        obj["content"] = [
+            {"type": "text", "text": p.text}
+            if isinstance(p, TextPart)
+            else {"type": "image_url", "image_url": {"url": p.source}}
+            for p in content
+        ]
+    if message.tool_calls:
+        obj["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": orjson.dumps(c.to_dict()["arguments"]).decode()},
+            }
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        obj["tool_call_id"] = message.tool_call_id
+    return obj
+
+
+def encode_chat(objects: Sequence[Mapping[str, Any]], fmt: Format) -> bytes:
+    """The bytes of a conversation file in `fmt`."""
+    if fmt == "jsonl":
+        return b"".join(orjson.dumps(o) + b"\n" for o in objects)
+    return orjson.dumps(list(objects), option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def default_output(path: Path, fmt: Format) -> Path:
+    """`<stem>.compacted.jsonl` / `.json` beside the input."""
+    return path.with_name(f"{path.stem}.compacted.{fmt}")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, fsync'd and renamed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def agent_id_for(path: Path) -> str:
+    """A valid agent id from a file name: its stem with other characters replaced by `_`."""
+    stem = _UNSAFE.sub("_", path.stem).strip("._-")[:128].rstrip("._-")
+    return stem or "conversation"
+
+
+__all__ = [
+    "ChatFile",
+    "ChatFileError",
+    "Format",
+    "agent_id_for",
+    "default_output",
+    "detect_format",
+    "encode_chat",
+    "read_chat",
+    "to_openai",
+    "write_atomic",
+]

@@ -1,0 +1,618 @@
+"""`cmdc demo`: agents on a small context window compacting live, then a table of what happened.
+
+Each agent works a long scripted task (a billing-service migration): a system prompt, the task,
+then one short user message per turn, constraints among them and two pinned facts. It has two
+small tools (`read_file`, `run_tests`) whose outputs make the context grow, and `recall`. The
+offline model is `SimulatedModel`: it calls the tools it is offered, reports usage and refuses a
+prompt that does not fit its window, like a real model.
+
+The workload is sized from the window: the compaction trigger is 80% of it, and every request
+reserves 23% of it for the reply (`max_output_tokens`), which the trigger does not count. So a
+step that jumps past the trigger is compacted before the request (an automatic compaction),
+while a context that creeps into the last 3% below the trigger no longer leaves room for the
+reply: the model answers "too long" and the agent compacts and retries (a forced compaction).
+Both happen in every run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import attrs
+import trio
+
+from .agent import AgentRef
+from .compaction import CompactionReport, ExtractiveSummarizer
+from .compaction.summary import Summarizer
+from .errors import CmdcError, ProviderError
+from .events import COMPACTION_END, OVERFLOW, REQUEST, Event
+from .message import PINNED_KEY, Message
+from .offload import OffloadStore
+from .providers.base import Provider
+from .providers.simulated import SimulatedModel
+from .runtime import open_runtime
+from .state import State
+from .tokens import estimate_message_tokens
+from .tools import Tool, tool
+
+ProviderName = Literal["simulated", "openai", "anthropic"]
+DisplayMode = Literal["auto", "live", "plain"]
+
+TRIGGER_SHARE = 0.8
+"""The compaction trigger, as a share of the window."""
+
+OUTPUT_SHARE = 0.23
+"""The room each request reserves for the reply, as a share of the window."""
+
+MIN_WINDOW = 3_000
+"""The smallest window the workload fits: tool schemas, system prompt, task, pins, a summary, a reply."""
+
+_KEYS = {"openai": "OPENAI", "anthropic": "ANTHROPIC"}
+
+SYSTEM = (
+    "You are a careful coding agent. Work on the task step by step. Use read_file to look at the code "
+    "and run_tests to check your work before you answer; answer in one or two sentences."
+)
+TASKS = (
+    "TASK: migrate the billing service to the invoice API v2 (ticket PAY-4821); keep src/legacy/ untouched.",
+    "TASK: add retries with backoff to the payment gateway client (ticket PAY-5107); no new dependencies.",
+    "TASK: move invoice rendering to the templates module (ticket DOC-311); keep the PDF layout identical.",
+    "TASK: replace float amounts by integer cents in the ledger (ticket LED-92); migrations must be reversible.",
+)
+CONSTRAINTS = (
+    "Constraint: all amounts stay in integer cents.",
+    "Constraint: never call api.billing.example/v1 from tests.",
+    "Constraint: keep parse_invoice() backwards compatible.",
+    "Constraint: the timeout for invoice fetches is 7 seconds.",
+    "Constraint: docs go to docs/billing/migration.md.",
+    "Constraint: the feature flag is INVOICE_V2_ENABLED.",
+)
+PINS = ("PIN: the staging database is db-stg-07.", "PIN: the release owner is Dana (on-call OPS-2210).")
+PIN_TURNS = (4, 15)
+FILES = (
+    "src/billing/client.py",
+    "src/billing/models.py",
+    "src/billing/retry.py",
+    "src/billing/invoice.py",
+    "tests/test_billing.py",
+)
+_CODE = (
+    "amount_cents = parse_invoice(row).total_cents",
+    "if response.status == 429: backoff.sleep(attempt)",
+    "invoice = InvoiceV2(customer_id=row.customer, currency=row.currency.upper())",
+    "assert ledger.balance(account) == expected_cents",
+    "logger.info('retry %d for invoice %s', attempt, invoice.id)",
+    "return Money(cents=int(value), currency=currency)",
+)
+
+
+def make_tools(window: int) -> list[Tool]:
+    """The agents' tools; their outputs are sized from the window (up to about a tenth of it)."""
+    lines_max = max(8, window // 150)
+
+    async def read_file(path: str) -> str:
+        """Read a source file of the project and return its numbered lines.
+
+        Args:
+            path: The file's path, relative to the repository root (for example src/billing/client.py).
+        """
+        h = zlib.crc32(path.encode())
+        n = lines_max // 3 + h % (lines_max - lines_max // 3 + 1)
+        body = [f"{i + 1:4} | {_CODE[(h + i) % len(_CODE)]}" for i in range(n)]
+        return f"# {path} ({n} lines)\n" + "\n".join(body)
+
+    async def run_tests(target: str) -> str:
+        """Run the project's tests for a file or a test name and report the results.
+
+        Args:
+            target: A test file, a module path or a test name.
+        """
+        h = zlib.crc32(target.encode())
+        failed = h % 3
+        lines = [f"collected {40 + h % 20} tests for {target}"]
+        for k in range(failed):
+            name = ("test_retry_backoff", "test_invoice_total_cents", "test_currency_upper")[k]
+            lines.append(f"FAILED tests/test_billing.py::{name} - AssertionError: expected 700 got {690 + h % 9}")
+        lines.append(f"{40 + h % 20 - failed} passed, {failed} failed")
+        return "\n".join(lines)
+
+    return [tool(read_file), tool(run_tests)]
+
+
+@attrs.frozen
+class DemoOptions:
+    """What `cmdc demo` runs."""
+
+    agents: int = 8
+    turns: int = 40
+    window: int = 6_000
+    offload_dir: Path | None = None
+    seed: int = 0
+    provider: ProviderName = "simulated"
+    model: str | None = None
+    summarizer: Literal["extractive", "model"] | None = None  # None: extractive offline, the model otherwise
+    latency: float = 0.05
+    display: DisplayMode = "auto"
+
+    @property
+    def trigger(self) -> int:
+        return int(self.window * TRIGGER_SHARE)
+
+    @property
+    def output_reserve(self) -> int:
+        return int(self.window * OUTPUT_SHARE)
+
+
+@attrs.define
+class Retention:
+    """What survived in an agent's final context. `users` counts the user messages that must be
+    there (in the context, or quoted in the summary) out of those required: every one, unless
+    the evicted ones outgrow the preserved-messages budget; then the newest that fit in it.
+    `users_sent` is how many were sent in all."""
+
+    task: bool
+    users: tuple[int, int]
+    pins: tuple[int, int]
+    users_sent: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.task and self.users[0] == self.users[1] and self.pins[0] == self.pins[1]
+
+
+@attrs.define
+class AgentStats:
+    """One agent's figures, updated from its events."""
+
+    name: str
+    turns: int = 0
+    tokens: int = 0
+    reports: list[CompactionReport] = attrs.field(factory=list)
+    overflows: int = 0
+    clipped: int = 0
+    errors: list[str] = attrs.field(factory=list)
+    journal_bytes: int = 0
+    retention: Retention | None = None
+
+    @property
+    def compactions(self) -> int:
+        return len(self.reports)
+
+    @property
+    def forced(self) -> int:
+        return sum(1 for r in self.reports if r.reason == "forced")
+
+    @property
+    def auto(self) -> int:
+        return sum(1 for r in self.reports if r.reason == "auto")
+
+
+class DemoError(CmdcError):
+    """A demo that cannot start (a missing key, a missing extra); the message says what to do."""
+
+
+def make_provider(options: DemoOptions, index: int) -> Provider:
+    """The model of agent `index`: a `SimulatedModel`, or the real endpoint asked for."""
+    if options.provider == "simulated":
+        return SimulatedModel(
+            context_window=options.window,
+            seed=options.seed * 1_000 + index,
+            tool_probability=0.7,
+            max_tool_rounds=2,
+            reply_chars=240,
+            latency=options.latency,
+        )
+    return real_provider(options.provider, options.model)
+
+
+def real_provider(kind: str, model: str | None) -> Provider:
+    """`OpenAIProvider` or `AnthropicProvider` from the environment, with clear errors for a
+    missing model, key or `http` extra."""
+    if not model:
+        raise DemoError(f"--provider {kind} needs --model NAME (the model to call)")
+    prefix = _KEYS[kind]
+    if not os.environ.get(f"{prefix}_API_KEY") and not os.environ.get(f"{prefix}_BASE_URL"):
+        raise DemoError(
+            f"--provider {kind} needs the environment variable {prefix}_API_KEY "
+            f"(or {prefix}_BASE_URL for a server that takes no key)"
+        )
+    from . import providers
+
+    name = "OpenAIProvider" if kind == "openai" else "AnthropicProvider"
+    try:
+        cls = getattr(providers, name)
+    except ImportError:
+        raise DemoError(
+            f"--provider {kind} needs the 'http' extra (httpx, stamina): pip install 'cmdc[http]'"
+        ) from None
+    provider: Provider = cls(model=model)
+    return provider
+
+
+# -- the workload -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Script:
+    """What one agent is told: the messages of each turn (the first opens with the system
+    prompt and the task)."""
+
+    turns: tuple[tuple[Message, ...], ...]
+
+    @property
+    def task(self) -> Message:
+        return self.turns[0][1]
+
+    def users(self, sent: int) -> list[Message]:
+        """The user messages of the first `sent` turns."""
+        return [m for turn in self.turns[:sent] for m in turn if m.role == "user"]
+
+    def pins(self, sent: int) -> list[Message]:
+        """The pinned messages of the first `sent` turns."""
+        return [m for m in self.users(sent) if m.is_pinned]
+
+
+def script(index: int, turns: int) -> Script:
+    """Agent `index`'s scripted session of `turns` turns."""
+    plan: list[tuple[Message, ...]] = [(Message.system(SYSTEM), Message.user(TASKS[index % len(TASKS)]))]
+    constraints = iter(CONSTRAINTS)
+    for t in range(1, turns):
+        constraint = next(constraints, None) if t % 6 == 2 else None
+        path = FILES[(t + index) % len(FILES)]
+        message = Message.user(constraint or f"Step {t}: update {path}; read it, change it, run its tests.")
+        if t in PIN_TURNS:
+            pin = Message.user(PINS[PIN_TURNS.index(t)], metadata={PINNED_KEY: True})
+            plan.append((pin, message))
+        else:
+            plan.append((message,))
+    return Script(turns=tuple(plan))
+
+
+def check_retention(state: State, plan: Script, user_budget: int, sent: int | None = None) -> Retention:
+    """Of the first `sent` turns (all by default): the task still in the context; every pin in
+    it; every user message in it or quoted in a summary, newest first, as far back as
+    `user_budget` tokens of evicted user messages go (the compactor's budget for preserved user
+    messages; older ones are in the journal)."""
+    sent = len(plan.turns) if sent is None else sent
+    users, pins = plan.users(sent), plan.pins(sent)
+    ids = {m.id for m in state.messages}
+    summaries = " ".join(" ".join(m.text.split()) for m in state.messages if m.is_summary)
+    present = required = 0
+    left = user_budget
+    for u in reversed(users):
+        if u.id in ids:
+            present += 1
+            required += 1
+            continue
+        left -= estimate_message_tokens(u)
+        if left < 0:
+            continue  # past the budget: the summary need not quote it
+        required += 1
+        present += " ".join(u.text.split()) in summaries
+    return Retention(
+        task=plan.task.id in ids,
+        users=(present, required),
+        pins=(sum(1 for p in pins if p.id in ids), len(pins)),
+        users_sent=len(users),
+    )
+
+
+# -- display ------------------------------------------------------------------------------------
+
+
+def _bar(tokens: int, window: int, width: int = 12) -> str:
+    filled = min(width, round(width * tokens / window)) if window else 0
+    return "█" * filled + "░" * (width - filled)
+
+
+def live_lines(stats: Sequence[AgentStats], options: DemoOptions, recent: Sequence[str] = ()) -> list[str]:
+    """The live table: per agent, turns, tokens in context (with a bar against the window) and
+    compactions (automatic / forced); then the latest compactions."""
+    lines = [f"{'agent':<10} {'turns':>7}  {'tokens in context':<19} {'compactions':>11} {'auto':>5} {'forced':>6}"]
+    for s in stats:
+        turns = f"{s.turns}/{options.turns}"
+        errors = f"  {len(s.errors)} failed turns" if s.errors else ""
+        lines.append(
+            f"{s.name:<10} {turns:>7}  {s.tokens:>6,} {_bar(s.tokens, options.window)} "
+            f"{s.compactions:>11} {s.auto:>5} {s.forced:>6}{errors}"
+        )
+    total = f"{sum(s.turns for s in stats)}/{options.turns * len(stats)}"
+    lines.append(
+        f"{'all':<10} {total:>7}  {'':<19} {sum(s.compactions for s in stats):>11} "
+        f"{sum(s.auto for s in stats):>5} {sum(s.forced for s in stats):>6}"
+    )
+    lines += [f"  {line}" for line in recent]
+    return lines
+
+
+class LiveTable:
+    """Redraws a block of lines in place on a terminal: ANSI cursor-up and clear-line, no curses."""
+
+    def __init__(self, stream: TextIO, width: int | None = None) -> None:
+        self.stream = stream
+        self.width = width or shutil.get_terminal_size((100, 24)).columns
+        self.drawn = 0
+
+    def draw(self, lines: Sequence[str]) -> None:
+        out = [f"\x1b[{self.drawn}A"] if self.drawn else ["\x1b[?25l"]  # up to the block; hide the cursor
+        # lines are clipped to the terminal's width so none wraps (which would break the count)
+        out += [f"\r\x1b[2K{line[: self.width - 1]}\n" for line in lines]
+        out += ["\r\x1b[2K\n"] * (self.drawn - len(lines))  # clear what a longer block left
+        self.stream.write("".join(out))
+        self.stream.flush()
+        self.drawn = max(self.drawn, len(lines))
+
+    def close(self) -> None:
+        self.stream.write("\x1b[?25h")  # show the cursor again
+        self.stream.flush()
+
+
+def _event_line(stats: AgentStats, event: Event) -> str | None:
+    if event.kind != COMPACTION_END:
+        return None
+    report = event.data.get("report")
+    if not isinstance(report, CompactionReport):
+        return f"{stats.name}: trailing tool results clipped to fit the window"
+    why = {"auto": "automatic", "forced": "forced after an overflow", "manual": "manual"}.get(
+        report.reason, report.reason
+    )
+    return (
+        f"{stats.name}: compaction #{report.compaction} ({why}): {report.tokens_before:,} -> "
+        f"{report.tokens_after:,} tokens, {report.evicted} messages to journal records "
+        f"{report.first_seq}-{report.last_seq}"
+    )
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def _apply(stats: AgentStats, event: Event) -> None:
+    if event.kind == REQUEST:
+        tokens = event.data.get("tokens")
+        if isinstance(tokens, int):
+            stats.tokens = tokens
+    elif event.kind == OVERFLOW:
+        stats.overflows += 1
+    elif event.kind == COMPACTION_END:
+        report = event.data.get("report")
+        if isinstance(report, CompactionReport):
+            stats.reports.append(report)
+            stats.tokens = report.tokens_after
+        else:
+            stats.clipped += 1
+
+
+async def run_demo(options: DemoOptions, out: TextIO | None = None) -> tuple[int, list[AgentStats]]:
+    """Run the demo, printing to `out` (stdout); return the exit code (0: every turn answered and
+    every retention check holds, else 1) and the figures."""
+    out = out or sys.stdout
+    if options.provider != "simulated":
+        real_provider(options.provider, options.model)  # a missing key or extra fails before anything starts
+    offload_dir = options.offload_dir or Path(tempfile.mkdtemp(prefix="cmdc-demo-"))
+    model = "SimulatedModel" if options.provider == "simulated" else f"{options.provider} {options.model}"
+    print(
+        f"cmdc demo: {options.agents} agents x {options.turns} turns on {model}; window {options.window:,} tokens, "
+        f"compaction trigger {options.trigger:,}, {options.output_reserve:,} reserved for each reply",
+        file=out,
+    )
+    print(f"journals: {offload_dir}", file=out)
+    stats = [AgentStats(f"agent-{i + 1}") for i in range(options.agents)]
+    providers = [make_provider(options, i) for i in range(options.agents)]
+    started = trio.current_time()
+    try:
+        await _run(options, offload_dir, stats, providers, out)
+    finally:
+        for provider in providers:
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await close()
+    elapsed = trio.current_time() - started
+    print(file=out)
+    for line in final_table(stats, options):
+        print(line, file=out)
+    ok = all(s.retention is not None and s.retention.ok for s in stats)
+    failed = [e for s in stats for e in s.errors]
+    print(file=out)
+    print(f"{elapsed:.1f} s; journals in {offload_dir} (read one: cmdc history {offload_dir} agent-1)", file=out)
+    if failed:
+        print(f"{len(failed)} turns failed; the first: {failed[0]}", file=out)
+    if not ok:
+        print("a retention check failed (✗ above)", file=out)
+    return (0 if ok and not failed else 1), stats
+
+
+async def _run(
+    options: DemoOptions, offload_dir: Path, stats: list[AgentStats], providers: list[Provider], out: TextIO
+) -> None:
+    live = options.display == "live" or (options.display == "auto" and out.isatty())
+    use_extractive = options.summarizer == "extractive" or (
+        options.summarizer is None and options.provider == "simulated"
+    )
+    summarizer: Summarizer | None = None
+    if use_extractive:
+        summarizer = ExtractiveSummarizer(max_chars=max(1_000, options.window // 2))
+    config: dict[str, Any] = {
+        "context_window": options.window,
+        "compact_trigger": ("tokens", options.trigger),
+        "compact_keep": ("messages", 6),
+        "compact_offload_dir": str(offload_dir),
+    }
+    tools = make_tools(options.window)
+    by_name = {s.name: s for s in stats}
+    plans = [script(i, options.turns) for i in range(options.agents)]
+    table = LiveTable(out) if live else None
+    recent: deque[str] = deque(maxlen=3)
+
+    def handle(event: Event) -> None:
+        s = by_name.get(event.agent_id or "")
+        if s is None:
+            return
+        _apply(s, event)
+        line = _event_line(s, event)
+        if line is None:
+            return
+        if table is None:
+            print(line, file=out)
+        else:
+            recent.append(line)
+
+    async def drive(ref: AgentRef, s: AgentStats, plan: Script) -> None:
+        for turn, messages in enumerate(plan.turns, 1):
+            try:
+                await ref.prompt(messages)
+            except CmdcError as exc:
+                s.errors.append(f"{s.name}, turn {turn}: {type(exc).__name__}: {exc}")
+                fatal = isinstance(exc, ProviderError)  # auth, quota, connection: the next turn would fail too
+                if table is None:
+                    more = "; its remaining turns are skipped" if fatal else ""
+                    print(f"{s.name}: turn {turn} failed: {type(exc).__name__}: {exc}{more}", file=out)
+                if fatal:
+                    s.turns = turn
+                    return
+            s.turns = turn
+            s.tokens = (await ref.state()).token_usage
+            if table is None and turn % 10 == 0:
+                print(
+                    f"{s.name}: turn {turn}/{options.turns}: {s.tokens:,} tokens in context, "
+                    f"{s.compactions} compactions ({s.forced} forced)",
+                    file=out,
+                )
+
+    async with open_runtime(log_events=False) as rt:
+        with rt.subscribe(buffer=100_000) as events:
+
+            async def consume(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                with trio.CancelScope() as scope:
+                    task_status.started(scope)
+                    async for event in events:
+                        handle(event)
+
+            async def redraw(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+                with trio.CancelScope() as scope:
+                    task_status.started(scope)
+                    while table is not None:
+                        table.draw(live_lines(stats, options, recent))
+                        await trio.sleep(0.1)
+
+            refs = [
+                await rt.spawn(
+                    s.name,
+                    provider,
+                    tools=tools,
+                    config=config,
+                    summarizer=summarizer,
+                    recall=True,
+                    max_output_tokens=options.output_reserve,
+                    compaction_cooldown=1.0,
+                )
+                for s, provider in zip(stats, providers, strict=True)
+            ]
+            try:
+                async with trio.open_nursery() as nursery:
+                    consumer: trio.CancelScope = await nursery.start(consume)
+                    painter: trio.CancelScope = await nursery.start(redraw)
+                    async with trio.open_nursery() as drivers:
+                        for ref, s, plan in zip(refs, stats, plans, strict=True):
+                            drivers.start_soon(drive, ref, s, plan)
+                    consumer.cancel()
+                    painter.cancel()
+                while True:  # what the consumer had not taken yet
+                    try:
+                        handle(events.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                if table is not None:
+                    table.draw(live_lines(stats, options, recent))
+            finally:
+                if table is not None:
+                    table.close()
+            store = OffloadStore(offload_dir)
+            for ref, s, plan in zip(refs, stats, plans, strict=True):
+                state = await ref.state()
+                s.tokens = state.token_usage
+                s.retention = check_retention(state, plan, options.trigger // 3, s.turns)
+                path = store.path_for(s.name)
+                s.journal_bytes = path.stat().st_size if path.exists() else 0
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KB", "MB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"
+
+
+def _check(ok: bool, counts: tuple[int, int] | None = None, note: str = "") -> str:
+    mark = "✓" if ok else "✗"
+    return mark if counts is None else f"{mark} {counts[0]}/{counts[1]}{note}"
+
+
+def final_table(stats: Sequence[AgentStats], options: DemoOptions) -> list[str]:
+    """Per agent and in total: turns, compactions, forced ones, mean tokens before and after a
+    compaction, journal size, and the retention checks (task, user messages, pins)."""
+    head = (
+        f"{'agent':<10} {'turns':>9} {'compactions':>11} {'forced':>6} {'tokens before':>13} {'after':>6} "
+        f"{'journal':>9}  {'task':<4} {'user msgs':<12} {'pins'}"
+    )
+    rule = "-" * len(head)
+    budgeted = False
+
+    def row(name: str, group: Sequence[AgentStats]) -> str:
+        nonlocal budgeted
+        reports = [r for s in group for r in s.reports]
+        before = round(sum(r.tokens_before for r in reports) / len(reports)) if reports else 0
+        after = round(sum(r.tokens_after for r in reports) / len(reports)) if reports else 0
+        checks = [s.retention for s in group if s.retention is not None]
+        users = (sum(c.users[0] for c in checks), sum(c.users[1] for c in checks))
+        pins = (sum(c.pins[0] for c in checks), sum(c.pins[1] for c in checks))
+        past_budget = any(c.users[1] < c.users_sent for c in checks)
+        budgeted = budgeted or past_budget
+        answered = sum(s.turns - len(s.errors) for s in group)
+        turns = f"{answered}/{options.turns * len(group)}"
+        return (
+            f"{name:<10} {turns:>9} {len(reports):>11} {sum(s.forced for s in group):>6} {before:>13,} {after:>6,} "
+            f"{_size(sum(s.journal_bytes for s in group)):>9}  "
+            f"{_check(bool(checks) and all(c.task for c in checks)):<4} "
+            f"{_check(users[0] == users[1], users, '*' if past_budget else ''):<12} "
+            f"{_check(pins[0] == pins[1], pins):<6}"
+        )
+
+    lines = [head, rule, *(row(s.name, [s]).rstrip() for s in stats), rule, row("total", stats).rstrip()]
+    lines.append("turns: answered / asked; tokens before, after: the mean over the compactions")
+    lines.append(
+        "user msgs: in the context or quoted in the summary / sent; pins: pinned messages still in the context"
+    )
+    if budgeted:
+        lines.append(
+            f"* only the newest user messages that fit the preserved-messages budget ({options.trigger // 3:,} "
+            "tokens, a third of the trigger) must be quoted; older ones are in the journal"
+        )
+    return lines
+
+
+__all__ = [
+    "AgentStats",
+    "DemoError",
+    "DemoOptions",
+    "LiveTable",
+    "Retention",
+    "check_retention",
+    "final_table",
+    "live_lines",
+    "make_tools",
+    "run_demo",
+    "script",
+]

@@ -1,0 +1,151 @@
+"""The benchmark suite runs and prints its table (tiny sizes; no timing assertions), and the
+DeepAgents comparison converts conversations faithfully (skipped without deepagents)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks._table import Row, render
+from cmdc import ImagePart, Message, TextPart, TokenUsage, ToolCall
+from cmdc.synthetic import conversation
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_python_m_benchmarks_prints_one_table() -> None:
+    # --smoke: every benchmark at tiny sizes (a few seconds); the DeepAgents part runs only
+    # when deepagents is installed, else the table says how to install it.
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.startswith("cmdc benchmarks (smoke;")
+    header = text.splitlines()[1]
+    assert header.split() == ["benchmark", "figure", "value", "target", "result"]
+    for figure in ("should_compact, 1,000 msgs", "offload #5 / #1", "RSS per idle agent", "compaction #1: task"):
+        assert figure in text
+    assert "ERROR" not in text
+    assert "targets met" in text or "MISSED" in text
+    try:
+        import deepagents  # noqa: F401
+    except ImportError:
+        assert "pip install -e '.[compare]'" in text
+    else:
+        assert "vs DeepAgents" in text and "per-turn check, 1,000 msgs" in text
+
+
+def test_render_lists_misses() -> None:
+    rows = [
+        Row("a", "fast thing", "1 µs", "< 20 µs", True),
+        Row("a", "slow thing", "40 ms", "< 30 ms", False),
+        Row("b", "no target", "7"),
+    ]
+    text = render(rows)
+    lines = text.splitlines()
+    assert lines[0].split() == ["benchmark", "figure", "value", "target", "result"]
+    assert any(line.split()[-1] == "pass" and "fast thing" in line for line in lines)
+    assert any(line.split()[-1] == "MISS" and "slow thing" in line for line in lines)
+    assert "MISSED 1 of 2 targets:" in text
+    assert "slow thing = 40 ms (target < 30 ms)" in text
+    assert "all 1 targets met" in render(rows[:1])
+
+
+def test_conversion_to_langchain() -> None:
+    pytest.importorskip("deepagents")
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    from benchmarks import compare_deepagents as cd
+
+    calls = (
+        ToolCall(id="c1", name="read_file", arguments={"path": "a.py"}),
+        ToolCall(id="c2", name="search", arguments={"query": "x", "n": 3}),
+    )
+    messages = [
+        Message.system("be careful"),
+        Message.user("do it"),
+        Message.assistant("looking", tool_calls=calls, usage=TokenUsage(input_tokens=10, output_tokens=5)),
+        Message.tool_result("c2", "found", is_error=False),
+        Message.tool_result("c1", "no such file", is_error=True),
+        Message.user((TextPart("see"), ImagePart("https://example.invalid/a.png", "image/png"))),
+        Message.assistant("done"),
+    ]
+    lc = cd.to_langchain(messages, provider="fake")
+    assert [type(m) for m in lc] == [
+        SystemMessage,
+        HumanMessage,
+        AIMessage,
+        ToolMessage,
+        ToolMessage,
+        HumanMessage,
+        AIMessage,
+    ]
+    assert [m.id for m in lc] == [m.id for m in messages]
+    assert lc[0].content == "be careful" and lc[1].content == "do it"
+    ai = lc[2]
+    assert isinstance(ai, AIMessage)
+    assert [(c["id"], c["name"], c["args"]) for c in ai.tool_calls] == [
+        ("c1", "read_file", {"path": "a.py"}),
+        ("c2", "search", {"query": "x", "n": 3}),
+    ]
+    assert ai.usage_metadata is not None
+    assert (ai.usage_metadata["input_tokens"], ai.usage_metadata["total_tokens"]) == (10, 15)
+    assert ai.response_metadata["model_provider"] == "fake"
+    results = [m for m in lc if isinstance(m, ToolMessage)]
+    assert [(m.tool_call_id, m.content, m.status) for m in results] == [
+        ("c2", "found", "success"),
+        ("c1", "no such file", "error"),
+    ]
+    assert lc[5].content == [
+        {"type": "text", "text": "see"},
+        {"type": "image", "url": "https://example.invalid/a.png", "mime_type": "image/png"},
+    ]
+    last = lc[6]
+    assert isinstance(last, AIMessage) and last.content == "done" and not last.tool_calls
+    assert last.usage_metadata is None
+
+    # A request as an agent makes it: the system prompt apart from the state's messages.
+    model = cd.fake_model()
+    request = cd.request_for(model, lc)
+    assert request.system_message is lc[0]
+    assert request.messages == lc[1:]
+
+
+def test_deepagents_sees_the_same_conversation() -> None:
+    pytest.importorskip("deepagents")
+    from benchmarks import compare_deepagents as cd
+
+    messages = conversation(300, seed=3)
+    model = cd.fake_model()
+    lc = cd.to_langchain(messages, provider=cd.provider_of(model))
+    assert len(lc) == len(messages)
+    # every call's results follow it, as in cmdc's conversation
+    calls = {c["id"] for m in lc for c in getattr(m, "tool_calls", [])}
+    from langchain_core.messages import ToolMessage
+
+    results = {m.tool_call_id for m in lc if isinstance(m, ToolMessage)}
+    assert calls == results == {c.id for m in messages for c in m.tool_calls}
+
+
+def test_without_deepagents_the_table_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import __main__ as suite
+
+    def broken(_preset: suite.Preset) -> list[Row]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(suite, "compaction_rows", lambda _p: [Row("compaction", "x", "1")])
+    monkeypatch.setattr(suite, "runtime_rows", broken)
+    monkeypatch.setattr(suite, "retention_rows", lambda _p: [Row("retention", "y", "2", "all ✓", True)])
+    monkeypatch.setattr(suite, "deepagents_available", lambda: False)
+    rows, notes = suite.collect(suite.SMOKE)
+    assert [r.benchmark for r in rows] == ["compaction", "runtime", "retention"]
+    assert rows[1].ok is False and "RuntimeError: boom" in rows[1].value
+    assert any("pip install -e '.[compare]'" in n for n in notes)
