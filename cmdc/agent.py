@@ -691,6 +691,9 @@ class Agent:
         return folded.value
 
     async def _lifecycle(self, hook: str, error: BaseException | None = None) -> None:
+        if not any(p.implements(hook) for p in self.plugins):
+            return
+
         def accept(value: object, current: State) -> State:
             if hook != "on_start" or not isinstance(value, State) or value.agent_id != current.agent_id:
                 raise PluginReturnError(f"{hook} returned {value!r:.80}")
