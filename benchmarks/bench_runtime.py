@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 import trio
+import trio.testing
 import trio.lowlevel
 
 import cmdc
@@ -69,7 +70,7 @@ async def spawn_baseline(n: int) -> dict[str, float]:
             send, receive = trio.open_memory_channel[Any](16)
             keep.append(send)
             nursery.start_soon(idle, receive)
-        await trio.lowlevel.checkpoint()  # let every task start and park
+        await trio.testing.wait_all_tasks_blocked()  # every task has started and parked
         elapsed = time.perf_counter() - t0
         gc.collect()
         per = (rss() - before) / n
@@ -85,7 +86,7 @@ async def spawn_agents(n: int) -> dict[str, float]:
     async with cmdc.open_runtime(log_events=False) as rt:
         for i in range(n):
             await rt.spawn(f"a{i}", provider)
-        await trio.lowlevel.checkpoint()
+        await trio.testing.wait_all_tasks_blocked()  # every agent has started and parked
         elapsed = time.perf_counter() - t0
         gc.collect()
         per = (rss() - before) / n

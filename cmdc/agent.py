@@ -437,14 +437,15 @@ class Agent:
 
     # -- the task -----------------------------------------------------------------------------
     async def main(self, *, task_status: trio.TaskStatus[AgentRef] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until stopped; restart after crashes as the policy says."""
+        """Serve the mailbox until stopped; after a crash, go on from the last committed state
+        as the restart policy says."""
         crashes: deque[float] | None = None
         try:
             await self._lifecycle("on_start")
             task_status.started(self.ref)
-            while True:
+            async for request in self._receive:
                 try:
-                    await self._serve()
+                    await self._serve(request)
                 except _StopRequested:
                     return
                 except _Crash as crash:
@@ -491,20 +492,19 @@ class Agent:
             if isinstance(request, (_Prompt, _Call, _Compact)):
                 request.reply.fail(error)
 
-    async def _serve(self) -> None:
-        async for request in self._receive:
-            if isinstance(request, _Send):
-                self.pending.extend(request.messages)
-            elif isinstance(request, _Call):
-                try:
-                    request.reply.set(request.fn(self))
-                except _StopRequested:
-                    request.reply.set(None)
-                    raise
-            elif isinstance(request, _Compact):
-                await self._serve_compact(request)
-            elif not request.reply.abandoned:
-                await self._serve_prompt(request)
+    async def _serve(self, request: Any) -> None:
+        if isinstance(request, _Send):
+            self.pending.extend(request.messages)
+        elif isinstance(request, _Call):
+            try:
+                request.reply.set(request.fn(self))
+            except _StopRequested:
+                request.reply.set(None)
+                raise
+        elif isinstance(request, _Compact):
+            await self._serve_compact(request)
+        elif not request.reply.abandoned:
+            await self._serve_prompt(request)
 
     async def _serve_compact(self, request: _Compact) -> None:
         if request.reply.abandoned:

@@ -15,6 +15,8 @@ from .groups import CallIndex
 from .message import Message, TokenUsage
 from .tokens import estimate_message_tokens
 
+_NO_CALLS = CallIndex()
+
 _AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -33,9 +35,22 @@ def validate_agent_id(agent_id: object) -> str:
 
 def _convert_config(value: object) -> Mapping[str, Any]:
     try:
-        return freeze_mapping(value, "config")  # type: ignore[arg-type]
+        frozen = freeze_mapping(value, "config")  # type: ignore[arg-type]
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
+    except RecursionError:
+        raise ConfigError("config is nested too deeply to be stored as JSON") from None
+    if frozen:
+        try:  # a config checkpoints cannot write (a lone surrogate, nesting past JSON's limit)
+            orjson.dumps(thaw(frozen))
+        except (orjson.JSONEncodeError, RecursionError):
+            for key, item in frozen.items():
+                try:
+                    orjson.dumps({key: thaw(item)})
+                except (orjson.JSONEncodeError, RecursionError) as exc:
+                    raise ConfigError(f"config key {key!r} cannot be stored as JSON ({exc}): {item!r:.200}") from None
+            raise ConfigError("config cannot be stored as JSON") from None
+    return frozen
 
 
 def _convert_messages(value: object) -> tuple[Message, ...]:
@@ -79,6 +94,9 @@ class State:
     def __attrs_post_init__(self) -> None:
         _count(self.compactions, "compactions")
         _count(self.usage_floor, "usage_floor")
+        if not self.messages:  # a new agent's state: nothing to count or index
+            object.__setattr__(self, "_calls", _NO_CALLS)
+            return
         index, base = -1, 0
         for i in range(len(self.messages) - 1, self.usage_floor - 1, -1):
             usage = self.messages[i].usage
