@@ -106,6 +106,7 @@ class State:
         tail = sum(estimate_message_tokens(m) for m in self.messages[index + 1 :])
         for m in self.messages:
             m.json_crc()  # encode (and checksum) once now, so offloads only copy bytes
+            estimate_message_tokens(m)  # and estimate, so a compaction's clipping check is a lookup
         object.__setattr__(self, "_baseline_index", index)
         object.__setattr__(self, "_baseline_tokens", base)
         object.__setattr__(self, "_tail_tokens", tail)
@@ -147,10 +148,11 @@ class State:
             m.json_crc()  # encode (and checksum) once now, O(1) per message: offloads copy bytes
             if m.tool_calls or m.tool_call_id is not None or m.metadata:
                 calls = calls.add(start + offset, m)
+            tokens = estimate_message_tokens(m)
             if m.usage is not None:
                 index, base, tail = start + offset, m.usage.total_tokens, 0
             else:
-                tail += estimate_message_tokens(m)
+                tail += tokens
         new = object.__new__(State)
         for name, value in (
             ("agent_id", self.agent_id),
