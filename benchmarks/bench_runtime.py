@@ -23,8 +23,8 @@ from typing import Any
 
 import attrs
 import trio
-import trio.testing
 import trio.lowlevel
+import trio.testing
 
 import cmdc
 from cmdc import Message, TokenUsage, ToolCall

@@ -76,18 +76,39 @@ def _convert_content(value: object) -> Content:
     raise InvalidMessage(f"message content must be text or a list of parts, got {type(value).__name__}")
 
 
-def _convert_arguments(value: object) -> Mapping[str, Any]:
+MAX_DEPTH = 200
+"""How deeply metadata and tool-call arguments may nest: JSON encoders (orjson: 255 levels)
+must hold them inside a message, a journal line and a request body."""
+
+
+def _freeze_json(value: object, where: str) -> Mapping[str, Any]:
     try:
-        return freeze_mapping(value, "tool call arguments")  # type: ignore[arg-type]
+        frozen = freeze_mapping(value, where)  # type: ignore[arg-type]
     except TypeError as exc:
         raise InvalidMessage(str(exc)) from None
+    except RecursionError:
+        raise InvalidMessage(f"{where} is nested more than {MAX_DEPTH} levels deep") from None
+    stack: list[tuple[object, int]] = [(frozen, 1)]
+    while stack:  # iterative: a deep value must not exhaust the stack here either
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_DEPTH:
+            raise InvalidMessage(f"{where} is nested more than {MAX_DEPTH} levels deep")
+        stack.extend((child, depth + 1) for child in children)
+    return frozen
+
+
+def _convert_arguments(value: object) -> Mapping[str, Any]:
+    return _freeze_json(value, "tool call arguments")
 
 
 def _convert_metadata(value: object) -> Mapping[str, Any]:
-    try:
-        return freeze_mapping(value, "message metadata")  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise InvalidMessage(str(exc)) from None
+    return _freeze_json(value, "message metadata")
 
 
 @attrs.frozen(hash=False)
@@ -206,6 +227,10 @@ class Message:
             raise InvalidMessage(f"is_error must be a bool, got {self.is_error!r}")
         if self.usage is not None and not isinstance(self.usage, TokenUsage):
             raise InvalidMessage(f"usage must be a TokenUsage, got {type(self.usage).__name__}")
+        if self.metadata or self.tool_calls:
+            # Encoded (and cached) now: a string JSON cannot hold (a lone surrogate) or nesting
+            # deeper than it allows is refused here, not later by a store mid-write.
+            self.to_json()
 
     def __hash__(self) -> int:
         return hash(self.id)
@@ -326,7 +351,10 @@ class Message:
         """The message as compact JSON bytes, encoded once and cached (messages are immutable)."""
         data = self._json
         if data is None:
-            data = orjson.dumps(self._plain(), default=_encode_default)
+            try:
+                data = orjson.dumps(self._plain(), default=_encode_default)
+            except orjson.JSONEncodeError as exc:
+                raise InvalidMessage(f"message {self.id} cannot be stored as JSON: {exc}") from None
             object.__setattr__(self, "_json", data)
         return data
 

@@ -253,9 +253,7 @@ class OffloadStore:
                 raise OffloadError(journal.failed)
             # A cancelled caller waits for the write to finish, but not past write_timeout.
             try:
-                return await run_bounded(
-                    self._append_sync, journal, path, batch, compaction, limit=self.write_timeout
-                )
+                return await run_bounded(self._append_sync, journal, path, batch, compaction, limit=self.write_timeout)
             except trio.TooSlowError:
                 journal.failed = (
                     f"offload journal {path}: an append did not finish within {self.write_timeout} s "

@@ -140,6 +140,15 @@ def count(value: object) -> int:
     return int(value)
 
 
+def items(value: object, what: str) -> list[Any]:
+    """A reply field that must be a list (or absent): anything else is a `ProviderError`."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ProviderError(f"the reply's {what} is a {type(value).__name__}, not a list: {value!r:.100}")
+    return value
+
+
 def new_call_id() -> str:
     return f"call_{secrets.token_hex(8)}"
 

@@ -42,6 +42,7 @@ from ._http import (
     check_count,
     count,
     endpoint,
+    items,
     json_object,
     load_image,
     read_sse,
@@ -157,7 +158,7 @@ class AnthropicProvider(HTTPProvider):
                 raise classify(response.status_code, response.headers, data)
             raise ProviderError(f"{self.name}: the response has no content: {str(data)[:200]}")
         reply = _Reply()
-        for block in data.get("content") or ():
+        for block in items(data.get("content"), "content"):
             if isinstance(block, Mapping):
                 reply.block(block)
         reply.stop_reason = data.get("stop_reason")

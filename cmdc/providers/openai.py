@@ -51,6 +51,7 @@ from ._http import (
     check_count,
     count,
     endpoint,
+    items,
     json_object,
     load_image,
     new_call_id,
@@ -170,7 +171,7 @@ class OpenAIProvider(HTTPProvider):
         message = message if isinstance(message, Mapping) else {}
         invalid: dict[str, str] = {}
         calls: list[ToolCall] = []
-        for raw in message.get("tool_calls") or ():
+        for raw in items(message.get("tool_calls"), "tool_calls"):
             if not isinstance(raw, Mapping):
                 continue
             fn = raw.get("function")
@@ -300,7 +301,7 @@ class _Stream:
         usage = _usage(chunk.get("usage"))
         if usage is not None:
             self.usage = usage
-        for choice in chunk.get("choices") or ():
+        for choice in items(chunk.get("choices"), "stream chunk's choices"):
             if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
@@ -315,7 +316,7 @@ class _Stream:
         content = delta.get("content")
         if isinstance(content, str):
             self.text.append(content)
-        for fragment in delta.get("tool_calls") or ():
+        for fragment in items(delta.get("tool_calls"), "stream delta's tool_calls"):
             if not isinstance(fragment, Mapping):
                 continue
             index = fragment.get("index")

@@ -1,0 +1,303 @@
+"""Stopping at any moment: a process killed by SIGKILL (benchmarks/crash_test.py, small N here),
+and a compaction or a turn cancelled at every checkpoint inside it.
+
+The cancellation sweep steps through the target task with a trio Instrument: run k cancels the
+scope just before the task's k-th step, for k = 1, 2, ... until a run finishes uncancelled.
+Every time: the state is the old one or a committed new one, the journal parses with whole
+records only (the batch entirely or not at all), no task is left behind, and every worker
+thread job that started has finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+from faultfs import journal_lines, summary_ranges
+from helpers import check_pairs
+
+from benchmarks import crash_test
+from cmdc import (
+    AfterCompact,
+    BeforeCompact,
+    Compacted,
+    Compactor,
+    ExtractiveSummarizer,
+    Message,
+    OffloadStore,
+    Plugin,
+    State,
+    ToolCall,
+    open_runtime,
+    tool,
+)
+from cmdc.checkpoint import CheckpointStore
+from cmdc.errors import TurnAborted
+from cmdc.providers import ModelRequest
+
+AGENT = "a1"
+
+# -- SIGKILL --------------------------------------------------------------------------------------
+
+
+def test_crash_test_small(tmp_path: Path) -> None:
+    lines: list[str] = []
+    figures = crash_test.run(8, seed=11, max_delay=0.2, directory=tmp_path, out=lines.append)
+    assert figures["failures"] == [], lines
+    assert figures["kills"] == 8
+    assert figures["records"] > 0 and figures["checkpoints"] > 0
+    assert lines[-1].startswith("crash test: 8 SIGKILLs, 0 failures")
+
+
+def test_crash_checker_is_not_vacuous(tmp_path: Path) -> None:
+    """The same checks, after damage a crash must never cause, do fail."""
+    figures = crash_test.run(2, seed=3, max_delay=0.2, directory=tmp_path, out=lambda _: None)
+    assert figures["failures"] == []
+    journal = tmp_path / "offload" / f"{crash_test.AGENT}.jsonl"
+    ledger = crash_test.Ledger()
+    raw, _ = crash_test.raw_records(journal)
+    for seq, message_id in raw:
+        ledger.take(f"A {seq} {message_id}")
+    data = journal.read_bytes()
+    last = data.rindex(b"\n", 0, len(data) - 1) + 1
+    journal.write_bytes(data[:last])  # the last acknowledged record is gone
+    failures, _ = crash_test.check(tmp_path, ledger, 99)
+    assert any("not on disk" in f for f in failures)
+
+
+# -- the cancellation sweep ------------------------------------------------------------------------
+
+
+class Stepper(trio.abc.Instrument):
+    """Counts the steps of one task and calls `at_step()` just before its k-th; tracks every
+    task alive."""
+
+    def __init__(self) -> None:
+        self.alive: set[trio.lowlevel.Task] = set()
+        self.task: trio.lowlevel.Task | None = None
+        self.steps = 0
+        self.k = 0
+        self.at_step: Callable[[], None] = lambda: None
+
+    def arm(self, task: trio.lowlevel.Task, k: int, at_step: Callable[[], None]) -> None:
+        self.task, self.steps, self.k, self.at_step = task, 0, k, at_step
+
+    def disarm(self) -> None:
+        self.task = None
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+            if self.steps == self.k:
+                self.at_step()
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.alive.add(task)
+
+    def task_exited(self, task: trio.lowlevel.Task) -> None:
+        self.alive.discard(task)
+
+
+class Jobs:
+    """Counts worker-thread jobs (`trio.to_thread.run_sync`) as they start and finish, in the
+    worker threads themselves."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started = self.finished = 0
+        self._lock = threading.Lock()
+        real = trio.to_thread.run_sync
+
+        async def run_sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            def job(*a: Any) -> Any:
+                with self._lock:
+                    self.started += 1
+                try:
+                    return fn(*a)
+                finally:
+                    with self._lock:
+                        self.finished += 1
+
+            return await real(job, *args, **kwargs)
+
+        monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return self.started - self.finished
+
+
+@pytest.fixture
+async def stepper() -> Any:
+    instrument = Stepper()
+    trio.lowlevel.add_instrument(instrument)
+    yield instrument
+    trio.lowlevel.remove_instrument(instrument)
+
+
+class Checkpoints(Plugin):
+    """before/after_compact hooks that yield to the scheduler: more points to cancel at."""
+
+    async def before_compact(self, ctx: BeforeCompact) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def after_compact(self, ctx: AfterCompact) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def slow_summarizer(messages: Sequence[Message], instruction: str) -> str:
+    for _ in range(3):
+        await trio.lowlevel.checkpoint()
+    return await ExtractiveSummarizer()(messages, instruction)
+
+
+def conversation(offload: Path, rounds: int, **config: Any) -> State:
+    state = State(
+        agent_id=AGENT,
+        messages=(Message.system("You are terse."),),
+        config={"compact_offload_dir": str(offload), "compact_keep": ("messages", 3), **config},
+    )
+    for r in range(rounds):
+        call = ToolCall(id=f"r{r}", name="add", arguments={"a": r, "b": 1})
+        state = state.append(
+            Message.user(f"what is {r} + 1? " + "x" * 300),
+            Message.assistant("", tool_calls=(call,)),
+            Message.tool_result(call.id, str(r + 1)),
+            Message.assistant(f"{r + 1}"),
+        )
+    return state
+
+
+def check_journal(directory: Path) -> list[tuple[int, str]]:
+    lines, torn = journal_lines(directory / f"{AGENT}.jsonl")
+    assert not torn, "a cancelled append left a torn record"
+    assert [s for s, _ in lines] == list(range(1, len(lines) + 1))
+    return lines
+
+
+async def test_cancel_force_compact_at_every_step(
+    tmp_path: Path, stepper: Stepper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = Jobs(monkeypatch)
+    baseline = set(stepper.alive)
+    cancelled = {"before the append": 0, "after the append": 0}
+    for k in range(1, 10_000):
+        offload = tmp_path / f"k{k}"
+        old = conversation(offload, 6)
+        old_json = old.to_json()
+        compactor = Compactor(slow_summarizer, plugins=[Checkpoints()], retries=0)
+        outcome: list[Any] = []
+
+        async def target(k: int, compactor: Compactor, old: State, outcome: list[Any]) -> None:
+            with trio.CancelScope() as scope:
+                stepper.arm(trio.lowlevel.current_task(), k, scope.cancel)
+                outcome.append(await compactor.force_compact(old))
+            stepper.disarm()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(target, k, compactor, old, outcome)
+        assert jobs.running == 0, f"k={k}: a worker thread is still running a job"
+        assert stepper.alive == baseline, f"k={k}: a task was left behind"
+        assert old.to_json() == old_json
+        lines = check_journal(offload)
+        if not outcome:  # cancelled: the journal holds the whole batch or nothing
+            reference = await Compactor(retries=0).force_compact(conversation(tmp_path / "ref", 6))
+            assert isinstance(reference, Compacted)
+            assert len(lines) in (0, reference.report.evicted)
+            cancelled["after the append" if lines else "before the append"] += 1
+            again = await Compactor(retries=0).force_compact(old)  # a retry completes it
+            assert isinstance(again, Compacted)
+            state = again.state
+        else:
+            assert isinstance(outcome[0], Compacted)
+            state = outcome[0].state
+        on_disk = {s for s, _ in check_journal(offload)}
+        for first, last in summary_ranges(state.messages):
+            assert set(range(first, last + 1)) <= on_disk
+        read = {m.id for m in await OffloadStore(offload).read(AGENT)}
+        assert {m.id for m in old.messages} <= read | {m.id for m in state.messages}
+        check_pairs(state.messages, state.messages)
+        if outcome:
+            break
+    print("compact sweep:", cancelled)
+    assert cancelled["before the append"] >= 1 and cancelled["after the append"] >= 5, cancelled
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    await trio.lowlevel.checkpoint()
+    return a + b
+
+
+class Adder:
+    async def complete(self, request: ModelRequest) -> Message:
+        await trio.lowlevel.checkpoint()
+        last = request.messages[-1]
+        if last.role == "user":
+            call = ToolCall(id=f"q{len(request.messages)}", name="add", arguments={"a": 2, "b": 3})
+            return Message.assistant("", tool_calls=(call,))
+        return Message.assistant(f"answer: {last.text}")
+
+
+async def test_cancel_turn_at_every_step(tmp_path: Path, stepper: Stepper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn that compacts before its request (and again after its tool step), cancelled at
+    every step of the agent's task: by `abort()` once the turn runs, by the caller's scope
+    before."""
+    jobs = Jobs(monkeypatch)
+    baseline = set(stepper.alive)
+    cancelled: dict[str, int] = {"old state, journal empty": 0, "old state, batch journaled": 0, "a new commit": 0}
+    for k in range(1, 10_000):
+        root = tmp_path / f"k{k}"
+        old = conversation(root / "offload", 4, compact_trigger=("messages", 16))
+        await CheckpointStore(root / "ckpt").save(old)
+        finished: list[Message] = []
+        async with open_runtime(checkpoint_dir=root / "ckpt", log_events=False) as rt:
+            agent = await rt.spawn(
+                AGENT, Adder(), tools=[add], plugins=[Checkpoints()], summarizer=slow_summarizer, resume=True
+            )
+            agent_task = next(t for t in stepper.alive if t.name == AGENT)
+            agent_state_before = await agent.state()
+            with trio.CancelScope() as caller:
+
+                def cancel(scope: trio.CancelScope = caller, ref: Any = agent) -> None:
+                    scope.cancel()
+                    ref.abort()
+
+                stepper.arm(agent_task, k, cancel)
+                with contextlib.suppress(TurnAborted):
+                    finished.append(await agent.prompt("what is 2 + 3?"))
+            stepper.disarm()
+            await agent.ping()  # the turn has wound down (a shielded commit may have been in flight)
+            state = await agent.state()
+            # The state is a committed one: the old one, or one the turn committed.
+            assert await CheckpointStore(root / "ckpt").load(AGENT) == state
+            lines = check_journal(root / "offload")
+            check_pairs(state.messages, state.messages)
+            assert state.messages[: len(old.messages)] == old.messages or state.compactions > old.compactions
+            read = {m.id for m in await OffloadStore(root / "offload").read(AGENT)}
+            assert {m.id for m in old.messages} <= read | {m.id for m in state.messages}, "a message was lost"
+            for first, last in summary_ranges(state.messages):
+                assert set(range(first, last + 1)) <= {s for s, _ in lines}
+            if state.compactions == old.compactions:
+                assert state.messages[: len(old.messages)] == old.messages
+            if state is agent_state_before:
+                outcome = "old state, batch journaled" if lines else "old state, journal empty"
+            else:
+                outcome = "a new commit"
+            # The agent carries on.
+            assert (await agent.prompt("what is 2 + 3?")).text == "answer: 5"
+        assert jobs.running == 0, f"k={k}: a worker thread is still running a job"
+        assert stepper.alive == baseline, f"k={k}: a task was left behind"
+        if finished:
+            assert finished[0].text == "answer: 5"
+            break
+        cancelled[outcome] += 1
+    print("turn sweep:", cancelled)
+    assert all(n >= 1 for n in cancelled.values()) and sum(cancelled.values()) >= 10, cancelled
