@@ -105,8 +105,11 @@ def _record_pieces(first_seq: int, compaction: int, ts: float, messages: Sequenc
     pieces: list[bytes] = []
     add = pieces.extend
     for seq, m in enumerate(messages, first_seq):
+        data, crc = m._json, m._json_crc  # cached when the message entered its State
+        if data is None or crc is None:
+            data, crc = m.to_json(), m.json_crc()
         tail = const % seq
-        add((_HEAD, m.to_json(), tail, b',"crc":"%08x"}\n' % crc32(tail, m.json_crc())))
+        add((_HEAD, data, tail, b',"crc":"%08x"}\n' % crc32(tail, crc)))
     return pieces
 
 

@@ -775,7 +775,7 @@ def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResu
     tokens cut to a head with a pointer to the journal (which holds them whole)."""
     if limit is None:
         return messages
-    large = [i for i, m in enumerate(messages) if estimate_message_tokens(m) > limit]
+    large = [i for i, m in enumerate(messages) if (m._tokens or estimate_message_tokens(m)) > limit]
     if not large:
         return messages
     pointer = f"the full text is in the journal {written.path}, records {written.first_seq}-{written.last_seq}"

@@ -72,7 +72,12 @@ def split_messages(
     pins = [i for i in index.pinned if i >= lead]
     if pinned_ids:
         wanted = set(pinned_ids)
-        pins += [i for i in range(lead, n) if messages[i].id in wanted]
+        for i in range(lead, n):  # ends as soon as every wanted id is found (a task is early)
+            if messages[i].id in wanted:
+                pins.append(i)
+                wanted.discard(messages[i].id)
+                if not wanted:
+                    break
     if unpinned_ids:
         dropped = set(unpinned_ids)
         pins = [i for i in pins if messages[i].id not in dropped]
