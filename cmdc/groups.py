@@ -78,9 +78,10 @@ class CallIndex:
                             del open_groups[index]
                         break
         if not (open_groups or pinned or summaries):
-            return _EMPTY
+            return EMPTY_INDEX
         groups = tuple(OpenGroup(i, frozenset(w), tuple(r)) for i, (w, r) in open_groups.items())
         return cls(groups, tuple(pinned), tuple(summaries))
 
 
-_EMPTY = CallIndex()
+EMPTY_INDEX = CallIndex()
+"""The index of a conversation with no calls, pins or summaries (shared)."""

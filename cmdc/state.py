@@ -11,11 +11,9 @@ import orjson
 
 from ._frozen import freeze_mapping, thaw
 from .errors import ConfigError, InvalidMessage, InvalidState
-from .groups import CallIndex
+from .groups import EMPTY_INDEX, CallIndex
 from .message import Message, TokenUsage
 from .tokens import estimate_message_tokens
-
-_NO_CALLS = CallIndex()
 
 _AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -95,7 +93,7 @@ class State:
         _count(self.compactions, "compactions")
         _count(self.usage_floor, "usage_floor")
         if not self.messages:  # a new agent's state: nothing to count or index
-            object.__setattr__(self, "_calls", _NO_CALLS)
+            object.__setattr__(self, "_calls", EMPTY_INDEX)
             return
         index, base = -1, 0
         for i in range(len(self.messages) - 1, self.usage_floor - 1, -1):

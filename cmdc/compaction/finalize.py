@@ -189,7 +189,3 @@ async def run_finalize(finalize: Finalize, ctx: FinalizeContext) -> list[Message
     if not messages or not all(isinstance(m, Message) for m in messages):
         raise TypeError("a finalizer must return a non-empty list of Messages")
     return messages
-
-
-def messages_tokens(messages: Sequence[Message]) -> int:
-    return sum(estimate_message_tokens(m) for m in messages)
