@@ -1,0 +1,52 @@
+"""Shared fixtures. `postgres_url`: a fresh, empty PostgreSQL database for one test.
+
+PostgreSQL tests run when `CMDC_TEST_POSTGRES_URL` names a server (`eval "$(scripts/pg_test.sh
+start)"` starts a throwaway one) and are skipped otherwise, unless `CMDC_REQUIRE_POSTGRES=1`
+(as in CI), which makes a missing server or driver a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import urllib.parse
+from collections.abc import Iterator
+
+import pytest
+
+HOW = (
+    'PostgreSQL tests need a server: run `eval "$(scripts/pg_test.sh start)"`, rerun pytest, '
+    "then `scripts/pg_test.sh stop`"
+)
+
+
+def _require() -> bool:
+    return os.environ.get("CMDC_REQUIRE_POSTGRES", "") not in ("", "0")
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + name))
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    base = os.environ.get("CMDC_TEST_POSTGRES_URL", "")
+    if not base:
+        if _require():
+            pytest.fail("CMDC_REQUIRE_POSTGRES is set but CMDC_TEST_POSTGRES_URL is not. " + HOW)
+        pytest.skip(HOW)
+    try:
+        import psycopg
+    except ImportError:
+        if _require():
+            raise
+        pytest.skip("PostgreSQL tests need psycopg: pip install -e '.[postgres]'")
+    name = f"cmdc_t_{secrets.token_hex(6)}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    try:
+        yield with_database(base, name)
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
