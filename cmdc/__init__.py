@@ -37,7 +37,20 @@ from .errors import (
 from .events import Event
 from .message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from .offload import JournalRecord, OffloadStore
-from .plugins import Abort, AfterCompact, BeforeCompact, Plugin, Skip
+from .plugins import (
+    Abort,
+    AfterCompact,
+    AfterResponse,
+    AfterTool,
+    BeforeCompact,
+    BeforeRequest,
+    BeforeTool,
+    OnError,
+    OnStart,
+    OnStop,
+    Plugin,
+    Skip,
+)
 from .runtime import Runtime, open_runtime
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
@@ -47,11 +60,15 @@ __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
     "Abort",
     "AfterCompact",
+    "AfterResponse",
+    "AfterTool",
     "AgentNotFound",
     "AgentOptions",
     "AgentRef",
     "AgentStopped",
     "BeforeCompact",
+    "BeforeRequest",
+    "BeforeTool",
     "CmdcError",
     "CompactConfig",
     "Compacted",
@@ -63,8 +80,8 @@ __all__ = [
     "ConfigError",
     "ContextOverflow",
     "Event",
-    "HTTPProviderError",
     "ExtractiveSummarizer",
+    "HTTPProviderError",
     "ImagePart",
     "InvalidMessage",
     "InvalidState",
@@ -74,6 +91,9 @@ __all__ = [
     "OffloadCorrupted",
     "OffloadError",
     "OffloadStore",
+    "OnError",
+    "OnStart",
+    "OnStop",
     "Plugin",
     "PluginAborted",
     "ProviderError",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import attrs
 import trio
 
-from .compaction import Compacted, CompactionReport, Compactor
+from .compaction import Compactor
 from .errors import (
     AgentStopped,
     CmdcError,
@@ -50,8 +50,28 @@ from .events import (
     Event,
 )
 from .message import Message, ToolCall
-from .plugins import Abort, Folded, Plugin, PluginReturnError, Skip, fold, sort_plugins
+from .plugins import (
+    Abort,
+    AfterResponse,
+    AfterTool,
+    BeforeRequest,
+    BeforeTool,
+    Folded,
+    HookName,
+    LifecycleContext,
+    OnError,
+    OnStart,
+    OnStop,
+    Plugin,
+    RequestContext,
+    ResponseContext,
+    Skip,
+    ToolContext,
+    fold,
+    sort_plugins,
+)
 from .providers.base import ModelRequest, Provider
+from .report import Compacted, CompactionReport
 from .state import State
 from .tools import Tool, ToolArgumentsError
 
@@ -61,6 +81,7 @@ if TYPE_CHECKING:
 
 RestartPolicy = Literal["permanent", "transient", "temporary"]
 T = TypeVar("T")
+C = TypeVar("C")
 
 # The names of the agents a delegated turn is running for (to refuse cycles and bound depth).
 current_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cmdc_chain", default=())
@@ -207,41 +228,6 @@ def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, .
     if isinstance(content, (list, tuple)) and content and all(isinstance(m, Message) for m in content):
         return tuple(content)
     raise ConfigError(f"a prompt must be text, a Message or a non-empty list of Messages, got {content!r:.80}")
-
-
-@attrs.frozen
-class ToolContext:
-    """Context of `before_tool` (return a new `ToolCall`, `Skip` or `Abort`) and `after_tool`
-    (`result` set: return a new result `Message`)."""
-
-    state: State
-    call: ToolCall
-    tool: Tool | None
-    result: Message | None = None
-
-
-@attrs.frozen
-class RequestContext:
-    """Context of `before_request` (return a new `State`, `Skip` to end the turn, `Abort`)."""
-
-    state: State
-    step: int
-
-
-@attrs.frozen
-class ResponseContext:
-    """Context of `after_response`: return a new assistant `Message` to use instead."""
-
-    state: State
-    reply: Message
-
-
-@attrs.frozen
-class LifecycleContext:
-    """Context of `on_start` (may return a new `State`), `on_error` and `on_stop`."""
-
-    state: State
-    error: BaseException | None = None
 
 
 class AgentRef:
@@ -441,7 +427,7 @@ class Agent:
         as the restart policy says."""
         crashes: deque[float] | None = None
         try:
-            await self._lifecycle("on_start")
+            await self._lifecycle("on_start", OnStart(self.state))
             task_status.started(self.ref)
             async for request in self._receive:
                 try:
@@ -473,7 +459,7 @@ class Agent:
             self._fail_queued()  # before the receive side closes: queued callers get an answer
             self._receive.close()
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await self._lifecycle("on_stop")
+                await self._lifecycle("on_stop", OnStop(self.state))
             self.done = True
             if self._done_event is not None:
                 self._done_event.set()
@@ -517,7 +503,7 @@ class Agent:
             else:
                 request.reply.set(None)
         except CompactionIncomplete as exc:
-            await self._commit(exc.state)  # type: ignore[arg-type]
+            await self._commit(exc.state)
             request.reply.fail(exc)
         except CmdcError as exc:
             request.reply.fail(exc)
@@ -533,7 +519,7 @@ class Agent:
                 except Exception as exc:
                     request.reply.fail(exc)
                     self._emit(ERROR, error=repr(exc))
-                    await self._lifecycle("on_error", exc)
+                    await self._lifecycle("on_error", OnError(self.state, exc))
                     if not isinstance(exc, CmdcError):
                         raise _Crash(repr(exc)) from exc
                 else:
@@ -599,7 +585,7 @@ class Agent:
         except CompactionIncomplete as exc:  # compacted, yet still over a trigger: keep the gain
             self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
             self._emit(ERROR, error=str(exc), during="compaction", retry_in=self.options.compaction_cooldown)
-            return exc.state  # type: ignore[return-value]
+            return exc.state
         except (CompactionError, OffloadError) as exc:
             self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
             self._emit(ERROR, error=repr(exc), during="compaction", retry_in=self.options.compaction_cooldown)
@@ -624,7 +610,7 @@ class Agent:
                     try:
                         outcome = await self.compactor.force_compact(state, window=exc.limit)
                     except CompactionIncomplete as incomplete:
-                        outcome = Compacted(incomplete.state, incomplete.report)  # type: ignore[arg-type]
+                        outcome = Compacted(incomplete.state, incomplete.report)
                     if isinstance(outcome, Compacted):
                         forced += 1
                         state = outcome.state
@@ -655,57 +641,40 @@ class Agent:
 
         return report
 
-    async def _hook(
-        self, hook: str, ctx: Any, subject: T, rebind: Callable[[Any, T], Any], accept: Callable[[object, T], T]
-    ) -> Folded[T]:
+    async def _hook(self, hook: HookName, ctx: C, subject: T, rebind: Callable[[C, T], C]) -> Folded[T]:
         """Fold `hook` over the plugins; an `Abort` ends the turn with `PluginAborted`."""
-        folded = await fold(
-            self.plugins, hook, ctx, subject, rebind=rebind, accept=accept, on_error=self._plugin_error(hook)
-        )
+        folded = await fold(self.plugins, hook, ctx, subject, rebind=rebind, on_error=self._plugin_error(hook))
         if isinstance(folded.stop, Abort):
             raise PluginAborted(f"plugin {folded.stopped_by} aborted the turn: {folded.stop.reason}")
         return folded
 
     async def _before_request(self, state: State, step: int) -> State:
-        def accept(value: object, current: State) -> State:
-            if not isinstance(value, State) or value.agent_id != current.agent_id:
-                raise PluginReturnError(f"before_request must return this agent's State, got {value!r:.80}")
-            return value
-
         folded = await self._hook(
-            "before_request", RequestContext(state, step), state, lambda ctx, s: RequestContext(s, step), accept
+            "before_request", BeforeRequest(state, step), state, lambda ctx, s: BeforeRequest(s, step)
         )
         if isinstance(folded.stop, Skip):
             raise RequestSkipped(f"plugin {folded.stopped_by} skipped the request: {folded.stop.reason}")
         return folded.value
 
     async def _after_response(self, state: State, reply: Message) -> Message:
-        def accept(value: object, current: Message) -> Message:
-            if not isinstance(value, Message) or value.role != "assistant":
-                raise PluginReturnError(f"after_response must return an assistant Message, got {value!r:.80}")
-            return value
-
         folded = await self._hook(
-            "after_response", ResponseContext(state, reply), reply, lambda ctx, r: ResponseContext(state, r), accept
+            "after_response", AfterResponse(state, reply), reply, lambda ctx, r: AfterResponse(state, r)
         )
         return folded.value
 
-    async def _lifecycle(self, hook: str, error: BaseException | None = None) -> None:
+    async def _lifecycle(
+        self, hook: Literal["on_start", "on_error", "on_stop"], ctx: OnStart | OnError | OnStop
+    ) -> None:
+        """`on_start` may replace the state; `on_error` and `on_stop` observe. `Skip` and
+        `Abort` only end the fold here."""
         if not any(p.implements(hook) for p in self.plugins):
             return
-
-        def accept(value: object, current: State) -> State:
-            if hook != "on_start" or not isinstance(value, State) or value.agent_id != current.agent_id:
-                raise PluginReturnError(f"{hook} returned {value!r:.80}")
-            return value
-
         folded = await fold(
             self.plugins,
             hook,
-            LifecycleContext(self.state, error),
+            ctx,
             self.state,
-            rebind=lambda ctx, s: LifecycleContext(s, error),
-            accept=accept,
+            rebind=lambda c, s: attrs.evolve(c, state=s),
             on_error=self._plugin_error(hook),
         )
         if folded.value is not self.state:
@@ -748,17 +717,11 @@ class Agent:
         its result; a failure of any kind is a result the model can read."""
         tool = self.tools.get(call.name)
 
-        def accept(value: object, current: ToolCall) -> ToolCall:
-            if not isinstance(value, ToolCall) or value.id != current.id:
-                raise PluginReturnError(f"before_tool must return a ToolCall with id {current.id}, got {value!r:.80}")
-            return value
-
         folded = await self._hook(
             "before_tool",
-            ToolContext(state, call, tool),
+            BeforeTool(state, call, tool),
             call,
-            lambda ctx, c: ToolContext(state, c, self.tools.get(c.name)),
-            accept,
+            lambda ctx, c: BeforeTool(state, c, self.tools.get(c.name)),
         )
         if isinstance(folded.stop, Skip):
             return call, Message.tool_result(
@@ -786,17 +749,11 @@ class Agent:
         return call, Message.tool_result(call.id, text)
 
     async def _after_tool(self, state: State, call: ToolCall, tool: Tool | None, result: Message) -> Message:
-        def accept(value: object, current: Message) -> Message:
-            if not isinstance(value, Message) or value.tool_call_id != call.id:
-                raise PluginReturnError(f"after_tool must return a tool result for {call.id}, got {value!r:.80}")
-            return value
-
         folded = await self._hook(
             "after_tool",
-            ToolContext(state, call, tool, result),
+            AfterTool(state, call, tool, result),
             result,
-            lambda ctx, r: ToolContext(state, call, tool, r),
-            accept,
+            lambda ctx, r: AfterTool(state, call, tool, r),
         )
         return folded.value
 
@@ -805,4 +762,13 @@ class Agent:
             self.bus.publish(Event(kind, self.name, data, trio.current_time()))
 
 
-__all__ = ["Agent", "AgentOptions", "AgentRef", "RestartPolicy", "ToolContext"]
+__all__ = [
+    "Agent",
+    "AgentOptions",
+    "AgentRef",
+    "LifecycleContext",
+    "RequestContext",
+    "ResponseContext",
+    "RestartPolicy",
+    "ToolContext",
+]

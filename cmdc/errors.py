@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # names only: errors are layer 0 and import nothing at run time
+    from .report import CompactionReport
+    from .state import State
+
 
 class CmdcError(Exception):
     """Root of every error cmdc raises on purpose."""
@@ -52,7 +58,7 @@ class CompactionIncomplete(CompactionError):
     """After every allowed pass the context is still over a trigger. `state` is the compacted
     state (the evicted messages are journaled), `report` the combined report."""
 
-    def __init__(self, message: str, *, state: object = None, report: object = None) -> None:
+    def __init__(self, message: str, *, state: State, report: CompactionReport) -> None:
         super().__init__(message)
         self.state = state
         self.report = report

@@ -1,6 +1,7 @@
 """Compaction: config, cutoff, summary and the `Compactor`."""
 
-from .compactor import Compacted, CompactionReport, Compactor, Skipped, SummaryAttempt, default_should_retry
+from ..report import Compacted, CompactionReport, Skipped
+from .compactor import Compactor, SummaryAttempt, default_should_retry
 from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .summary import ExtractiveSummarizer, Summarizer, render_transcript

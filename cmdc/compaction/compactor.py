@@ -34,7 +34,8 @@ from ..events import (
 )
 from ..message import Message
 from ..offload import AppendResult, OffloadStore
-from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, PluginReturnError, fold, sort_plugins
+from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
+from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..tokens import TokenCounter, estimate_message_tokens, estimate_tokens_from_messages
 from .config import CompactConfig, Threshold
@@ -43,47 +44,6 @@ from .finalize import Finalize, FinalizeContext, default_finalize, run_finalize
 from .summary import ExtractiveSummarizer, Summarizer, summarize_rolling, summarizer_name
 
 Reason = Literal["auto", "forced", "manual"]
-
-
-@attrs.frozen
-class CompactionReport:
-    """What one compaction did, with its figures."""
-
-    reason: str
-    tokens_before: int
-    tokens_after: int
-    messages_before: int
-    messages_after: int
-    evicted: int
-    offload_path: str
-    first_seq: int
-    last_seq: int
-    compaction: int
-    summary_tokens: int
-    summarizer: str
-    attempts: int
-    duration: float
-    passes: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-
-@attrs.frozen
-class Compacted:
-    """A compaction happened: the new state and its report."""
-
-    state: State
-    report: CompactionReport
-
-
-@attrs.frozen
-class Skipped:
-    """No compaction: the state unchanged, why, and which plugin skipped it (if one did)."""
-
-    state: State
-    reason: str
-    skipped_by: str | None = None
 
 
 class Compactor:
@@ -528,15 +488,6 @@ class Compactor:
             return split, None
         offered = {m.id for m in split.evicted}
 
-        def accept(value: object, current: tuple[Message, ...]) -> tuple[Message, ...]:
-            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-                raise PluginReturnError(f"before_compact must return messages to evict, got {type(value).__name__}")
-            chosen = tuple(value)
-            allowed = {m.id for m in current}
-            if not all(isinstance(m, Message) and m.id in allowed for m in chosen):
-                raise PluginReturnError("before_compact may only return a subset of the messages offered")
-            return chosen
-
         ctx = BeforeCompact(state, split.evicted, split.kept, reason, instruction)
         folded = await fold(
             self.plugins,
@@ -544,7 +495,6 @@ class Compactor:
             ctx,
             split.evicted,
             rebind=lambda c, evicted: attrs.evolve(c, evicted=evicted),
-            accept=accept,
             on_error=self._plugin_error(state, "before_compact"),
         )
         if isinstance(folded.stop, Abort):
@@ -564,20 +514,12 @@ class Compactor:
         return split, None
 
     async def _after_compact(self, state: State, report: CompactionReport) -> State:
-        def accept(value: object, current: State) -> State:
-            if not isinstance(value, State):
-                raise PluginReturnError(f"after_compact must return a State, got {type(value).__name__}")
-            if value.agent_id != current.agent_id:
-                raise PluginReturnError("after_compact may not change the agent id")
-            return value
-
         folded = await fold(
             self.plugins,
             "after_compact",
             AfterCompact(state, report),
             state,
             rebind=lambda c, s: attrs.evolve(c, state=s),
-            accept=accept,
             on_error=self._plugin_error(state, "after_compact"),
         )
         result = folded.value

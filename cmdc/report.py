@@ -1,0 +1,57 @@
+"""What a compaction did: `CompactionReport`, and its outcomes `Compacted` and `Skipped`.
+
+Plain data (layer 0), so the plugin contexts, the errors and the compactor can all name them
+without an import cycle. Also importable from `cmdc` and `cmdc.compaction`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .state import State
+
+
+@attrs.frozen
+class CompactionReport:
+    """What one compaction did, with its figures."""
+
+    reason: str
+    tokens_before: int
+    tokens_after: int
+    messages_before: int
+    messages_after: int
+    evicted: int
+    offload_path: str
+    first_seq: int
+    last_seq: int
+    compaction: int
+    summary_tokens: int
+    summarizer: str
+    attempts: int
+    duration: float
+    passes: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Compacted:
+    """A compaction happened: the new state and its report."""
+
+    state: State
+    report: CompactionReport
+
+
+@attrs.frozen
+class Skipped:
+    """No compaction: the state unchanged, why, and which plugin skipped it (if one did)."""
+
+    state: State
+    reason: str
+    skipped_by: str | None = None
+
+
+__all__ = ["Compacted", "CompactionReport", "Skipped"]
