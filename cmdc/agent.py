@@ -135,6 +135,9 @@ class AgentOptions:
     - `max_delegation_depth`: how deep a chain of agents delegating to agents may go.
     - `compaction_cooldown`: after an automatic compaction fails, seconds before the next
       automatic one is tried (the turn goes on uncompacted; an overflow still forces one).
+    - `max_parallel_tools`: tool calls of one reply that run (concurrently); each call past
+      it gets an error result the model can read instead of running.
+    - `max_children`: temporary children (`delegate` without an agent) at work at once.
     """
 
     max_steps: int = attrs.field(default=25, validator=_positive_int("max_steps"))
@@ -147,6 +150,8 @@ class AgentOptions:
     restart_window: float = attrs.field(default=60.0, validator=_seconds("restart_window", False))
     max_delegation_depth: int = attrs.field(default=3, validator=_positive_int("max_delegation_depth"))
     compaction_cooldown: float = attrs.field(default=30.0, validator=_seconds("compaction_cooldown", False))
+    max_parallel_tools: int = attrs.field(default=32, validator=_positive_int("max_parallel_tools"))
+    max_children: int = attrs.field(default=8, validator=_positive_int("max_children"))
 
     @max_output_tokens.validator
     def _check_output(self, _a: object, value: object) -> None:
@@ -682,10 +687,19 @@ class Agent:
 
     # -- tools ----------------------------------------------------------------------------------
     async def _run_tools(self, state: State, reply: Message) -> list[Message]:
-        results: list[Message | None] = [None] * len(reply.tool_calls)
+        calls, limit = reply.tool_calls, self.options.max_parallel_tools
+        results: list[Message | None] = [None] * len(calls)
         aborted: list[PluginAborted] = []
+        if len(calls) > limit:  # bounded fan-out: the excess is refused, readably
+            why = (
+                f"not run: this reply made {len(calls)} tool calls and at most {limit} run per step "
+                f"(the first {limit} ran). Make this call again in a later step if it is still needed."
+            )
+            for i in range(limit, len(calls)):
+                results[i] = Message.tool_result(calls[i].id, why, is_error=True)
+            self._emit(ERROR, error=f"{len(calls) - limit} tool calls refused", during="tools", limit=limit)
         async with trio.open_nursery() as nursery:
-            for i, call in enumerate(reply.tool_calls):
+            for i, call in enumerate(calls[:limit]):
                 nursery.start_soon(self._run_tool, state, call, results, i, aborted, nursery.cancel_scope)
         if aborted:  # raised here, not inside the nursery: the caller gets PluginAborted itself
             raise aborted[0]

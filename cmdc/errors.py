@@ -112,6 +112,32 @@ class AgentNotFound(CmdcError):
     """No agent is registered under that name."""
 
 
+class DelegationRefused(CmdcError):
+    """A delegation the runtime will not make: the target was not granted to the delegating
+    agent, does not accept tasks from it, would close a wait-for cycle (a deadlock), or a
+    bound (depth, children at once) is reached. The `delegate` tool turns it into an error
+    result the model can read."""
+
+
+class ProviderTimeout(ProviderError):
+    """A provider call ran past its overall `deadline`, or one response past
+    `ReplyLimits.max_stream_seconds`. Not retried by the HTTP providers."""
+
+
+class ReplyTooLarge(ProviderError):
+    """A model endpoint's reply broke a `ReplyLimits` bound: the body, one SSE line, or the
+    number of tool calls. Not retried: the same request would likely do it again."""
+
+
+class TooManyToolCalls(ReplyTooLarge):
+    """A reply asked for more tool calls than `ReplyLimits.max_tool_calls`."""
+
+
+class SummarizerTimeout(CompactionError):
+    """One summarizer attempt ran past the compactor's `summarizer_timeout`: a failed attempt,
+    retried and failed over like any other."""
+
+
 class InvalidState(CmdcError, ValueError):
     """A serialized `State` is malformed."""
 

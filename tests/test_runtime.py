@@ -362,8 +362,12 @@ async def test_delegation_by_name_and_depth(tmp_path: Path) -> None:
         return Message.assistant(f"{me} got: {last.text}")
 
     async with open_runtime(log_events=False) as rt:
-        a = await rt.spawn("a", ScriptedProvider([chain_model], cycle=True), config=config(tmp_path), delegation=True)
-        await rt.spawn("b", ScriptedProvider([chain_model], cycle=True), config=config(tmp_path), delegation=True)
+        a = await rt.spawn(
+            "a", ScriptedProvider([chain_model], cycle=True), config=config(tmp_path), delegation=["b"], accepts=["b"]
+        )
+        await rt.spawn(
+            "b", ScriptedProvider([chain_model], cycle=True), config=config(tmp_path), delegation=["a"], accepts=["a"]
+        )
         reply = await a.prompt("start")
         # a -> b -> a would wait on itself: b gets an error result and answers with it
         assert reply.text.startswith("a got: b got: ") and "already waiting" in reply.text

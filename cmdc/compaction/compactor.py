@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..errors import (
     ContextOverflow,
     OffloadError,
     SummarizerError,
+    SummarizerTimeout,
 )
 from ..events import (
     COMPACTION_END,
@@ -70,7 +72,9 @@ class Compactor:
     with an event. `reduce_tokens`: tool results and tool-call arguments longer than this are
     clipped, with a pointer to the journal, in what the summarizer reads. After compacting, if
     a trigger still fires, up to `max_extra_passes` more passes run with a halved keep rule;
-    then `CompactionIncomplete` says so, carrying the compacted state.
+    then `CompactionIncomplete` says so, carrying the compacted state. `summarizer_timeout`:
+    seconds one summarizer attempt may take (all its chunks); past it the attempt fails with
+    `SummarizerTimeout` and is retried and failed over like any other (None: no bound).
     """
 
     __slots__ = (
@@ -92,6 +96,7 @@ class Compactor:
         "should_retry",
         "summarizer",
         "summarizer_input_tokens",
+        "summarizer_timeout",
         "token_counter",
         "user_message_budget",
         "user_message_filter",
@@ -118,6 +123,7 @@ class Compactor:
         reduce_tokens: int | None = 2_000,
         max_extra_passes: int = 2,
         on_event: EventSink | None = None,
+        summarizer_timeout: float | None = 300.0,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
@@ -134,6 +140,14 @@ class Compactor:
                 raise ConfigError(f"{what} must be an integer >= 1 or None, got {value!r}")
         if isinstance(max_extra_passes, bool) or not isinstance(max_extra_passes, int) or max_extra_passes < 0:
             raise ConfigError(f"max_extra_passes must be an integer >= 0, got {max_extra_passes!r}")
+        if summarizer_timeout is not None and (
+            isinstance(summarizer_timeout, bool)
+            or not isinstance(summarizer_timeout, (int, float))
+            or not 0 < summarizer_timeout < math.inf
+        ):
+            raise ConfigError(
+                f"summarizer_timeout must be a positive number of seconds or None, got {summarizer_timeout}"
+            )
         for what, fn in (
             ("should_retry", should_retry),
             ("failover", failover),
@@ -169,6 +183,7 @@ class Compactor:
         self.reduce_tokens = reduce_tokens
         self.max_extra_passes = max_extra_passes
         self.on_event = on_event
+        self.summarizer_timeout = summarizer_timeout
         self._config_for: tuple[Mapping[str, Any], CompactConfig] | None = None
         self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
         self._store: OffloadStore | None = None
@@ -653,7 +668,10 @@ class _Tries:
             answer: str | None = None
             error: BaseException | None = None
             try:
-                answer = await summarize_rolling(summarizer, messages, self.prompt, chunk)
+                with trio.fail_after(c.summarizer_timeout or math.inf):
+                    answer = await summarize_rolling(summarizer, messages, self.prompt, chunk)
+            except trio.TooSlowError:
+                error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={c.summarizer_timeout} s")
             except ContextOverflow as exc:
                 error = exc
                 smaller = (chunk or whole) // 2
