@@ -81,6 +81,82 @@ def time_append(reps: int, base: int = 10_000, batch: int = 1_000) -> tuple[floa
     return statistics.median(prepare), statistics.median(append)
 
 
+async def time_default(
+    n: int, root: Path, reps: int, trigger: int | None, extractive: bool = False
+) -> tuple[float, int, int]:
+    """One `force_compact` of an `n`-message conversation by a Compactor with every default
+    (finalizer, preserved user messages, task pin, budgets: every retention feature on), with
+    the default trigger or `trigger`; the summarizer answers at once unless `extractive` (the
+    offline default, whose own time grows with its input): (median seconds, summary tokens,
+    tokens after)."""
+    messages = conversation(n, seed=n)
+    samples, summary, after = [], 0, 0
+    for rep in range(reps):
+        config: dict[str, object] = {"compact_offload_dir": str(root)}
+        if trigger is not None:
+            config["compact_trigger"] = ("tokens", trigger)
+        state = State(agent_id=f"default-{n}-{trigger}-{extractive}-{rep}", messages=messages, config=config)
+        compactor = Compactor() if extractive else Compactor(instant)
+        t0 = time.perf_counter()
+        result = await compactor.force_compact(state)
+        samples.append(time.perf_counter() - t0)
+        assert isinstance(result, Compacted)
+        summary, after = result.report.summary_tokens, result.report.tokens_after
+    return statistics.median(samples), summary, after
+
+
+async def time_chained(root: Path, rounds: int, batch: int = 40) -> list[tuple[int, float, int]]:
+    """`rounds` chained compactions by the default Compactor with a 10^9 trigger: before each,
+    `batch` new messages are appended; (compaction number, seconds, summary tokens) per round."""
+    state = State(agent_id="chained", config={"compact_trigger": ("tokens", 10**9), "compact_offload_dir": str(root)})
+    compactor = Compactor()
+    out = []
+    for i in range(rounds):
+        state = state.append(*conversation(batch, seed=1_000 + i, system=False, usage=False))
+        t0 = time.perf_counter()
+        result = await compactor.force_compact(state)
+        seconds = time.perf_counter() - t0
+        assert isinstance(result, Compacted)
+        state = result.state
+        out.append((i + 1, seconds, result.report.summary_tokens))
+    return out
+
+
+async def default_table(
+    sizes: Sequence[int], reps: int, rounds: int, summarizers: Sequence[bool] = (False, True)
+) -> None:
+    """Prints the default-Compactor figures: one force_compact per size and trigger, and the
+    summary's size over chained compactions."""
+    print("\ndefault Compactor, every retention feature on, one force_compact")
+    print(
+        f"{'messages':>9} {'trigger':>9} {'summarizer':>11} {'ms':>9} {'target':>7}"
+        f" {'summary tok':>12} {'tokens after':>13}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for extractive in summarizers:
+            for n in sizes:
+                for trigger in (None, 10**9):
+                    seconds, summary, after = await time_default(n, Path(tmp), reps, trigger, extractive)
+                    target = None if extractive else TARGETS_MS.get(n)
+                    print(
+                        f"{n:>9} {'default' if trigger is None else '1e9':>9} "
+                        f"{'extractive' if extractive else 'instant':>11} {seconds * 1e3:>9.1f} "
+                        f"{'' if target is None else f'< {target:.0f}':>7} {summary:>12,} {after:>13,}"
+                    )
+        chain = await time_chained(Path(tmp), rounds) if rounds else []
+    if not chain:
+        return
+    print(f"\n{rounds} chained compactions (40 new messages each, trigger 1e9, default Compactor)")
+    print(f"{'compaction':>11} {'ms':>9} {'summary tok':>12}")
+    marks = sorted({1, 2, 10, 100, rounds // 2, rounds} & set(range(1, rounds + 1)))
+    for number, seconds, summary in chain:
+        if number in marks:
+            print(f"{number:>11} {seconds * 1e3:>9.1f} {summary:>12,}")
+    first = statistics.median(s for _, s, _ in chain[: max(1, rounds // 10)])
+    last = statistics.median(s for _, s, _ in chain[-max(1, rounds // 10) :])
+    print(f"  median ms, first tenth: {first * 1e3:.1f}; last tenth: {last * 1e3:.1f}")
+
+
 TARGETS_MS = {1_000: None, 10_000: 30.0, 50_000: 150.0}  # one compaction, by conversation size
 CHECK_TARGET_US = 20.0
 
@@ -140,7 +216,12 @@ async def measure(
     return Figures(out, prepare, append, append_base, offloads)
 
 
-async def main(quick: bool) -> None:
+async def main(quick: bool, default_only: bool = False, rounds: int | None = None, only: str = "both") -> None:
+    if default_only:
+        sizes = (1_000, 10_000) if quick else (1_000, 10_000, 50_000)
+        kinds = {"both": (False, True), "instant": (False,), "extractive": (True,)}[only]
+        await default_table(sizes, 3, (100 if quick else 1_000) if rounds is None else rounds, kinds)
+        return
     sizes = (1_000, 10_000) if quick else (1_000, 10_000, 50_000)
     figures = await measure(sizes, 3 if quick else 5)
     print("cmdc compaction benchmark (instant summarizer, ~400-char messages)")
@@ -159,9 +240,14 @@ async def main(quick: bool) -> None:
     print("\noffload of 5 successive compactions of ~1k messages into one journal (ms):")
     print("  " + "  ".join(f"#{i + 1}: {t * 1e3:.1f}" for i, t in enumerate(offloads)))
     print(f"  5th / 1st: {offloads[-1] / offloads[0]:.2f}")
+    await default_table(sizes, 3, 100 if quick else 1_000)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    trio.run(main, parser.parse_args().quick)
+    parser.add_argument("--default-only", action="store_true", help="only the default-Compactor figures")
+    parser.add_argument("--rounds", type=int, default=None, help="chained compactions (default 1,000)")
+    parser.add_argument("--summarizer", choices=("both", "instant", "extractive"), default="both")
+    args = parser.parse_args()
+    trio.run(main, args.quick, args.default_only, args.rounds, args.summarizer)

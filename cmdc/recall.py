@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
+from ._clip import clip
 from .errors import ConfigError
 from .message import Message
 from .offload import JournalRecord, OffloadStore
@@ -75,7 +76,7 @@ def _size(text: str) -> int:
 
 def _head(text: str, max_bytes: int) -> str:
     """The longest prefix of `text` whose UTF-8 encoding fits in `max_bytes`."""
-    return text.encode("utf-8")[: max(0, max_bytes)].decode("utf-8", errors="ignore")
+    return clip(text, max_bytes, keep="head", marker="")
 
 
 def _seq_list(seqs: Sequence[int]) -> str:
@@ -85,7 +86,7 @@ def _seq_list(seqs: Sequence[int]) -> str:
 
 def _quote(query: str) -> str:
     query = " ".join(query.split())
-    return orjson.dumps(query if len(query) <= 80 else query[:79] + "…").decode()
+    return orjson.dumps(clip(query, 80, keep="head", marker="…")).decode()
 
 
 def _span(records: Sequence[JournalRecord]) -> str:

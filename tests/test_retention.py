@@ -68,7 +68,7 @@ async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_
     kept = summary.metadata[USER_MESSAGES_KEY]
     assert kept[-1].startswith("user message number 5")  # newest first within the budget
     assert len(kept) == 3 and kept[0].startswith("user message number 3")
-    assert "characters omitted" in kept[0]  # the one that did not fit: head and tail
+    assert "bytes clipped" in kept[0]  # the one that did not fit: head and tail
     assert all(f"user message number {i}" not in summary.text for i in range(3))
     # at the second compaction, the earlier ones come from the previous summary, not lost
     more = first.state.append(Message.user("a later question"), Message.assistant("b"))
@@ -169,8 +169,8 @@ async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: 
     )
     assert isinstance(result, Compacted)
     seen = {m.id: m for m in summarizer.calls[0]}
-    assert "more characters clipped" in seen[msgs[2].id].text and len(seen[msgs[2].id].text) < 3_000
-    assert "more characters clipped" in seen[msgs[1].id].tool_calls[0].arguments["body"]
+    assert "more bytes clipped" in seen[msgs[2].id].text and len(seen[msgs[2].id].text) < 3_000
+    assert "more bytes clipped" in seen[msgs[1].id].tool_calls[0].arguments["body"]
     journal = {m.id: m for m in await OffloadStore(tmp_path).read("r")}
     assert journal[msgs[2].id].text == big and journal[msgs[1].id].tool_calls[0].arguments["body"] == big
 

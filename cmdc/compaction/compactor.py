@@ -12,6 +12,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from .._clip import clip_tokens
 from ..errors import (
     CompactionAborted,
     CompactionError,
@@ -296,10 +297,9 @@ class Compactor:
         clipped = []
         for m in state.messages[start:end]:
             if m.id in by_id:
-                head = m.text[: limit * 4]
                 m = Message.tool_result(
                     m.tool_call_id or "",
-                    f"{head}\n[… {len(m.text) - len(head)} more characters clipped to fit the context; {pointer}]",
+                    clip_tokens(m.text, limit, keep="head", marker=_TAIL_MARKER, note=pointer),
                     is_error=m.is_error,
                     metadata={**m.metadata, "cmdc.clipped_from": m.id},
                 )
@@ -743,8 +743,7 @@ def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResu
     for i in large:
         m = out[i]
         if m.role == "tool":
-            head = m.text[: limit * 4]
-            out[i] = m.evolve(content=f"{head}\n[… {len(m.text) - len(head)} more characters clipped; {pointer}]")
+            out[i] = m.evolve(content=clip_tokens(m.text, limit, keep="head", marker=_INPUT_MARKER, note=pointer))
         elif m.tool_calls:
             calls = tuple(
                 attrs.evolve(c, arguments={k: _clip_value(v, limit, pointer) for k, v in c.arguments.items()})
@@ -754,9 +753,13 @@ def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResu
     return out
 
 
+_TAIL_MARKER = "\n[… {omitted} more bytes clipped to fit the context; {note}]"
+_INPUT_MARKER = "\n[… {omitted} more bytes clipped; {note}]"
+
+
 def _clip_value(value: Any, limit: int, pointer: str) -> Any:
-    if isinstance(value, str) and len(value) > limit * 4:
-        return f"{value[: limit * 4]}\n[… {len(value) - limit * 4} more characters clipped; {pointer}]"
+    if isinstance(value, str):
+        return clip_tokens(value, limit, keep="head", marker=_INPUT_MARKER, note=pointer)
     return value
 
 

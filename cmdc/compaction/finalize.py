@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from .._clip import clip_tokens
 from ..message import Message
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 from .summary import strip_scratchpad, summary_message
@@ -46,12 +47,8 @@ Step = Callable[[FinalizeContext, list[Message]], "list[Message] | Awaitable[lis
 
 
 def _clip_middle(text: str, budget_tokens: int) -> str:
-    """`text` cut to its head and tail around a marker, to about `budget_tokens`."""
-    keep = max(0, budget_tokens * 4 - 40)
-    if len(text.encode()) <= budget_tokens * 4:
-        return text
-    head, tail = text[: keep // 2], text[len(text) - keep // 2 :] if keep else ""
-    return f"{head} [… {len(text) - len(head) - len(tail)} characters omitted …] {tail}"
+    """`text` cut to its head and tail around a marker, within `budget_tokens`."""
+    return clip_tokens(text, budget_tokens)
 
 
 def preserved_user_messages(ctx: FinalizeContext) -> list[str]:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import orjson
 import trio
 
+from .._clip import clip, clip_line
 from ..errors import InvalidMessage, SummarizerError
 from ..message import KIND_KEY, SUMMARY_KIND, Message, TokenUsage, ToolCall
 from ..providers.base import ModelRequest, Provider
@@ -263,15 +264,8 @@ _OPEN_ITEM = re.compile(r"^\s*(?:[-*]\s*\[ \]|TODO\b:?)\s*(.+)$")
 
 
 def _clip(text: str, limit: int) -> str:
-    """`text` on one line, at most `limit` characters: its head and tail around `…` if longer."""
-    text = " ".join(text.split())
-    if len(text) <= limit:
-        return text
-    if limit < 24:
-        return text[: max(0, limit - 1)] + "…"
-    tail = (limit - 3) // 3
-    head = limit - 3 - tail
-    return f"{text[:head].rstrip()} … {text[len(text) - tail :].lstrip()}"
+    """`text` on one line, at most `limit` UTF-8 bytes: its head and tail around `…` if longer."""
+    return clip_line(text, limit)
 
 
 def _dedupe(items: list[str]) -> list[str]:
@@ -823,6 +817,4 @@ class ExtractiveSummarizer:
             layout.clip(_TASK, cap)
         layout.keep_first(_TASK)
         text = layout.render()
-        if len(text) > self.max_chars:  # a last resort; not reached with max_chars >= 500
-            text = text[: self.max_chars].rsplit("\n", 1)[0]
-        return text
+        return clip(text, self.max_chars, keep="head", marker="")  # a last resort (CJK: bytes > characters)

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from .._clip import clip
 from ..errors import (
     AuthError,
     BadRequest,
@@ -309,8 +310,7 @@ def _code_names(err: Mapping[str, Any] | None, headers: Mapping[str, str]) -> se
 
 
 def _clip(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 1] + "…"
+    return clip(" ".join(text.split()), _MESSAGE_CHARS, keep="head", marker="…")
 
 
 # -- retry-after -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import trio
 
+from .._clip import clip
 from .._frozen import thaw
 from ..errors import ConfigError, ContextOverflow
 from ..message import Message, TokenUsage, ToolCall
@@ -38,7 +39,7 @@ def _int(value: object, what: str, minimum: int) -> int:
 
 
 def _clip(line: str, width: int) -> str:
-    return line if len(line) <= width else line[: max(0, width - 1)] + "…"
+    return clip(line, width, keep="head", marker="…")
 
 
 def tool_schema_tokens(tool: ToolSchema) -> int:
@@ -185,7 +186,9 @@ class SimulatedModel:
         if len(lines) > 2 * _EDGE_LINES:
             lines = [*lines[:_EDGE_LINES], "[...]", *lines[-_EDGE_LINES:]]
         width = max(1, (self.summary_chars - len(header) - len(lines)) // max(1, len(lines)))
-        return "\n".join([header, *(_clip(line, width) for line in lines)])[: self.summary_chars]
+        return clip(
+            "\n".join([header, *(_clip(line, width) for line in lines)]), self.summary_chars, keep="head", marker=""
+        )
 
     def _tool_reply(self, tools: tuple[ToolSchema, ...]) -> Message:
         calls = []

@@ -1,0 +1,87 @@
+"""The one clip function: fits its budget in UTF-8 bytes, never longer than its input, never
+splits a character; media placeholders."""
+
+from __future__ import annotations
+
+import base64
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cmdc._clip import clip, clip_line, clip_tokens, has_media, image_placeholder, scrub_media, utf8_len
+from cmdc.tokens import estimate_text_tokens
+
+texts = st.one_of(
+    st.text(),
+    st.text(alphabet="漢字かなカナ한국어😀🎉ß", max_size=400),
+    st.text(max_size=5_000),
+)
+
+
+@given(texts, st.integers(min_value=-5, max_value=2_000), st.sampled_from(["middle", "head"]))
+def test_clip_fits_and_never_grows(text: str, budget: int, keep: str) -> None:
+    out = clip(text, budget, keep=keep)  # type: ignore[arg-type]
+    budget = max(0, budget)
+    size = utf8_len(out)
+    assert size <= budget
+    assert size <= utf8_len(text)
+    assert len(out) <= len(text)
+    if utf8_len(text) <= budget:
+        assert out == text
+    else:
+        assert out != text
+    out.encode("utf-8")  # whole characters only
+
+
+@given(texts, st.integers(min_value=0, max_value=500))
+def test_clip_tokens_fits_the_estimate(text: str, tokens: int) -> None:
+    out = clip_tokens(text, tokens)
+    assert estimate_text_tokens(out) <= tokens
+    assert estimate_text_tokens(out) <= estimate_text_tokens(text)
+
+
+@given(texts, st.integers(min_value=0, max_value=300))
+def test_clip_line_is_one_line(text: str, budget: int) -> None:
+    out = clip_line(text, budget)
+    assert utf8_len(out) <= budget
+    assert not any(c.isspace() and c != " " for c in out)
+
+
+def test_cjk_and_emoji_are_cut_in_bytes() -> None:
+    text = "漢" * 1_000  # 3,000 bytes
+    out = clip(text, 300)
+    assert utf8_len(out) <= 300 and "bytes clipped" in out
+    assert out.startswith("漢") and out.endswith("漢")
+    emoji = "😀" * 100  # 400 bytes
+    assert utf8_len(clip(emoji, 41, keep="head")) <= 41
+
+
+def test_the_marker_counts_what_was_cut() -> None:
+    text = "a" * 500 + "b" * 500
+    out = clip(text, 200)
+    omitted = int(out.split("[… ")[1].split(" ")[0])
+    head, _, rest = out.partition(" [… ")
+    tail = rest.rpartition(" …] ")[2]
+    assert omitted == 1000 - len(head) - len(tail)
+    assert omitted > 0
+
+
+def test_a_short_text_never_comes_out_longer() -> None:
+    assert clip("abc", 2) == "ab"
+    assert clip("abcdef", 5) == "abcde"  # no room for a marker: the bare head
+    assert clip("", 0) == ""
+
+
+def test_data_urls_and_base64_runs_become_placeholders() -> None:
+    payload = base64.b64encode(bytes(range(256)) * 1_600).decode()  # ~546 KB of base64
+    text = f"look at this: data:image/png;base64,{payload} thanks"
+    out = scrub_media(text, "message m1")
+    assert payload[:100] not in out and "image/png" in out and "KB omitted" in out and "message m1" in out
+    assert out.startswith("look at this: ") and out.endswith(" thanks")
+    raw = "blob " + payload + " end"
+    assert "binary data" in scrub_media(raw) and payload[:100] not in scrub_media(raw)
+    assert not has_media("plain words " * 100)
+    assert scrub_media("short c29tZQ==") == "short c29tZQ=="
+    placeholder = image_placeholder(f"data:image/png;base64,{payload}", None, "journal records 3-9")
+    assert payload[:50] not in placeholder and "image/png" in placeholder and "records 3-9" in placeholder
+    assert "https://x.test/a.png" in image_placeholder("https://x.test/a.png", "image/png")
