@@ -76,7 +76,7 @@ def clip_tokens(text: str, tokens: int, **options: object) -> str:
 
 def clip_line(text: str, max_bytes: int) -> str:
     """`text` on one line (whitespace collapsed), clipped in the middle around `…`."""
-    return clip(" ".join(text.split()), max_bytes, marker=" … ")
+    return " ".join(clip(" ".join(text.split()), max_bytes, marker=" … ").split())
 
 
 # -- media ------------------------------------------------------------------------------------
