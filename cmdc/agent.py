@@ -14,7 +14,7 @@ import contextvars
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import attrs
 import trio
@@ -22,6 +22,7 @@ import trio
 from .compaction import Compactor
 from .errors import (
     AgentStopped,
+    CheckpointError,
     CmdcError,
     CompactionAborted,
     CompactionError,
@@ -225,6 +226,32 @@ class _StopRequested(Exception):
     pass
 
 
+@attrs.define(slots=True)
+class _Deactivate:
+    """Asks an idle agent to end its task, keeping its state in the store (see `Host`)."""
+
+    reply: _Reply
+
+
+class _DeactivateNow(Exception):
+    pass
+
+
+class Host(Protocol):
+    """What an `AgentRef` asks when its agent is not resident (a virtual agent the runtime
+    deactivated): make it resident again, or act on it without doing so."""
+
+    async def activate(self, ref: AgentRef) -> Agent: ...
+
+    async def stop_inactive(self, ref: AgentRef) -> None: ...
+
+    def prompt_inactive(self, ref: AgentRef, request: _Prompt) -> None: ...
+
+    def send_inactive(self, ref: AgentRef, messages: tuple[Message, ...]) -> None: ...
+
+    def add_plugin_inactive(self, ref: AgentRef, plugin: Plugin) -> None: ...
+
+
 def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, ...]:
     if isinstance(content, str):
         return (Message.user(content),)
@@ -236,84 +263,162 @@ def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, .
 
 
 class AgentRef:
-    """The handle users hold. Every method is safe to call from any task of the trio run."""
+    """The handle users hold. Every method is safe to call from any task of the trio run.
 
-    __slots__ = ("_agent", "name")
+    A runtime with virtual agents may deactivate an idle agent (its state is in the store, its
+    task ended); the handle stays valid, and the next call that needs the agent activates it
+    again, transparently (`send_nowait` just queues the messages for its next turn)."""
 
-    def __init__(self, agent: Agent) -> None:
-        self._agent = agent
+    __slots__ = ("_agent", "_host", "_restarts", "_stopped", "name")
+
+    def __init__(self, agent: Agent, host: Host | None = None) -> None:
+        self._agent: Agent | None = agent
+        self._host = host
+        self._stopped = False
+        self._restarts = 0  # kept while the agent is not resident
         self.name = agent.name
 
     def __repr__(self) -> str:
         return f"<AgentRef {self.name!r}>"
 
+    def _resident(self) -> Agent | None:
+        agent = self._agent
+        return None if agent is None or agent.deactivating else agent
+
+    async def _live(self) -> Agent:
+        """The resident agent, activated if need be."""
+        agent = self._resident()
+        if agent is not None:
+            return agent
+        if self._host is None or self._stopped:
+            raise AgentStopped(f"agent {self.name!r} has stopped")
+        return await self._host.activate(self)
+
+    async def _enqueue(self, request: Any) -> Agent:
+        while True:
+            agent = await self._live()
+            try:
+                await agent.enqueue(request)
+            except AgentStopped:
+                if agent.deactivating:  # it was deactivated meanwhile: activate it again
+                    continue
+                raise
+            return agent
+
     async def prompt(self, content: str | Message | Sequence[Message]) -> Message:
         """Run a turn with `content` as the user's message(s); return the final assistant reply.
         Errors inside the turn are raised here. Cancelling this call cancels the turn."""
         request = _Prompt(_as_messages(content), _Reply(), current_chain.get())
-        await self._agent.enqueue(request)
-        return await self._agent.wait(request)  # type: ignore[no-any-return]
+        agent = await self._enqueue(request)
+        return await agent.wait(request)  # type: ignore[no-any-return]
 
     async def send(self, content: str | Message | Sequence[Message]) -> None:
         """Queue user message(s) for the next turn, without running one (waits if the mailbox is full)."""
-        await self._agent.enqueue(_Send(_as_messages(content)))
+        await self._enqueue(_Send(_as_messages(content)))
 
     def send_nowait(self, content: str | Message | Sequence[Message]) -> None:
         """Like `send`, but raise `MailboxFull` instead of waiting."""
-        self._agent.enqueue_nowait(_Send(_as_messages(content)))
+        messages = _as_messages(content)
+        agent = self._resident()
+        if agent is None and self._host is not None and not self._stopped:
+            self._host.send_inactive(self, messages)
+            return
+        self._require(agent).enqueue_nowait(_Send(messages))
 
     def prompt_nowait(self, content: str | Message | Sequence[Message]) -> _Reply:
         """Queue a turn or raise `MailboxFull`; `await reply.wait()` for the answer."""
         request = _Prompt(_as_messages(content), _Reply(), current_chain.get())
-        self._agent.enqueue_nowait(request)
+        agent = self._resident()
+        if agent is None and self._host is not None and not self._stopped:
+            self._host.prompt_inactive(self, request)  # activated in the background
+            return request.reply
+        self._require(agent).enqueue_nowait(request)
         return request.reply
+
+    def _require(self, agent: Agent | None) -> Agent:
+        if agent is None:
+            if self._agent is not None and self._agent.deactivating and not self._stopped:
+                return self._agent  # its closed mailbox says so, in the usual words
+            raise AgentStopped(f"agent {self.name!r} has stopped")
+        return agent
 
     async def compact(self, instruction: str | None = None) -> CompactionReport | None:
         """Compact now (a manual compaction, like `/compact focus on the API changes`),
         between turns; return its report, or None when there was nothing to evict."""
         request = _Compact(instruction, _Reply())
-        await self._agent.enqueue(request)
-        return await self._agent.wait(request)  # type: ignore[no-any-return]
+        agent = await self._enqueue(request)
+        return await agent.wait(request)  # type: ignore[no-any-return]
 
     async def ping(self) -> None:
         """A round trip through the mailbox: returns when the agent has served it."""
         request = _Call(lambda agent: None, _Reply())
-        await self._agent.enqueue(request)
-        await self._agent.wait(request)
+        agent = await self._enqueue(request)
+        await agent.wait(request)
 
     async def state(self) -> State:
         """The last committed state (immutable; never a state in the middle of a step)."""
-        return self._agent.state
+        agent = self._agent if self._stopped else await self._live()
+        if agent is None:
+            raise AgentStopped(f"agent {self.name!r} has stopped")
+        return agent.state
 
     def abort(self) -> None:
         """Cancel the running turn, if any: its caller gets `TurnAborted`."""
-        scope = self._agent.turn_scope
-        if scope is not None:
-            self._agent.aborted = True
+        agent = self._resident()
+        scope = None if agent is None else agent.turn_scope
+        if agent is not None and scope is not None:
+            agent.aborted = True
             scope.cancel()
 
     async def stop(self) -> None:
         """Stop the agent after the request it is serving; queued requests get `AgentStopped`."""
-        if self._agent.done:
+        while not self._stopped:
+            agent = self._agent
+            if agent is None or agent.deactivating:
+                if self._host is None:
+                    return
+                if agent is not None:
+                    await agent.wait_done()  # the deactivation finishes first
+                    continue
+                await self._host.stop_inactive(self)
+                return
+            if agent.done:
+                return
+            request = _Call(_stop, _Reply())
+            try:
+                await agent.enqueue(request)
+            except AgentStopped:
+                if agent.deactivating:
+                    continue
+                return
+            await agent.wait_done()
             return
-        request = _Call(_stop, _Reply())
-        try:
-            await self._agent.enqueue(request)
-        except AgentStopped:
-            return
-        await self._agent.wait_done()
 
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin at run time (for turns and compactions alike)."""
-        self._agent.add_plugin(plugin)
+        agent = self._resident()
+        if agent is None and self._host is not None and not self._stopped:
+            self._host.add_plugin_inactive(self, plugin)
+            return
+        self._require(agent).add_plugin(plugin)
 
     @property
     def running(self) -> bool:
-        return not self._agent.done
+        """True until the agent stops for good (a deactivated virtual agent is still running)."""
+        if self._stopped:
+            return False
+        agent = self._agent
+        return agent is None or agent.deactivating or not agent.done
+
+    @property
+    def resident(self) -> bool:
+        """True while the agent's task is in memory (False for a deactivated virtual agent)."""
+        return self._resident() is not None and not self._stopped
 
     @property
     def restarts(self) -> int:
-        return self._agent.restart_count
+        agent = self._agent
+        return self._restarts if agent is None else agent.restart_count
 
 
 def _stop(agent: Agent) -> None:
@@ -329,14 +434,19 @@ class Agent:
         "_schemas",
         "_send",
         "aborted",
+        "activated",
         "bus",
+        "checkpointed",
         "checkpoints",
         "compact_next",
         "compaction_resume_at",
         "compactor",
         "current",
+        "deactivating",
         "done",
+        "last_active",
         "name",
+        "on_active",
         "on_exit",
         "options",
         "pending",
@@ -344,6 +454,8 @@ class Agent:
         "provider",
         "ref",
         "restart_count",
+        "saved",
+        "serving",
         "state",
         "tools",
         "turn_scope",
@@ -362,9 +474,21 @@ class Agent:
         bus: EventBus,
         checkpoints: CheckpointStore | None = None,
         on_exit: Callable[[Agent], None] | None = None,
+        ref: AgentRef | None = None,
+        activated: bool = False,
+        saved: State | None = None,
+        on_active: Callable[[Agent], None] | None = None,
     ) -> None:
         self.name = name
         self.on_exit = on_exit
+        self.on_active = on_active
+        # activated: a virtual agent brought back from the store (on_start ran at its spawn)
+        self.activated = activated
+        self.saved = saved  # the state last written to the checkpoint store (or one as good)
+        self.checkpointed = False  # whether this task has written a checkpoint
+        self.deactivating = False
+        self.serving = False
+        self.last_active = trio.current_time()
         self.state = state
         self.provider = provider
         self.compactor = compactor
@@ -390,7 +514,10 @@ class Agent:
         self.restart_count = 0
         self.compaction_resume_at = -math.inf
         self.compact_next = False
-        self.ref = AgentRef(self)
+        if ref is None:
+            self.ref = AgentRef(self)
+        else:
+            self.ref, ref._agent = ref, self
 
     # -- the mailbox ------------------------------------------------------------------------
     async def enqueue(self, request: Any) -> None:
@@ -432,12 +559,14 @@ class Agent:
         as the restart policy says."""
         crashes: deque[float] | None = None
         try:
-            await self._lifecycle("on_start", OnStart(self.state))
+            if not self.activated:
+                await self._lifecycle("on_start", OnStart(self.state))
             task_status.started(self.ref)
             async for request in self._receive:
+                self.serving = True
                 try:
                     await self._serve(request)
-                except _StopRequested:
+                except (_StopRequested, _DeactivateNow):
                     return
                 except _Crash as crash:
                     error = crash.__cause__ or crash
@@ -457,14 +586,20 @@ class Agent:
                         crashes.clear()
                     self.restart_count += 1
                     self._emit("restart", restarts=self.restart_count)
+                finally:
+                    self.serving = False
+                    self.last_active = trio.current_time()
+                    if self.on_active is not None:
+                        self.on_active(self)
         except Exception as exc:  # a bug here must never take the runtime down
             self._emit(ERROR, error=f"agent task failed: {exc!r}")
         finally:
             self._send.close()
             self._fail_queued()  # before the receive side closes: queued callers get an answer
             self._receive.close()
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await self._lifecycle("on_stop", OnStop(self.state))
+            if not self.deactivating:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await self._lifecycle("on_stop", OnStop(self.state))
             self.done = True
             if self._done_event is not None:
                 self._done_event.set()
@@ -480,7 +615,7 @@ class Agent:
                 request = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-            if isinstance(request, (_Prompt, _Call, _Compact)):
+            if isinstance(request, (_Prompt, _Call, _Compact, _Deactivate)):
                 request.reply.fail(error)
 
     async def _serve(self, request: Any) -> None:
@@ -494,8 +629,39 @@ class Agent:
                 raise
         elif isinstance(request, _Compact):
             await self._serve_compact(request)
+        elif isinstance(request, _Deactivate):
+            await self._serve_deactivate(request)
         elif not request.reply.abandoned:
             await self._serve_prompt(request)
+
+    def idle(self) -> bool:
+        """Nothing to do: no request being served, queued, or waiting for mailbox room."""
+        stats = self._receive.statistics()
+        return not self.serving and stats.current_buffer_used == 0 and stats.tasks_waiting_send == 0
+
+    def _idle_now(self) -> bool:  # the same, from inside the task serving a request
+        stats = self._receive.statistics()
+        return stats.current_buffer_used == 0 and stats.tasks_waiting_send == 0
+
+    async def _serve_deactivate(self, request: _Deactivate) -> None:
+        """End the task if still idle, its state saved: the runtime can activate it again."""
+        if self.checkpoints is None or not self._idle_now():
+            request.reply.set(False)
+            return
+        if self.state is not self.saved:
+            try:
+                await self._commit(self.state)
+            except CheckpointError as exc:
+                self._emit(ERROR, error=repr(exc), during="deactivation")
+                request.reply.set(False)
+                return
+        if not self._idle_now():  # a request came while the state was saved
+            request.reply.set(False)
+            return
+        # From here to the mailbox's closing there is no checkpoint: nothing can slip in.
+        self.deactivating = True
+        request.reply.set(True)
+        raise _DeactivateNow
 
     async def _serve_compact(self, request: _Compact) -> None:
         if request.reply.abandoned:
@@ -545,6 +711,7 @@ class Agent:
             # Shielded: the checkpoint on disk and the state in memory never disagree.
             with trio.CancelScope(shield=True):
                 await self.checkpoints.save(state)
+            self.saved, self.checkpointed = state, True
         self.state = state
         self.pending.clear()
 

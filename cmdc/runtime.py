@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import itertools
 import os
@@ -12,13 +13,15 @@ from typing import Any
 import attrs
 import trio
 
-from .agent import Agent, AgentOptions, AgentRef, current_chain
+from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, current_chain
 from .bus import EventBus, Subscription
 from .checkpoint import CheckpointStore
 from .compaction import Compactor
 from .compaction.compactor import shared_store
 from .compaction.summary import Summarizer
-from .errors import AgentNotFound, AgentStopped, ConfigError, DelegationRefused
+from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused
+from .events import Event
+from .message import Message
 from .plugins import Plugin
 from .providers.base import Provider
 from .recall import recall_tool
@@ -63,29 +66,102 @@ class _Grants:
     accepts: tuple[str, ...] | None
 
 
-class Runtime:
-    """Owns the agents of one `open_runtime()` block. Use `spawn`, `whereis`, `subscribe`."""
+class _Slot:
+    """An addressable agent: what it takes to (re)start it, whether or not it is resident."""
 
-    def __init__(self, nursery: trio.Nursery, bus: EventBus, checkpoints: CheckpointStore | None) -> None:
+    __slots__ = (
+        "activating",
+        "config",
+        "fresh",
+        "options",
+        "pending",
+        "plugins",
+        "provider",
+        "ref",
+        "summarizer",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        provider: Provider,
+        tools: tuple[Tool, ...],
+        plugins: tuple[Plugin, ...],
+        config: Mapping[str, Any] | None,
+        summarizer: Summarizer | None,
+        options: AgentOptions,
+    ) -> None:
+        self.provider = provider
+        self.tools = tools
+        self.plugins = plugins
+        self.config = config
+        self.summarizer = summarizer
+        self.options = options
+        self.ref: AgentRef | None = None
+        self.pending: list[Message] = []  # sent while not resident
+        self.activating: trio.Event | None = None
+        self.fresh = True  # nothing checkpointed in this life yet: it activates as a new State
+
+
+class Runtime:
+    """Owns the agents of one `open_runtime()` block. Use `spawn`, `whereis`, `subscribe`.
+
+    With virtual agents (`open_runtime(deactivate_after=..., max_resident=...)`) an agent is
+    addressable from its spawn until it is stopped, while its task is in memory ("resident")
+    only when it is in use: an idle one is deactivated (its state saved to the checkpoint
+    store, its task ended) and activated again from the store by the next call on its name or
+    `AgentRef`. Within a runtime a name is resident at most once at a time.
+    """
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        bus: EventBus,
+        checkpoints: CheckpointStore | None,
+        *,
+        deactivate_after: float | None = None,
+        max_resident: int | None = None,
+    ) -> None:
         self._nursery = nursery
         self.bus = bus
         self.checkpoints = checkpoints
-        self._agents: dict[str, Agent] = {}
+        self.deactivate_after = deactivate_after
+        self.max_resident = max_resident
+        self._virtual = deactivate_after is not None or max_resident is not None
+        self._agents: dict[str, Agent] = {}  # the resident agents, least recently active first
+        self._slots: dict[str, _Slot] = {}  # every addressable agent
         self._grants: dict[str, _Grants] = {}
         self._children = itertools.count(1)
         self._live_children: dict[str, int] = {}  # agent -> its temporary children running now
         self._waits: dict[str, list[str]] = {}  # the wait-for graph: agent -> agents it waits on
         self._closed = False
+        self._activations = 0
+        self._deactivations = 0
 
     @property
     def agents(self) -> list[str]:
-        """Names of the running agents."""
+        """Names of the running agents (with virtual agents: resident or not)."""
+        return list(self._slots)
+
+    @property
+    def resident(self) -> list[str]:
+        """Names of the agents whose task is in memory, least recently active first."""
         return list(self._agents)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: agents addressable and resident, activations and deactivations so far."""
+        return {
+            "agents": len(self._slots),
+            "resident": len(self._agents),
+            "activations": self._activations,
+            "deactivations": self._deactivations,
+        }
 
     def whereis(self, name: str) -> AgentRef | None:
         """The running agent called `name`, or None."""
-        agent = self._agents.get(name)
-        return None if agent is None else agent.ref
+        slot = self._slots.get(name)
+        return None if slot is None else slot.ref
 
     def get(self, name: str) -> AgentRef:
         """The running agent called `name`; raise `AgentNotFound` if there is none."""
@@ -141,7 +217,7 @@ class Runtime:
             options = attrs.evolve(options, **option_values)
         if not hasattr(provider, "complete"):
             raise ConfigError(f"provider must have an async complete(request) method, got {provider!r:.80}")
-        if name in self._agents:
+        if name in self._slots:
             raise ConfigError(f"an agent called {name!r} is already running")
         targets = _patterns("delegation", delegation)
         grants = _Grants(
@@ -151,12 +227,14 @@ class Runtime:
         )
         plugins = tuple(plugins)
         state = State(agent_id=name, config=config)
+        fresh: State | None = state  # a state as good as saved: activation rebuilds it
         if resume:
             if self.checkpoints is None:
                 raise ConfigError("resume=True needs open_runtime(checkpoint_dir=...)")
             saved = await self.checkpoints.load(name)
             if saved is not None:
                 state = saved if config is None else saved.evolve(config=config)
+                fresh = saved if config is None else None
         compactor = Compactor(
             summarizer if summarizer is not None else provider, plugins=plugins, on_event=self.bus.publish
         )
@@ -166,39 +244,216 @@ class Runtime:
             if any(isinstance(t, Tool) and t.name == "recall" for t in tools):
                 raise ConfigError("recall=True adds a tool named 'recall', but one of the given tools has that name")
             tools += (recall_tool(shared_store(compactor.compact_config(state).offload_dir), name),)
-        agent = Agent(
-            name=name,
-            state=state,
-            provider=provider,
-            compactor=compactor,
-            tools=(*tools, _delegate_tool(self, name)) if grants.children else tools,
-            plugins=plugins,
-            options=options,
-            bus=self.bus,
-            checkpoints=self.checkpoints,
-            on_exit=self._forget,
-        )
-        if name in self._agents:  # spawned meanwhile, while a checkpoint was read
+        if grants.children:
+            tools = (*tools, _delegate_tool(self, name))
+        slot = _Slot(provider, tools, plugins, config, summarizer, options)
+        slot.fresh = fresh is state
+        agent = self._make_agent(name, slot, state, compactor, saved=fresh)
+        if name in self._slots:  # spawned meanwhile, while a checkpoint was read
             raise ConfigError(f"an agent called {name!r} is already running")
+        self._slots[name] = slot
         self._agents[name] = agent
         self._grants[name] = grants
+        slot.ref = agent.ref
         if not any(p.implements("on_start") for p in plugins):
             # Ready by construction: the mailbox exists and the task is scheduled, so requests
             # queue at once and are served in order. No need for start()'s round trip.
             self._nursery.start_soon(agent.main, name=name)
+            self._make_room()
             return agent.ref
         try:  # on_start plugins run before the agent counts as ready
             ref: AgentRef = await self._nursery.start(agent.main, name=name)
         except BaseException:
             self._agents.pop(name, None)
             self._grants.pop(name, None)
+            self._slots.pop(name, None)
             raise
+        self._make_room()
         return ref
+
+    def _make_agent(
+        self, name: str, slot: _Slot, state: State, compactor: Compactor | None = None, saved: State | None = None
+    ) -> Agent:
+        if compactor is None:
+            summarizer = slot.summarizer if slot.summarizer is not None else slot.provider
+            compactor = Compactor(summarizer, plugins=slot.plugins, on_event=self.bus.publish)
+        agent = Agent(
+            name=name,
+            state=state,
+            provider=slot.provider,
+            compactor=compactor,
+            tools=slot.tools,
+            plugins=slot.plugins,
+            options=slot.options,
+            bus=self.bus,
+            checkpoints=self.checkpoints,
+            on_exit=self._forget,
+            ref=slot.ref,
+            activated=slot.ref is not None,
+            saved=saved,
+            on_active=self._touch if self._virtual else None,
+        )
+        if slot.ref is None:
+            agent.ref._host = self
+        return agent
 
     def _forget(self, agent: Agent) -> None:
         if self._agents.get(agent.name) is agent:
             del self._agents[agent.name]
+        slot = self._slots.get(agent.name)
+        if slot is None or slot.ref is not agent.ref:
+            return
+        if agent.deactivating and not self._closed:
+            # Deactivated: keep what it takes to activate it again, free the rest.
+            slot.plugins = agent.plugins
+            slot.pending = agent.pending
+            slot.fresh = slot.fresh and not agent.checkpointed
+            agent.ref._restarts = agent.restart_count
+            agent.ref._agent = None
+            self._deactivations += 1
+            self._emit(agent.name, "deactivated")
+        else:
+            del self._slots[agent.name]
             self._grants.pop(agent.name, None)
+            agent.ref._stopped = True
+
+    def _emit(self, name: str, kind: str, **data: Any) -> None:
+        if self.bus.listening(name):
+            self.bus.publish(Event(kind, name, data, trio.current_time()))
+
+    # -- virtual agents -------------------------------------------------------------------------
+    def _touch(self, agent: Agent) -> None:
+        """The agent was just active: it becomes the most recently active resident."""
+        if self._agents.get(agent.name) is agent:
+            del self._agents[agent.name]
+            self._agents[agent.name] = agent
+        self._make_room()
+
+    async def activate(self, ref: AgentRef) -> Agent:
+        """Make the agent behind `ref` resident again (from its checkpoint) and return it."""
+        while True:
+            slot = self._slots.get(ref.name)
+            if self._closed or ref._stopped or slot is None or slot.ref is not ref:
+                raise AgentStopped(f"agent {ref.name!r} has stopped")
+            agent = ref._agent
+            if agent is not None:
+                if not agent.deactivating:
+                    return agent
+                await agent.wait_done()  # its deactivation ends first (its state is saved)
+                continue
+            if slot.activating is not None:  # someone else is activating it: wait for them
+                await slot.activating.wait()
+                continue
+            slot.activating = trio.Event()
+            try:
+                assert self.checkpoints is not None  # virtual agents need a checkpoint store
+                if slot.fresh:  # never checkpointed in this life: a new State is what it had
+                    state = State(agent_id=ref.name, config=slot.config)
+                else:
+                    loaded = await self.checkpoints.load(ref.name)
+                    if loaded is None:
+                        raise CheckpointError(f"agent {ref.name!r}: its checkpoint vanished while it was deactivated")
+                    state = loaded
+                if self._closed or ref._stopped:
+                    continue
+                agent = self._make_agent(ref.name, slot, state, saved=state)
+                agent.pending, slot.pending = slot.pending, []
+                agent.restart_count = ref._restarts
+                self._agents[ref.name] = agent
+                self._nursery.start_soon(agent.main, name=ref.name)
+                self._activations += 1
+                self._emit(ref.name, "activated")
+                self._make_room()
+                return agent
+            finally:
+                slot.activating.set()
+                slot.activating = None
+
+    async def deactivate(self, name: str) -> bool:
+        """Deactivate the agent `name` now if it is idle (virtual agents only); return whether
+        it was. Its state is saved first; the next call on it activates it again."""
+        if not self._virtual:
+            raise ConfigError("deactivate needs virtual agents: open_runtime(deactivate_after=... or max_resident=...)")
+        agent = self._agents.get(name)
+        if agent is None or agent.deactivating or not agent.idle():
+            return False
+        request = _Deactivate(_Reply())
+        try:
+            agent.enqueue_nowait(request)
+        except CmdcError:
+            return False
+        done: bool = await request.reply.wait()
+        if done:
+            await agent.wait_done()
+        return done
+
+    def _request_deactivation(self, agent: Agent) -> None:
+        with contextlib.suppress(CmdcError):  # full or closed: it is not idle anyway
+            agent.enqueue_nowait(_Deactivate(_Reply()))
+
+    def _make_room(self) -> None:
+        """Beyond `max_resident`, ask the least recently active idle agents to deactivate."""
+        if self.max_resident is None:
+            return
+        excess = len(self._agents) - self.max_resident
+        if excess <= 0:
+            return
+        for agent in list(self._agents.values()):
+            if excess <= 0:
+                break
+            if agent.idle() and not agent.deactivating:
+                self._request_deactivation(agent)
+                excess -= 1
+
+    async def _reap_idle(self, after: float) -> None:
+        """Deactivate agents idle for `after` seconds; sleeps until the next one is due."""
+        while True:
+            now = trio.current_time()
+            wake = now + after
+            for agent in list(self._agents.values()):  # least recently active first
+                due = agent.last_active + after
+                if due > now:
+                    wake = min(wake, due)
+                    break
+                if agent.idle() and not agent.deactivating:
+                    self._request_deactivation(agent)
+            await trio.sleep_until(wake)
+
+    async def stop_inactive(self, ref: AgentRef) -> None:
+        slot = self._slots.get(ref.name)
+        if slot is not None and slot.ref is ref and ref._agent is None:
+            while slot.activating is not None:
+                await slot.activating.wait()
+            if ref._agent is None:
+                del self._slots[ref.name]
+                self._grants.pop(ref.name, None)
+                ref._stopped = True
+                return
+        await ref.stop()
+
+    def prompt_inactive(self, ref: AgentRef, request: _Prompt) -> None:
+        async def deliver() -> None:
+            try:
+                agent = await self.activate(ref)
+                await agent.enqueue(request)
+            except BaseException as exc:
+                request.reply.fail(exc if isinstance(exc, Exception) else AgentStopped(f"agent {ref.name!r} stopped"))
+                if not isinstance(exc, Exception):
+                    raise
+
+        self._nursery.start_soon(deliver)
+
+    def send_inactive(self, ref: AgentRef, messages: tuple[Message, ...]) -> None:
+        slot = self._slots.get(ref.name)
+        if slot is None or slot.ref is not ref:
+            raise AgentStopped(f"agent {ref.name!r} has stopped")
+        slot.pending.extend(messages)
+
+    def add_plugin_inactive(self, ref: AgentRef, plugin: Plugin) -> None:
+        slot = self._slots.get(ref.name)
+        if slot is None or slot.ref is not ref:
+            raise AgentStopped(f"agent {ref.name!r} has stopped")
+        slot.plugins = (*slot.plugins, plugin)
 
     def child_name(self, parent: str) -> str:
         return f"{parent[:100]}.child{next(self._children)}"
@@ -329,16 +584,40 @@ def _delegate_tool(runtime: Runtime, parent: str) -> Tool:
 
 @asynccontextmanager
 async def open_runtime(
-    *, checkpoint_dir: str | os.PathLike[str] | None = None, log_events: bool = True
+    *,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    log_events: bool = True,
+    deactivate_after: float | None = None,
+    max_resident: int | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime owning a nursery of agents; leaving the block stops every agent, and any
     caller still waiting on one gets `AgentStopped`. `checkpoint_dir`: each agent's state is
     saved there atomically at every commit, and `spawn(..., resume=True)` picks it up.
-    `log_events`: every event also goes to structlog, one line each."""
+    `log_events`: every event also goes to structlog, one line each.
+
+    Virtual agents (they need a checkpoint store): `deactivate_after` seconds without a
+    request deactivate an agent; beyond `max_resident` agents in memory, the least recently
+    active idle ones are deactivated (a soft bound: busy agents are never deactivated). The
+    next call on a deactivated agent's name or `AgentRef` activates it again from its checkpoint.
+    """
+    if deactivate_after is not None and (
+        isinstance(deactivate_after, bool)
+        or not isinstance(deactivate_after, (int, float))
+        or not 0 < deactivate_after < float("inf")
+    ):
+        raise ConfigError(f"deactivate_after must be a positive number of seconds, got {deactivate_after!r}")
+    if max_resident is not None and (type(max_resident) is not int or max_resident < 1):
+        raise ConfigError(f"max_resident must be an integer >= 1, got {max_resident!r}")
+    if (deactivate_after is not None or max_resident is not None) and checkpoint_dir is None:
+        raise ConfigError(
+            "virtual agents (deactivate_after, max_resident) need a store for their state: checkpoint_dir=..."
+        )
     bus = EventBus(log=log_events)
     checkpoints = None if checkpoint_dir is None else CheckpointStore(checkpoint_dir)
     async with trio.open_nursery() as nursery:
-        runtime = Runtime(nursery, bus, checkpoints)
+        runtime = Runtime(nursery, bus, checkpoints, deactivate_after=deactivate_after, max_resident=max_resident)
+        if deactivate_after is not None:
+            nursery.start_soon(runtime._reap_idle, float(deactivate_after))
         try:
             yield runtime
         finally:
