@@ -33,7 +33,7 @@ from .agent import AgentRef
 from .compaction import CompactionReport, ExtractiveSummarizer
 from .compaction.summary import Summarizer
 from .errors import CmdcError, ProviderError
-from .events import COMPACTION_END, OVERFLOW, REQUEST, Event
+from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_RESULTS_CLIPPED, Event
 from .message import PINNED_KEY, Message
 from .offload import OffloadStore
 from .providers.base import Provider
@@ -231,7 +231,7 @@ def real_provider(kind: str, model: str | None) -> Provider:
         cls = getattr(providers, name)
     except ImportError:
         raise DemoError(
-            f"--provider {kind} needs the 'http' extra (httpx, stamina): pip install 'cmdc[http]'"
+            f"--provider {kind} needs the 'http' extra (httpx): pip install 'cmdc[http]'"
         ) from None
     provider: Provider = cls(model=model)
     return provider
@@ -356,11 +356,11 @@ class LiveTable:
 
 
 def _event_line(stats: AgentStats, event: Event) -> str | None:
-    if event.kind != COMPACTION_END:
-        return None
-    report = event.data.get("report")
-    if not isinstance(report, CompactionReport):
+    if event.kind == TOOL_RESULTS_CLIPPED:
         return f"{stats.name}: trailing tool results clipped to fit the window"
+    report = event.data.get("report")
+    if event.kind != COMPACTION_END or not isinstance(report, CompactionReport):
+        return None
     why = {"auto": "automatic", "forced": "forced after an overflow", "manual": "manual"}.get(
         report.reason, report.reason
     )
@@ -381,13 +381,13 @@ def _apply(stats: AgentStats, event: Event) -> None:
             stats.tokens = tokens
     elif event.kind == OVERFLOW:
         stats.overflows += 1
+    elif event.kind == TOOL_RESULTS_CLIPPED:
+        stats.clipped += 1
     elif event.kind == COMPACTION_END:
         report = event.data.get("report")
         if isinstance(report, CompactionReport):
             stats.reports.append(report)
             stats.tokens = report.tokens_after
-        else:
-            stats.clipped += 1
 
 
 async def run_demo(options: DemoOptions, out: TextIO | None = None) -> tuple[int, list[AgentStats]]:

@@ -43,6 +43,7 @@ from .events import (
     PLUGIN_ERROR,
     REQUEST,
     RESPONSE,
+    RESTART,
     RETRY,
     TOOL_END,
     TOOL_START,
@@ -570,7 +571,7 @@ class Agent:
                     return
                 except _Crash as crash:
                     error = crash.__cause__ or crash
-                    self._emit(ERROR, error=repr(error), crashed=True)
+                    self._emit(ERROR, error=repr(error), during="turn", crashed=True)
                     now = trio.current_time()
                     crashes = crashes if crashes is not None else deque()
                     crashes.append(now)
@@ -580,19 +581,20 @@ class Agent:
                         return
                     if len(crashes) > self.options.max_restarts:
                         if self.options.restart == "transient":
-                            self._emit(ERROR, error=f"agent {self.name} gave up after {len(crashes)} crashes")
+                            gave_up = f"agent {self.name} gave up after {len(crashes)} crashes"
+                            self._emit(ERROR, error=gave_up, during="restart")
                             return
                         await trio.sleep(self.options.restart_window)  # permanent: back off, go on
                         crashes.clear()
                     self.restart_count += 1
-                    self._emit("restart", restarts=self.restart_count)
+                    self._emit(RESTART, restarts=self.restart_count)
                 finally:
                     self.serving = False
                     self.last_active = trio.current_time()
                     if self.on_active is not None:
                         self.on_active(self)
         except Exception as exc:  # a bug here must never take the runtime down
-            self._emit(ERROR, error=f"agent task failed: {exc!r}")
+            self._emit(ERROR, error=f"agent task failed: {exc!r}", during="agent")
         finally:
             self._send.close()
             self._fail_queued()  # before the receive side closes: queued callers get an answer
@@ -689,7 +691,7 @@ class Agent:
                     reply = await self._turn(request.messages)
                 except Exception as exc:
                     request.reply.fail(exc)
-                    self._emit(ERROR, error=repr(exc))
+                    self._emit(ERROR, error=repr(exc), during="turn")
                     await self._lifecycle("on_error", OnError(self.state, exc))
                     if not isinstance(exc, CmdcError):
                         raise _Crash(repr(exc)) from exc

@@ -1,4 +1,5 @@
-"""The event bus: every event goes to the subscribers that want it and, one line each, to structlog.
+"""The event bus: every event goes to the subscribers that want it and, one line each, to the
+application's logging (see `cmdc.events`: silent unless the application configured logging).
 
 Each subscription has a bounded buffer. When it is full the oldest event is dropped and
 counted, and the subscriber's next event is a synthetic `events_dropped` event carrying the
@@ -9,22 +10,14 @@ all-agents ones.
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
-from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
 
-import attrs
-import structlog
 import trio
 
 from .errors import ConfigError
-from .events import Event
+from .events import EVENTS_DROPPED, Event, log_event, logging_enabled
 from .state import validate_agent_id
-
-EVENTS_DROPPED = "events_dropped"
-_RESERVED = frozenset({"event", "agent"})  # structlog's message key and the bound agent
 
 
 def _now() -> float:
@@ -32,26 +25,6 @@ def _now() -> float:
         return trio.current_time()
     except RuntimeError:  # outside trio
         return 0.0
-
-
-def _loggable(value: Any) -> Any:
-    """A JSON-friendly form of `value`: attrs instances as dicts (their repr fields), other
-    non-JSON values as their repr."""
-    if value is None or isinstance(value, (str, int, float)):
-        return value
-    if attrs.has(type(value)):
-        return _loggable(attrs.asdict(value, filter=lambda a, _v: a.repr is not False))
-    if isinstance(value, Mapping):
-        return {str(k): _loggable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_loggable(v) for v in value]
-    return repr(value)
-
-
-def _log(event: Event) -> None:
-    with contextlib.suppress(Exception):  # logging must never break the code that publishes
-        data = {(f"{k}_" if k in _RESERVED else str(k)): _loggable(v) for k, v in event.data.items()}
-        structlog.get_logger("cmdc").bind(agent=event.agent_id).info(event.kind, **data)
 
 
 class Subscription:
@@ -157,7 +130,7 @@ class Subscription:
 
 
 class EventBus:
-    """Delivers published events to subscribers and (if `log`) to structlog; see the module
+    """Delivers published events to subscribers and (if `log`) to logging; see the module
     docstring. Use it from trio's thread (or outside any trio run)."""
 
     def __init__(self, log: bool = True) -> None:
@@ -197,7 +170,9 @@ class EventBus:
     def listening(self, agent_id: str | None) -> bool:
         """Whether an event of `agent_id` would reach anyone (a subscriber or the log), so a
         publisher can skip building it."""
-        return self.log or bool(self._all) or (agent_id is not None and agent_id in self._by_agent)
+        return (
+            bool(self._all) or (agent_id is not None and agent_id in self._by_agent) or (self.log and logging_enabled())
+        )
 
     def publish(self, event: Event) -> None:
         """Deliver `event` to its agent's subscribers and to the all-agents ones, then log it.
@@ -208,7 +183,7 @@ class EventBus:
         for sub in self._all:
             sub._push(event)
         if self.log:
-            _log(event)
+            log_event(event)
 
     def close(self) -> None:
         """Close every subscription: receivers get what is buffered, then `trio.EndOfChannel`."""

@@ -1,13 +1,22 @@
-"""Event records: what happened in an agent, with its figures. Subscribers and structlog get them."""
+"""Event records: what happened in an agent, with its figures; every kind as a constant.
+
+Subscribers get every event. Logging is the application's choice, as a library's should be:
+`log_event` sends an event to structlog when the application configured structlog
+(`structlog.configure`), else to the stdlib logger `cmdc` (which has a `NullHandler`, so nothing
+is printed unless the application configured logging, e.g. `logging.basicConfig(level=...)`).
+Chatty kinds log at DEBUG, compactions and overflows at INFO, failures at WARNING (`LEVELS`).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import attrs
+import structlog
 
 TURN_START = "turn_start"
 TURN_END = "turn_end"
@@ -25,11 +34,83 @@ RETRY = "retry"
 ERROR = "error"
 PLUGIN_ERROR = "plugin_error"
 PINS_OVER_BUDGET = "pins_over_budget"
+TOOL_RESULTS_CLIPPED = "tool_results_clipped"
+RESTART = "restart"
+EVENTS_DROPPED = "events_dropped"
+
+LEVELS: Mapping[str, int] = MappingProxyType(
+    {
+        TURN_START: logging.DEBUG,
+        TURN_END: logging.DEBUG,
+        REQUEST: logging.DEBUG,
+        RESPONSE: logging.DEBUG,
+        TOOL_START: logging.DEBUG,
+        TOOL_END: logging.DEBUG,
+        SUMMARIZER_ATTEMPT: logging.DEBUG,
+        COMPACTION_START: logging.INFO,
+        COMPACTION_END: logging.INFO,
+        COMPACTION_SKIPPED: logging.INFO,
+        TOOL_RESULTS_CLIPPED: logging.INFO,
+        OVERFLOW: logging.INFO,
+        RETRY: logging.INFO,
+        RESTART: logging.WARNING,
+        COMPACTION_FAILED: logging.WARNING,
+        ERROR: logging.WARNING,
+        PLUGIN_ERROR: logging.WARNING,
+        PINS_OVER_BUDGET: logging.WARNING,
+        EVENTS_DROPPED: logging.WARNING,
+    }
+)
+"""The log level of each kind (an unknown kind logs at INFO)."""
+
+FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        TURN_START: ("messages", "tokens"),
+        TURN_END: ("steps", "duration", "usage", "aborted", "reason"),
+        REQUEST: ("messages", "tokens"),
+        RESPONSE: ("usage", "duration", "tool_calls"),
+        TOOL_START: ("tool", "call_id"),
+        TOOL_END: ("tool", "call_id", "error", "duration"),
+        COMPACTION_START: ("reason", "tokens", "messages"),
+        COMPACTION_END: ("report",),
+        COMPACTION_SKIPPED: ("reason", "skipped_by"),
+        COMPACTION_FAILED: ("reason", "error"),
+        SUMMARIZER_ATTEMPT: ("summarizer", "role", "attempt", "ok", "error", "chunk_tokens"),
+        TOOL_RESULTS_CLIPPED: ("clipped", "offload_path"),
+        OVERFLOW: ("prompt_tokens", "limit", "forced"),
+        RETRY: ("after", "forced", "clipped"),
+        RESTART: ("restarts",),
+        ERROR: ("error", "during", "crashed", "retry_in"),
+        PLUGIN_ERROR: ("plugin", "hook", "error"),
+        PINS_OVER_BUDGET: ("budget", "unpinned", "pinned_tokens"),
+        EVENTS_DROPPED: ("count",),
+    }
+)
+"""The data keys of each kind: an event of a known kind always carries exactly these (a key its
+emitter leaves out is None, or False for the flags `aborted`, `crashed` and `clipped`)."""
+
+_FLAGS = frozenset({"aborted", "crashed", "clipped"})
+
+logger = logging.getLogger("cmdc")
+"""The stdlib logger of cmdc (and parent of `cmdc.*`). It has a `NullHandler`: silent unless the
+application configures logging."""
+logger.addHandler(logging.NullHandler())
+
+_structlog = structlog.get_logger("cmdc")
+_METHODS = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning", logging.ERROR: "error"}
+_RESERVED = frozenset({"event", "agent"})  # structlog's message key and the agent
 
 
 def _freeze_data(value: Mapping[str, Any]) -> Mapping[str, Any]:
     # A shallow read-only copy: event data carries figures and frozen values (reports, usage).
     return value if isinstance(value, MappingProxyType) else MappingProxyType(dict(value))
+
+
+def _shaped(kind: str, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    keys = FIELDS.get(kind)
+    if keys is None or all(k in data for k in keys):
+        return data
+    return {**{k: (False if k in _FLAGS else None) for k in keys}, **data}
 
 
 @attrs.frozen
@@ -42,9 +123,54 @@ class Event:
     data: Mapping[str, Any] = attrs.field(factory=dict, converter=_freeze_data)
     time: float = 0.0
 
+    def __attrs_post_init__(self) -> None:
+        shaped = _shaped(self.kind, self.data)
+        if shaped is not self.data:  # fill the keys of the kind's shape (`FIELDS`) left out
+            object.__setattr__(self, "data", _freeze_data(shaped))
+
 
 EventSink = Callable[[Event], None]
 """A synchronous receiver of events. It must not block; exceptions it raises are swallowed."""
+
+
+def logging_enabled() -> bool:
+    """Whether `log_event` may write anything: structlog is configured, or the stdlib logger
+    `cmdc` is enabled for DEBUG (the lowest level events use)."""
+    return structlog.is_configured() or logger.isEnabledFor(logging.DEBUG)
+
+
+def _loggable(value: Any) -> Any:
+    """A JSON-friendly form of `value`: attrs instances as dicts (their repr fields), other
+    non-JSON values as their repr."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if attrs.has(type(value)):
+        return _loggable(attrs.asdict(value, filter=lambda a, _v: a.repr is not False))
+    if isinstance(value, Mapping):
+        return {str(k): _loggable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_loggable(v) for v in value]
+    return repr(value)
+
+
+def log_event(event: Event) -> None:
+    """Log `event`, one line, where the application asked for logs (see the module docstring).
+    Never raises."""
+    with contextlib.suppress(Exception):  # logging must never break the code that emits
+        level = LEVELS.get(event.kind, logging.INFO)
+        if structlog.is_configured():
+            data = {(f"{k}_" if k in _RESERVED else str(k)): _loggable(v) for k, v in event.data.items()}
+            getattr(_structlog, _METHODS.get(level, "info"))(event.kind, agent=event.agent_id, **data)
+        elif logger.isEnabledFor(level):
+            fields = " ".join(f"{k}={_loggable(v)!r}" for k, v in event.data.items())
+            logger.log(
+                level,
+                "%s agent=%s%s",
+                event.kind,
+                event.agent_id,
+                f" {fields}" if fields else "",
+                extra={"cmdc_event": event},
+            )
 
 
 def emit(sink: EventSink | None, event: Event) -> None:

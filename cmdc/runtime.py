@@ -593,7 +593,8 @@ async def open_runtime(
     """A runtime owning a nursery of agents; leaving the block stops every agent, and any
     caller still waiting on one gets `AgentStopped`. `checkpoint_dir`: each agent's state is
     saved there atomically at every commit, and `spawn(..., resume=True)` picks it up.
-    `log_events`: every event also goes to structlog, one line each.
+    `log_events`: every event also goes to logging, one line each, where the application
+    configured it (structlog if configured, else the stdlib logger `cmdc`); silent otherwise.
 
     Virtual agents (they need a checkpoint store): `deactivate_after` seconds without a
     request deactivate an agent; beyond `max_resident` agents in memory, the least recently

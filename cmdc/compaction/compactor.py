@@ -31,6 +31,7 @@ from ..events import (
     PINS_OVER_BUDGET,
     PLUGIN_ERROR,
     SUMMARIZER_ATTEMPT,
+    TOOL_RESULTS_CLIPPED,
     Event,
     EventSink,
     emit,
@@ -305,7 +306,7 @@ class Compactor:
                 )
             clipped.append(m)
         messages = (*state.messages[:start], *clipped)
-        self._emit(COMPACTION_END, state, clipped=len(large), offload_path=str(written.path))
+        self._emit(TOOL_RESULTS_CLIPPED, state, clipped=len(large), offload_path=str(written.path))
         return state.evolve(messages=messages, usage_floor=len(messages))
 
     def store_for(self, config: CompactConfig) -> OffloadStore:

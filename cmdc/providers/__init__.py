@@ -1,7 +1,7 @@
 """Model providers.
 
 The HTTP providers (`OpenAIProvider`, `AnthropicProvider`) need the `http` extra
-(`pip install 'cmdc[http]'`: httpx and stamina); they are imported on first use, so
+(`pip install 'cmdc[http]'`: httpx); they are imported on first use, so
 `import cmdc.providers` works without it.
 """
 

@@ -1,12 +1,14 @@
 """Plumbing shared by the HTTP providers: settings, the client, retries, SSE, images, arguments.
 
-Needs the `http` extra (httpx, stamina). Every request goes through `HTTPProvider._post`:
+Needs the `http` extra (httpx). Every request goes through `HTTPProvider._post`:
 
 - the body is sent with `client.stream(...)` inside `async with`, so a cancelled or failed
   request (streaming or not) closes its response and never leaves a connection checked out;
 - a failure is classified (`overflow.classify`); rate limits, overload, 5xx, 408, 409, cut
-  connections and truncated streams are retried with stamina (exponential backoff with jitter,
-  sleeping with `trio.sleep`), waiting at least what `retry-after-ms` / `retry-after` asks for;
+  connections and truncated streams are retried (exponential backoff with jitter, as stamina
+  does it, sleeping with `trio.sleep`), waiting at least what `retry-after-ms` / `retry-after`
+  asks for; each retry is logged to the stdlib logger `cmdc.providers` (silent unless the
+  application configured logging: a library never prints);
   an overflow, an auth, quota or bad-request error is raised at once;
 - an `OutputBudgetOverflow` that leaves a useful output budget is retried once with the output
   limit lowered to what fits.
@@ -18,8 +20,10 @@ httpx's per-request timeout (connect, and each read: for a stream, the gap betwe
 from __future__ import annotations
 
 import base64
+import logging
 import mimetypes
 import os
+import random
 import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,7 +33,6 @@ from typing import Any, Self
 import attrs
 import httpx
 import orjson
-import stamina
 import trio
 
 from ..errors import (
@@ -66,6 +69,25 @@ DRAIN_SECONDS = 1.0
 WAIT_INITIAL = 0.5
 WAIT_MAX = 8.0
 WAIT_JITTER = 1.0
+
+_log = logging.getLogger("cmdc.providers")
+
+
+def retry_wait(exc: Exception, retry: int) -> float | None:
+    """Seconds to wait before retry number `retry` (1-based) after `exc`, or None to raise it:
+    exponential backoff (`WAIT_INITIAL` doubling, at most `WAIT_MAX`) plus up to `WAIT_JITTER`
+    of jitter; a server's `retry_after` is honoured but never shortens the backoff, and one
+    longer than `MAX_RETRY_AFTER` is not waited."""
+    if not retryable(exc):
+        return None
+    backoff = min(WAIT_MAX, WAIT_INITIAL * 2.0 ** min(retry - 1, 32))
+    wait: float | None = getattr(exc, "retry_after", None)
+    if wait is None:
+        return min(WAIT_MAX, backoff + random.uniform(0, WAIT_JITTER))
+    if wait > MAX_RETRY_AFTER:
+        return None
+    return max(float(wait), backoff)
+
 
 USER_AGENT = "cmdc"
 
@@ -398,32 +420,20 @@ class HTTPProvider:
         return reply.evolve(metadata={**reply.metadata, OUTPUT_REDUCED_KEY: reduced, CONTEXT_EXCEEDED_KEY: True})
 
     async def _send(self, url: str, headers: Mapping[str, str], content: bytes, parse: Parse) -> Message:
-        """One request with stamina's retries: `1 + max_retries` attempts at most."""
-        current: stamina.Attempt | None = None
-
-        def backoff(exc: Exception) -> bool | float:
-            if not retryable(exc):
-                return False
-            wait = getattr(exc, "retry_after", None)
-            if wait is None:
-                return True  # stamina's exponential backoff with jitter
-            if wait > MAX_RETRY_AFTER:
-                return False
-            # The server's wait, but never less than the backoff of this attempt.
-            return max(float(wait), current.next_wait if current is not None else 0.0)
-
-        async for attempt in stamina.retry_context(
-            on=backoff,
-            attempts=self.max_retries + 1,
-            timeout=None,
-            wait_initial=WAIT_INITIAL,
-            wait_max=WAIT_MAX,
-            wait_jitter=WAIT_JITTER,
-        ):
-            current = attempt
-            with attempt:
+        """One request with retries: `1 + max_retries` attempts at most."""
+        retry = 0
+        while True:
+            try:
                 return await self._once(url, headers, content, parse)
-        raise AssertionError("unreachable: stamina raises the last error")  # pragma: no cover
+            except Exception as exc:
+                retry += 1
+                wait = retry_wait(exc, retry) if retry <= self.max_retries else None
+                if wait is None:
+                    raise
+                _log.warning(
+                    "%s: %s; retry %d of %d in %.2f s", self.name, type(exc).__name__, retry, self.max_retries, wait
+                )
+            await trio.sleep(wait)
 
     async def _once(self, url: str, headers: Mapping[str, str], content: bytes, parse: Parse) -> Message:
         client = self._http()
