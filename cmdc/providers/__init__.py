@@ -15,6 +15,7 @@ from .simulated import SimulatedModel
 
 if TYPE_CHECKING:
     from ..compaction.summary import ExtractiveSummarizer
+    from ._http import ReplyLimits
     from .anthropic import AnthropicProvider
     from .openai import OpenAIProvider
 
@@ -24,12 +25,13 @@ __all__ = [
     "ModelRequest",
     "OpenAIProvider",
     "Provider",
+    "ReplyLimits",
     "ScriptedProvider",
     "SimulatedModel",
     "ToolSchema",
 ]
 
-_HTTP = {"OpenAIProvider": "openai", "AnthropicProvider": "anthropic"}
+_HTTP = {"OpenAIProvider": "openai", "AnthropicProvider": "anthropic", "ReplyLimits": "_http"}
 
 
 def __getattr__(name: str) -> Any:

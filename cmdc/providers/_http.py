@@ -13,14 +13,19 @@ Needs the `http` extra (httpx). Every request goes through `HTTPProvider._post`:
 - an `OutputBudgetOverflow` that leaves a useful output budget is retried once with the output
   limit lowered to what fits.
 
-There is no overall deadline here: deadlines come from the caller's cancel scopes. `timeout` is
-httpx's per-request timeout (connect, and each read: for a stream, the gap between chunks).
+Everything from the endpoint is bounded (`ReplyLimits`): the body's bytes, one SSE line, the
+number of tool calls, and one response's duration (raising `ReplyTooLarge`,
+`TooManyToolCalls` or `ProviderTimeout`, never retried). `timeout` is httpx's per-request
+timeout (connect, and each read: for a stream, the gap between chunks); `deadline` bounds a
+whole `complete()` call, retries and their waits included (`ProviderTimeout`). The caller's
+cancel scopes still apply on top.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
+import math
 import mimetypes
 import os
 import random
@@ -41,6 +46,9 @@ from ..errors import (
     InvalidMessage,
     OutputBudgetOverflow,
     ProviderError,
+    ProviderTimeout,
+    ReplyTooLarge,
+    TooManyToolCalls,
 )
 from ..message import ImagePart, Message, ToolCall
 from .overflow import classify, retryable
@@ -90,6 +98,51 @@ def retry_wait(exc: Exception, retry: int) -> float | None:
 
 
 USER_AGENT = "cmdc"
+
+DEFAULT_DEADLINE = 900.0
+"""Seconds one provider call (`complete`, with its retries and their waits) may take by default."""
+ERROR_BODY_BYTES = 64 * 1024
+"""How much of an error response's body is read to classify it (the rest is not read)."""
+
+
+def _limit(value: object, what: str, kind: type = int) -> None:
+    if value is None and kind is float:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise ConfigError(
+            f"ReplyLimits.{what} must be a positive {'number' if kind is float else 'integer'}, got {value!r}"
+        )
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"ReplyLimits.{what} must be positive and finite, got {value!r}")
+
+
+@attrs.frozen
+class ReplyLimits:
+    """Bounds on what a model endpoint may send back, per response. Past one, the reply is
+    refused with a typed `ProviderError` (and not retried):
+
+    - `max_reply_bytes`: the body (a JSON reply, or a whole SSE stream): `ReplyTooLarge`;
+    - `max_line_bytes`: one SSE line (a line that never ends): `ReplyTooLarge`;
+    - `max_tool_calls`: tool calls in one reply: `TooManyToolCalls`;
+    - `max_stream_seconds`: one response, from sending the request to its last byte (an endless
+      trickle of bytes never trips httpx's read timeout): `ProviderTimeout`; None: no bound.
+    """
+
+    max_reply_bytes: int = 16 * 1024 * 1024
+    max_line_bytes: int = 4 * 1024 * 1024
+    max_tool_calls: int = 256
+    max_stream_seconds: float | None = 600.0
+
+    def __attrs_post_init__(self) -> None:
+        _limit(self.max_reply_bytes, "max_reply_bytes")
+        _limit(self.max_line_bytes, "max_line_bytes")
+        _limit(self.max_tool_calls, "max_tool_calls")
+        _limit(self.max_stream_seconds, "max_stream_seconds", float)
+
+    def check_tool_calls(self, n: int, name: str) -> None:
+        if n > self.max_tool_calls:
+            raise TooManyToolCalls(f"{name}: the reply has more than {self.max_tool_calls} tool calls (max_tool_calls)")
+
 
 Parse = Callable[[httpx.Response], Awaitable[Message]]
 """Reads a successful response (JSON or SSE) into an assistant message, or raises."""
@@ -301,39 +354,96 @@ class SSEDecoder:
         return event
 
 
-async def read_sse(response: httpx.Response, handle: Callable[[SSEEvent], bool]) -> None:
+async def read_body(response: httpx.Response, max_bytes: int, what: str, *, truncate: bool = False) -> bytes:
+    """The body of `response`, read chunk by chunk: past `max_bytes`, `ReplyTooLarge` (or,
+    with `truncate`, the first `max_bytes` bytes), without ever holding much more."""
+    declared = response.headers.get("content-length", "")
+    if not truncate and declared.isdigit() and int(declared) > max_bytes:
+        raise ReplyTooLarge(f"{what} is {int(declared)} bytes, more than max_reply_bytes={max_bytes}")
+    body = bytearray()
+    failure: Exception | None = None
+    with trio.CancelScope() as scope:  # leave the read by cancelling it (see read_sse)
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                if not truncate:
+                    failure = ReplyTooLarge(f"{what} is more than max_reply_bytes={max_bytes} bytes")
+                del body[max_bytes:]
+                scope.cancel()
+    if failure is not None:
+        raise failure
+    return bytes(body)
+
+
+async def read_sse(response: httpx.Response, handle: Callable[[SSEEvent], bool], limits: ReplyLimits) -> None:
     """Feed each server-sent event of `response` to `handle` until it returns True (the
     terminal event), raises, or the body ends.
 
-    Reading stops by cancelling the read rather than by leaving the loop: the cancellation
-    runs through httpx's (nested) async generators, so none is abandoned half-way (trio would
-    warn and finalize it later). After the terminal event the rest of the body (normally just
-    its end) is read for up to `DRAIN_SECONDS`, so the connection can go back to the pool. An
-    error `handle` raised is re-raised afterwards."""
+    Lines are split here, from the raw bytes, so that `limits` bound them: a line longer than
+    `max_line_bytes`, or a stream longer than `max_reply_bytes`, raises `ReplyTooLarge` having
+    held at most about that much. Reading stops by cancelling the read rather than by leaving
+    the loop: the cancellation runs through httpx's (nested) async generators, so none is
+    abandoned half-way (trio would warn and finalize it later). After the terminal event the
+    rest of the body (normally just its end) is read for up to `DRAIN_SECONDS`, so the
+    connection can go back to the pool. An error `handle` raised is re-raised afterwards."""
     decoder = SSEDecoder()
     failure: Exception | None = None
     finished = False
+    buffer = bytearray()
+    total = 0
     with trio.CancelScope() as scope:
-        async for line in response.aiter_lines():
+        async for chunk in response.aiter_bytes():
             if finished:
                 continue
-            event = decoder.feed(line)
-            if event is None:
-                continue
+            total += len(chunk)
+            buffer += chunk
             try:
-                finished = handle(event)
+                if total > limits.max_reply_bytes:
+                    raise ReplyTooLarge(f"the stream is more than max_reply_bytes={limits.max_reply_bytes} bytes")
+                for line in _split_lines(buffer):
+                    event = decoder.feed(line)
+                    if event is not None and handle(event):
+                        finished = True
+                        scope.deadline = trio.current_time() + DRAIN_SECONDS
+                        break
+                if len(buffer) > limits.max_line_bytes:
+                    raise ReplyTooLarge(f"a stream line is more than max_line_bytes={limits.max_line_bytes} bytes")
             except Exception as exc:
                 failure, finished = exc, True
                 scope.cancel()
-            else:
-                if finished:
-                    scope.deadline = trio.current_time() + DRAIN_SECONDS
     if failure is not None:
         raise failure
-    if not finished:
-        event = decoder.flush()
+    if not finished:  # the body ended: its last line and event may lack their line breaks
+        tail = buffer.decode("utf-8", errors="replace").rstrip("\r")
+        event = decoder.feed(tail) if tail else None
+        event = event or decoder.flush()
         if event is not None:
             handle(event)
+
+
+def _split_lines(buffer: bytearray) -> list[str]:
+    """The complete lines at the head of `buffer` (removed from it), decoded. A line ends with
+    LF, CRLF or CR; a CR at the very end waits for the next chunk (it may start a CRLF)."""
+    lines: list[str] = []
+    start = 0
+    cr, lf = buffer.find(b"\r"), buffer.find(b"\n")
+    while True:
+        if 0 <= cr < start:
+            cr = buffer.find(b"\r", start)
+        if 0 <= lf < start:
+            lf = buffer.find(b"\n", start)
+        if cr >= 0 and (lf < 0 or cr < lf):
+            if cr + 1 == len(buffer):
+                break
+            end, start_next = cr, cr + 2 if buffer[cr + 1] == 10 else cr + 1
+        elif lf >= 0:
+            end, start_next = lf, lf + 1
+        else:
+            break
+        lines.append(buffer[start:end].decode("utf-8", errors="replace"))
+        start = start_next
+    del buffer[:start]
+    return lines
 
 
 def json_object(text: str | bytes, what: str) -> dict[str, Any]:
@@ -365,9 +475,18 @@ class HTTPProvider:
         client: httpx.AsyncClient | None,
         name: str | None,
         kind: str,
+        limits: ReplyLimits | None = None,
+        deadline: float | None = DEFAULT_DEADLINE,
     ) -> None:
         self.model = check_model(model)
         self.timeout = check_timeout(timeout)
+        if limits is not None and not isinstance(limits, ReplyLimits):
+            raise ConfigError(f"limits must be a ReplyLimits, got {limits!r:.80}")
+        self.limits = limits if limits is not None else ReplyLimits()
+        try:
+            self.deadline = check_timeout(deadline)
+        except ConfigError:
+            raise ConfigError(f"deadline must be a positive number of seconds or None, got {deadline!r}") from None
         self.max_retries: int = check_count(max_retries, "max_retries", 0)
         if not isinstance(stream, bool):
             raise ConfigError(f"stream must be a bool, got {stream!r}")
@@ -406,8 +525,16 @@ class HTTPProvider:
     async def _post(
         self, url: str, headers: Mapping[str, str], body: Mapping[str, Any], parse: Parse, limit_key: str
     ) -> Message:
-        """POST `body` with retries; on an `OutputBudgetOverflow` that leaves at least
-        `MIN_REDUCED_OUTPUT` tokens, once more with `body[limit_key]` lowered to fit."""
+        """POST `body` with retries, all within `deadline`; on an `OutputBudgetOverflow` that
+        leaves at least `MIN_REDUCED_OUTPUT` tokens, once more with `body[limit_key]` lowered to fit."""
+        with trio.move_on_after(math.inf if self.deadline is None else self.deadline) as scope:
+            return await self._post_within(url, headers, body, parse, limit_key)
+        assert scope.cancelled_caught
+        raise ProviderTimeout(f"{self.name}: no reply within the deadline of {self.deadline} s")
+
+    async def _post_within(
+        self, url: str, headers: Mapping[str, str], body: Mapping[str, Any], parse: Parse, limit_key: str
+    ) -> Message:
         try:
             return await self._send(url, headers, dumps(body), parse)
         except OutputBudgetOverflow as exc:
@@ -437,14 +564,20 @@ class HTTPProvider:
 
     async def _once(self, url: str, headers: Mapping[str, str], content: bytes, parse: Parse) -> Message:
         client = self._http()
+        seconds = self.limits.max_stream_seconds
         try:
-            async with client.stream(
-                "POST", url, content=content, headers=headers, timeout=httpx.Timeout(self.timeout)
-            ) as response:
-                if not 200 <= response.status_code < 300:
-                    raw = await response.aread()
-                    raise classify(response.status_code, response.headers, raw)
-                return await parse(response)
+            with trio.move_on_after(math.inf if seconds is None else seconds) as scope:
+                async with client.stream(
+                    "POST", url, content=content, headers=headers, timeout=httpx.Timeout(self.timeout)
+                ) as response:
+                    if not 200 <= response.status_code < 300:
+                        raw = await read_body(response, ERROR_BODY_BYTES, "", truncate=True)
+                        raise classify(response.status_code, response.headers, raw)
+                    reply = await parse(response)
+                    self.limits.check_tool_calls(len(reply.tool_calls), self.name)
+                    return reply
+            assert scope.cancelled_caught
+            raise ProviderTimeout(f"{self.name}: the response took more than max_stream_seconds={seconds} s")
         except httpx.TransportError as exc:
             raise ConnectionFailed(f"{self.name}: {type(exc).__name__}: {exc or 'connection failed'}") from exc
         except httpx.RequestError as exc:

@@ -37,7 +37,9 @@ from ..errors import ConfigError, IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ._http import (
     CONTEXT_EXCEEDED_KEY,
+    DEFAULT_DEADLINE,
     HTTPProvider,
+    ReplyLimits,
     SSEEvent,
     check_count,
     count,
@@ -45,6 +47,7 @@ from ._http import (
     items,
     json_object,
     load_image,
+    read_body,
     read_sse,
     reply_metadata,
     setting,
@@ -63,7 +66,8 @@ class AnthropicProvider(HTTPProvider):
     `base_url` defaults to `ANTHROPIC_BASE_URL`, then `https://api.anthropic.com`; `api_key` to
     `ANTHROPIC_API_KEY` (sent as `x-api-key`), `anthropic_version` as `anthropic-version`.
     `max_output_tokens` is the default `max_tokens` (a request's own limit wins). `timeout`,
-    `max_retries`, `stream`, `headers`, `client` and `name` as for `OpenAIProvider`.
+    `max_retries`, `stream`, `headers`, `client`, `name`, `limits` and `deadline` as for
+    `OpenAIProvider`.
     """
 
     def __init__(
@@ -80,6 +84,8 @@ class AnthropicProvider(HTTPProvider):
         client: httpx.AsyncClient | None = None,
         name: str | None = None,
         anthropic_version: str = "2023-06-01",
+        limits: ReplyLimits | None = None,
+        deadline: float | None = DEFAULT_DEADLINE,
     ) -> None:
         super().__init__(
             model=model,
@@ -90,6 +96,8 @@ class AnthropicProvider(HTTPProvider):
             client=client,
             name=name,
             kind="anthropic",
+            limits=limits,
+            deadline=deadline,
         )
         self.base_url: str = setting(base_url, "ANTHROPIC_BASE_URL", DEFAULT_BASE_URL) or DEFAULT_BASE_URL
         self.api_key = setting(api_key, "ANTHROPIC_API_KEY")
@@ -152,13 +160,18 @@ class AnthropicProvider(HTTPProvider):
 
     # -- the reply -------------------------------------------------------------------------------
     async def _read_json(self, response: httpx.Response) -> Message:
-        data = json_object(await response.aread(), f"{self.name}: the response")
+        what = f"{self.name}: the response"
+        data = json_object(await read_body(response, self.limits.max_reply_bytes, what), what)
         if data.get("type") == "error" or "content" not in data:
             if data.get("error") is not None:
                 raise classify(response.status_code, response.headers, data)
             raise ProviderError(f"{self.name}: the response has no content: {str(data)[:200]}")
         reply = _Reply()
-        for block in items(data.get("content"), "content"):
+        content = items(data.get("content"), "content")
+        self.limits.check_tool_calls(
+            sum(isinstance(b, Mapping) and b.get("type") == "tool_use" for b in content), self.name
+        )
+        for block in content:
             if isinstance(block, Mapping):
                 reply.block(block)
         reply.stop_reason = data.get("stop_reason")
@@ -168,8 +181,8 @@ class AnthropicProvider(HTTPProvider):
         return reply.message()
 
     async def _read_stream(self, response: httpx.Response) -> Message:
-        stream = _Stream(response)
-        await read_sse(response, stream.feed)
+        stream = _Stream(response, self.limits, self.name)
+        await read_sse(response, stream.feed, self.limits)
         if not stream.stopped:
             raise IncompleteStream(f"{self.name}: the stream ended before message_stop")
         return stream.reply.message()
@@ -283,8 +296,10 @@ class _Reply:
 class _Stream:
     """A Messages stream being accumulated, event by event."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, limits: ReplyLimits, name: str) -> None:
         self.response = response
+        self.limits, self.name = limits, name
+        self.calls = 0
         self.reply = _Reply()
         self.open: dict[int, _Block] = {}
         self.stopped = False
@@ -306,6 +321,9 @@ class _Stream:
             block = data.get("content_block")
             index = data.get("index")
             if isinstance(block, Mapping) and isinstance(index, int):
+                if block.get("type") == "tool_use":
+                    self.calls += 1
+                    self.limits.check_tool_calls(self.calls, self.name)
                 self.open[index] = self.reply.block(block)
         elif kind == "content_block_delta":
             self._delta(data)

@@ -46,7 +46,9 @@ from .._frozen import thaw
 from ..errors import ConfigError, IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ._http import (
+    DEFAULT_DEADLINE,
     HTTPProvider,
+    ReplyLimits,
     SSEEvent,
     check_count,
     count,
@@ -55,6 +57,7 @@ from ._http import (
     json_object,
     load_image,
     new_call_id,
+    read_body,
     read_sse,
     reply_metadata,
     setting,
@@ -76,7 +79,10 @@ class OpenAIProvider(HTTPProvider):
     (408, 409, 429, 5xx, 529 and connection failures; never an overflow, auth, quota or bad
     request). `stream` uses SSE. `max_output_tokens` is the default output limit (a request's own
     limit wins). `client`: an `httpx.AsyncClient` to use (yours to close); without one the
-    provider makes its own: close it with `aclose()` or `async with provider:`.
+    provider makes its own: close it with `aclose()` or `async with provider:`. `limits`
+    (`ReplyLimits`) bound what the endpoint may send back: body and line bytes, tool calls, one
+    response's duration. `deadline`: seconds one `complete()` call may take, retries and their
+    waits included (default 900; None: only the caller's cancel scopes bound it).
     """
 
     def __init__(
@@ -93,6 +99,8 @@ class OpenAIProvider(HTTPProvider):
         headers: Mapping[str, str] | None = None,
         client: httpx.AsyncClient | None = None,
         name: str | None = None,
+        limits: ReplyLimits | None = None,
+        deadline: float | None = DEFAULT_DEADLINE,
     ) -> None:
         super().__init__(
             model=model,
@@ -103,6 +111,8 @@ class OpenAIProvider(HTTPProvider):
             client=client,
             name=name,
             kind="openai",
+            limits=limits,
+            deadline=deadline,
         )
         self.base_url: str = setting(base_url, "OPENAI_BASE_URL", DEFAULT_BASE_URL) or DEFAULT_BASE_URL
         self.api_key = setting(api_key, "OPENAI_API_KEY")
@@ -160,7 +170,8 @@ class OpenAIProvider(HTTPProvider):
 
     # -- the reply -------------------------------------------------------------------------------
     async def _read_json(self, response: httpx.Response) -> Message:
-        data = json_object(await response.aread(), f"{self.name}: the response")
+        what = f"{self.name}: the response"
+        data = json_object(await read_body(response, self.limits.max_reply_bytes, what), what)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
             if error_details(data) is not None:
@@ -171,7 +182,9 @@ class OpenAIProvider(HTTPProvider):
         message = message if isinstance(message, Mapping) else {}
         invalid: dict[str, str] = {}
         calls: list[ToolCall] = []
-        for raw in items(message.get("tool_calls"), "tool_calls"):
+        raw_calls = items(message.get("tool_calls"), "tool_calls")
+        self.limits.check_tool_calls(len(raw_calls), self.name)
+        for raw in raw_calls:
             if not isinstance(raw, Mapping):
                 continue
             fn = raw.get("function")
@@ -185,8 +198,8 @@ class OpenAIProvider(HTTPProvider):
         )
 
     async def _read_stream(self, response: httpx.Response) -> Message:
-        stream = _Stream(response)
-        await read_sse(response, stream.feed)
+        stream = _Stream(response, self.limits, self.name)
+        await read_sse(response, stream.feed, self.limits)
         return stream.finish(self.name)
 
 
@@ -277,8 +290,9 @@ class _Stream:
     """A Chat Completions stream being accumulated: text deltas, tool-call fragments by index,
     the finish reason, and usage from the final chunk."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, limits: ReplyLimits, name: str) -> None:
         self.response = response
+        self.limits, self.name = limits, name
         self.text: list[str] = []
         self.calls: dict[int, _CallParts] = {}
         self.usage: TokenUsage | None = None
@@ -322,6 +336,8 @@ class _Stream:
             index = fragment.get("index")
             if isinstance(index, bool) or not isinstance(index, int):
                 index = max(self.calls, default=-1) + 1  # no index: each fragment is a whole call
+            if index not in self.calls:
+                self.limits.check_tool_calls(len(self.calls) + 1, self.name)
             parts = self.calls.setdefault(index, _CallParts())
             call_id = _str(fragment.get("id"))
             if call_id and parts.id is None:
