@@ -150,6 +150,11 @@ class CheckpointCorrupted(CheckpointError):
     """A checkpoint file exists but does not hold a valid `State`."""
 
 
+class StoreUnavailable(OffloadError, CheckpointError):
+    """A store's database could not be reached, after its bounded retries. Nothing was
+    half-written: the operation happened whole or not at all, and repeating it is safe."""
+
+
 # -- HTTP providers ----------------------------------------------------------------------------
 # `cmdc.providers.overflow.classify` turns a failed HTTP response (or an error event inside a
 # 200 stream) into one of these, or into `ContextOverflow` / `OutputBudgetOverflow`.

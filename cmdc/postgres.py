@@ -1,0 +1,571 @@
+"""The PostgreSQL store: every agent's journal and checkpoint in one database (extra `postgres`).
+
+`PostgresStore(url)` keeps the offload store's promises in tables instead of files:
+
+- **Journal.** `cmdc_records` holds one row per journaled message: `(agent_id, seq)` is its
+  stable address, `message` the message's exact JSON bytes and `crc` their CRC-32 (checked on
+  every read: a damaged row is skipped and counted, never guessed at). Record numbers come from
+  the agent's row in `cmdc_journals` (its journal id and the highest number given out), taken
+  with `SELECT ... FOR UPDATE`, so they only grow and are never reused, even across writers.
+- **Attempts and commits.** A batch is written by an attempt (`cmdc_attempts`); its rows are
+  visible to readers only once the attempt is committed (at once by default). A message that is
+  already journaled for the agent (same id, same content) keeps its record: a retried batch
+  neither duplicates nor renumbers anything, and a retry after a lost connection is safe.
+- **Search.** `body` (the text a person would search: content, tool names and arguments) feeds a
+  generated `tsvector` column with a GIN index, queried with the `simple` configuration (no
+  stemming: the words match as the file store matches them); best first by `ts_rank`.
+- **Checkpoints.** `cmdc_checkpoints` holds `State.to_json()` per agent. Saving a state also
+  commits, in the same transaction, the journal attempts its summaries name: a compaction's
+  batch and the state that points at it become visible together.
+- **Schema.** Versioned in `cmdc_meta`; `open` creates or migrates it under an advisory lock.
+
+The driver is psycopg 3 with its connection pool. psycopg's async API runs on asyncio, so each
+operation runs in a worker thread (`trio.to_thread.run_sync`), one pooled connection per
+operation; a caller cancelled mid-operation waits for it (bounded by `timeout`), so a write is
+never half-known. A lost connection (`psycopg.OperationalError`) is retried `retries` times with
+backoff; every operation is idempotent, so a retry loses and duplicates nothing. Past that, the
+caller gets `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+import urllib.parse
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import orjson
+import psycopg
+import psycopg_pool
+import trio
+
+from ._fs import run_bounded
+from .errors import (
+    CheckpointCorrupted,
+    CmdcError,
+    ConfigError,
+    InvalidMessage,
+    StoreUnavailable,
+)
+from .message import Message
+from .offload import AppendResult, JournalRecord
+from .state import State, validate_agent_id
+from .store import StoreReport
+
+SCHEMA_VERSION = 1
+ATTEMPTS_KEY = "cmdc.attempts"  # summary metadata: the journal attempts a summary depends on
+_LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
+_WORD = re.compile(r"\w+")
+T = TypeVar("T")
+
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE cmdc_journals (
+            agent_id text PRIMARY KEY,
+            journal text NOT NULL,
+            seq bigint NOT NULL DEFAULT 0
+        )""",
+        """CREATE TABLE cmdc_attempts (
+            agent_id text NOT NULL,
+            attempt text NOT NULL,
+            committed boolean NOT NULL DEFAULT false,
+            PRIMARY KEY (agent_id, attempt)
+        )""",
+        """CREATE TABLE cmdc_records (
+            agent_id text NOT NULL,
+            seq bigint NOT NULL,
+            journal text NOT NULL,
+            attempt text NOT NULL,
+            compaction integer NOT NULL,
+            ts double precision NOT NULL,
+            message_id text NOT NULL,
+            crc bigint NOT NULL,
+            message bytea NOT NULL,
+            body text NOT NULL,
+            words tsvector GENERATED ALWAYS AS (to_tsvector('simple', body)) STORED,
+            PRIMARY KEY (agent_id, seq)
+        )""",
+        "CREATE UNIQUE INDEX cmdc_records_message ON cmdc_records (agent_id, message_id)",
+        "CREATE INDEX cmdc_records_words ON cmdc_records USING gin (words)",
+        """CREATE TABLE cmdc_checkpoints (
+            agent_id text PRIMARY KEY,
+            state bytea NOT NULL,
+            crc bigint NOT NULL,
+            saved_at double precision NOT NULL
+        )""",
+    ),
+}
+
+
+def is_postgres_url(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and reprs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _search_text(message: Message) -> str:
+    parts = [message.text]
+    for call in message.tool_calls:
+        parts += [call.name, orjson.dumps(call.to_dict()["arguments"]).decode()]
+    return " ".join(parts).replace("\x00", " ")
+
+
+def _message_bytes(message: Message) -> tuple[bytes, int]:
+    data, crc = message._json, message._json_crc  # cached when the message entered its State
+    if data is None or crc is None:
+        data, crc = message.to_json(), message.json_crc()
+    return data, crc
+
+
+def _summary_attempts(state: State) -> list[str]:
+    out: list[str] = []
+    for m in state.messages:
+        attempts = m.metadata.get(ATTEMPTS_KEY)
+        if isinstance(attempts, (list, tuple)):
+            out += [a for a in attempts if isinstance(a, str)]
+    return out
+
+
+def _check_limit(limit: object) -> int:
+    if type(limit) is not int or limit < 1:
+        raise ConfigError(f"search limit must be an integer >= 1, got {limit!r}")
+    return limit
+
+
+class PostgresCheckpoints:
+    """The checkpoint side of a `PostgresStore` (what `open_runtime` gives its agents)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def __repr__(self) -> str:
+        return f"PostgresCheckpoints({redact(self._store.url)!r})"
+
+    async def save(self, state: State) -> str:
+        """Replace the agent's checkpoint with `state` and commit the journal attempts its
+        summaries name, in one transaction; return where it is."""
+        if not isinstance(state, State):
+            raise TypeError(f"save takes a State, got {type(state).__name__}")
+        validate_agent_id(state.agent_id)
+        data = state.to_json()
+        attempts = _summary_attempts(state)
+        await self._store._run(self._store._save_sync, state.agent_id, data, attempts, write=True)
+        return f"{redact(self._store.url)}#checkpoint/{state.agent_id}"
+
+    async def load(self, agent_id: str) -> State | None:
+        validate_agent_id(agent_id)
+        row = await self._store._run(self._store._load_sync, agent_id)
+        if row is None:
+            return None
+        data, crc = bytes(row[0]), row[1]
+        if zlib.crc32(data) != crc:
+            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} in {redact(self._store.url)}: checksum mismatch")
+        try:
+            state = State.from_json(data)
+        except Exception as exc:
+            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} is corrupted: {exc}") from exc
+        if state.agent_id != agent_id:
+            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} holds agent {state.agent_id!r}")
+        return state
+
+    async def delete(self, agent_id: str) -> None:
+        validate_agent_id(agent_id)
+        await self._store._run(self._store._delete_sync, agent_id, write=True)
+
+    async def agents(self) -> list[str]:
+        """The agents that have a checkpoint, sorted."""
+        return await self._store._run(self._store._list_sync)
+
+
+class PostgresStore:
+    """Journals and checkpoints in a PostgreSQL database; see the module docstring.
+
+    Use `await PostgresStore.open(url)` (or `async with`), and `aclose()` when done.
+    `pool_size`: connections at most; `retries`: attempts after a lost connection;
+    `timeout`: seconds one operation may take, retries included (a stalled server gives
+    `StoreUnavailable`, not a hang)."""
+
+    def __init__(self, url: str, *, pool_size: int = 8, retries: int = 3, timeout: float = 60.0) -> None:
+        if not is_postgres_url(url):
+            raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {url!r:.80}")
+        if type(pool_size) is not int or pool_size < 1:
+            raise ConfigError(f"pool_size must be an integer >= 1, got {pool_size!r}")
+        if type(retries) is not int or retries < 0:
+            raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.url = url
+        self.retries = retries
+        self.timeout = float(timeout)
+        self.checkpoints = PostgresCheckpoints(self)
+        self._pool = psycopg_pool.ConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": False}, timeout=self.timeout
+        )
+        self._opened = False
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact(self.url)!r})"
+
+    @classmethod
+    async def open(cls, url: str, **options: Any) -> PostgresStore:
+        """Connect and create or migrate the schema."""
+        store = cls(url, **options)
+        await store.start()
+        return store
+
+    async def start(self) -> None:
+        if self._opened:
+            return
+        try:
+            await trio.to_thread.run_sync(self._start_sync)
+        except psycopg.Error as exc:
+            await self.aclose()
+            raise StoreUnavailable(f"PostgreSQL store {redact(self.url)}: cannot open: {exc}") from exc
+        self._opened = True
+
+    def _start_sync(self) -> None:
+        self._pool.open(wait=True, timeout=self.timeout)
+        with self._pool.connection() as conn:
+            migrate(conn)
+
+    async def aclose(self) -> None:
+        await trio.to_thread.run_sync(self._pool.close)
+        self._opened = False
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def location(self, agent_id: str) -> str:
+        """How summaries and reports name the agent's journal."""
+        return f"{redact(self.url)}#journal/{validate_agent_id(agent_id)}"
+
+    # -- running operations -----------------------------------------------------------------------
+    async def _run(self, fn: Callable[..., T], *args: Any, write: bool = False) -> T:
+        if not self._opened:
+            raise StoreUnavailable(f"PostgreSQL store {redact(self.url)} is not open (use await PostgresStore.open)")
+        try:
+            if write:  # a cancelled caller waits for the write (bounded): it is never half-known
+                result: T = await run_bounded(self._retrying, fn, *args, limit=self.timeout)
+                return result
+            return await trio.to_thread.run_sync(self._retrying, fn, *args)
+        except trio.TooSlowError:
+            raise StoreUnavailable(f"PostgreSQL store {redact(self.url)}: no answer within {self.timeout} s") from None
+
+    def _retrying(self, fn: Callable[..., T], *args: Any) -> T:
+        deadline = time.monotonic() + self.timeout
+        delay = 0.05
+        for attempt in range(self.retries + 1):
+            try:
+                with self._pool.connection() as conn:
+                    return fn(conn, *args)
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+                if attempt == self.retries or time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(
+                        f"PostgreSQL store {redact(self.url)}: {type(exc).__name__}: {exc} "
+                        f"(after {attempt + 1} attempts)"
+                    ) from exc
+                time.sleep(delay)
+                delay = min(delay * 4, 2.0)
+        raise AssertionError("unreachable")
+
+    # -- the journal --------------------------------------------------------------------------------
+    async def append(
+        self,
+        agent_id: str,
+        messages: Sequence[Message],
+        *,
+        compaction: int = 0,
+        attempt: str | None = None,
+        commit: bool = True,
+    ) -> AppendResult:
+        """Journal `messages` as one batch of `attempt` (a new one when None), durably (the
+        transaction has committed when this returns). With `commit` the batch is visible at
+        once; otherwise it becomes visible with `commit(agent_id, [attempt])` or with a
+        checkpoint of a state whose summary names the attempt. Messages already journaled for
+        the agent (same id, same content) keep their records; the same id with other content
+        raises `InvalidMessage`."""
+        validate_agent_id(agent_id)
+        if type(compaction) is not int or compaction < 0:
+            raise ConfigError(f"compaction must be a non-negative integer, got {compaction!r}")
+        if attempt is not None and (not isinstance(attempt, str) or not 1 <= len(attempt) <= 64):
+            raise ConfigError(f"attempt must be a short string, got {attempt!r:.80}")
+        batch = tuple(messages)
+        for i, msg in enumerate(batch):
+            if not isinstance(msg, Message):
+                raise InvalidMessage(f"messages[{i}] is a {type(msg).__name__}, not a Message")
+        unique = list({m.id: m for m in batch}.values())
+        rows = [(m.id, *_message_bytes(m), _search_text(m)) for m in unique]
+        attempt = attempt or "k" + secrets.token_hex(8)
+        seqs: dict[str, int]
+        _journal, seqs, written, _pending = await self._run(
+            self._append_sync, agent_id, rows, compaction, attempt, commit, write=True
+        )
+        numbers = [seqs[m.id] for m in unique]
+        first = min(numbers) if numbers else 0
+        last = max(numbers) if numbers else -1
+        location = self.location(agent_id)
+        # the file store's result names a file; here the "path" is the journal's location string
+        return AppendResult(path=location, first_seq=first, last_seq=last, written=written)  # type: ignore[arg-type]
+
+    def _journal_row(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str, int]:
+        select = "SELECT journal, seq FROM cmdc_journals WHERE agent_id = %s FOR UPDATE"
+        row = conn.execute(select, (agent_id,)).fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO cmdc_journals (agent_id, journal) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                (agent_id, "j" + secrets.token_hex(8)),
+            )
+            row = conn.execute(select, (agent_id,)).fetchone()
+        assert row is not None
+        return str(row[0]), int(row[1])
+
+    def _append_sync(
+        self,
+        conn: psycopg.Connection[Any],
+        agent_id: str,
+        rows: list[tuple[str, bytes, int, str]],
+        compaction: int,
+        attempt: str,
+        commit: bool,
+    ) -> tuple[str, dict[str, int], int, list[str]]:
+        with conn.transaction():
+            journal, top = self._journal_row(conn, agent_id)
+            ids = [r[0] for r in rows]
+            known: dict[str, tuple[int, int, str]] = {}
+            if ids:
+                for mid, seq, crc, att in conn.execute(
+                    "SELECT message_id, seq, crc, attempt FROM cmdc_records "
+                    "WHERE agent_id = %s AND message_id = ANY(%s)",
+                    (agent_id, ids),
+                ):
+                    known[mid] = (int(seq), int(crc), str(att))
+            seqs: dict[str, int] = {}
+            fresh: list[tuple[Any, ...]] = []
+            ts = time.time()
+            for mid, data, crc, body in rows:
+                if mid in known:
+                    if known[mid][1] != crc:
+                        raise InvalidMessage(f"message {mid} is already journaled for {agent_id!r} with other content")
+                    seqs[mid] = known[mid][0]
+                    continue
+                top += 1
+                seqs[mid] = top
+                fresh.append((agent_id, top, journal, attempt, compaction, ts, mid, crc, data, body))
+            conn.execute(
+                "INSERT INTO cmdc_attempts (agent_id, attempt, committed) VALUES (%s, %s, %s) "
+                "ON CONFLICT (agent_id, attempt) "
+                "DO UPDATE SET committed = cmdc_attempts.committed OR excluded.committed",
+                (agent_id, attempt, commit),
+            )
+            if fresh:
+                with conn.cursor().copy(
+                    "COPY cmdc_records (agent_id, seq, journal, attempt, compaction, ts, message_id, crc, "
+                    "message, body) FROM STDIN"
+                ) as copy:
+                    for row in fresh:
+                        copy.write_row(row)
+                conn.execute("UPDATE cmdc_journals SET seq = %s WHERE agent_id = %s", (top, agent_id))
+            reused = sorted({known[mid][2] for mid in ids if mid in known})
+            if commit and reused:
+                conn.execute(
+                    "UPDATE cmdc_attempts SET committed = true WHERE agent_id = %s AND attempt = ANY(%s)",
+                    (agent_id, reused),
+                )
+            pending: list[str] = []
+            if not commit:
+                pending = [
+                    str(a)
+                    for (a,) in conn.execute(
+                        "SELECT attempt FROM cmdc_attempts WHERE agent_id = %s AND attempt = ANY(%s) AND NOT committed",
+                        (agent_id, [*reused, attempt]),
+                    )
+                ]
+        return journal, seqs, len(fresh), pending
+
+    async def commit(self, agent_id: str, attempts: Sequence[str]) -> bool:
+        """Make the batches of `attempts` visible; return whether any was not already."""
+        validate_agent_id(agent_id)
+        wanted = [a for a in dict.fromkeys(attempts) if isinstance(a, str)]
+        if not wanted:
+            return False
+        return await self._run(self._commit_sync, agent_id, wanted, write=True)
+
+    @staticmethod
+    def _commit_sync(conn: psycopg.Connection[Any], agent_id: str, attempts: list[str]) -> bool:
+        with conn.transaction():
+            cur = conn.execute(
+                "UPDATE cmdc_attempts SET committed = true WHERE agent_id = %s AND attempt = ANY(%s) AND NOT committed",
+                (agent_id, attempts),
+            )
+            return cur.rowcount > 0
+
+    _VISIBLE = (
+        "SELECT r.seq, r.compaction, r.ts, r.message, r.crc FROM cmdc_records r "
+        "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed "
+        "WHERE r.agent_id = %s"
+    )
+
+    @staticmethod
+    def _decode(rows: Sequence[tuple[Any, ...]]) -> tuple[list[JournalRecord], list[int]]:
+        records: list[JournalRecord] = []
+        damaged: list[int] = []
+        for seq, compaction, ts, data, crc in rows:
+            raw = bytes(data)
+            if zlib.crc32(raw) != crc:
+                damaged.append(int(seq))
+                continue
+            try:
+                message = Message.from_json(raw)
+            except (InvalidMessage, ValueError, TypeError):
+                damaged.append(int(seq))
+                continue
+            records.append(JournalRecord(int(seq), int(compaction), float(ts), message))
+        return records, damaged
+
+    def _records_sync(self, conn: psycopg.Connection[Any], agent_id: str, lo: int, hi: int) -> list[tuple[Any, ...]]:
+        with conn.transaction():
+            query = self._VISIBLE + " AND r.seq BETWEEN %s AND %s ORDER BY r.seq"
+            return conn.execute(query, (agent_id, lo, hi)).fetchall()
+
+    async def records(self, agent_id: str) -> list[JournalRecord]:
+        """Every visible record in seq order, each message once. Damaged rows are skipped."""
+        return await self.read_range(agent_id, 1, 2**62)
+
+    async def read(self, agent_id: str) -> list[Message]:
+        return [r.message for r in await self.records(agent_id)]
+
+    async def read_range(self, agent_id: str, first_seq: int, last_seq: int) -> list[JournalRecord]:
+        """The visible records with `first_seq <= seq <= last_seq`."""
+        validate_agent_id(agent_id)
+        rows = await self._run(self._records_sync, agent_id, int(first_seq), int(last_seq))
+        return (await trio.to_thread.run_sync(self._decode, rows))[0]
+
+    async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
+        """Visible records holding any word of `query` (case-insensitive), best first
+        (PostgreSQL full-text rank over the GIN index, then the lowest seq)."""
+        validate_agent_id(agent_id)
+        _check_limit(limit)
+        words = sorted({w for w in _WORD.findall(query.casefold()) if w})
+        if not words:
+            return []
+        tsquery = " | ".join("'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words[:64])
+        rows = await self._run(self._search_sync, agent_id, tsquery, limit)
+        return (await trio.to_thread.run_sync(self._decode, rows))[0]
+
+    def _search_sync(self, conn: psycopg.Connection[Any], agent_id: str, tsquery: str, limit: int) -> list[Any]:
+        with conn.transaction():
+            return conn.execute(
+                "SELECT r.seq, r.compaction, r.ts, r.message, r.crc FROM cmdc_records r "
+                "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
+                "to_tsquery('simple', %s) q "
+                "WHERE r.agent_id = %s AND r.words @@ q "
+                "ORDER BY ts_rank(r.words, q) DESC, r.seq LIMIT %s",
+                (tsquery, agent_id, limit),
+            ).fetchall()
+
+    async def verify(self, agent_id: str) -> StoreReport:
+        """Check every row of the agent's journal (its checksum, its message)."""
+        validate_agent_id(agent_id)
+        journal, rows, compactions, uncommitted = await self._run(self._verify_sync, agent_id)
+        records, damaged = await trio.to_thread.run_sync(self._decode, rows)
+        return StoreReport(agent_id, journal, len(records), compactions, uncommitted, tuple(damaged))
+
+    def _verify_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str | None, list[Any], int, int]:
+        with conn.transaction():
+            row = conn.execute("SELECT journal FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+            rows = conn.execute(self._VISIBLE + " ORDER BY r.seq", (agent_id,)).fetchall()
+            counts = conn.execute(
+                "SELECT count(DISTINCT r.attempt) FILTER (WHERE a.committed), count(*) FILTER (WHERE NOT a.committed) "
+                "FROM cmdc_records r JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt "
+                "WHERE r.agent_id = %s",
+                (agent_id,),
+            ).fetchone()
+        assert counts is not None
+        return (None if row is None else str(row[0])), rows, int(counts[0]), int(counts[1])
+
+    async def transcript(self, agent_id: str) -> str:
+        """The journal as Markdown, for people (the file store writes the same beside its journal)."""
+        from .offload import _transcript
+
+        records = await self.records(agent_id)
+        batches: list[list[JournalRecord]] = []
+        for r in records:
+            if not batches or batches[-1][-1].compaction != r.compaction:
+                batches.append([])
+            batches[-1].append(r)
+        return b"".join(_transcript(b[0].compaction, [(r.seq, r.message) for r in b]) for b in batches).decode()
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    @staticmethod
+    def _save_sync(conn: psycopg.Connection[Any], agent_id: str, data: bytes, attempts: list[str]) -> None:
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO cmdc_checkpoints (agent_id, state, crc, saved_at) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (agent_id) DO UPDATE SET state = excluded.state, crc = excluded.crc, "
+                "saved_at = excluded.saved_at",
+                (agent_id, data, zlib.crc32(data), time.time()),
+            )
+            if attempts:  # the batches this state's summaries stand for become visible with it
+                conn.execute(
+                    "UPDATE cmdc_attempts SET committed = true WHERE agent_id = %s AND attempt = ANY(%s) "
+                    "AND NOT committed",
+                    (agent_id, attempts),
+                )
+
+    @staticmethod
+    def _load_sync(conn: psycopg.Connection[Any], agent_id: str) -> tuple[Any, int] | None:
+        with conn.transaction():
+            row = conn.execute("SELECT state, crc FROM cmdc_checkpoints WHERE agent_id = %s", (agent_id,)).fetchone()
+        return None if row is None else (row[0], int(row[1]))
+
+    @staticmethod
+    def _delete_sync(conn: psycopg.Connection[Any], agent_id: str) -> None:
+        with conn.transaction():
+            conn.execute("DELETE FROM cmdc_checkpoints WHERE agent_id = %s", (agent_id,))
+
+    @staticmethod
+    def _list_sync(conn: psycopg.Connection[Any]) -> list[str]:
+        with conn.transaction():
+            return [str(a) for (a,) in conn.execute("SELECT agent_id FROM cmdc_checkpoints ORDER BY agent_id")]
+
+
+def migrate(conn: psycopg.Connection[Any]) -> int:
+    """Create or bring the schema up to `SCHEMA_VERSION` (under an advisory lock, so two
+    processes opening one database at once do not race); return the version found before.
+    A database from a newer cmdc is refused."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        conn.execute("CREATE TABLE IF NOT EXISTS cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
+        row = conn.execute("SELECT value FROM cmdc_meta WHERE key = 'schema_version'").fetchone()
+        found = 0 if row is None else int(row[0])
+        if found > SCHEMA_VERSION:
+            raise CmdcError(
+                f"the database holds cmdc schema version {found}; this cmdc knows up to {SCHEMA_VERSION}: upgrade cmdc"
+            )
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            for statement in _MIGRATIONS[version]:
+                conn.execute(statement)
+        if found != SCHEMA_VERSION:
+            conn.execute(
+                "INSERT INTO cmdc_meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(SCHEMA_VERSION),),
+            )
+    return found
+
+
+__all__ = ["PostgresCheckpoints", "PostgresStore", "StoreUnavailable", "is_postgres_url", "migrate"]

@@ -1,0 +1,214 @@
+"""The store protocol: everything durable (journal batches, checkpoints) behind one interface.
+
+A runtime has one store, chosen in one place by a URL string or an object (`open_store`):
+
+- a directory path (`"/some/dir"`, a `Path`): the file store, `FileStore` — each agent's journal
+  `<dir>/<agent>.jsonl` (the offload journal) and its checkpoint `<dir>/<agent>.state.json`;
+- `"postgresql://user@host:5432/db"`: the PostgreSQL store (`cmdc.postgres.PostgresStore`,
+  extra `postgres`);
+- any object with the methods of `Store`: used as it is.
+
+A store is two things. Its journal methods (`append`, `commit`, `records`, `read`, `read_range`,
+`search`, `verify`, `transcript`, `location`) keep each agent's evicted messages; its
+`checkpoints` (`save`, `load`, `delete`, `agents`) keep each agent's last committed `State`.
+The rules every store keeps are checked by one conformance suite (tests/test_store.py), run
+against both stores shipped:
+
+- `append(agent_id, messages, compaction=n)` is durable when it returns, and returns an
+  `AppendResult` whose `first_seq..last_seq` cover the batch;
+- each message appended for an agent is read back exactly once, at a stable record number:
+  appending it again (a retried batch) neither duplicates nor renumbers it; numbers only grow;
+- `records`/`read` give every visible record in seq order; `read_range` a slice by seq;
+  `search` records holding any of the query's words, best first, at most `limit`;
+- `verify` counts records and reports damage; readers skip damaged records rather than fail;
+- `checkpoints.save(state)` replaces the agent's checkpoint atomically; `load` gives it back
+  equal (or None); `delete` removes it (missing is fine); `agents()` lists who has one;
+- unsafe agent ids raise `ConfigError` before anything is touched; I/O failures raise
+  `OffloadError` (journal) or `CheckpointError` (checkpoints), never something else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
+import trio
+
+from .checkpoint import CheckpointStore
+from .errors import ConfigError, OffloadCorrupted
+from .message import Message
+from .offload import AppendResult, JournalRecord, OffloadStore
+from .state import State, validate_agent_id
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+
+@attrs.frozen
+class StoreReport:
+    """What `verify` found in one agent's journal: visible records, committed compactions,
+    records of attempts never committed, damaged records (their numbers, or -1 where none
+    can be read)."""
+
+    agent_id: str
+    journal: str | None
+    records: int
+    compactions: int
+    uncommitted: int
+    damaged: tuple[int, ...]
+
+    @property
+    def clean(self) -> bool:
+        return not self.damaged
+
+
+@runtime_checkable
+class Checkpoints(Protocol):
+    """Each agent's last committed `State`."""
+
+    async def save(self, state: State) -> object: ...
+
+    async def load(self, agent_id: str) -> State | None: ...
+
+    async def delete(self, agent_id: str) -> None: ...
+
+    async def agents(self) -> list[str]: ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Everything durable; see the module docstring for the rules."""
+
+    @property
+    def checkpoints(self) -> Checkpoints: ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def location(self, agent_id: str) -> str: ...
+
+    async def append(self, agent_id: str, messages: Sequence[Message], *, compaction: int = 0) -> AppendResult: ...
+
+    async def records(self, agent_id: str) -> list[JournalRecord]: ...
+
+    async def read(self, agent_id: str) -> list[Message]: ...
+
+    async def read_range(self, agent_id: str, first_seq: int, last_seq: int) -> list[JournalRecord]: ...
+
+    async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]: ...
+
+    async def verify(self, agent_id: str) -> StoreReport: ...
+
+    async def transcript(self, agent_id: str) -> str: ...
+
+
+class FileStore:
+    """The file store: journals and checkpoints as files in one directory (the default).
+
+    A thin adapter over `OffloadStore` (the journals, shared with every `Compactor` using the
+    same directory) and `CheckpointStore`."""
+
+    def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
+        from .compaction.compactor import shared_store
+
+        self.root = Path(os.path.abspath(root))
+        self.journal: OffloadStore = shared_store(self.root)
+        self._checkpoints = FileCheckpoints(self.root, write_timeout=write_timeout)
+
+    def __repr__(self) -> str:
+        return f"FileStore({str(self.root)!r})"
+
+    @property
+    def checkpoints(self) -> FileCheckpoints:
+        return self._checkpoints
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    def location(self, agent_id: str) -> str:
+        return str(self.journal.path_for(agent_id))
+
+    async def append(
+        self, agent_id: str, messages: Sequence[Message], *, compaction: int = 0, **options: Any
+    ) -> AppendResult:
+        return await self.journal.append(agent_id, messages, compaction=compaction, **options)
+
+    async def records(self, agent_id: str) -> list[JournalRecord]:
+        return await self.journal.records(agent_id)
+
+    async def read(self, agent_id: str) -> list[Message]:
+        return await self.journal.read(agent_id)
+
+    async def read_range(self, agent_id: str, first_seq: int, last_seq: int) -> list[JournalRecord]:
+        return await self.journal.read_range(agent_id, first_seq, last_seq)
+
+    async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
+        return await self.journal.search(agent_id, query, limit)
+
+    async def verify(self, agent_id: str) -> StoreReport:
+        try:
+            records = await self.journal.records(agent_id)
+        except OffloadCorrupted:
+            return StoreReport(agent_id, self.location(agent_id), 0, 0, 0, (-1,))
+        compactions = len({r.compaction for r in records})
+        return StoreReport(agent_id, self.location(agent_id), len(records), compactions, 0, ())
+
+    async def transcript(self, agent_id: str) -> str:
+        path = await self.journal.write_transcript(agent_id)
+        return await trio.to_thread.run_sync(Path(path).read_text, "utf-8")
+
+
+class FileCheckpoints(CheckpointStore):
+    """`CheckpointStore` with the protocol's `agents()`."""
+
+    async def agents(self) -> list[str]:
+        """The agents that have a checkpoint here, sorted."""
+
+        def scan() -> list[str]:
+            try:
+                names = os.listdir(self.root)
+            except FileNotFoundError:
+                return []
+            out = []
+            for name in names:
+                if name.endswith(".state.json") and not name.startswith("."):
+                    agent = name[: -len(".state.json")]
+                    try:
+                        out.append(validate_agent_id(agent))
+                    except ConfigError:
+                        continue
+            return sorted(out)
+
+        return await trio.to_thread.run_sync(scan)
+
+
+def open_store(spec: str | os.PathLike[str] | Store) -> Store:
+    """The store `spec` names: a `postgresql://` URL, a directory (the file store), or a store
+    object (returned as is). Not yet started: `await store.start()` (the runtime does)."""
+    if isinstance(spec, str) and spec.startswith(("postgresql://", "postgres://")):
+        try:
+            from .postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigError(
+                f"a postgresql:// store needs the postgres extra: pip install 'cmdc[postgres]' ({exc})"
+            ) from None
+        pg: PostgresStore = PostgresStore(spec)
+        return pg
+    if isinstance(spec, (str, os.PathLike)):
+        text = os.fspath(spec)
+        if not text or "\x00" in str(text) or "://" in str(text):
+            raise ConfigError(f"store must be a directory, a postgresql:// URL or a store object, got {spec!r:.80}")
+        return FileStore(text)
+    if isinstance(spec, Store):
+        return spec
+    raise ConfigError(f"store must be a directory, a postgresql:// URL or a store object, got {spec!r:.80}")
+
+
+__all__ = ["Checkpoints", "FileCheckpoints", "FileStore", "Store", "StoreReport", "open_store"]

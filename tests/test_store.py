@@ -1,0 +1,190 @@
+"""One conformance suite for every store: the file store and the PostgreSQL store.
+
+The PostgreSQL cases need a server (see tests/conftest.py); the file cases always run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from cmdc import ConfigError, Message, State, ToolCall
+from cmdc.errors import CheckpointError, InvalidMessage, OffloadError
+from cmdc.store import FileStore, Store, open_store
+
+BAD_IDS = ["", ".hidden", "a/b", "../x", "a\x00b", "x" * 129, "-lead"]
+
+
+@pytest.fixture(params=["file", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "file":
+        made: Store = open_store(tmp_path / "store")
+    else:
+        made = open_store(request.getfixturevalue("postgres_url"))
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+def batch(n: int, tag: str = "m") -> list[Message]:
+    return [Message.user(f"{tag} number {i} about topic{i % 3}") for i in range(n)]
+
+
+async def test_append_then_read_back_in_order(store: Store) -> None:
+    first = batch(5, "alpha")
+    r1 = await store.append("a1", first, compaction=1)
+    assert (r1.first_seq, r1.last_seq, r1.written) == (1, 5, 5)
+    second = [Message.assistant("beta reply", tool_calls=(ToolCall(id="c1", name="grep", arguments={"q": "x"}),))]
+    r2 = await store.append("a1", second, compaction=2)
+    assert (r2.first_seq, r2.last_seq) == (6, 6)
+    records = await store.records("a1")
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r.message for r in records] == [*first, *second]
+    assert [r.compaction for r in records] == [1] * 5 + [2]
+    assert await store.read("a1") == [*first, *second]
+    assert [r.seq for r in await store.read_range("a1", 2, 4)] == [2, 3, 4]
+    assert await store.read_range("a1", 7, 100) == []
+    assert await store.records("nobody") == []
+
+
+async def test_exactly_once_and_stable_numbers_across_retries(store: Store) -> None:
+    msgs = batch(6)
+    await store.append("a1", msgs[:4], compaction=1)
+    again = await store.append("a1", msgs[:4], compaction=1)  # a retried batch
+    assert again.written == 0 and (again.first_seq, again.last_seq) == (1, 4)
+    grown = await store.append("a1", msgs, compaction=1)  # retried and grown
+    assert grown.written == 2 and (grown.first_seq, grown.last_seq) == (1, 6)
+    within = await store.append("a1", [msgs[0], msgs[0]], compaction=2)  # repeated within a batch
+    assert within.written == 0
+    records = await store.records("a1")
+    assert [r.message.id for r in records] == [m.id for m in msgs]
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5, 6]
+    new = await store.append("a1", [Message.user("later")], compaction=3)
+    assert new.first_seq == 7  # numbers only grow
+
+
+async def test_agents_are_separate(store: Store) -> None:
+    await store.append("a1", batch(2, "one"), compaction=1)
+    await store.append("a2", batch(3, "two"), compaction=1)
+    assert len(await store.records("a1")) == 2 and len(await store.records("a2")) == 3
+    assert (await store.records("a2"))[0].seq == 1
+    assert await store.search("a1", "two") == []
+
+
+async def test_search_finds_words_best_first(store: Store) -> None:
+    msgs = [
+        Message.user("the deployment failed on the staging cluster"),
+        Message.assistant("retrying the deployment"),
+        Message.user("unrelated chatter"),
+        Message.assistant("", tool_calls=(ToolCall(id="c9", name="kubectl", arguments={"cmd": "rollout"}),)),
+    ]
+    await store.append("a1", msgs, compaction=1)
+    hits = await store.search("a1", "deployment staging")
+    assert [h.message.id for h in hits][:2] == [msgs[0].id, msgs[1].id]
+    assert {h.message.id for h in hits} == {msgs[0].id, msgs[1].id}
+    assert [h.message.id for h in await store.search("a1", "DEPLOYMENT", limit=1)] == [msgs[0].id]
+    assert [h.message.id for h in await store.search("a1", "kubectl")] == [msgs[3].id]
+    assert [h.message.id for h in await store.search("a1", "rollout")] == [msgs[3].id]
+    assert await store.search("a1", "nothing-here-zz") == []
+    assert await store.search("a1", "  !!! ") == []
+    # hostile queries are just words
+    for query in ["' OR 1=1 --", "a & b | !c", "x:*", "\\", "'; DROP TABLE cmdc_records; --", "\x00"]:
+        assert isinstance(await store.search("a1", query), list)
+    assert len(await store.records("a1")) == 4
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ConfigError):
+            await store.search("a1", "deployment", limit=bad)  # type: ignore[arg-type]
+
+
+async def test_verify_and_transcript(store: Store) -> None:
+    await store.append("a1", batch(3), compaction=1)
+    await store.append("a1", batch(2, "next"), compaction=2)
+    report = await store.verify("a1")
+    assert report.clean and report.records == 5 and report.compactions == 2
+    text = await store.transcript("a1")
+    assert "## Compaction 1" in text and "## Compaction 2" in text and "next number 1" in text
+
+
+async def test_checkpoints_save_load_delete_list(store: Store) -> None:
+    cps = store.checkpoints
+    assert await cps.load("a1") is None and await cps.agents() == []
+    state = State(agent_id="a1", config={"compact_keep": ("messages", 4)}).append(*batch(3))
+    await cps.save(state)
+    assert await cps.load("a1") == state
+    newer = state.append(Message.assistant("more"))
+    await cps.save(newer)
+    assert await cps.load("a1") == newer
+    await cps.save(State(agent_id="b2"))
+    assert await cps.agents() == ["a1", "b2"]
+    await cps.delete("a1")
+    await cps.delete("a1")  # missing is fine
+    assert await cps.load("a1") is None and await cps.agents() == ["b2"]
+    with pytest.raises(TypeError):
+        await cps.save("not a state")  # type: ignore[arg-type]
+
+
+async def test_unsafe_agent_ids_are_refused_before_anything(store: Store) -> None:
+    for bad in BAD_IDS:
+        with pytest.raises(ConfigError):
+            await store.append(bad, batch(1), compaction=1)
+        with pytest.raises(ConfigError):
+            await store.records(bad)
+        with pytest.raises(ConfigError):
+            await store.search(bad, "x")
+        with pytest.raises(ConfigError):
+            await store.checkpoints.load(bad)
+        with pytest.raises(ConfigError):
+            await store.checkpoints.delete(bad)
+    with pytest.raises((ConfigError, InvalidMessage)):
+        await store.append("a1", ["not a message"], compaction=1)  # type: ignore[list-item]
+    with pytest.raises(ConfigError):
+        await store.append("a1", batch(1), compaction=-1)
+    assert await store.records("a1") == []
+
+
+async def test_concurrent_writers_never_share_a_number(store: Store) -> None:
+    async def write(tag: str) -> None:
+        for k in range(5):
+            await store.append("a1", batch(3, f"{tag}{k}"), compaction=k)
+
+    async with trio.open_nursery() as nursery:
+        for tag in "abcd":
+            nursery.start_soon(write, tag)
+    records = await store.records("a1")
+    assert [r.seq for r in records] == list(range(1, 61))
+    assert len({r.message.id for r in records}) == 60
+
+
+async def test_unicode_and_large_messages(store: Store) -> None:
+    big = Message.user("ünïcödé 🚀 " * 20_000)
+    odd = Message.user("nul\x00byte and \\ backslash and 'quotes' \"dq\"")
+    await store.append("a1", [big, odd], compaction=1)
+    assert await store.read("a1") == [big, odd]
+    assert [h.message.id for h in await store.search("a1", "backslash")] == [odd.id]
+
+
+def test_open_store_chooses_by_spec(tmp_path: Path) -> None:
+    assert isinstance(open_store(tmp_path), FileStore)
+    assert isinstance(open_store(str(tmp_path)), FileStore)
+    file_store = FileStore(tmp_path)
+    assert open_store(file_store) is file_store
+    for bad in ["", "http://example.com/x", "a\x00b", 42, object()]:
+        with pytest.raises(ConfigError):
+            open_store(bad)  # type: ignore[arg-type]
+    pg = open_store("postgresql://nobody@/nowhere?host=/nonexistent")
+    assert type(pg).__name__ == "PostgresStore"
+
+
+async def test_file_errors_are_typed(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    store = FileStore(blocker)
+    with pytest.raises(OffloadError):
+        await store.append("a1", batch(1), compaction=1)
+    with pytest.raises(CheckpointError):
+        await store.checkpoints.save(State(agent_id="a1"))
