@@ -29,6 +29,7 @@ from .errors import (
     CompactionIncomplete,
     ConfigError,
     ContextOverflow,
+    InvalidMessage,
     MailboxFull,
     OffloadError,
     PluginAborted,
@@ -45,6 +46,7 @@ from .events import (
     RESPONSE,
     RESTART,
     RETRY,
+    STOPPED,
     TOOL_END,
     TOOL_START,
     TURN_END,
@@ -54,8 +56,10 @@ from .events import (
 from .message import Message, ToolCall
 from .plugins import (
     Abort,
+    AfterCompact,
     AfterResponse,
     AfterTool,
+    BeforeCompact,
     BeforeRequest,
     BeforeTool,
     Folded,
@@ -73,7 +77,7 @@ from .plugins import (
     sort_plugins,
 )
 from .providers.base import ModelRequest, Provider
-from .report import Compacted, CompactionReport
+from .report import Compacted, Skipped
 from .state import State
 from .tools import Tool, ToolArgumentsError
 
@@ -263,6 +267,24 @@ def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, .
     raise ConfigError(f"a prompt must be text, a Message or a non-empty list of Messages, got {content!r:.80}")
 
 
+def _begun(messages: Sequence[Message]) -> bool:
+    return any(m.role != "system" for m in messages)
+
+
+def _check_system(begun: bool, messages: Sequence[Message]) -> None:
+    """Refuse a system message once the conversation has begun (after any other message):
+    the system prompt is `spawn(instructions=...)`; one mid-conversation is almost always a
+    mistake, and providers place or reject it differently."""
+    for m in messages:
+        if m.role != "system":
+            begun = True
+        elif begun:
+            raise InvalidMessage(
+                "a system message once the conversation has begun is refused; give the system "
+                "prompt as spawn(..., instructions=...), or send this text as a user message"
+            )
+
+
 class AgentRef:
     """The handle users hold. Every method is safe to call from any task of the trio run.
 
@@ -315,11 +337,14 @@ class AgentRef:
 
     async def send(self, content: str | Message | Sequence[Message]) -> None:
         """Queue user message(s) for the next turn, without running one (waits if the mailbox is full)."""
-        await self._enqueue(_Send(_as_messages(content)))
+        messages = _as_messages(content)
+        self._check_system(messages)
+        await self._enqueue(_Send(messages))
 
     def send_nowait(self, content: str | Message | Sequence[Message]) -> None:
         """Like `send`, but raise `MailboxFull` instead of waiting."""
         messages = _as_messages(content)
+        self._check_system(messages)
         agent = self._resident()
         if agent is None and self._host is not None and not self._stopped:
             self._host.send_inactive(self, messages)
@@ -336,6 +361,11 @@ class AgentRef:
         self._require(agent).enqueue_nowait(request)
         return request.reply
 
+    def _check_system(self, messages: Sequence[Message]) -> None:
+        agent = self._resident()
+        # Not resident (deactivated): its conversation has begun, as far as a send can tell.
+        _check_system(agent is None or _begun((*agent.state.messages[-1:], *agent.pending)), messages)
+
     def _require(self, agent: Agent | None) -> Agent:
         if agent is None:
             if self._agent is not None and self._agent.deactivating and not self._stopped:
@@ -343,12 +373,15 @@ class AgentRef:
             raise AgentStopped(f"agent {self.name!r} has stopped")
         return agent
 
-    async def compact(self, instruction: str | None = None) -> CompactionReport | None:
+    async def compact(self, instruction: str | None = None) -> Compacted | Skipped:
         """Compact now (a manual compaction, like `/compact focus on the API changes`),
-        between turns; return its report, or None when there was nothing to evict."""
+        between turns: `Compacted` (with its `report`) or `Skipped` (with its `reason`), as
+        `Compactor.force_compact` answers. A compaction still over a trigger after its passes
+        raises `CompactionIncomplete` (its gain is kept)."""
         request = _Compact(instruction, _Reply())
         agent = await self._enqueue(request)
-        return await agent.wait(request)  # type: ignore[no-any-return]
+        outcome: Compacted | Skipped = await agent.wait(request)
+        return outcome
 
     async def ping(self) -> None:
         """A round trip through the mailbox: returns when the agent has served it."""
@@ -358,6 +391,7 @@ class AgentRef:
 
     async def state(self) -> State:
         """The last committed state (immutable; never a state in the middle of a step)."""
+        await trio.lowlevel.checkpoint()
         agent = self._agent if self._stopped else await self._live()
         if agent is None:
             raise AgentStopped(f"agent {self.name!r} has stopped")
@@ -422,6 +456,32 @@ class AgentRef:
         return self._restarts if agent is None else agent.restart_count
 
 
+class _KeepTheQuestion(Plugin):
+    """Built in: no compaction during a turn summarizes away the user's current question
+    (the last user message that started the turn). It is kept out of what is evicted; if the
+    compactor still had to evict it (a pin over its budget), it is put back right after the
+    summary, where it belongs in time. A question too large for the model then ends the turn
+    with `ContextOverflow`, never with an answer to a summary of it."""
+
+    priority = -(2**31)  # first: later plugins see the question already kept
+    hook_timeout = None
+
+    def __init__(self) -> None:
+        self.question: Message | None = None
+
+    async def before_compact(self, ctx: BeforeCompact) -> Sequence[Message] | None:
+        q = self.question
+        if q is None or all(m.id != q.id for m in ctx.evicted):
+            return None
+        return tuple(m for m in ctx.evicted if m.id != q.id)
+
+    async def after_compact(self, ctx: AfterCompact) -> State | None:
+        q = self.question
+        if q is None or any(m.id == q.id for m in ctx.state.messages):
+            return None
+        return ctx.state.insert_after_summary(q)
+
+
 def _stop(agent: Agent) -> None:
     raise _StopRequested
 
@@ -453,6 +513,7 @@ class Agent:
         "pending",
         "plugins",
         "provider",
+        "question",
         "ref",
         "restart_count",
         "saved",
@@ -493,6 +554,8 @@ class Agent:
         self.state = state
         self.provider = provider
         self.compactor = compactor
+        self.question = _KeepTheQuestion()
+        compactor.add_plugin(self.question)
         self.tools: dict[str, Tool] = {}
         for t in tools:
             if not isinstance(t, Tool):
@@ -559,6 +622,7 @@ class Agent:
         """Serve the mailbox until stopped; after a crash, go on from the last committed state
         as the restart policy says."""
         crashes: deque[float] | None = None
+        ended = "cancelled"  # why the task ends, for the `stopped` event
         try:
             if not self.activated:
                 await self._lifecycle("on_start", OnStart(self.state))
@@ -568,6 +632,7 @@ class Agent:
                 try:
                     await self._serve(request)
                 except (_StopRequested, _DeactivateNow):
+                    ended = "stopped"
                     return
                 except _Crash as crash:
                     error = crash.__cause__ or crash
@@ -578,11 +643,13 @@ class Agent:
                     while crashes and crashes[0] < now - self.options.restart_window:
                         crashes.popleft()
                     if self.options.restart == "temporary":
+                        ended = "crashed"
                         return
                     if len(crashes) > self.options.max_restarts:
                         if self.options.restart == "transient":
                             gave_up = f"agent {self.name} gave up after {len(crashes)} crashes"
                             self._emit(ERROR, error=gave_up, during="restart")
+                            ended = "crashed"
                             return
                         await trio.sleep(self.options.restart_window)  # permanent: back off, go on
                         crashes.clear()
@@ -593,7 +660,9 @@ class Agent:
                     self.last_active = trio.current_time()
                     if self.on_active is not None:
                         self.on_active(self)
+            ended = "closed"  # the mailbox ended
         except Exception as exc:  # a bug here must never take the runtime down
+            ended = "failed"
             self._emit(ERROR, error=f"agent task failed: {exc!r}", during="agent")
         finally:
             self._send.close()
@@ -605,6 +674,12 @@ class Agent:
             self.done = True
             if self._done_event is not None:
                 self._done_event.set()
+            if not self.deactivating and ended != "cancelled":
+                # Stopped for good while the runtime runs (a deactivated agent is still running;
+                # a closing runtime ends every subscription itself): its last event, then its
+                # subscriptions end (`async for` finishes).
+                self._emit(STOPPED, reason=ended, restarts=self.restart_count)
+                self.bus.end_agent(self.name)
             if self.on_exit is not None:
                 self.on_exit(self)
 
@@ -672,9 +747,7 @@ class Agent:
             outcome = await self.compactor.force_compact(self.state, instruction=request.instruction, reason="manual")
             if isinstance(outcome, Compacted):
                 await self._commit(outcome.state)
-                request.reply.set(outcome.report)
-            else:
-                request.reply.set(None)
+            request.reply.set(outcome)
         except CompactionIncomplete as exc:
             await self._commit(exc.state)
             request.reply.fail(exc)
@@ -719,7 +792,14 @@ class Agent:
 
     async def _turn(self, incoming: tuple[Message, ...]) -> Message:
         started = trio.current_time()
-        state = self.state.append(*self.pending, *incoming)
+        _check_system(_begun(self.state.messages[-1:]), (*self.pending, *incoming))
+        self.question.question = next((m for m in reversed(incoming) if m.role == "user"), None)
+        try:
+            return await self._turn_steps(started, self.state.append(*self.pending, *incoming))
+        finally:
+            self.question.question = None
+
+    async def _turn_steps(self, started: float, state: State) -> Message:
         self._emit(TURN_START, messages=len(state.messages), tokens=state.token_usage)
         reply: Message | None = None
         for step in range(1, self.options.max_steps + 1):

@@ -167,6 +167,13 @@ class EventBus:
             if not subs:
                 del self._by_agent[sub.agent]
 
+    def end_agent(self, agent_id: str) -> None:
+        """`agent_id` stopped: its subscribers receive what is buffered, then their iteration
+        ends. All-agents subscriptions go on. A later subscription to the name (an agent
+        spawned again under it) is a new one."""
+        for sub in self._by_agent.pop(agent_id, {}):
+            sub._end(drain=True)
+
     def listening(self, agent_id: str | None) -> bool:
         """Whether an event of `agent_id` would reach anyone (a subscriber or the log), so a
         publisher can skip building it."""

@@ -37,6 +37,7 @@ PINS_OVER_BUDGET = "pins_over_budget"
 TOOL_RESULTS_CLIPPED = "tool_results_clipped"
 RESTART = "restart"
 EVENTS_DROPPED = "events_dropped"
+STOPPED = "stopped"  # an agent stopped for good; its subscriptions end after this event
 
 LEVELS: Mapping[str, int] = MappingProxyType(
     {
@@ -53,6 +54,7 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         TOOL_RESULTS_CLIPPED: logging.INFO,
         OVERFLOW: logging.INFO,
         RETRY: logging.INFO,
+        STOPPED: logging.INFO,
         RESTART: logging.WARNING,
         COMPACTION_FAILED: logging.WARNING,
         ERROR: logging.WARNING,
@@ -80,6 +82,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         OVERFLOW: ("prompt_tokens", "limit", "forced"),
         RETRY: ("after", "forced", "clipped"),
         RESTART: ("restarts",),
+        STOPPED: ("reason", "restarts"),
         ERROR: ("error", "during", "crashed", "retry_in"),
         PLUGIN_ERROR: ("plugin", "hook", "error"),
         PINS_OVER_BUDGET: ("budget", "unpinned", "pinned_tokens"),

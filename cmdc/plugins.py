@@ -127,10 +127,18 @@ class BeforeCompact:
 @attrs.frozen
 class AfterCompact:
     """Context of `after_compact`: return a new `State` (e.g. with skills re-injected) or None.
-    The offload has happened: it cannot veto."""
+    The offload has happened: it cannot veto.
+
+    To add context, return `ctx.insert_after_summary(note)`: it lands right after the summary,
+    before the kept messages. `ctx.state.append(note)` appends, as everywhere: after the
+    user's current question, which the model would then not answer."""
 
     state: State
     report: CompactionReport
+
+    def insert_after_summary(self, *messages: Message) -> State:
+        """`state` with `messages` right after the summary (see `State.insert_after_summary`)."""
+        return self.state.insert_after_summary(*messages)
 
 
 @attrs.frozen

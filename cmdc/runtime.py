@@ -8,7 +8,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, Literal, NoReturn
 
 import attrs
 import trio
@@ -20,7 +20,7 @@ from .compaction import Compactor
 from .compaction.compactor import shared_store
 from .compaction.summary import Summarizer
 from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused
-from .events import Event
+from .events import STOPPED, Event
 from .message import Message
 from .plugins import Plugin
 from .providers.base import Provider
@@ -179,11 +179,12 @@ class Runtime:
         name: str,
         provider: Provider,
         *,
+        instructions: str | None = None,
         tools: Iterable[Tool] = (),
         plugins: Iterable[Plugin] = (),
         config: Mapping[str, Any] | None = None,
         summarizer: Summarizer | None = None,
-        resume: bool = False,
+        resume: bool | Literal["require"] = False,
         delegation: Grant = False,
         accepts: Grant = False,
         recall: bool = False,
@@ -193,8 +194,15 @@ class Runtime:
         """Start an agent and return its handle once it is ready: its mailbox takes requests,
         and its `on_start` plugins have run (then through `nursery.start`).
 
-        `summarizer` None: the agent's own provider summarizes. `resume`: start from the
-        checkpoint of an agent of this name (needs `open_runtime(checkpoint_dir=...)`).
+        `instructions`: the system prompt, the conversation's first message (pinned: never
+        compacted away). A system message sent once the conversation has begun is refused
+        (`InvalidMessage`).
+        `summarizer` None: the agent's own provider summarizes. `resume` (needs
+        `open_runtime(checkpoint_dir=...)`): `True` starts from the checkpoint of an agent of
+        this name when there is one and fresh when there is none; `"require"` raises
+        `AgentNotFound` when there is none. On a resumed state, a given `config` is merged over
+        the checkpoint's (the keys given win, the others are kept) and given `instructions`
+        replace its system prompt.
         `delegation`: give it the built-in `delegate` tool: True lets it hand tasks to temporary
         children of its own; agent names or `fnmatch` patterns (`["critic", "worker-*"]`) also
         let it reach those running agents, if they accept. `accepts`: whether this agent takes
@@ -219,6 +227,10 @@ class Runtime:
             raise ConfigError(f"provider must have an async complete(request) method, got {provider!r:.80}")
         if name in self._slots:
             raise ConfigError(f"an agent called {name!r} is already running")
+        if resume not in (False, True, "require"):
+            raise ConfigError(f"resume must be False, True or 'require', got {resume!r}")
+        if instructions is not None and (not isinstance(instructions, str) or not instructions.strip()):
+            raise ConfigError(f"instructions must be a non-empty string (the system prompt), got {instructions!r:.80}")
         targets = _patterns("delegation", delegation)
         grants = _Grants(
             children=targets is not None,
@@ -230,11 +242,17 @@ class Runtime:
         fresh: State | None = state  # a state as good as saved: activation rebuilds it
         if resume:
             if self.checkpoints is None:
-                raise ConfigError("resume=True needs open_runtime(checkpoint_dir=...)")
+                raise ConfigError(f"resume={resume!r} needs open_runtime(checkpoint_dir=...)")
             saved = await self.checkpoints.load(name)
             if saved is not None:
-                state = saved if config is None else saved.evolve(config=config)
+                state = saved if config is None else saved.evolve(config={**saved.config, **config})
                 fresh = saved if config is None else None
+            elif resume == "require":
+                raise AgentNotFound(f"resume='require': no checkpoint of an agent called {name!r}")
+        if instructions is not None:
+            instructed = with_instructions(state, instructions)
+            if instructed is not state:  # not what a new State is: activation must load it
+                state, fresh = instructed, None
         compactor = Compactor(
             summarizer if summarizer is not None else provider, plugins=plugins, on_event=self.bus.publish
         )
@@ -428,6 +446,8 @@ class Runtime:
                 del self._slots[ref.name]
                 self._grants.pop(ref.name, None)
                 ref._stopped = True
+                self._emit(ref.name, STOPPED, reason="stopped", restarts=ref._restarts)
+                self.bus.end_agent(ref.name)  # as when a resident agent stops
                 return
         await ref.stop()
 
@@ -540,6 +560,19 @@ class Runtime:
                 del self._live_children[parent]
 
 
+def with_instructions(state: State, instructions: str) -> State:
+    """`state` with `instructions` as its system prompt: its leading system messages are
+    replaced by one (kept as they are when the text is the same)."""
+    lead = 0
+    while lead < len(state.messages) and state.messages[lead].role == "system":
+        lead += 1
+    if lead == 1 and state.messages[0].text == instructions:
+        return state
+    messages = (Message.system(instructions), *state.messages[lead:])
+    # A usage reported before counted the old prompt: re-estimate until the next reply.
+    return state.evolve(messages=messages, usage_floor=len(messages) if state.messages else 0)
+
+
 def _delegate_tool(runtime: Runtime, parent: str) -> Tool:
     async def delegate(task: str, agent: str | None = None) -> str:
         """Hand a task to another agent and return its final answer.
@@ -615,16 +648,33 @@ async def open_runtime(
         )
     bus = EventBus(log=log_events)
     checkpoints = None if checkpoint_dir is None else CheckpointStore(checkpoint_dir)
-    async with trio.open_nursery() as nursery:
-        runtime = Runtime(nursery, bus, checkpoints, deactivate_after=deactivate_after, max_resident=max_resident)
-        if deactivate_after is not None:
-            nursery.start_soon(runtime._reap_idle, float(deactivate_after))
-        try:
-            yield runtime
-        finally:
-            runtime._closed = True
-            nursery.cancel_scope.cancel()
-            bus.close()
+    try:
+        async with trio.open_nursery() as nursery:
+            runtime = Runtime(nursery, bus, checkpoints, deactivate_after=deactivate_after, max_resident=max_resident)
+            if deactivate_after is not None:
+                nursery.start_soon(runtime._reap_idle, float(deactivate_after))
+            try:
+                yield runtime
+            finally:
+                runtime._closed = True
+                nursery.cancel_scope.cancel()
+                bus.close()
+    except BaseExceptionGroup as group:
+        # The agents' tasks never raise, so a group holds what left the block: one exception
+        # comes out as itself (as trio's own context managers do), more stay a group.
+        if len(group.exceptions) != 1:
+            raise
+        _reraise(group.exceptions[0])
+
+
+def _reraise(exc: BaseException) -> NoReturn:
+    """Raise `exc` keeping its own context (not the group it came in)."""
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+        del exc, context
 
 
 __all__ = ["Runtime", "open_runtime"]

@@ -166,6 +166,36 @@ class State:
             object.__setattr__(new, name, value)
         return new
 
+    def insert_after_summary(self, *messages: Message) -> State:
+        """A new state with `messages` right after the summary of the last compaction (after
+        the leading system messages when there is no summary): the place for context added
+        after a compaction (skills, a plan, notes), before the kept messages and the user's
+        current question. `append` would put them after that question, and the model would
+        answer them instead.
+
+        System messages, tool results and assistant messages with tool calls are refused
+        (`InvalidMessage`): they cannot stand there. The token figure is re-estimated until
+        the next reply reports usage (a usage reported before did not count them)."""
+        for m in messages:
+            if not isinstance(m, Message):
+                raise InvalidMessage(f"insert_after_summary takes Message values, got {type(m).__name__}")
+            if m.role in ("system", "tool") or m.tool_calls:
+                raise InvalidMessage(
+                    f"insert_after_summary takes user or plain assistant messages, got a {m.role} message"
+                    + (" with tool calls" if m.tool_calls else "")
+                )
+        at = 0
+        while at < len(self.messages) and self.messages[at].role == "system":
+            at += 1
+        for i in range(at, len(self.messages)):  # the summary sits early: after pins, if any
+            if self.messages[i].is_summary:
+                at = i + 1
+                break
+        if not messages:
+            return self
+        new = (*self.messages[:at], *messages, *self.messages[at:])
+        return self.evolve(messages=new, usage_floor=len(new))
+
     def evolve(self, **changes: Any) -> State:
         """A copy with some fields changed (the token figure is recomputed)."""
         return attrs.evolve(self, **changes)

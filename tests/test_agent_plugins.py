@@ -12,12 +12,14 @@ import trio
 from cmdc import (
     Abort,
     AgentStopped,
+    Compacted,
     CompactionAborted,
     Message,
     Plugin,
     PluginAborted,
     RequestSkipped,
     Skip,
+    Skipped,
     State,
     ToolCall,
     open_runtime,
@@ -400,11 +402,14 @@ async def test_manual_compaction_with_an_instruction(tmp_path: Path) -> None:
             summarizer=summarizer,
             config={**cfg(tmp_path), "compact_keep": ("messages", 1)},
         )
-        assert await agent.compact() is None  # nothing to evict yet
+        skipped = await agent.compact()  # nothing to evict yet
+        assert isinstance(skipped, Skipped) and skipped.reason == "nothing can be evicted"
         for text in ("one", "two", "three"):
             await agent.prompt(text)
-        report = await agent.compact("focus on the API changes")
-        assert report is not None and report.reason == "manual" and report.evicted >= 3
+        outcome = await agent.compact("focus on the API changes")
+        assert isinstance(outcome, Compacted) and outcome.state == await agent.state()
+        report = outcome.report
+        assert report.reason == "manual" and report.evicted >= 3
         assert instructions[-1].endswith("focus on the API changes")
         state = await agent.state()
         assert state.compactions == 1 and any(m.is_summary for m in state.messages)
