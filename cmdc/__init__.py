@@ -1,5 +1,6 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
+from ._version import __version__
 from .agent import AgentOptions, AgentRef
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
@@ -116,4 +117,5 @@ __all__ = [
     "split_messages",
     "tool",
     "validate_agent_id",
+    "__version__",
 ]

@@ -1,9 +1,11 @@
 """Conversation files of OpenAI-style chat messages, for `cmdc compact`.
 
-A file is either JSONL (one message object per line; blank lines are skipped) or a JSON array
-of message objects. Each message is checked and converted to a cmdc `Message` before anything is
-written; the first problem raises `ChatFileError` naming the file, the line (JSONL, 1-based) or
-the element (array, 0-based `[i]`) and what is wrong.
+A file is either JSONL (one message object per line; blank lines are skipped), a JSON array
+of message objects, or a JSON object holding that array under `"messages"` (a request body; its
+other keys are written back unchanged). A UTF-8 byte order mark is skipped. Each message is
+checked and converted to a cmdc `Message` before anything is written; the first problem raises
+`ChatFileError` naming the file, the line (JSONL, 1-based) or the element (array, 0-based `[i]`)
+and what is wrong.
 
 Accepted, per message: `role` (`system`, `developer` — kept as a system message — `user`,
 `assistant`, `tool`); `content` as a string or a list of parts (`{"type": "text", "text"}`,
@@ -14,7 +16,9 @@ object encoded as a string; `""` counts as `{}`), `content` may then be null; on
 `name` and other keys are carried along. An optional `"cmdc"` object is cmdc's own metadata
 (`{"pinned": true}` pins a message; the summary written by `--annotate` has `"kind": "summary"`);
 a user message starting with `[Conversation summary #N]` (a summary cmdc wrote) is read back as a
-summary, so compacting a compacted file folds the old summary in instead of quoting it.
+summary, so compacting a compacted file folds the old summary in instead of quoting it, and the
+user messages its "All user messages" section carries are carried on (with or without
+`--annotate`).
 
 Messages that a plain conversion would not reproduce exactly keep their original object in
 their metadata (`openai.message`), so the journal loses nothing and the compacted file repeats
@@ -33,6 +37,7 @@ import attrs
 import orjson
 
 from ._frozen import thaw
+from .compaction.finalize import USER_MESSAGES_HEADING, USER_MESSAGES_KEY
 from .errors import InvalidMessage
 from .message import KIND_KEY, PINNED_KEY, SUMMARY_KIND, ImagePart, Message, Part, TextPart, ToolCall
 
@@ -46,6 +51,8 @@ ROLE_KEY = "openai.role"
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _SUMMARY_HEAD = re.compile(r"\[Conversation summary #(\d+)\]")
+_HEADING = re.compile(r"^#{1,6}\s*(?:\d+[.)]\s*)?(.+?)\s*:?\s*$")
+_BOM = b"\xef\xbb\xbf"
 _CMDC_PREFIX = "cmdc."
 
 
@@ -73,6 +80,8 @@ class ChatFile:
     path: Path
     format: Format
     messages: tuple[Message, ...]
+    envelope: Mapping[str, Any] | None = None
+    """For a JSON object holding the messages under `"messages"`: its other keys."""
 
 
 class _Problem(Exception):
@@ -102,12 +111,22 @@ def read_chat(path: Path) -> ChatFile:
         raise ChatFileError(path, "is a directory, not a conversation file") from None
     except OSError as exc:
         raise ChatFileError(path, f"cannot read it: {os.strerror(exc.errno) if exc.errno else exc}") from None
+    data = data.removeprefix(_BOM)
     if not data.strip():
         raise ChatFileError(path, "the file is empty: it holds no messages")
     fmt = detect_format(path, data)
+    envelope = _envelope(path, data) if fmt == "json" or data.lstrip()[:1] == b"{" else None
+    if envelope is not None:
+        fmt = "json"
     converter = _Converter()
     messages: list[Message] = []
-    if fmt == "jsonl":
+    if envelope is not None:
+        for index, obj in enumerate(envelope[0]):
+            try:
+                messages.append(converter.convert(obj))
+            except _Problem as exc:
+                raise ChatFileError(path, f"messages[{index}]: {exc}") from None
+    elif fmt == "jsonl":
         for number, line in enumerate(data.split(b"\n"), 1):
             if not line.strip():
                 continue
@@ -126,7 +145,9 @@ def read_chat(path: Path) -> ChatFile:
             raise ChatFileError(path, f"not valid JSON ({_json_problem(exc, with_line=True)})") from None
         if not isinstance(items, list):
             raise ChatFileError(
-                path, f"expected a JSON array of messages (or JSONL, one message per line), got {_kind(items)}"
+                path,
+                f"expected a JSON array of messages, an object with a \"messages\" array, or JSONL (one message "
+                f"per line), got {_kind(items)}",
             )
         for index, obj in enumerate(items):
             try:
@@ -135,7 +156,22 @@ def read_chat(path: Path) -> ChatFile:
                 raise ChatFileError(path, str(exc), index=index) from None
     if not messages:
         raise ChatFileError(path, "holds no messages")
-    return ChatFile(path=path, format=fmt, messages=tuple(messages))
+    return ChatFile(path=path, format=fmt, messages=tuple(messages), envelope=None if envelope is None else envelope[1])
+
+
+def _envelope(path: Path, data: bytes) -> tuple[list[Any], dict[str, Any]] | None:
+    """`(messages, other keys)` when `data` is one JSON object holding a `"messages"` array;
+    None when it is something else (JSONL, an array, a single message)."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or "role" in obj or "messages" not in obj:
+        return None
+    items = obj.pop("messages")
+    if not isinstance(items, list):
+        raise ChatFileError(path, f'"messages" must be an array of messages, got {_kind(items)}')
+    return items, obj
 
 
 def _json_problem(exc: orjson.JSONDecodeError, *, with_line: bool = False) -> str:
@@ -195,6 +231,8 @@ class _Converter:
             if head and KIND_KEY not in metadata:
                 metadata[KIND_KEY] = SUMMARY_KIND
                 metadata.setdefault("cmdc.compaction", int(head[1]))
+            if head and USER_MESSAGES_KEY not in metadata and isinstance(user_content, str):
+                metadata[USER_MESSAGES_KEY] = carried_user_messages(user_content)
             return Message.user(user_content, metadata=metadata)
         if role == "assistant":
             calls = self._tool_calls(obj.get("tool_calls"))
@@ -245,6 +283,22 @@ class _Converter:
         for c in calls:
             self.waiting[c.id] = c.name
         return calls
+
+
+def carried_user_messages(summary: str) -> list[str]:
+    """The user messages a summary's "All user messages" section quotes (one `- ` item each)."""
+    lines = summary.splitlines()
+    for i, line in enumerate(lines):
+        m = _HEADING.match(line) if line.startswith("#") else None
+        if m and m[1].strip().lower() == USER_MESSAGES_HEADING.lower():
+            carried = []
+            for item in lines[i + 1 :]:
+                if item.startswith("#") and _HEADING.match(item):
+                    break
+                if item.startswith("- "):
+                    carried.append(item[2:].strip())
+            return carried
+    return []
 
 
 def _cmdc_metadata(value: object) -> dict[str, Any]:
@@ -358,10 +412,15 @@ def _convert_back(message: Message) -> dict[str, Any]:
     return obj
 
 
-def encode_chat(objects: Sequence[Mapping[str, Any]], fmt: Format) -> bytes:
-    """The bytes of a conversation file in `fmt`."""
+def encode_chat(
+    objects: Sequence[Mapping[str, Any]], fmt: Format, envelope: Mapping[str, Any] | None = None
+) -> bytes:
+    """The bytes of a conversation file in `fmt` (with `envelope`: a JSON object holding the
+    messages under `"messages"` beside the envelope's keys)."""
     if fmt == "jsonl":
         return b"".join(orjson.dumps(o) + b"\n" for o in objects)
+    if envelope is not None:
+        return orjson.dumps({**envelope, "messages": list(objects)}, option=orjson.OPT_INDENT_2) + b"\n"
     return orjson.dumps(list(objects), option=orjson.OPT_INDENT_2) + b"\n"
 
 

@@ -8,6 +8,8 @@ file, an unsafe agent id), in which case nothing has been written.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -28,6 +30,7 @@ from ._chatfile import (
     write_atomic,
 )
 from ._demo import MIN_WINDOW, DemoError, DemoOptions, real_provider, run_demo
+from ._version import __version__
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
 from .errors import CmdcError, CompactionIncomplete, ConfigError, OffloadCorrupted, OffloadError
@@ -76,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         description="An actor runtime for LLM agents on trio, with durable context compaction.",
         epilog="Exit codes: 0 ok, 1 a runtime failure, 2 a usage or input error (nothing written).",
     )
+    parser.add_argument("--version", action="version", version=f"cmdc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     demo = sub.add_parser(
@@ -181,7 +185,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the `cmdc` command; return its exit code."""
+    """Run the `cmdc` command; return its exit code. Results go to stdout, progress, warnings
+    (retries of a model provider, say) and errors to stderr. When stdout is closed early (`cmdc
+    history ... | head`) it stops quietly with 141, as a command killed by SIGPIPE would."""
+    handler = _log_to_stderr()
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except BaseExceptionGroup as group:  # from inside a nursery (the demo)
+        if group.split(BrokenPipeError)[1] is not None:
+            raise
+        _silence_stdout()
+        return 141
+    finally:
+        logging.getLogger("cmdc").removeHandler(handler)
+        with contextlib.suppress(BrokenPipeError):
+            sys.stdout.flush()
+
+
+def _log_to_stderr() -> logging.Handler:
+    """cmdc's warnings (`cmdc.*` loggers) as `cmdc: ...` lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("cmdc: %(message)s"))
+    logging.getLogger("cmdc").addHandler(handler)
+    return handler
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so flushing what is still buffered at exit does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -205,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CmdcError as exc:
         print(f"cmdc {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise  # stdout closed by its reader: see main
     except OSError as exc:
         print(f"cmdc {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -287,12 +330,14 @@ def _compact(args: argparse.Namespace) -> int:
         config={"compact_keep": ("messages", args.keep), "compact_offload_dir": str(offload)},
         compactions=_last_compaction(chat),
     )
+    if args.summarizer != "extractive":  # a model may take a while: say what is going on
+        print(f"cmdc compact: summarizing with {args.summarizer} {args.model} ...", file=sys.stderr, flush=True)
     result = trio.run(_run_compaction, state, summarizer, args.instruction)
     if not isinstance(result, Compacted):
         print(f"{path}: nothing to compact ({result.reason}); {len(chat.messages)} messages, nothing written")
         return 0
     objects = [to_openai(m, annotate=args.annotate) for m in result.state.messages]
-    write_atomic(out, encode_chat(objects, chat.format))
+    write_atomic(out, encode_chat(objects, chat.format, chat.envelope))
     _print_report(chat, out, result.report, result.state)
     return 0
 

@@ -200,18 +200,41 @@ def _read_tail(fd: int, size: int, path: Path) -> tuple[int, int]:
     return cut, _decode_record(line, f"{path}: last complete line (byte {start})").seq
 
 
+_BACKTICKS = re.compile(r"`+")
+
+
+def _longest_backticks(text: str) -> int:
+    return max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+
+
+def md_code(text: str) -> str:
+    """`text` as inert inline Markdown code on one line, whatever backticks it holds."""
+    text = " ".join(text.split())
+    fence = "`" * (_longest_backticks(text) + 1)
+    return f"{fence} {text} {fence}" if text else "` `"
+
+
+def md_fenced(text: str) -> str:
+    """`text` in a fenced code block longer than any backtick run inside it: headings, HTML,
+    links and fences in it stay inert text."""
+    fence = "`" * max(3, _longest_backticks(text) + 1)
+    return f"{fence}text\n{text.rstrip(chr(10))}\n{fence}\n"
+
+
 def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> bytes:
+    """Markdown for people: only the headings are Markdown; every text that came from a model, a
+    tool or a user is fenced or inline code, so nothing in it renders (a `# Title`, `<script>`)."""
     out = [f"## Compaction {compaction} — records {records[0][0]}\N{EN DASH}{records[-1][0]}\n"]
     for seq, msg in records:
         head = f"### {seq} · {msg.role}"
         if msg.tool_call_id is not None:
-            head += f" (call {msg.tool_call_id}{', error' if msg.is_error else ''})"
+            head += f" (call {md_code(msg.tool_call_id)}{', error' if msg.is_error else ''})"
         out.append(head + "\n")
         for call in msg.tool_calls:
             args = orjson.dumps(call.to_dict()["arguments"]).decode()
-            out.append(f"- tool call `{call.name}` (id {call.id}): `{args}`\n")
+            out.append(f"- tool call {md_code(call.name)} (id {md_code(call.id)}): {md_code(args)}\n")
         if msg.text:
-            out.append(msg.text.rstrip("\n") + "\n")
+            out.append(md_fenced(msg.text))
     return ("\n".join(out) + "\n").encode()
 
 

@@ -376,7 +376,7 @@ def test_jsonl_line_numbers_count_blank_lines(tmp_path: Path, capsys: pytest.Cap
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        ('{"messages": []}', "expected a JSON array of messages"),
+        ('{"messages": []}', "holds no messages"),
         ("[]", "holds no messages"),
         ("", "holds no messages"),
     ],

@@ -439,7 +439,7 @@ async def test_transcript_content(tmp_path: Path) -> None:
     assert "## Compaction 0 — records 1\N{EN DASH}1" in md
     assert "## Compaction 4 — records 2\N{EN DASH}3" in md
     assert "search" in md and '"q":"trio"' in md
-    assert "tool (call c1, error)" in md
+    assert "tool (call ` c1 `, error)" in md
     assert "result text" in md
     # a new store rewrites it whole, with the same content
     await OffloadStore(tmp_path).write_transcript("a")
