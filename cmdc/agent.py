@@ -1000,7 +1000,7 @@ class Agent:
         timeout = tool.timeout if tool.timeout is not None else self.options.tool_timeout
         try:
             with trio.fail_after(math.inf if timeout is None else timeout):
-                text = await tool(call.arguments)
+                text = await tool.run(call.arguments)
         except ToolArgumentsError as exc:
             return call, Message.tool_result(call.id, str(exc), is_error=True)
         except trio.TooSlowError:

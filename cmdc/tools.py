@@ -1,6 +1,7 @@
-"""Tools: a spec (name, description, JSON-schema parameters) plus the async function that runs it.
+"""Tools: a spec (name, description, JSON-schema parameters) plus the function that runs it.
 
-`@tool` builds a `Tool` from a typed async function; `tool_from_schema` takes a hand-written
+`@tool` builds a `Tool` from a typed function (`async def`, or a plain `def`, which runs in a
+worker thread); `tool_from_schema` takes a hand-written
 schema. `validate_arguments` is the small JSON-schema validator both use on a model's arguments.
 """
 
@@ -8,21 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import inspect
 import re
 import types
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Union, overload
 
 import attrs
 import orjson
+import trio
 
 from ._frozen import freeze, freeze_mapping, thaw
 from .errors import CmdcError, ConfigError
 from .providers.base import ToolSchema
 
-AsyncFn = Callable[..., Awaitable[Any]]
+ToolFn = Callable[..., Any]
+"""An `async def` function, or a plain (blocking) one: it runs in a worker thread."""
 Converter = Callable[[Any], Any]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -56,21 +61,34 @@ class Tool:
     """A tool the model may call. `timeout` overrides the runtime's tool timeout for this tool.
 
     `converters` (built by `@tool`) turn validated JSON values into the Python types the
-    function's annotations ask for (enum members, tuples)."""
+    function's annotations ask for (enum members, tuples).
+
+    A tool is still its function: `await read_file("a.txt")` (or `add(1, 2)` for a plain
+    `def`) calls it directly. `await tool.run(arguments)` runs it as a model's call does:
+    arguments checked against the schema, a plain function in a worker thread, the result as
+    text. A plain function that overruns its timeout is abandoned: the turn goes on, and its
+    thread finishes in the background (Python cannot stop a thread)."""
 
     name: str
     description: str
     parameters: Mapping[str, Any] = attrs.field(converter=_freeze_parameters)
-    fn: AsyncFn
+    fn: ToolFn
     timeout: float | None = None
     converters: Mapping[str, Converter] = attrs.field(factory=dict, repr=False)
+    is_async: bool = attrs.field(init=False, repr=False)
+    _takes_mapping: bool = attrs.field(init=False, repr=False)  # its first parameter is an object
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
+        if not callable(self.fn):
+            raise ConfigError(f"tool {self.name}: its function must be callable, got {self.fn!r:.80}")
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
             raise ConfigError(f"tool {self.name}: timeout must be a positive number of seconds, got {t!r}")
+        first = next(iter(dict(self.parameters.get("properties") or {}).values()), None)
+        object.__setattr__(self, "is_async", _is_async(self.fn))
+        object.__setattr__(self, "_takes_mapping", first is not None and _accepts_object(first))
 
     @property
     def schema(self) -> ToolSchema:
@@ -87,8 +105,44 @@ class Tool:
                 kwargs[key] = convert(kwargs[key])
         return kwargs
 
-    async def __call__(self, arguments: Mapping[str, Any]) -> str:
-        return render_result(await self.fn(**self.validate(arguments)))
+    async def run(self, arguments: Mapping[str, Any]) -> str:
+        """Run the tool as a model's call does: check `arguments` (`ToolArgumentsError`), call
+        the function (a plain one in a worker thread), and render its result as text."""
+        kwargs = self.validate(arguments)
+        if self.is_async:
+            result = await self.fn(**kwargs)
+        else:
+            result = await trio.to_thread.run_sync(functools.partial(self.fn, **kwargs), abandon_on_cancel=True)
+            if inspect.isawaitable(result):
+                result = await result
+        return render_result(result)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The function itself, called as if it were not decorated."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], Mapping) and not self._takes_mapping:
+            warnings.warn(
+                "calling a Tool with a mapping of model arguments is deprecated: use `await tool.run(arguments)`",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return self.run(args[0])
+        return self.fn(*args, **kwargs)
+
+
+def _is_async(fn: object) -> bool:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__)
+
+
+def _accepts_object(schema: object) -> bool:
+    """Whether a JSON schema admits an object (a mapping passed positionally is then an argument)."""
+    if not isinstance(schema, Mapping):
+        return True
+    kind = schema.get("type")
+    if kind is None:
+        options = schema.get("anyOf") or schema.get("oneOf")
+        return any(_accepts_object(o) for o in options) if isinstance(options, (list, tuple)) else True
+    return kind == "object" or (isinstance(kind, (list, tuple)) and "object" in kind)
 
 
 def render_result(result: Any) -> str:
@@ -334,10 +388,12 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return " ".join(summary), params
 
 
-def _build(fn: AsyncFn, name: str | None, description: str | None, timeout: float | None) -> Tool:
+def _build(fn: ToolFn, name: str | None, description: str | None, timeout: float | None) -> Tool:
     label = getattr(fn, "__qualname__", repr(fn))
-    if not inspect.iscoroutinefunction(fn):
-        raise ConfigError(f"tool {label}: must be an async function (async def)")
+    if isinstance(fn, Tool):
+        raise ConfigError(f"tool {fn.name}: already a Tool")
+    if not callable(fn) or inspect.isclass(fn):
+        raise ConfigError(f"tool {label}: must be a function (async def, or def to run in a worker thread)")
     try:  # only the parameters' annotations: the return type is not the model's business
         annotations = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != "return"}
         globalns = getattr(inspect.unwrap(fn), "__globals__", {})
@@ -379,16 +435,18 @@ def _build(fn: AsyncFn, name: str | None, description: str | None, timeout: floa
 
 @overload
 def tool(
-    fn: AsyncFn, *, name: str | None = ..., description: str | None = ..., timeout: float | None = ...
+    fn: ToolFn, *, name: str | None = ..., description: str | None = ..., timeout: float | None = ...
 ) -> Tool: ...
 @overload
 def tool(
     fn: None = ..., *, name: str | None = ..., description: str | None = ..., timeout: float | None = ...
-) -> Callable[[AsyncFn], Tool]: ...
+) -> Callable[[ToolFn], Tool]: ...
 def tool(
-    fn: AsyncFn | None = None, *, name: str | None = None, description: str | None = None, timeout: float | None = None
-) -> Tool | Callable[[AsyncFn], Tool]:
-    """Build a `Tool` from a typed async function: `@tool` or `@tool(name=..., timeout=...)`.
+    fn: ToolFn | None = None, *, name: str | None = None, description: str | None = None, timeout: float | None = None
+) -> Tool | Callable[[ToolFn], Tool]:
+    """Build a `Tool` from a typed function: `@tool` or `@tool(name=..., timeout=...)`. An
+    `async def` runs in the agent's task; a plain `def` (blocking I/O, CPU work) runs in a
+    worker thread. The tool can still be called like the function.
 
     The docstring's first paragraph is the description, its "Args:" section describes the
     parameters; parameters without a default are required. Unsupported signatures raise
@@ -398,8 +456,9 @@ def tool(
     return _build(fn, name, description, timeout)
 
 
-def tool_from_schema(name: str, description: str, parameters: Mapping[str, Any], fn: AsyncFn) -> Tool:
-    """A `Tool` from a hand-written JSON schema (its arguments are passed to `fn` as keywords)."""
-    if not inspect.iscoroutinefunction(fn):
-        raise ConfigError(f"tool {name!r}: must be an async function (async def)")
+def tool_from_schema(name: str, description: str, parameters: Mapping[str, Any], fn: ToolFn) -> Tool:
+    """A `Tool` from a hand-written JSON schema (its arguments are passed to `fn` as keywords;
+    a plain `def` runs in a worker thread)."""
+    if not callable(fn) or inspect.isclass(fn):
+        raise ConfigError(f"tool {name!r}: must be a function (async def, or def to run in a worker thread)")
     return Tool(name=name, description=description, parameters=parameters, fn=fn)

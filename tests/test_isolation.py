@@ -152,7 +152,7 @@ async def test_recall_reads_only_the_callers_journal(tmp_path: Path) -> None:
     await store.append("a2", [Message.user("my bank PIN is 4921")])
     await store.append("a1", [Message.user("a1 talked about gardening")])
     mine = recall_tool(store, "a1")
-    text = await mine({"query": "my bank PIN"})
+    text = await mine.run({"query": "my bank PIN"})
     assert text.startswith("No records match") and "4921" not in text
     for hostile in (
         {"query": "PIN", "agent": "a2"},
@@ -161,7 +161,7 @@ async def test_recall_reads_only_the_callers_journal(tmp_path: Path) -> None:
         {"first": 1, "journal": "a2"},
     ):
         with pytest.raises(ToolArgumentsError, match="unknown argument"):
-            await mine(hostile)
+            await mine.run(hostile)
     # through an agent: the tool error is a result the model reads; no record of a2 shows
     call = ToolCall(id="r", name="recall", arguments={"query": "PIN", "agent": "a2"})
     model = ScriptedProvider([Message.assistant("", tool_calls=(call,)), "ok"])

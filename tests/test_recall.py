@@ -59,7 +59,7 @@ async def test_search_finds_fact_evicted_five_compactions_earlier(tmp_path: Path
     state, _ = await compacted_session(tmp_path)
     assert not any("ZX-1001" in m.text and not m.is_summary for m in state.messages)  # evicted
     recall = recall_tool(store_of(state), "a1")
-    out = await recall({"query": "deploy code batch 1"})
+    out = await recall.run({"query": "deploy code batch 1"})
     assert re.match(r'\d+ records match "deploy code batch 1", best match first', out)
     # The original message, not only a summary's copy, and it comes first.
     first_block = out.split("\n\n")[1]
@@ -74,7 +74,7 @@ async def test_a_fact_only_in_an_earlier_summary_is_found(tmp_path: Path) -> Non
     store = OffloadStore(tmp_path)
     summary = Message.user("the budget is 7 pounds", metadata={"cmdc.kind": "summary"})
     await store.append("a1", [Message.user("unrelated"), summary], compaction=2)
-    out = await recall_tool(store, "a1")({"query": "budget"})
+    out = await recall_tool(store, "a1").run({"query": "budget"})
     assert "[record 2 · compaction 2 · user (an earlier conversation summary)]\nthe budget is 7 pounds" in out
 
 
@@ -84,7 +84,7 @@ async def test_range_read_from_the_first_summary_metadata(tmp_path: Path) -> Non
     assert meta["cmdc.compaction"] == 1
     assert meta["cmdc.offload_path"] == str(store_of(state).path_for("a1"))
     recall = recall_tool(store_of(state), "a1")
-    out = await recall({"first": meta["cmdc.first_seq"], "last": meta["cmdc.last_seq"]})
+    out = await recall.run({"first": meta["cmdc.first_seq"], "last": meta["cmdc.last_seq"]})
     assert re.search(rf"^\[record \d+ · compaction 1 · user\]\n{fact(1)}$", out, re.M)
     assert "ZX-1002" not in out  # only that range
     assert "not shown" not in out
@@ -95,15 +95,15 @@ async def test_range_read_from_the_first_summary_metadata(tmp_path: Path) -> Non
 async def test_range_defaults_and_headers(tmp_path: Path) -> None:
     state, _ = await compacted_session(tmp_path)
     recall = recall_tool(store_of(state), "a1")
-    out = await recall({"first": 1})  # last defaults to first + 20
+    out = await recall.run({"first": 1})  # last defaults to first + 20
     assert "Records 1-21 of the journal" in out
     seqs = [int(s) for s in re.findall(r"^\[record (\d+) ", out, re.M)]
     assert seqs == sorted(seqs) and seqs[0] == 1 and seqs[-1] <= 21
     # An evicted earlier summary is marked as one.
     assert "· user (an earlier conversation summary)]" in out
-    out = await recall({"last": 3})  # first defaults to 20 before last
+    out = await recall.run({"last": 3})  # first defaults to 20 before last
     assert "Records 1-3 of the journal" in out
-    out = await recall({"first": 10_000})
+    out = await recall.run({"first": 10_000})
     assert out.startswith("No records in 10000-10020: the journal holds records 1-")
 
 
@@ -119,12 +119,12 @@ async def test_tool_calls_and_results_are_labelled(tmp_path: Path) -> None:
         ],
         compaction=3,
     )
-    out = await recall_tool(store, "a1")({"first": 1, "last": 3})
+    out = await recall_tool(store, "a1").run({"first": 1, "last": 3})
     assert '[record 1 · compaction 3 · assistant -> read_file]\n-> call read_file (id c7) {"path":"src/app.py"}' in out
     assert "[record 2 · compaction 3 · tool (call c7)]\ndef main(): return 42" in out
     assert "[record 3 · compaction 3 · tool (call c8, error)]\nboom" in out
     # Tool-call arguments are searchable too.
-    assert "record 1 " in await recall_tool(store, "a1")({"query": "app.py"})
+    assert "record 1 " in await recall_tool(store, "a1").run({"query": "app.py"})
 
 
 # -- the budget ---------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ async def test_huge_record_is_cut_with_a_marker(tmp_path: Path) -> None:
     big = "alpha " + "x" * 7_200  # about 1,800 tokens: fits alone in the 2,000-token budget
     await store.append("a1", [Message.user(small), Message.user(big), Message.user("alpha last")])
     recall = recall_tool(store, "a1")
-    out = await recall({"first": 1, "last": 3})
+    out = await recall.run({"first": 1, "last": 3})
     assert estimate_text_tokens(out) <= 2_000
     assert f"[record 1 · compaction 0 · user]\n{small}\n\n" in out
     m = re.search(r"\[\.\.\. (\d+) more characters; read record 2 alone to see it all\]", out)
@@ -145,16 +145,16 @@ async def test_huge_record_is_cut_with_a_marker(tmp_path: Path) -> None:
     assert big.startswith(head) and len(head) + int(m[1]) == len(big)
     assert "[1 more records in 1-3 not shown" in out and "Continue with first=3, last=3." in out
     # Continuing gets the rest.
-    assert "alpha last" in await recall({"first": 3, "last": 3})
+    assert "alpha last" in await recall.run({"first": 3, "last": 3})
     # Alone, with a budget that holds it, it is whole.
-    whole = await recall({"first": 2, "last": 2})
+    whole = await recall.run({"first": 2, "last": 2})
     assert big in whole and "more characters" not in whole
 
 
 async def test_record_larger_than_the_budget_points_to_the_journal(tmp_path: Path) -> None:
     store = OffloadStore(tmp_path)
     await store.append("a1", [Message.user("é" * 20_000)])  # multi-byte text
-    out = await recall_tool(store, "a1", budget_tokens=300)({"first": 1})
+    out = await recall_tool(store, "a1", budget_tokens=300).run({"first": 1})
     assert estimate_text_tokens(out) <= 300
     assert "more characters; the record is larger than the recall budget" in out
     assert f"in the journal {store.path_for('a1')}, record 1]" in out
@@ -163,7 +163,7 @@ async def test_record_larger_than_the_budget_points_to_the_journal(tmp_path: Pat
 async def test_no_room_for_a_cut_record_leaves_it_out(tmp_path: Path) -> None:
     store = OffloadStore(tmp_path)
     await store.append("a1", [Message.user("beta " + "y" * 3_000), Message.user("beta " + "z" * 3_000)])
-    out = await recall_tool(store, "a1", budget_tokens=850)({"query": "beta"})
+    out = await recall_tool(store, "a1", budget_tokens=850).run({"query": "beta"})
     assert estimate_text_tokens(out) <= 850
     assert "more characters" not in out  # too little room left to be worth cutting
     assert "[1 more matching records not shown (the output budget is used up): records 2." in out
@@ -173,7 +173,7 @@ async def test_many_hits_report_how_many_were_left_out(tmp_path: Path) -> None:
     store = OffloadStore(tmp_path)
     await store.append("a1", [Message.user(f"gamma note {i}: " + "w" * 300) for i in range(1, 41)])
     recall = recall_tool(store, "a1", budget_tokens=400)
-    out = await recall({"query": "gamma", "limit": 50})
+    out = await recall.run({"query": "gamma", "limit": 50})
     assert estimate_text_tokens(out) <= 400
     assert out.startswith('40 records match "gamma", best match first:')
     shown = len(re.findall(r"^\[record \d+ ", out, re.M))
@@ -181,11 +181,11 @@ async def test_many_hits_report_how_many_were_left_out(tmp_path: Path) -> None:
     assert m is not None and shown >= 1 and shown + int(m[1]) == 40
     assert f"Read one with first={shown + 1}, last={shown + 1}" in out
     # The limit also leaves records out, and says so.
-    out = await recall_tool(store, "a1", budget_tokens=20_000)({"query": "gamma", "limit": 5})
+    out = await recall_tool(store, "a1", budget_tokens=20_000).run({"query": "gamma", "limit": 5})
     assert "(showing at most limit=5)" in out
     assert "[35 more matching records not shown (limit=5): records 6, 7," in out and "and 25 more" in out
     # A range larger than the budget says how to continue.
-    out = await recall({"first": 1, "last": 40})
+    out = await recall.run({"first": 1, "last": 40})
     n = len(re.findall(r"^\[record \d+ ", out, re.M))
     assert f"[{40 - n} more records in 1-40 not shown" in out and f"Continue with first={n + 1}, last=40." in out
 
@@ -195,7 +195,7 @@ async def test_budget_holds_for_every_budget(tmp_path: Path) -> None:
     for budget in (200, 257, 400, 999, 3_000):
         recall = recall_tool(store_of(state), "a1", budget_tokens=budget)
         for args in ({"query": "deploy code batch 1", "limit": 50}, {"first": 1, "last": 100}):
-            out = await recall(args)
+            out = await recall.run(args)
             assert estimate_text_tokens(out) <= budget, (budget, args)
             assert "ZX-100" in out
 
@@ -207,16 +207,17 @@ async def test_empty_or_missing_journal(tmp_path: Path) -> None:
     store = OffloadStore(tmp_path / "none")
     recall = recall_tool(store, "a1")
     for args in ({"query": "anything"}, {"first": 1}):
-        out = await recall(args)
+        out = await recall.run(args)
         assert "nothing has been offloaded yet" in out.lower()
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "a1.jsonl").write_bytes(b"")
-    assert "Nothing has been offloaded yet" in await recall_tool(OffloadStore(tmp_path / "empty"), "a1")({"first": 2})
+    empty = recall_tool(OffloadStore(tmp_path / "empty"), "a1")
+    assert "Nothing has been offloaded yet" in await empty.run({"first": 2})
 
 
 async def test_search_without_hits_suggests_other_words(tmp_path: Path) -> None:
     state, _ = await compacted_session(tmp_path)
-    out = await recall_tool(store_of(state), "a1")({"query": "kubernetes helm"})
+    out = await recall_tool(store_of(state), "a1").run({"query": "kubernetes helm"})
     assert out.startswith('No records match "kubernetes helm" in the journal')
     assert "Try other words" in out and "first, last" in out
 
@@ -246,7 +247,7 @@ async def test_bad_arguments_give_clear_errors(tmp_path: Path, args: dict[str, A
     await store.append("a1", [Message.user("hello")])
     recall = recall_tool(store, "a1")
     with pytest.raises(ToolArgumentsError, match=re.escape(message)) as info:
-        await recall(args)
+        await recall.run(args)
     assert "invalid arguments for tool 'recall'" in str(info.value)
 
 

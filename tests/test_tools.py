@@ -124,12 +124,15 @@ def test_decorator_with_options() -> None:
     assert thaw(other.parameters) == {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
 
 
-def test_sync_function_refused() -> None:
-    def sync(x: int) -> int:
-        return x
+def test_what_is_not_a_function_is_refused() -> None:
+    class NotAFunction:
+        pass
 
-    with pytest.raises(ConfigError, match=r"sync.*async"):
-        tool(sync)  # type: ignore[arg-type]
+    for bad in (NotAFunction, 42, "text"):
+        with pytest.raises(ConfigError, match="must be a function"):
+            tool(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="already a Tool"):
+        tool(tool(_plain_add))
 
 
 def test_varargs_refused() -> None:
@@ -265,20 +268,20 @@ def test_validate_normalizes() -> None:
 
 
 async def test_call_renders_results() -> None:
-    out = await search({"query": "q", "color": "blue", "ids": [3]})
+    out = await search.run({"query": "q", "color": "blue", "ids": [3]})
     assert out == '{"query":"q","limit":10,"tags":null,"mode":"fast","color":"blue","ids":[3]}'
 
     async def returns(value: Any) -> Any:
         return value
 
     echo = tool_from_schema("echo", "Echo.", {"type": "object", "properties": {"value": {}}}, returns)
-    assert await echo({"value": "text"}) == "text"
-    assert await echo({"value": None}) == ""
-    assert await echo({"value": [1, "a"]}) == '[1,"a"]'
-    assert await echo({"value": {"a": {"b": 1}}}) == '{"a":{"b":1}}'
-    assert await echo({"value": b"\xff"}) == "b'\\xff'"
+    assert await echo.run({"value": "text"}) == "text"
+    assert await echo.run({"value": None}) == ""
+    assert await echo.run({"value": [1, "a"]}) == '[1,"a"]'
+    assert await echo.run({"value": {"a": {"b": 1}}}) == '{"a":{"b":1}}'
+    assert await echo.run({"value": b"\xff"}) == "b'\\xff'"
     with pytest.raises(ToolArgumentsError, match="'echo'"):
-        await echo([])  # type: ignore[arg-type]
+        await echo.run([])  # type: ignore[arg-type]
 
 
 def test_tool_from_schema_checks() -> None:
@@ -286,8 +289,8 @@ def test_tool_from_schema_checks() -> None:
 
     with pytest.raises(ConfigError, match='"type": "object"'):
         tool_from_schema("t", "", {"type": "array"}, fn)
-    with pytest.raises(ConfigError, match="async"):
-        tool_from_schema("t", "", {"type": "object"}, lambda: None)  # type: ignore[arg-type,return-value]
+    with pytest.raises(ConfigError, match="must be a function"):
+        tool_from_schema("t", "", {"type": "object"}, 42)  # type: ignore[arg-type]
 
 
 _SCALAR_TYPES = {
@@ -335,6 +338,75 @@ async def test_optional_enum_none_and_attrs_result() -> None:
         return None if color is None else Hit(color.value, max(scores))
 
     assert pick.validate({"color": None, "scores": [1]}) == {"color": None, "scores": [1]}
-    assert await pick({"color": None, "scores": [1]}) == ""
-    assert await pick({"color": "red", "scores": [1, 2.5]}) == '{"color":"red","score":2.5}'
+    assert await pick.run({"color": None, "scores": [1]}) == ""
+    assert await pick.run({"color": "red", "scores": [1, 2.5]}) == '{"color":"red","score":2.5}'
     assert len({pick, search}) == 2 and pick != tool(pick.fn)
+
+
+def _plain_add(a: int, b: int = 2) -> int:
+    """Add two integers (blocking)."""
+    return a + b
+
+
+async def test_a_plain_function_runs_in_a_worker_thread() -> None:
+    import threading
+
+    main = threading.get_ident()
+    seen: list[int] = []
+
+    @tool
+    def blocking(path: str, times: int = 1) -> str:
+        """Read something slowly."""
+        seen.append(threading.get_ident())
+        return path * times
+
+    assert not blocking.is_async and list(blocking.schema.parameters["required"]) == ["path"]
+    assert await blocking.run({"path": "ab", "times": 2}) == "abab"
+    assert seen and seen[0] != main  # not on the trio thread
+    assert blocking("x", times=3) == "xxx"  # still the function, called directly
+    with pytest.raises(ToolArgumentsError):
+        await blocking.run({"times": 2})
+
+
+async def test_a_decorated_tool_is_still_its_function() -> None:
+    @tool
+    async def read(path: str) -> str:
+        """Read a file."""
+        return f"<{path}>"
+
+    assert await read("a.txt") == "<a.txt>" and await read(path="b") == "<b>"
+    assert tool(_plain_add)(1) == 3
+    with pytest.warns(DeprecationWarning, match="tool.run"):
+        assert await read({"path": "old form"}) == "<old form>"
+
+    @tool
+    async def takes_a_mapping(options: dict[str, int]) -> int:
+        """Count options."""
+        return len(options)
+
+    assert await takes_a_mapping({"a": 1, "b": 2}) == 2  # a mapping argument, not model arguments
+
+
+async def test_a_plain_tool_over_its_timeout_is_abandoned_not_waited_for(tmp_path: Any) -> None:
+    import threading
+
+    release = threading.Event()
+
+    @tool(timeout=0.05)
+    def stuck() -> str:
+        """Never answers in time."""
+        release.wait(10)
+        return "late"
+
+    from cmdc import Message, open_runtime
+    from cmdc.providers import ScriptedProvider
+
+    provider = ScriptedProvider([ScriptedProvider.tool_call("stuck", {}), "done"])
+    try:
+        async with open_runtime(log_events=False) as rt:
+            agent = await rt.spawn("a", provider, tools=[stuck], config={"compact_offload_dir": str(tmp_path)})
+            assert (await agent.prompt("go")).text == "done"
+            result = next(m for m in (await agent.state()).messages if m.role == "tool")
+            assert isinstance(result, Message) and result.is_error and "timed out" in result.text
+    finally:
+        release.set()
