@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from cmdc import Compacted, Compactor, Message, State, ToolCall
+from cmdc import Compacted, Compactor, Message, State, ToolCall, estimate_message_tokens
 from cmdc.message import PINNED_KEY
 
 TASK = "TASK: migrate the billing service to the invoice API v2 (ticket PAY-4821); keep src/legacy/ untouched."
@@ -75,12 +75,31 @@ def _context_text(state: State) -> str:
     )
 
 
+def _within(users: Sequence[Message], budget: int) -> list[Message]:
+    """The user messages the summary budget promises to keep: the task (pinned), then the newest
+    that fit in `budget` tokens."""
+    out, left = [], budget
+    for u in reversed(users[1:]):
+        left -= estimate_message_tokens(u)
+        if left < 0:
+            break
+        out.append(u)
+    return [users[0], *out] if users else out
+
+
 def _check(
-    state: State, report: Any, users: Sequence[Message], pins: Sequence[Message], pending: str | None, seen: set[str]
+    state: State,
+    report: Any,
+    users: Sequence[Message],
+    pins: Sequence[Message],
+    pending: str | None,
+    seen: set[str],
+    user_budget: int,
 ) -> Check:
     ids = {m.id for m in state.messages}
     text = " ".join(_context_text(state).split())
     task = any(m.text == TASK for m in state.messages)
+    users = _within(users, user_budget)
     users_in = sum(1 for u in users if u.id in ids or " ".join(u.text.split()) in text)
     pins_in = sum(1 for p in pins if p.id in ids)
     mentioned = [i for i in IDENTIFIERS if i in seen]
@@ -124,7 +143,8 @@ async def run_session(offload_dir: str, *, rounds: int = 80, compactor: Compacto
             result = await compactor.force_compact(state)
         if isinstance(result, Compacted):
             state = result.state
-            checks.append(_check(state, result.report, users, pins, pending, seen))
+            user_budget = compactor.budgets(compactor.compact_config(state))[1]
+            checks.append(_check(state, result.report, users, pins, pending, seen, user_budget))
 
     constraints = iter(CONSTRAINTS)
     for r in range(rounds):

@@ -86,6 +86,12 @@ _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[\w.+-]+)*);base
 _BASE64_RUN = re.compile(rf"[A-Za-z0-9+/_-]{{{_MIN_PAYLOAD},}}={{0,2}}")
 
 
+def _looks_encoded(run: str) -> bool:
+    """Base64 of binary data mixes upper case, lower case and digits all along."""
+    sample = run[:256]
+    return any(c.isupper() for c in sample) and any(c.islower() for c in sample) and any(c.isdigit() for c in sample)
+
+
 def size_text(n: int) -> str:
     """A byte count for people: 812 B, 4.2 KB, 3.1 MB."""
     if n < 1_000:
@@ -117,7 +123,7 @@ def has_media(text: str) -> bool:
         return False
     if "base64," in text:
         return True
-    return len(text) >= _MIN_PAYLOAD and _BASE64_RUN.search(text) is not None
+    return len(text) >= _MIN_PAYLOAD and any(_looks_encoded(m.group(0)) for m in _BASE64_RUN.finditer(text))
 
 
 def scrub_media(text: str, where: str = "") -> str:
@@ -129,7 +135,10 @@ def scrub_media(text: str, where: str = "") -> str:
         return media_placeholder(m.group(1) or "data", len(m.group(3)) * 3 // 4, where)
 
     def run(m: re.Match[str]) -> str:
-        return media_placeholder("binary data (base64)", len(m.group(0)) * 3 // 4, where)
+        payload = m.group(0)
+        if not _looks_encoded(payload):  # a long word, a row of one letter: text, not a payload
+            return payload
+        return media_placeholder("binary data (base64)", len(payload) * 3 // 4, where)
 
     text = _DATA_URL.sub(data_url, text)
     return _BASE64_RUN.sub(run, text) if len(text) >= _MIN_PAYLOAD else text

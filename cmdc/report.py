@@ -32,6 +32,8 @@ class CompactionReport:
     attempts: int
     duration: float
     passes: int = 1
+    summary_budget: int = 0  # what the inserted messages could cost at most, in tokens
+    fallback: str | None = None  # "clipped", "summary only" or "pointer only" when the rule needed one
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -88,10 +88,13 @@ class State:
     _baseline_tokens: int = attrs.field(default=0, init=False, eq=False, repr=False)
     _tail_tokens: int = attrs.field(default=0, init=False, eq=False, repr=False)
     _calls: CallIndex = attrs.field(default=None, init=False, eq=False, repr=False)
+    # shared by a state and the states grown from it by `append` only, new on any other change
+    _lineage: object = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         _count(self.compactions, "compactions")
         _count(self.usage_floor, "usage_floor")
+        object.__setattr__(self, "_lineage", object())
         if not self.messages:  # a new agent's state: nothing to count or index
             object.__setattr__(self, "_calls", EMPTY_INDEX)
             return
@@ -128,6 +131,10 @@ class State:
         """Open call groups and pinned messages, kept up to date by `append`."""
         return self._calls
 
+    def grew_from(self, other: State) -> bool:
+        """True when this state is `other` with messages appended (by `append`, in O(1))."""
+        return self._lineage is other._lineage and len(self.messages) >= len(other.messages)
+
     @property
     def last_usage(self) -> TokenUsage | None:
         """The usage of the baseline message, if any."""
@@ -162,6 +169,7 @@ class State:
             ("_baseline_tokens", base),
             ("_tail_tokens", tail),
             ("_calls", calls),
+            ("_lineage", self._lineage),
         ):
             object.__setattr__(new, name, value)
         return new

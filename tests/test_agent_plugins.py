@@ -28,6 +28,8 @@ from cmdc import (
 from cmdc.agent import LifecycleContext, RequestContext, ResponseContext, ToolContext
 from cmdc.providers import ModelRequest, ScriptedProvider
 
+PAD = " and some more words to make the message worth summarizing" * 8
+
 
 @tool
 async def shout(text: str) -> str:
@@ -286,19 +288,26 @@ async def test_a_failing_auto_compaction_does_not_fail_the_turn(tmp_path: Path, 
     async with open_runtime(log_events=False) as rt:
         agent = await rt.spawn(
             "c",
-            ScriptedProvider(["one", "two", "three"]),
+            ScriptedProvider(["one" + PAD, "two", "three"]),  # large enough that a summary is smaller
             summarizer=down,
             config=config,
             compaction_cooldown=60.0,
         )
-        assert (await agent.prompt("a")).text == "one"
+        assert (await agent.prompt("a")).text == "one" + PAD
         assert (await agent.prompt("b")).text == "two"  # 3 messages: compaction tried, failed
         failed_calls = calls
         assert failed_calls == 4  # 1 attempt + 3 retries
         assert (await agent.prompt("c")).text == "three"  # within the cool-down: not retried
         assert calls == failed_calls
         state = await agent.state()
-        assert state.compactions == 0 and [m.text for m in state.messages] == ["a", "one", "b", "two", "c", "three"]
+        assert state.compactions == 0 and [m.text for m in state.messages] == [
+            "a",
+            "one" + PAD,
+            "b",
+            "two",
+            "c",
+            "three",
+        ]
 
 
 async def test_queued_callers_get_an_answer_when_the_agent_stops(tmp_path: Path, autojump_clock: Any) -> None:
@@ -405,7 +414,7 @@ async def test_manual_compaction_with_an_instruction(tmp_path: Path) -> None:
         skipped = await agent.compact()  # nothing to evict yet
         assert isinstance(skipped, Skipped) and skipped.reason == "nothing can be evicted"
         for text in ("one", "two", "three"):
-            await agent.prompt(text)
+            await agent.prompt(text + PAD)
         outcome = await agent.compact("focus on the API changes")
         assert isinstance(outcome, Compacted) and outcome.state == await agent.state()
         report = outcome.report
@@ -421,11 +430,11 @@ async def test_a_reply_saying_the_window_is_exhausted_compacts_before_the_next_s
         tool_calls=(ToolCall(id="t1", name="shout", arguments={"text": "x"}),),
         metadata={"cmdc.context_exceeded": True},
     )
-    provider = ScriptedProvider(["first", exhausted, "done"])
+    provider = ScriptedProvider(["first" + PAD, exhausted, "done"])
     config = {**cfg(tmp_path), "compact_keep": ("messages", 2)}
     async with open_runtime(log_events=False) as rt:
         agent = await rt.spawn("w", provider, tools=[shout], config=config, summarizer=_summary)
-        await agent.prompt("one")
+        await agent.prompt("one" + PAD)
         assert (await agent.prompt("two")).text == "done"
         state = await agent.state()
         assert state.compactions == 1  # forced by the flag, although no trigger was reached

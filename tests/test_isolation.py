@@ -229,7 +229,7 @@ async def test_a_summarizer_that_never_returns_times_out(tmp_path: Path, autojum
 
     state = State(
         agent_id="s",
-        messages=tuple(Message.user(f"message {i}") for i in range(10)),
+        messages=tuple(Message.user(f"message {i} " + "words " * 30) for i in range(10)),
         config=config(tmp_path, compact_keep=("messages", 2)),
     )
     # alone, it fails the compaction (state untouched) after retries, instead of hanging

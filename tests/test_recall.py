@@ -36,7 +36,7 @@ async def compacted_session(tmp_path: Path, agent_id: str = "a1") -> tuple[State
     for i in range(1, ROUNDS + 1):
         state = state.append(
             Message.user(fact(i)),
-            Message.assistant(f"Noted: batch {i} ships with that code."),
+            Message.assistant(f"Noted: batch {i} ships with that code." + " I checked the release notes." * 12),
             Message.user(f"round {i}: carry on"),
             Message.assistant(f"carrying on with round {i}"),
         )

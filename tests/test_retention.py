@@ -83,7 +83,13 @@ async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_
 async def test_user_message_filter_and_scratchpad(tmp_path: Path) -> None:
     answer = "<analysis>thinking out loud</analysis>\n## All user messages\n- paraphrased\n## Next step\nship"
     compactor = Compactor(Recorder(answer), user_message_filter=lambda m: "secret" not in m.text, pin_task=False)
-    msgs = [Message.user("keep this"), Message.user("a secret token"), Message.user("last"), Message.assistant("a")]
+    msgs = [
+        Message.user("keep this"),
+        Message.assistant("a long answer " * 60),  # what the summary compresses
+        Message.user("a secret token"),
+        Message.user("last"),
+        Message.assistant("a"),
+    ]
     result = await compactor.force_compact(state_of(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(result, Compacted)
     text = result.state.messages[0].text

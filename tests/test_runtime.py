@@ -213,7 +213,7 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
         before = await agent.state()
         with trio.move_on_after(30) as scope:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(agent.prompt, "2 + 2")
+                nursery.start_soon(agent.prompt, "2 + 2" + " " * 800)  # worth summarizing
                 await entered.wait()
                 nursery.cancel_scope.cancel()  # the caller gives up in the middle of the compaction
         assert not scope.cancelled_caught

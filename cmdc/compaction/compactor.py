@@ -26,6 +26,7 @@ from ..errors import (
 from ..events import (
     COMPACTION_END,
     COMPACTION_FAILED,
+    COMPACTION_FALLBACK,
     COMPACTION_SKIPPED,
     COMPACTION_START,
     PINS_OVER_BUDGET,
@@ -41,11 +42,18 @@ from ..offload import AppendResult, OffloadStore
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
-from ..tokens import TokenCounter, estimate_message_tokens, estimate_tokens_from_messages
+from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
-from .finalize import Finalize, FinalizeContext, default_finalize, run_finalize
-from .summary import ExtractiveSummarizer, Summarizer, summarize_rolling, summarizer_name
+from .finalize import USER_MESSAGES_KEY, Finalize, FinalizeContext, default_finalize, run_finalize
+from .summary import (
+    ExtractiveSummarizer,
+    Summarizer,
+    pointer_message,
+    summarize_rolling,
+    summarizer_name,
+    without_media,
+)
 
 Reason = Literal["auto", "forced", "manual"]
 
@@ -65,9 +73,22 @@ class Compactor:
     evicted messages are summarized in chunks, rolled forward. `token_counter`: a per-message
     counter (a real tokenizer) replacing the default estimate. `on_event`: receives `Event`s.
 
+    Budgets (the contraction rule): everything a compaction inserts (the summary message, the
+    preserved user messages in it, whatever a finalizer adds) fits `summary_budget` tokens:
+    the smaller of an absolute cap (default `SUMMARY_BUDGET`, 20,000, the order of what Codex
+    keeps of user messages, eino 30,000) and a quarter of the token trigger and of the context
+    window (configured, or reported by an overflow), never below `SUMMARY_FLOOR` (256). The
+    summarizer's answer gets the part the preserved user messages leave (the request carries it
+    as its output limit; a longer answer is clipped with a marker), and the inserted messages
+    always cost less than the messages they replace: when they would not, the compaction falls
+    back step by step (the summary clipped, then alone, then a pointer-only summary naming the
+    journal records), reported as `CompactionReport.fallback` with a `compaction_fallback`
+    event; when even a pointer would not be smaller, the compaction is skipped with that reason.
+
     What survives: `finalize` turns the summary into the messages that replace the evicted
     ones (default: `default_finalize`, which puts the real user messages, newest first within
-    `user_message_budget` tokens — default a third of the token trigger — into the summary,
+    `user_message_budget` tokens — default two thirds of the summary budget, at most three
+    quarters — into the summary,
     `user_message_filter` choosing which count). `pin_task` keeps the session's first user
     message verbatim; pins (the task, `cmdc.pinned` messages) are kept within `pin_budget`
     tokens (default a quarter of the token trigger), past which the oldest are summarized
@@ -99,6 +120,7 @@ class Compactor:
         "summarizer",
         "summarizer_input_tokens",
         "summarizer_timeout",
+        "summary_budget",
         "token_counter",
         "user_message_budget",
         "user_message_filter",
@@ -123,6 +145,7 @@ class Compactor:
         pin_task: bool = True,
         pin_budget: int | None = None,
         reduce_tokens: int | None = 2_000,
+        summary_budget: int | None = None,
         max_extra_passes: int = 2,
         on_event: EventSink | None = None,
         summarizer_timeout: float | None = 300.0,
@@ -137,6 +160,7 @@ class Compactor:
             ("user_message_budget", user_message_budget),
             ("pin_budget", pin_budget),
             ("reduce_tokens", reduce_tokens),
+            ("summary_budget", summary_budget),
         ):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{what} must be an integer >= 1 or None, got {value!r}")
@@ -183,6 +207,7 @@ class Compactor:
         self.pin_task = pin_task
         self.pin_budget = pin_budget
         self.reduce_tokens = reduce_tokens
+        self.summary_budget = summary_budget
         self.max_extra_passes = max_extra_passes
         self.on_event = on_event
         self.summarizer_timeout = summarizer_timeout
@@ -227,12 +252,8 @@ class Compactor:
             if old is state:
                 return total
             n = len(old.messages)
-            if (
-                old.baseline_index == state.baseline_index
-                and len(state.messages) >= n > 0
-                and state.messages[n - 1] is old.messages[-1]
-                and state.messages[0] is old.messages[0]
-            ):  # the state grew by appends since: count only what is new
+            if old.baseline_index == state.baseline_index and state.grew_from(old):
+                # the state grew by appends since: count only what is new
                 total += sum(self.count(m) for m in state.messages[n:])
                 self._counted = (state, total)
                 return total
@@ -353,8 +374,14 @@ class Compactor:
         if not isinstance(first, Compacted):
             return first
         result, keep = first, config.keep
+        # Under a window the model reported, the retried request must fit with headroom.
+        target = None if window is None else window * 3 // 4
+
+        def over(s: State) -> bool:
+            return self.should_compact(s) or (target is not None and self.estimate_tokens(s) > target)
+
         for _ in range(self.max_extra_passes):
-            if not self.should_compact(result.state):
+            if not over(result.state):
                 return result
             keep = _halved(keep)
             again = await self._compact_once(result.state, reason, instruction, keep, window)
@@ -403,24 +430,54 @@ class Compactor:
         self._emit(PINS_OVER_BUDGET, state, budget=budget, unpinned=tuple(dropped), pinned_tokens=total)
         return self._split(state, config, pins - set(dropped), keep=keep, unpinned=dropped)  # type: ignore[arg-type]
 
+    def budgets(self, config: CompactConfig, window: int | None = None) -> tuple[int, int, int]:
+        """(summary budget, preserved user messages' budget, the summarizer's output limit), in
+        tokens, for `config` and a window the model reported (see the class docstring)."""
+        cap = self.summary_budget if self.summary_budget is not None else SUMMARY_BUDGET
+        total = min(cap, max(SUMMARY_FLOOR, _share(config, 4, cap, window)))
+        users = total * 2 // 3 if self.user_message_budget is None else min(self.user_message_budget, total * 3 // 4)
+        return total, users, max(1, total - users)
+
+    def _skip(self, state: State, why: str) -> Skipped:
+        self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
+        return Skipped(state, why)
+
     async def _compact_once(
         self, state: State, reason: str, instruction: str | None, keep: Threshold, window: int | None = None
     ) -> Compacted | Skipped:
         started = trio.current_time()
         config = self.compact_config(state)
+        budget, user_budget, answer_budget = self.budgets(config, window)
         split = self._split_with_pins(state, config, keep, (), window)
-        if not split.evicts_anything:
-            self._emit(COMPACTION_SKIPPED, state, reason="nothing can be evicted", skipped_by=None)
-            return Skipped(state, "nothing can be evicted")
+        oversized = tuple(m for m in split.kept if m.is_summary and self.count(m) > budget)
+        if oversized:  # a summary over its budget is never kept as it is: it is re-summarized
+            split = attrs.evolve(
+                split,
+                evicted=(*oversized, *split.evicted),
+                kept=tuple(m for m in split.kept if m not in oversized),
+                held=tuple(m for m in split.held if m not in oversized),
+            )
+        if not split.evicts_anything and not (
+            split.evicted and sum(self.count(m) for m in split.evicted) > budget
+        ):  # a summary alone is evicted only when it is over its budget (it is re-summarized)
+            return self._skip(state, "nothing can be evicted")
         tokens_before = self.estimate_tokens(state)
         self._emit(COMPACTION_START, state, reason=reason, tokens=tokens_before, messages=len(state.messages))
 
         split, skipped = await self._before_compact(state, config, split, reason, instruction, keep, window)
         if skipped is not None:
             return skipped
+        evicted_tokens = sum(self.count(m) for m in split.evicted)
+        compaction = state.compactions + 1
+        smallest = self.count(_pointer(state, compaction, len(split.evicted), str(self._journal(state, config))))
+        if evicted_tokens <= smallest:
+            return self._skip(
+                state,
+                f"the {len(split.evicted)} evictable message(s) ({evicted_tokens} tokens) cost no more than the "
+                f"smallest summary that could replace them ({smallest} tokens)",
+            )
 
         # Write-ahead: the evicted messages are durable before anything else happens.
-        compaction = state.compactions + 1
         store = self.store_for(config)
         try:
             written = await store.append(state.agent_id, split.evicted, compaction=compaction)
@@ -429,19 +486,21 @@ class Compactor:
             raise
 
         # The previous summary goes first, then every other evicted message, large parts clipped.
+        # Media become placeholders. The pinned task stays in the context verbatim, so it is
+        # not restated: the summary refers to it.
         ordered = _reduced(_summaries_first(state, split.evicted), self.reduce_tokens, written)
         task = self._task_id(state) if self.pin_task else None
-        if task is not None and any(m.id == task for m in split.kept):
-            # The pinned task stays in the context, but the summarizer reads it too (after the
-            # previous summary), so the summary's request section states the real task.
-            at = next((i for i, m in enumerate(ordered) if not m.is_summary), len(ordered))
-            task_message = next(m for m in split.kept if m.id == task)
-            ordered = [*ordered[:at], task_message, *ordered[at:]]
+        kept_task = task if task is not None and any(m.id == task for m in split.kept) else None
         prompt = config.summary_prompt
+        if kept_task is not None:
+            prompt += (
+                "\n\nThe session's first user message (the task) stays in the context verbatim after "
+                "your summary: refer to it, do not restate it."
+            )
         if instruction:
             prompt = f"{prompt}\n\nAdditional instruction for this summary: {instruction}"
         try:
-            text, used, attempts = await self._summarize(state, ordered, prompt)
+            text, used, attempts = await self._summarize(state, ordered, prompt, answer_budget)
             context = FinalizeContext(
                 summary=text,
                 evicted=split.evicted,
@@ -450,12 +509,10 @@ class Compactor:
                 offload_path=str(written.path),
                 first_seq=written.first_seq,
                 last_seq=written.last_seq,
-                user_message_budget=(
-                    self.user_message_budget
-                    if self.user_message_budget is not None
-                    else _share(config, 3, 30_000, window)
-                ),
+                user_message_budget=user_budget,
                 user_message_filter=self.user_message_filter,
+                kept=split.kept,
+                task_id=kept_task,
             )
             try:
                 inserted = await run_finalize(self.finalize, context)
@@ -464,6 +521,22 @@ class Compactor:
         except CompactionError as exc:
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
             raise
+        # The contraction rule: what is inserted fits the budget and costs less than what it replaces.
+        pointer = _pointer(
+            state, compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq
+        )
+        inserted, fallback = self._contract(inserted, min(budget, evicted_tokens - 1), pointer)
+        if fallback is not None:
+            self._emit(
+                COMPACTION_FALLBACK,
+                state,
+                fallback=fallback,
+                budget=budget,
+                evicted_tokens=evicted_tokens,
+                summary_tokens=sum(self.count(m) for m in inserted),
+            )
+        if fallback == "skipped":  # not even a pointer is smaller (a custom counter's quirk)
+            return self._skip(state, "not even a pointer-only summary is smaller than the evicted messages")
         messages = (*split.pinned, *inserted, *split.kept)
         new_state = state.evolve(messages=messages, compactions=compaction, usage_floor=len(messages))
         report = CompactionReport(
@@ -481,6 +554,8 @@ class Compactor:
             summarizer=used,
             attempts=attempts,
             duration=trio.current_time() - started,
+            summary_budget=budget,
+            fallback=fallback,
         )
         after = await self._after_compact(new_state, report)
         if after is not new_state:
@@ -552,9 +627,58 @@ class Compactor:
             result = result.evolve(usage_floor=len(result.messages), compactions=state.compactions)
         return result
 
-    async def _summarize(self, state: State, messages: Sequence[Message], prompt: str) -> tuple[str, str, int]:
-        """Retries, fallbacks, failover: the text, the summarizer that wrote it, attempts used."""
-        tries = _Tries(self, state, prompt)
+    def _journal(self, state: State, config: CompactConfig) -> Path:
+        return self.store_for(config).path_for(state.agent_id)
+
+    def _shrunk(self, message: Message, room: int) -> Message | None:
+        """`message` with its text clipped so that it counts at most `room` tokens, or None."""
+        cost = self.count(message)
+        if cost <= room:
+            return message
+        # A summary's header (where the evicted messages went) is kept whole; its body is clipped.
+        head, sep, text = message.text.partition("\n\n") if message.is_summary else ("", "", message.text)
+        if not sep:
+            head, text = "", message.text
+        target = room - (cost - estimate_text_tokens(text)) - 1
+        for _ in range(4):
+            if target < _MIN_SUMMARY_TEXT:
+                return None
+            clipped = message.evolve(content=head + sep + clip_tokens(text, target, note=_CLIPPED_NOTE))
+            got = self.count(clipped)
+            if got <= room:
+                return clipped
+            target = target * room // max(1, got) - 1
+        return None
+
+    def _contract(self, inserted: list[Message], limit: int, pointer: Message) -> tuple[list[Message], str | None]:
+        """The inserted messages within `limit` tokens, stepping down as needed: (messages, the
+        fallback used or None). "clipped": the summary message clipped; "summary only": other
+        inserted messages dropped and the summary clipped; "pointer only": a summary that only
+        names the journal records; "skipped": not even that fits."""
+        cost = sum(self.count(m) for m in inserted)
+        if cost <= limit:
+            return inserted, None
+        at = next((i for i, m in enumerate(inserted) if m.is_summary), None)
+        if at is not None:
+            shrunk = self._shrunk(inserted[at], limit - (cost - self.count(inserted[at])))
+            if shrunk is not None:
+                return [*inserted[:at], shrunk, *inserted[at + 1 :]], "clipped"
+            alone = inserted[at].evolve(
+                metadata={k: v for k, v in inserted[at].metadata.items() if k != USER_MESSAGES_KEY}
+            )
+            shrunk = self._shrunk(alone, limit)
+            if shrunk is not None and len(inserted) > 1:
+                return [shrunk], "summary only"
+        if self.count(pointer) <= limit:
+            return [pointer], "pointer only"
+        return inserted, "skipped"
+
+    async def _summarize(
+        self, state: State, messages: Sequence[Message], prompt: str, max_tokens: int | None = None
+    ) -> tuple[str, str, int]:
+        """Retries, fallbacks, failover: the text, the summarizer that wrote it, attempts used.
+        Every answer is bounded by `max_tokens`."""
+        tries = _Tries(self, state, prompt, max_tokens)
         result = await tries.run("primary", self.summarizer, messages, self.retries)
         for fallback in self.fallbacks:
             if result is not None:
@@ -621,6 +745,11 @@ class SummaryAttempt:
     error: BaseException | None
     messages: Sequence[Message] = attrs.field(repr=False, default=())
 
+    @property
+    def clipped(self) -> bool:
+        """True when the answer was over its output budget and was clipped (`ANSWER_MARKER`)."""
+        return self.answer is not None and "bytes of the summarizer's answer clipped" in self.answer
+
 
 ShouldRetry = Callable[[SummaryAttempt], bool]
 Failover = Callable[
@@ -645,8 +774,8 @@ def _describe(attempt: SummaryAttempt) -> str:
 class _Tries:
     """Runs summarizer attempts for one compaction, counting them and emitting an event each."""
 
-    def __init__(self, compactor: Compactor, state: State, prompt: str) -> None:
-        self.compactor, self.state, self.prompt = compactor, state, prompt
+    def __init__(self, compactor: Compactor, state: State, prompt: str, max_tokens: int | None = None) -> None:
+        self.compactor, self.state, self.prompt, self.max_tokens = compactor, state, prompt, max_tokens
         self.count = 0
         self.last: SummaryAttempt | None = None
 
@@ -670,11 +799,16 @@ class _Tries:
             error: BaseException | None = None
             try:
                 with trio.fail_after(c.summarizer_timeout or math.inf):
-                    answer = await summarize_rolling(summarizer, messages, self.prompt, chunk)
+                    answer = await summarize_rolling(summarizer, messages, self.prompt, chunk, self.max_tokens)
             except trio.TooSlowError:
                 error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={c.summarizer_timeout} s")
             except ContextOverflow as exc:
                 error = exc
+                if exc.limit and self.max_tokens is not None and self.max_tokens > max(1, exc.limit // 4):
+                    # The output limit counts against the summarizer's window: a quarter of it at most.
+                    self.max_tokens = max(1, exc.limit // 4)
+                    self._emit(name, role, ok=False, error=str(exc), output_tokens=self.max_tokens)
+                    continue
                 smaller = (chunk or whole) // 2
                 if exc.limit:
                     smaller = min(smaller, exc.limit // 2)
@@ -702,6 +836,24 @@ class _Tries:
                 await trio.sleep(min(c.max_backoff, c.retry_backoff * 2**retry))
             retry += 1
         return None
+
+
+SUMMARY_BUDGET = 20_000
+"""The default absolute cap on what one compaction inserts, in tokens (see `Compactor`)."""
+
+SUMMARY_FLOOR = 256
+"""No share of a small trigger or window takes the summary budget below this (tokens)."""
+
+_MIN_SUMMARY_TEXT = 32  # a summary clipped below this many tokens says too little: step down
+_CLIPPED_NOTE = "; the evicted messages are whole in the journal"
+
+
+def _pointer(
+    state: State, compaction: int, evicted: int, path: str, first: int = 10**12, last: int = 10**12
+) -> Message:
+    """The smallest summary: it only says where the evicted messages went (the default record
+    numbers are wider than any real ones, so its cost is an upper bound before the offload)."""
+    return pointer_message(compaction=compaction, evicted=evicted, offload_path=path, first_seq=first, last_seq=last)
 
 
 def _share(config: CompactConfig, divisor: int, fallback: int, window: int | None = None) -> int:
@@ -732,14 +884,25 @@ def _combined(first: CompactionReport, last: CompactionReport) -> CompactionRepo
 
 
 def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResult) -> Sequence[Message]:
-    """What the summarizer reads: tool results and tool-call arguments longer than `limit`
-    tokens cut to a head with a pointer to the journal (which holds them whole)."""
+    """What the summarizer reads: media as placeholders naming the part, tool results and
+    tool-call arguments longer than `limit` tokens cut to a head with a pointer to the journal
+    (which holds them whole)."""
+    where = f"journal {written.path}, records {written.first_seq}-{written.last_seq}"
+    out: list[Message] | None = None
+    for i, m in enumerate(messages):
+        plain = without_media(m, where)
+        if plain is not m:
+            if out is None:
+                out = list(messages)
+            out[i] = plain
+    if out is not None:
+        messages = out
     if limit is None:
         return messages
     large = [i for i, m in enumerate(messages) if (m._tokens or estimate_message_tokens(m)) > limit]
     if not large:
         return messages
-    pointer = f"the full text is in the journal {written.path}, records {written.first_seq}-{written.last_seq}"
+    pointer = f"the full text is in the {where}"
     out = list(messages)
     for i in large:
         m = out[i]
@@ -751,6 +914,8 @@ def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResu
                 for c in m.tool_calls
             )
             out[i] = m.evolve(tool_calls=calls)
+        elif not m.is_summary:  # a huge user or assistant message: head and tail
+            out[i] = m.evolve(content=clip_tokens(m.text, limit * 4, note=f"; {pointer}"))
     return out
 
 

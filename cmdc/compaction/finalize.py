@@ -19,7 +19,7 @@ import attrs
 from .._clip import clip_tokens
 from ..message import Message
 from ..tokens import estimate_message_tokens, estimate_text_tokens
-from .summary import strip_scratchpad, summary_message
+from .summary import strip_scratchpad, summary_message, without_media
 
 USER_MESSAGES_KEY = "cmdc.user_messages"
 USER_MESSAGES_HEADING = "All user messages"
@@ -40,6 +40,8 @@ class FinalizeContext:
     last_seq: int
     user_message_budget: int
     user_message_filter: Callable[[Message], bool] | None = None
+    kept: tuple[Message, ...] = ()  # what stays verbatim after the summary (pins, the tail)
+    task_id: str | None = None  # the pinned task, when it is among `kept`
 
 
 Finalize = Callable[[FinalizeContext], "Sequence[Message] | Awaitable[Sequence[Message]]"]
@@ -76,7 +78,8 @@ def preserved_user_messages(ctx: FinalizeContext) -> list[str]:
                 for text in reversed(carried):
                     yield text, estimate_text_tokens(text) + 4
             elif m.role == "user" and (ctx.user_message_filter is None or ctx.user_message_filter(m)):
-                yield m.text, estimate_message_tokens(m)
+                plain = without_media(m, f"journal {ctx.offload_path}, message {m.id}")
+                yield plain.text, estimate_message_tokens(plain)
 
     for text, cost in candidates():
         if not take(text, cost):
@@ -86,6 +89,14 @@ def preserved_user_messages(ctx: FinalizeContext) -> list[str]:
 
 
 _HEADING = re.compile(r"^(#{1,6})\s*(?:\d+[.)]\s*)?(.+?)\s*:?\s*$")
+
+
+def _has_section(text: str, heading: str) -> bool:
+    return any(
+        (m := _HEADING.match(line)) is not None and m.group(2).strip().lower() == heading.lower()
+        for line in text.splitlines()
+        if line.startswith("#")
+    )
 
 
 def replace_section(text: str, heading: str, body: str) -> str:
@@ -106,11 +117,19 @@ def replace_section(text: str, heading: str, body: str) -> str:
     return f"{text.rstrip()}\n\n## {heading}\n{body}\n"
 
 
+TASK_HEADING = "Primary request and intent"
+TASK_REFERENCE = "The task is the session's first user message, kept verbatim right after this summary."
+
+
 def default_finalize(ctx: FinalizeContext) -> list[Message]:
-    """The default post-processing: one summary message."""
+    """The default post-processing: one summary message. Nothing kept verbatim is restated:
+    the user-messages section holds the preserved user messages (none of them kept), and when
+    the task is kept the request section refers to it."""
     users = preserved_user_messages(ctx)
     body = "\n".join(f"- {' '.join(t.split())}" for t in users) if users else "(none)"
     text = replace_section(strip_scratchpad(ctx.summary), USER_MESSAGES_HEADING, body)
+    if ctx.task_id is not None and _has_section(text, TASK_HEADING):
+        text = replace_section(text, TASK_HEADING, TASK_REFERENCE)
     message = summary_message(
         text,
         compaction=ctx.compaction,

@@ -4,14 +4,16 @@ offline extractive summarizer that is cmdc's embedded default."""
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
+import attrs
 import orjson
 import trio
 
-from .._clip import clip, clip_line
+from .._clip import clip, clip_line, clip_tokens, has_media, image_placeholder, scrub_media
 from ..errors import InvalidMessage, SummarizerError
-from ..message import KIND_KEY, SUMMARY_KIND, Message, TokenUsage, ToolCall
+from ..message import KIND_KEY, SUMMARY_KIND, ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ..providers.base import ModelRequest, Provider
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 
@@ -44,22 +46,47 @@ def render_transcript(messages: Sequence[Message]) -> str:
     return "\n\n".join(lines)
 
 
-async def call_summarizer(summarizer: Summarizer, messages: Sequence[Message], instruction: str) -> str:
+ANSWER_MARKER = " [… {omitted} bytes of the summarizer's answer clipped: it was over its output budget{note} …] "
+"""Marks an answer clipped to its budget (`SummaryAttempt.clipped` tells a `should_retry`)."""
+
+
+def bound_answer(text: str, max_tokens: int | None) -> str:
+    """A summarizer's answer within `max_tokens` (estimated): an analysis scratchpad is
+    dropped first, then what is still over is clipped in the middle around `ANSWER_MARKER`
+    (the head has the first sections, the tail the current work and the next step)."""
+    if max_tokens is None or estimate_text_tokens(text) <= max_tokens:
+        return text
+    text = strip_scratchpad(text)
+    note = f" of {max_tokens} tokens"
+    return clip_tokens(text, max_tokens, marker=ANSWER_MARKER, note=note)
+
+
+async def call_summarizer(
+    summarizer: Summarizer, messages: Sequence[Message], instruction: str, max_tokens: int | None = None
+) -> str:
     """One summarizer call. A callable gets the messages themselves; a provider (an object with
-    `complete` that is not callable) gets the instruction as system prompt and a transcript."""
+    `complete` that is not callable) gets the instruction as system prompt and a transcript,
+    and `max_tokens` as the request's output limit. The answer is bounded by `max_tokens`
+    whatever the summarizer did (`bound_answer`); the offline `ExtractiveSummarizer` is asked
+    to write within it."""
     if not callable(summarizer):
         request = ModelRequest(
             messages=(Message.system(instruction), Message.user(render_transcript(messages))),
+            max_output_tokens=max_tokens,
             metadata={"cmdc.purpose": "summarize"},
         )
         reply = await summarizer.complete(request)
         if not isinstance(reply, Message):
             raise SummarizerError(f"summarizer provider returned {type(reply).__name__}, not a Message")
-        return reply.text
+        return bound_answer(reply.text, max_tokens)
+    if isinstance(summarizer, ExtractiveSummarizer) and max_tokens is not None:
+        chars = max(500, min(summarizer.max_chars, max_tokens * 4))
+        if chars != summarizer.max_chars:
+            summarizer = ExtractiveSummarizer(chars)
     text = await summarizer(messages, instruction)
     if not isinstance(text, str):
         raise SummarizerError(f"summarizer returned {type(text).__name__}, not text")
-    return text
+    return bound_answer(text, max_tokens)
 
 
 def chunk_messages(messages: Sequence[Message], limit: int) -> list[list[Message]]:
@@ -77,15 +104,20 @@ def chunk_messages(messages: Sequence[Message], limit: int) -> list[list[Message
 
 
 async def summarize_rolling(
-    summarizer: Summarizer, messages: Sequence[Message], instruction: str, chunk_tokens: int | None
+    summarizer: Summarizer,
+    messages: Sequence[Message],
+    instruction: str,
+    chunk_tokens: int | None,
+    max_tokens: int | None = None,
 ) -> str:
-    """Summarize `messages`; past `chunk_tokens`, in chunks, each seeing the summary so far."""
+    """Summarize `messages`; past `chunk_tokens`, in chunks, each seeing the summary so far.
+    Every answer, partial or final, is bounded by `max_tokens`."""
     if chunk_tokens is None:
-        return await call_summarizer(summarizer, messages, instruction)
+        return await call_summarizer(summarizer, messages, instruction, max_tokens)
     partial: str | None = None
     for chunk in chunk_messages(messages, chunk_tokens):
         seed = [] if partial is None else [Message.user(partial, metadata={KIND_KEY: SUMMARY_KIND})]
-        partial = await call_summarizer(summarizer, seed + chunk, instruction)
+        partial = await call_summarizer(summarizer, seed + chunk, instruction, max_tokens)
         if not partial.strip():
             return partial
     return partial or ""
@@ -110,6 +142,69 @@ def summary_message(
             "cmdc.offload_path": offload_path,
             "cmdc.first_seq": first_seq,
             "cmdc.last_seq": last_seq,
+        },
+    )
+
+
+def _scrub_value(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        return scrub_media(value, where)
+    if isinstance(value, Mapping):
+        return {k: _scrub_value(v, where) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub_value(v, where) for v in value]
+    return value
+
+
+def _any_media(value: Any) -> bool:
+    if isinstance(value, str):
+        return has_media(value)
+    if isinstance(value, Mapping):
+        return any(_any_media(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_any_media(v) for v in value)
+    return False
+
+
+def without_media(message: Message, where: str = "") -> Message:
+    """`message` with its media as placeholders that name each part (kind, size, where the
+    original is): image parts become text, data URLs and long base64 runs in text and in
+    tool-call arguments are replaced. The same message when it has none (the common case
+    costs a length check)."""
+    content = message.content
+    changes: dict[str, Any] = {}
+    if isinstance(content, str):
+        scrubbed = scrub_media(content, where)
+        if scrubbed != content:
+            changes["content"] = scrubbed
+    elif any(isinstance(p, ImagePart) or has_media(p.text) for p in content):
+        changes["content"] = tuple(
+            TextPart(image_placeholder(p.source, p.media_type, where))
+            if isinstance(p, ImagePart)
+            else TextPart(scrub_media(p.text, where))
+            for p in content
+        )
+    if message.tool_calls and any(_any_media(c.arguments) for c in message.tool_calls):
+        changes["tool_calls"] = tuple(
+            attrs.evolve(c, arguments=_scrub_value(dict(c.arguments), where)) for c in message.tool_calls
+        )
+    return message.evolve(**changes) if changes else message
+
+
+def pointer_message(*, compaction: int, evicted: int, offload_path: str, first_seq: int, last_seq: int) -> Message:
+    """The smallest summary, when a real one would not be smaller than what it replaces: it
+    only says where the evicted messages went."""
+    return Message.user(
+        f"[Conversation summary #{compaction}] {evicted} messages moved to the journal {offload_path}, "
+        f"records {first_seq}-{last_seq}; use recall to read them.",
+        metadata={
+            KIND_KEY: SUMMARY_KIND,
+            "cmdc.compaction": compaction,
+            "cmdc.evicted": evicted,
+            "cmdc.offload_path": offload_path,
+            "cmdc.first_seq": first_seq,
+            "cmdc.last_seq": last_seq,
+            "cmdc.pointer_only": True,
         },
     )
 
