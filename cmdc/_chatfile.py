@@ -146,7 +146,7 @@ def read_chat(path: Path) -> ChatFile:
         if not isinstance(items, list):
             raise ChatFileError(
                 path,
-                f"expected a JSON array of messages, an object with a \"messages\" array, or JSONL (one message "
+                f'expected a JSON array of messages, an object with a "messages" array, or JSONL (one message '
                 f"per line), got {_kind(items)}",
             )
         for index, obj in enumerate(items):
@@ -412,9 +412,7 @@ def _convert_back(message: Message) -> dict[str, Any]:
     return obj
 
 
-def encode_chat(
-    objects: Sequence[Mapping[str, Any]], fmt: Format, envelope: Mapping[str, Any] | None = None
-) -> bytes:
+def encode_chat(objects: Sequence[Mapping[str, Any]], fmt: Format, envelope: Mapping[str, Any] | None = None) -> bytes:
     """The bytes of a conversation file in `fmt` (with `envelope`: a JSON object holding the
     messages under `"messages"` beside the envelope's keys)."""
     if fmt == "jsonl":

@@ -230,9 +230,7 @@ def real_provider(kind: str, model: str | None) -> Provider:
     try:
         cls = getattr(providers, name)
     except ImportError:
-        raise DemoError(
-            f"--provider {kind} needs the 'http' extra (httpx): pip install 'cmdc[http]'"
-        ) from None
+        raise DemoError(f"--provider {kind} needs the 'http' extra (httpx): pip install 'cmdc[http]'") from None
     provider: Provider = cls(model=model)
     return provider
 

@@ -33,6 +33,8 @@ from cmdc.agent import current_chain
 from cmdc.errors import StepLimitReached, TurnAborted
 from cmdc.providers import ModelRequest, ScriptedProvider, SimulatedModel
 
+_THINKING = "I will add the two numbers with the add tool, then report the sum. " * 4
+
 
 class Adder:
     """A deterministic model: asks for `add` on a user message, answers with the tool's
@@ -51,7 +53,8 @@ class Adder:
             asked = next(m for m in reversed(request.messages) if len(re.findall(r"\d+", m.text)) >= 2)
             a, b = map(int, re.findall(r"\d+", asked.text)[-2:])
             call = ToolCall(id=f"c{self.calls}", name="add", arguments={"a": a, "b": b})
-            return Message.assistant("", tool_calls=(call,), usage=usage)
+            # some words with the call, so that a summary of old turns is smaller than they are
+            return Message.assistant(_THINKING, tool_calls=(call,), usage=usage)
         return Message.assistant(f"answer: {last.text}", usage=usage)
 
 
@@ -213,7 +216,7 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
         before = await agent.state()
         with trio.move_on_after(30) as scope:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(agent.prompt, "2 + 2" + " " * 800)  # worth summarizing
+                nursery.start_soon(agent.prompt, "2 + 2")
                 await entered.wait()
                 nursery.cancel_scope.cancel()  # the caller gives up in the middle of the compaction
         assert not scope.cancelled_caught

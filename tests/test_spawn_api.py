@@ -186,7 +186,7 @@ async def test_context_added_after_a_compaction(tmp_path: Path, how: str) -> Non
     async with open_runtime(log_events=False) as rt:
         agent = await rt.spawn("a1", model, instructions="sys", plugins=[Note(how)], config=config)
         for i in range(4):
-            await agent.prompt(f"question {i}")
+            await agent.prompt(f"question {i}: " + "with enough words to be worth summarizing " * 5)
     # the request right after the compaction
     sent = next(r.messages for r in model.requests if any(m.is_summary for m in r.messages))
     summary = next(i for i, m in enumerate(sent) if m.is_summary)

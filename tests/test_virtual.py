@@ -167,9 +167,7 @@ async def test_delegation_reaches_a_deactivated_agent(tmp_path: Path) -> None:
 
     async with open_runtime(checkpoint_dir=tmp_path / "ck", deactivate_after=3600, log_events=False) as rt:
         helper = await rt.spawn("helper", echo_model(), config=cfg(tmp_path), accepts=["boss"])
-        boss = await rt.spawn(
-            "boss", ScriptedProvider([lead], cycle=True), config=cfg(tmp_path), delegation=["helper"]
-        )
+        boss = await rt.spawn("boss", ScriptedProvider([lead], cycle=True), config=cfg(tmp_path), delegation=["helper"])
         assert await rt.deactivate("helper") and await rt.deactivate("boss")
         assert rt.resident == []
         assert (await boss.prompt("go")).text == "helper said: echo 1: say hi"
