@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from benchmarks import bench_compaction, bench_runtime, retention
+from benchmarks import bench_compaction, bench_runtime, recall_stall, retention
 from benchmarks._table import Row, render
 
 INSTALL_HINT = "pip install -e '.[compare]'"
@@ -46,6 +46,7 @@ class Preset:
     compare_reps: int
     compare_budget: float  # seconds of repetitions per DeepAgents check figure
     compare_series: int
+    recall_records: int = 5_000  # the journal one agent recalls over, for the stall figure
 
 
 FULL = Preset(
@@ -68,7 +69,7 @@ FULL = Preset(
 QUICK = Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 80, (1_000, 10_000), 3, 0.3, 2)
 # For the test suite: every code path, tiny sizes, figures meaningless (1k messages is the least
 # a compaction benchmark can use: below it the conversation stays under the 50k-token trigger).
-SMOKE = Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 80, (1_000,), 2, 0.02, 1)
+SMOKE = Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 80, (1_000,), 2, 0.02, 1, recall_records=200)
 
 
 def _us(seconds: float) -> str:
@@ -231,6 +232,23 @@ def compare_rows(p: Preset) -> list[Row]:
     return rows
 
 
+def isolation_rows(p: Preset) -> list[Row]:
+    f = recall_stall.run(p.recall_records, 0, out=lambda _s: None)
+    b = "isolation"
+    stall = f["stall_max"]
+    return [
+        Row(
+            b,
+            f"longest scheduling stall while one agent recalls over {f['records']:,} records",
+            _ms(stall),
+            f"< {recall_stall.TARGET_MS:.0f} ms",
+            stall * 1e3 < recall_stall.TARGET_MS,
+        ),
+        Row(b, "that recall (4,000-character query)", _ms(f["durations"][recall_stall.RECALL])),
+        Row(b, "slowest neighbour ping meanwhile", _ms(f["ping_max"])),
+    ]
+
+
 # -- the run ---------------------------------------------------------------------------------------
 def collect(
     preset: Preset, *, compare: bool = True, log: Callable[[str], None] | None = None
@@ -243,6 +261,7 @@ def collect(
         ("compaction", compaction_rows),
         ("runtime", runtime_rows),
         ("retention", retention_rows),
+        ("isolation", isolation_rows),
     ]
     if not compare:
         notes.append("DeepAgents comparison: skipped (--no-compare).")

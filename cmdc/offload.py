@@ -22,7 +22,6 @@ import os
 import re
 import time
 import zlib
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import orjson
 import trio
 
 from ._fs import fsync_dir, make_dirs, run_bounded, write_all
+from ._search import MAX_QUERY_CHARS, query_words, search_records
 from .errors import ConfigError, InvalidMessage, OffloadCorrupted, OffloadError
 from .message import Message
 from .state import validate_agent_id
@@ -236,13 +236,6 @@ def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> byte
         if msg.text:
             out.append(md_fenced(msg.text))
     return ("\n".join(out) + "\n").encode()
-
-
-def _message_words(message: Message) -> Counter[str]:
-    parts = [message.text]
-    for call in message.tool_calls:
-        parts += [call.name, orjson.dumps(call.to_dict()["arguments"]).decode()]
-    return Counter(_WORD.findall(" ".join(parts).casefold()))
 
 
 class OffloadStore:
@@ -470,21 +463,14 @@ class OffloadStore:
 
     async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
         """Records matching words of `query` (case-insensitive), best first: most distinct
-        query words present, then most occurrences, then lowest seq."""
+        query words present, then most occurrences, then lowest seq. Scored in a worker thread,
+        in small bites (`cmdc._search`); the query counts up to its first 64 distinct words."""
         self.path_for(agent_id)
         if type(limit) is not int or limit < 1:
             raise ConfigError(f"search limit must be an integer >= 1, got {limit!r}")
-        words = {w for w in re.split(r"\W+", query.casefold()) if w}
-        if not words:
+        if not query_words(query[:MAX_QUERY_CHARS]):
             return []
-        scored: list[tuple[int, int, int, JournalRecord]] = []
-        for record in await self.records(agent_id):
-            counts = _message_words(record.message)
-            present = [counts[w] for w in words if counts[w]]
-            if present:
-                scored.append((-len(present), -sum(present), record.seq, record))
-        scored.sort(key=lambda s: s[:3])
-        return [s[3] for s in scored[:limit]]
+        return await search_records(await self.records(agent_id), query, limit)
 
 
 __all__ = ["AppendResult", "JournalRecord", "OffloadStore"]

@@ -8,13 +8,16 @@ on for an agent with `Runtime.spawn(..., recall=True)`.
 
 from __future__ import annotations
 
+import bisect
 import re
 import sys
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 import orjson
 
 from ._clip import clip
+from ._search import MAX_QUERY_CHARS
 from .errors import ConfigError
 from .message import Message
 from .offload import JournalRecord, OffloadStore
@@ -70,13 +73,18 @@ def _body(message: Message) -> str:
     return "\n".join(lines) if lines else "(no text)"
 
 
-def _size(text: str) -> int:
+def _size(text: str, cap: int | None = None) -> int:
+    """The UTF-8 size of `text`; past `cap` characters, its length in characters (a lower
+    bound, already over `cap`), without encoding it all."""
+    if cap is not None and len(text) > cap:
+        return len(text)
     return len(text.encode("utf-8"))
 
 
 def _head(text: str, max_bytes: int) -> str:
-    """The longest prefix of `text` whose UTF-8 encoding fits in `max_bytes`."""
-    return clip(text, max_bytes, keep="head", marker="")
+    """The longest prefix of `text` whose UTF-8 encoding fits in `max_bytes` (only that many
+    characters of `text` are looked at: a character is at least one byte)."""
+    return clip(text[: max(0, max_bytes)], max_bytes, keep="head", marker="")
 
 
 def _seq_list(seqs: Sequence[int]) -> str:
@@ -97,7 +105,7 @@ def _originals_first(hits: list[JournalRecord]) -> list[JournalRecord]:
     """The search's order, except that earlier summaries come after every original message:
     a summary repeats many words but only paraphrases records that are themselves in the
     journal, and the original holds the exact details."""
-    return sorted(hits, key=lambda r: r.message.is_summary)
+    return [r for r in hits if not r.message.is_summary] + [r for r in hits if r.message.is_summary]
 
 
 def render_records(
@@ -115,7 +123,7 @@ def render_records(
     shown = 0
     for record in records:
         header, body = _header(record), _body(record.message)
-        cost = 2 + _size(header) + 1 + _size(body)
+        cost = 2 + _size(header) + 1 + _size(body, cap=budget)
         if used + cost + reserve <= budget:
             parts.append(f"{header}\n{body}")
             used += cost
@@ -189,13 +197,18 @@ def recall_tool(store: OffloadStore, agent_id: str, *, budget_tokens: int = 2_00
                 f"Read one with first={left[0]}, last={left[0]}; or search with more specific words.]"
             )
 
-        return render_records(intro, candidates, budget_tokens=budget_tokens, journal=journal, footer=footer)
+        return await render(intro, candidates, footer)
+
+    async def render(intro: str, records: Sequence[JournalRecord], footer: Footer) -> str:
+        # Bounded by the budget: a record larger than it is neither encoded nor copied whole.
+        return render_records(intro, records, budget_tokens=budget_tokens, journal=journal, footer=footer)
 
     async def read(first: int, last: int) -> str:
         records = await store.records(agent_id)
         if not records:
             return nothing_yet()
-        chosen = [r for r in records if first <= r.seq <= last]
+        seq = attrgetter("seq")  # records come in seq order: the range is found by bisection
+        chosen = records[bisect.bisect_left(records, first, key=seq) : bisect.bisect_right(records, last, key=seq)]
         if not chosen:
             return f"No records in {first}-{last}: the journal holds records {_span(records)}."
         intro = f"Records {first}-{last} of the journal (it holds records {_span(records)}):"
@@ -208,7 +221,7 @@ def recall_tool(store: OffloadStore, agent_id: str, *, budget_tokens: int = 2_00
                 f"({budget_tokens} tokens) is used up. Continue with first={not_shown[0]}, last={last}.]"
             )
 
-        return render_records(intro, chosen, budget_tokens=budget_tokens, journal=journal, footer=footer)
+        return await render(intro, chosen, footer)
 
     async def recall(
         query: str | None = None, first: int | None = None, last: int | None = None, limit: int = 8
@@ -217,6 +230,7 @@ def recall_tool(store: OffloadStore, agent_id: str, *, budget_tokens: int = 2_00
 
         Args:
             query: Words to search for (a name, a number, an identifier, a phrase); the best matches come first.
+                At most 4000 characters.
             first: The first record to read (records are numbered from 1; the summary names its range).
                 Left out with last given: the 20 records before last.
             last: The last record to read, inclusive; defaults to first + 20.
@@ -228,6 +242,10 @@ def recall_tool(store: OffloadStore, agent_id: str, *, budget_tokens: int = 2_00
             errors.append("give either query (search by words) or first/last (read a range of records), not both")
         elif query is None and not ranged:
             errors.append("give query (words to search for) or first (and optionally last) to read a range of records")
+        elif query is not None and len(query) > MAX_QUERY_CHARS:
+            errors.append(
+                f"query is {len(query)} characters long, at most {MAX_QUERY_CHARS}: use a few distinctive words"
+            )
         elif query is not None and not _WORD.search(query):
             errors.append(f"query {_quote(query)} has no words to search for")
         for key, value in (("first", first), ("last", last)):

@@ -144,8 +144,18 @@ def test_without_deepagents_the_table_says_how_to_install_it(monkeypatch: pytest
     monkeypatch.setattr(suite, "compaction_rows", lambda _p: [Row("compaction", "x", "1")])
     monkeypatch.setattr(suite, "runtime_rows", broken)
     monkeypatch.setattr(suite, "retention_rows", lambda _p: [Row("retention", "y", "2", "all ✓", True)])
+    monkeypatch.setattr(suite, "isolation_rows", lambda _p: [Row("isolation", "z", "3")])
     monkeypatch.setattr(suite, "deepagents_available", lambda: False)
     rows, notes = suite.collect(suite.SMOKE)
-    assert [r.benchmark for r in rows] == ["compaction", "runtime", "retention"]
+    assert [r.benchmark for r in rows] == ["compaction", "runtime", "retention", "isolation"]
     assert rows[1].ok is False and "RuntimeError: boom" in rows[1].value
     assert any("pip install -e '.[compare]'" in n for n in notes)
+
+
+def test_recall_stall_prints_its_figures() -> None:
+    from benchmarks import recall_stall
+
+    lines: list[str] = []
+    f = recall_stall.run(200, 1, out=lines.append)
+    assert f["answered"] and f["pings"] > 0
+    assert any(line.startswith("longest scheduling stall while an agent recalls:") for line in lines)

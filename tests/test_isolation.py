@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from cmdc import ConfigError, Message, OffloadStore, ToolCall, open_runtime, tool
+from cmdc import ConfigError, Message, OffloadStore, ToolCall, _search, open_runtime, tool
 from cmdc.agent import current_chain
 from cmdc.compaction import Compacted, Compactor
 from cmdc.errors import CompactionError
@@ -328,3 +328,56 @@ async def test_two_thousand_delegate_calls_spawn_at_most_m_children(tmp_path: Pa
         assert sum("at most 100 run per step" in m.text for m in refused) == 1_900
         assert rt.agents == ["boss"] and rt._live_children == {}
         await neighbour_answers(rt, tmp_path)
+
+
+# -- nothing blocks the trio thread --------------------------------------------------------------
+
+
+async def test_a_huge_query_is_refused_readably_and_the_store_reads_its_first_words(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path / "offload")
+    await store.append("a", [Message.user("alpha beta"), Message.user("omega")])
+    tool_ = recall_tool(store, "a")
+    with pytest.raises(ToolArgumentsError, match="at most 4000"):
+        await tool_({"query": "alpha " * 20_000})
+    # the library call reads the first 64 distinct words: a word past them does not count
+    filler = " ".join(f"w{i}" for i in range(64))
+    assert [r.message.text for r in await store.search("a", f"{filler} omega")] == []
+    assert [r.message.text for r in await store.search("a", f"omega {filler}")] == ["omega"]
+    assert [r.message.text for r in await store.search("a", "alpha " * 20_000)] == ["alpha beta"]
+
+
+async def test_scoring_a_huge_record_lets_other_tasks_run(tmp_path: Path) -> None:
+    """A 5 MB record is scored in bites: another task is scheduled many times meanwhile, and
+    a neighbour agent answers."""
+    store = OffloadStore(tmp_path / "offload")
+    await store.append("big", [Message.tool_result("c", "needle " + "hay " * 1_250_000), Message.user("needle")])
+    records = await store.records("big")
+    turns = 0
+    finished = False
+
+    async def other_task() -> None:
+        nonlocal turns
+        while not finished:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    async with open_runtime(log_events=False) as rt, trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        await trio.lowlevel.checkpoint()
+        before = turns
+        hits = await _search.rank_in_bites(records, ["needle", "hay"], 10)
+        during = turns - before
+        finished = True
+        await neighbour_answers(rt, tmp_path)
+    assert [h.seq for h in hits] == [1, 2] and during > 10
+    assert _search.rank(records, ["needle", "hay"], 10) == hits
+
+
+async def test_a_cancelled_search_stops(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path / "offload")
+    await store.append("big", [Message.user("hay " * 1_250_000) for _ in range(4)])
+    records = await store.records("big")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await _search.rank_in_bites(records, ["hay"], 10)
+    assert scope.cancelled_caught

@@ -1,0 +1,163 @@
+"""Recall does not stall the runtime: the longest scheduling stall while one agent recalls over
+a large journal.
+
+Run: python -m benchmarks.recall_stall [--records 5000] [--big-mb 0]
+
+One agent (`recall=True`) searches its journal: `--records` records of ~1 KB of words, plus
+one record of `--big-mb` MB. Its model asks for a search with a 4,000-character query (the
+longest the tool takes); then the journal is searched directly with a 20,000-word query (the
+issue's attack; the store reads its first 64 distinct words). Meanwhile a probe task sleeps
+2 ms at a time and records how late it wakes (the scheduling stall every agent in the runtime
+would see), and a neighbour agent answers pings. Printed: the searches' durations, the
+longest and 99th-percentile stall (target: longest < 50 ms), and the neighbour's pings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+import cmdc
+from cmdc import Message, OffloadStore, ToolCall
+from cmdc._search import query_words, rank_in_bites
+from cmdc.providers import ScriptedProvider
+
+TARGET_MS = 50.0
+RECALL = "recall tool, through the agent (4,000-character query)"
+ATTACK = "store.search (20,000-word query)"
+READ = "  of which: journal read (store.records, in a worker)"
+SCORE = "  of which: scoring (cmdc._search, in 2 ms bites)"
+T = TypeVar("T")
+TICK = 0.002
+VOCABULARY = [f"word{i}" for i in range(5_000)]
+
+
+def _text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choices(VOCABULARY, k=n_words))
+
+
+async def _fill(store: OffloadStore, agent: str, records: int, big_mb: int, rng: random.Random) -> int:
+    size = 0
+    batch: list[Message] = []
+    for i in range(records):
+        batch.append(Message.user(f"record {i}: " + _text(rng, 140)))
+        if len(batch) == 500:
+            size += sum(len(m.text) for m in batch)
+            await store.append(agent, batch)
+            batch = []
+    if batch:
+        size += sum(len(m.text) for m in batch)
+        await store.append(agent, batch)
+    if big_mb:
+        chunk = _text(rng, 20_000)
+        big = (chunk + " ") * (big_mb * 1024 * 1024 // (len(chunk) + 1))
+        size += len(big)
+        await store.append(agent, [Message.tool_result("big", big)])
+    return size
+
+
+async def _measure(directory: Path, records_n: int, big_mb: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    store = OffloadStore(directory)
+    journal_chars = await _fill(store, "reader", records_n, big_mb, rng)
+    tool_query = _text(rng, 10_000)[:4_000]
+    attack_query = _text(rng, 20_000)
+    call = ToolCall(id="r1", name="recall", arguments={"query": tool_query, "limit": 8})
+    model = ScriptedProvider([Message.assistant("", tool_calls=(call,)), "found it"])
+    stalls: dict[str, list[float]] = {}
+    phase = ["idle"]
+    pings: list[float] = []
+    durations: dict[str, float] = {}
+    done = trio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            t0, during = trio.current_time(), phase[0]
+            await trio.sleep(TICK)
+            stalls.setdefault(during, []).append(max(0.0, trio.current_time() - t0 - TICK))
+
+    async def neighbour_pings(ref: cmdc.AgentRef) -> None:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            await ref.ping()
+            pings.append(time.perf_counter() - t0)
+            await trio.sleep(0.005)
+
+    async def timed(what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        phase[0] = what
+        await trio.sleep(TICK * 2)  # a tick that started in the last phase ends first
+        t0 = time.perf_counter()
+        value = await fn()
+        durations[what] = time.perf_counter() - t0
+        phase[0] = "idle"
+        return value
+
+    async with cmdc.open_runtime() as rt:
+        cfg = {"compact_offload_dir": str(directory)}
+        reader = await rt.spawn("reader", model, config=cfg, recall=True)
+        neighbour = await rt.spawn("neighbour", ScriptedProvider(["pong"], cycle=True), config=cfg)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe)
+            nursery.start_soon(neighbour_pings, neighbour)
+            await trio.sleep(0.1)
+            await timed("first journal read (cold)", lambda: store.records("reader"))
+            reply = await timed(RECALL, lambda: reader.prompt("find it"))
+            hits = await timed(ATTACK, lambda: store.search("reader", attack_query, limit=10))
+            records = await timed(READ, lambda: store.records("reader"))
+            words = query_words(attack_query)
+            await timed(SCORE, lambda: rank_in_bites(records, words, 10))
+            await trio.sleep(0.1)
+            done.set()
+        (result,) = [m for m in (await reader.state()).messages if m.role == "tool"]
+    return {
+        "records": records_n + (1 if big_mb else 0),
+        "journal_mb": journal_chars / 1e6,
+        "durations": durations,
+        "stalls": {k: (max(v), len(v)) for k, v in stalls.items()},
+        "stall_max": max(max(stalls[RECALL]), max(stalls[ATTACK])),
+        "pings": len(pings),
+        "ping_max": max(pings) if pings else float("nan"),
+        "answered": reply.text == "found it" and not result.is_error and bool(hits),
+    }
+
+
+def run(records: int = 5_000, big_mb: int = 50, seed: int = 1, out: Callable[[str], None] = print) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        f = trio.run(_measure, Path(tmp), records, big_mb, seed)
+    out(
+        f"journal: {f['records']:,} records, {f['journal_mb']:.1f} MB of text"
+        + (f" (one record of {big_mb} MB)" if big_mb else "")
+    )
+    for what, seconds in f["durations"].items():
+        worst, ticks = f["stalls"].get(what, (0.0, 0))
+        out(f"{what}: {seconds * 1e3:,.0f} ms; longest stall {worst * 1e3:.1f} ms ({ticks:,} ticks)")
+    idle, ticks = f["stalls"].get("idle", (0.0, 0))
+    out(f"idle (the machine's own noise): longest stall {idle * 1e3:.1f} ms ({ticks:,} ticks)")
+    verdict = "pass" if f["stall_max"] * 1e3 < TARGET_MS else "MISS"
+    out(
+        f"longest scheduling stall while an agent recalls: {f['stall_max'] * 1e3:.1f} ms "
+        f"(target < {TARGET_MS:.0f} ms: {verdict})"
+    )
+    out(f"neighbour: {f['pings']:,} pings answered, slowest {f['ping_max'] * 1e3:.1f} ms")
+    out(f"recall answered: {f['answered']}")
+    return f
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--records", type=int, default=5_000)
+    parser.add_argument("--big-mb", type=int, default=0, help="add one record of this many MB")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    run(args.records, args.big_mb, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Word search over journal records, in small bites.
+
+Scoring grows with the journal and with each record's size. It runs on the trio thread in
+bites of at most `BITE` seconds, with a checkpoint between two bites, so every other task of
+the run gets its turn in between and a cancel stops the search at once. (A worker thread would
+not bound the stall as well: it holds the GIL for the whole of any one C call, and on a busy
+machine the OS can preempt it while it holds the GIL, leaving the trio thread waiting.) Text is
+scanned in slices of `SLICE` characters, so no single call is long: a 50 MB record is many
+bites, not one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import orjson
+import trio
+
+if TYPE_CHECKING:
+    from .message import Message
+    from .offload import JournalRecord
+
+T = TypeVar("T")
+
+SLICE = 16 * 1024
+"""Characters of text handed to one regex call."""
+BITE = 0.002
+"""Seconds of scoring between two checkpoints."""
+MAX_QUERY_CHARS = 4_000
+"""Characters of a query that are read."""
+MAX_QUERY_WORDS = 64
+"""Distinct words of a query that count; the rest are ignored."""
+
+_WORD = re.compile(r"\w+")
+_BREAK = re.compile(r"\W")
+
+
+def query_words(query: str) -> list[str]:
+    """The distinct words of `query`, casefolded, in order, at most `MAX_QUERY_WORDS`."""
+    words: dict[str, None] = {}
+    for piece in slices(query):
+        for w in _WORD.findall(piece.casefold()):
+            words.setdefault(w)
+            if len(words) == MAX_QUERY_WORDS:
+                return list(words)
+    return list(words)
+
+
+def slices(text: str) -> Iterable[str]:
+    """`text` in pieces of about `SLICE` characters, cut where a word ends (a word longer than
+    a slice is cut anyway)."""
+    start, n = 0, len(text)
+    while start < n:
+        end = start + SLICE
+        if end < n:
+            m = _BREAK.search(text, end, min(n, end + SLICE))
+            end = m.start() if m is not None else end
+        yield text[start:end]
+        start = end
+
+
+def _pieces(message: Message) -> Iterator[str]:
+    yield from slices(message.text)
+    for call in message.tool_calls:
+        yield call.name
+        yield from slices(orjson.dumps(call.to_dict()["arguments"]).decode())
+
+
+def message_words(message: Message) -> Counter[str]:
+    """How often each word (casefolded) occurs in a message's text and tool calls."""
+    counts: Counter[str] = Counter()
+    for piece in _pieces(message):
+        counts.update(_WORD.findall(piece.casefold()))
+    return counts
+
+
+def _rank_steps(
+    records: Sequence[JournalRecord], words: Sequence[str], limit: int, out: list[JournalRecord]
+) -> Iterator[None]:
+    """`rank`, yielding whenever it has worked `BITE` seconds; the result goes into `out`."""
+    scored: list[tuple[int, int, int, JournalRecord]] = []
+    clock = time.perf_counter
+    due = clock() + BITE
+    for record in records:
+        counts: Counter[str] = Counter()
+        for piece in _pieces(record.message):
+            counts.update(_WORD.findall(piece.casefold()))
+            if clock() >= due:
+                yield
+                due = clock() + BITE
+        present = [counts[w] for w in words if counts[w]]
+        if present:
+            scored.append((-len(present), -sum(present), record.seq, record))
+    yield
+    scored.sort(key=lambda s: s[:3])
+    out.extend(s[3] for s in scored[:limit])
+
+
+def rank(records: Sequence[JournalRecord], words: Sequence[str], limit: int) -> list[JournalRecord]:
+    """Records holding any of `words`, best first: most distinct words present, then most
+    occurrences, then lowest seq; at most `limit`."""
+    out: list[JournalRecord] = []
+    for _ in _rank_steps(records, words, limit, out):
+        pass
+    return out
+
+
+async def rank_in_bites(records: Sequence[JournalRecord], words: Sequence[str], limit: int) -> list[JournalRecord]:
+    """`rank` on the trio thread, in bites of at most `BITE` seconds with a checkpoint between
+    them: every other task runs between two bites, and a cancel stops it at the next one."""
+    out: list[JournalRecord] = []
+    for _ in _rank_steps(records, words, limit, out):
+        await trio.lowlevel.checkpoint()
+    return out
+
+
+async def search_records(records: Sequence[JournalRecord], query: str, limit: int) -> list[JournalRecord]:
+    """The records holding words of the first `MAX_QUERY_CHARS` characters of `query` (at most
+    `MAX_QUERY_WORDS` of them), ranked in bites (`rank_in_bites`)."""
+    words = query_words(query[:MAX_QUERY_CHARS])
+    if not words:
+        return []
+    return await rank_in_bites(records, words, limit)
