@@ -83,7 +83,7 @@ from .tools import Tool, ToolArgumentsError
 
 if TYPE_CHECKING:
     from .bus import EventBus
-    from .checkpoint import CheckpointStore
+    from .store import Checkpoints
 
 RestartPolicy = Literal["permanent", "transient", "temporary"]
 T = TypeVar("T")
@@ -534,7 +534,7 @@ class Agent:
         plugins: Iterable[Plugin],
         options: AgentOptions,
         bus: EventBus,
-        checkpoints: CheckpointStore | None = None,
+        checkpoints: Checkpoints | None = None,
         on_exit: Callable[[Agent], None] | None = None,
         ref: AgentRef | None = None,
         activated: bool = False,

@@ -212,6 +212,7 @@ class PostgresStore:
             url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": False}, timeout=self.timeout
         )
         self._opened = False
+        self._start_lock = trio.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.url)!r})"
@@ -224,14 +225,15 @@ class PostgresStore:
         return store
 
     async def start(self) -> None:
-        if self._opened:
-            return
-        try:
-            await trio.to_thread.run_sync(self._start_sync)
-        except psycopg.Error as exc:
-            await self.aclose()
-            raise StoreUnavailable(f"PostgreSQL store {redact(self.url)}: cannot open: {exc}") from exc
-        self._opened = True
+        """Open the pool and create or migrate the schema (once; later calls return at once)."""
+        async with self._start_lock:
+            if self._opened:
+                return
+            try:
+                await trio.to_thread.run_sync(self._start_sync)
+            except psycopg.Error as exc:
+                raise StoreUnavailable(f"PostgreSQL store {redact(self.url)}: cannot open: {exc}") from exc
+            self._opened = True
 
     def _start_sync(self) -> None:
         self._pool.open(wait=True, timeout=self.timeout)
@@ -255,8 +257,8 @@ class PostgresStore:
 
     # -- running operations -----------------------------------------------------------------------
     async def _run(self, fn: Callable[..., T], *args: Any, write: bool = False) -> T:
-        if not self._opened:
-            raise StoreUnavailable(f"PostgreSQL store {redact(self.url)} is not open (use await PostgresStore.open)")
+        if not self._opened:  # opened on first use (a Compactor(store="postgresql://...") does that)
+            await self.start()
         try:
             if write:  # a cancelled caller waits for the write (bounded): it is never half-known
                 result: T = await run_bounded(self._retrying, fn, *args, limit=self.timeout)

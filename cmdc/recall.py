@@ -21,6 +21,7 @@ from ._search import MAX_QUERY_CHARS
 from .errors import ConfigError
 from .message import Message
 from .offload import JournalRecord, OffloadStore
+from .store import Store
 from .tokens import estimate_text_tokens
 from .tools import Tool, ToolArgumentsError, tool
 
@@ -152,17 +153,25 @@ def render_records(
     return text
 
 
-def recall_tool(store: OffloadStore, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall") -> Tool:
-    """A tool that reads `agent_id`'s offload journal in `store`: search by words, or read a
-    range of records; its output is plain text within `budget_tokens` (estimated) tokens.
+def recall_tool(
+    store: OffloadStore | Store, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall"
+) -> Tool:
+    """A tool that reads `agent_id`'s offload journal in `store` (an `OffloadStore`, or any
+    store of `cmdc.store`): search by words, or read a range of records; its output is plain
+    text within `budget_tokens` (estimated) tokens.
 
     Bad arguments raise `ToolArgumentsError` (an agent turns that into an error result the model
     can read); an empty or missing journal answers that nothing has been offloaded yet."""
     if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < MIN_BUDGET:
         raise ConfigError(f"recall budget_tokens must be an integer >= {MIN_BUDGET}, got {budget_tokens!r}")
-    if not isinstance(store, OffloadStore):
-        raise ConfigError(f"recall needs an OffloadStore, got {store!r:.80}")
-    journal = str(store.path_for(agent_id))  # ConfigError for an unsafe agent id, before any call
+    if isinstance(store, OffloadStore):
+        journal = str(store.path_for(agent_id))  # ConfigError for an unsafe agent id, before any call
+        most = sys.maxsize  # a file journal is scanned whole anyway
+    elif isinstance(store, Store):
+        journal = store.location(agent_id)
+        most = 10_000  # a database answers what is asked: ask for a bounded list
+    else:
+        raise ConfigError(f"recall needs an OffloadStore or a store, got {store!r:.80}")
 
     def nothing_yet() -> str:
         return (
@@ -171,7 +180,7 @@ def recall_tool(store: OffloadStore, agent_id: str, *, budget_tokens: int = 2_00
         )
 
     async def search(query: str, limit: int) -> str:
-        hits = _originals_first(await store.search(agent_id, query, limit=sys.maxsize))
+        hits = _originals_first(await store.search(agent_id, query, limit=most))
         if not hits:
             records = await store.records(agent_id)
             if not records:

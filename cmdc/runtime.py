@@ -15,9 +15,7 @@ import trio
 
 from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, current_chain
 from .bus import EventBus, Subscription
-from .checkpoint import CheckpointStore
 from .compaction import Compactor
-from .compaction.compactor import shared_store
 from .compaction.summary import Summarizer
 from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused
 from .events import STOPPED, Event
@@ -26,6 +24,7 @@ from .plugins import Plugin
 from .providers.base import Provider
 from .recall import recall_tool
 from .state import State, validate_agent_id
+from .store import Checkpoints, FileCheckpoints, Store, open_store
 from .tools import Tool, tool
 
 _OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
@@ -117,14 +116,16 @@ class Runtime:
         self,
         nursery: trio.Nursery,
         bus: EventBus,
-        checkpoints: CheckpointStore | None,
+        checkpoints: Checkpoints | None,
         *,
         deactivate_after: float | None = None,
         max_resident: int | None = None,
+        store: Store | None = None,
     ) -> None:
         self._nursery = nursery
         self.bus = bus
         self.checkpoints = checkpoints
+        self.store = store  # where journals and checkpoints go; None: files, per agent config
         self.deactivate_after = deactivate_after
         self.max_resident = max_resident
         self._virtual = deactivate_after is not None or max_resident is not None
@@ -254,14 +255,17 @@ class Runtime:
             if instructed is not state:  # not what a new State is: activation must load it
                 state, fresh = instructed, None
         compactor = Compactor(
-            summarizer if summarizer is not None else provider, plugins=plugins, on_event=self.bus.publish
+            summarizer if summarizer is not None else provider,
+            plugins=plugins,
+            on_event=self.bus.publish,
+            store=self.store,
         )
         compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
         tools = tuple(tools)
         if recall:
             if any(isinstance(t, Tool) and t.name == "recall" for t in tools):
                 raise ConfigError("recall=True adds a tool named 'recall', but one of the given tools has that name")
-            tools += (recall_tool(shared_store(compactor.compact_config(state).offload_dir), name),)
+            tools += (recall_tool(compactor.store_for(compactor.compact_config(state)), name),)
         if grants.children:
             tools = (*tools, _delegate_tool(self, name))
         slot = _Slot(provider, tools, plugins, config, summarizer, options)
@@ -294,7 +298,7 @@ class Runtime:
     ) -> Agent:
         if compactor is None:
             summarizer = slot.summarizer if slot.summarizer is not None else slot.provider
-            compactor = Compactor(summarizer, plugins=slot.plugins, on_event=self.bus.publish)
+            compactor = Compactor(summarizer, plugins=slot.plugins, on_event=self.bus.publish, store=self.store)
         agent = Agent(
             name=name,
             state=state,
@@ -622,10 +626,17 @@ async def open_runtime(
     log_events: bool = True,
     deactivate_after: float | None = None,
     max_resident: int | None = None,
+    store: str | os.PathLike[str] | Store | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime owning a nursery of agents; leaving the block stops every agent, and any
-    caller still waiting on one gets `AgentStopped`. `checkpoint_dir`: each agent's state is
-    saved there atomically at every commit, and `spawn(..., resume=True)` picks it up.
+    caller still waiting on one gets `AgentStopped`.
+
+    `store`: where everything durable goes, for every agent: a directory (the file store:
+    `<dir>/<agent>.jsonl` journals and `<dir>/<agent>.state.json` checkpoints), a
+    `postgresql://` URL (extra `postgres`), or a store object (see `cmdc.store`; the runtime
+    starts it, and closes it only if it made it from a string). Each agent's state is saved
+    there at every commit, and `spawn(..., resume=True)` picks it up. Without a store, journals
+    go to each agent's `compact_offload_dir` and `checkpoint_dir`, if given, holds checkpoints.
     `log_events`: every event also goes to logging, one line each, where the application
     configured it (structlog if configured, else the stdlib logger `cmdc`); silent otherwise.
 
@@ -642,15 +653,24 @@ async def open_runtime(
         raise ConfigError(f"deactivate_after must be a positive number of seconds, got {deactivate_after!r}")
     if max_resident is not None and (type(max_resident) is not int or max_resident < 1):
         raise ConfigError(f"max_resident must be an integer >= 1, got {max_resident!r}")
-    if (deactivate_after is not None or max_resident is not None) and checkpoint_dir is None:
+    if (deactivate_after is not None or max_resident is not None) and checkpoint_dir is None and store is None:
         raise ConfigError(
-            "virtual agents (deactivate_after, max_resident) need a store for their state: checkpoint_dir=..."
+            "virtual agents (deactivate_after, max_resident) need a store for their state: "
+            "store=... or checkpoint_dir=..."
         )
+    if store is not None and checkpoint_dir is not None:
+        raise ConfigError("give store=... or checkpoint_dir=..., not both (a store holds the checkpoints too)")
     bus = EventBus(log=log_events)
-    checkpoints = None if checkpoint_dir is None else CheckpointStore(checkpoint_dir)
+    chosen = None if store is None else open_store(store)
+    checkpoints: Checkpoints | None = None if checkpoint_dir is None else FileCheckpoints(checkpoint_dir)
+    if chosen is not None:
+        await chosen.start()
+        checkpoints = chosen.checkpoints
     try:
         async with trio.open_nursery() as nursery:
-            runtime = Runtime(nursery, bus, checkpoints, deactivate_after=deactivate_after, max_resident=max_resident)
+            runtime = Runtime(
+                nursery, bus, checkpoints, deactivate_after=deactivate_after, max_resident=max_resident, store=chosen
+            )
             if deactivate_after is not None:
                 nursery.start_soon(runtime._reap_idle, float(deactivate_after))
             try:
@@ -665,6 +685,10 @@ async def open_runtime(
         if len(group.exceptions) != 1:
             raise
         _reraise(group.exceptions[0])
+    finally:
+        if chosen is not None and chosen is not store:  # made here from a string: closed here
+            with trio.CancelScope(shield=True):
+                await chosen.aclose()
 
 
 def _reraise(exc: BaseException) -> NoReturn:

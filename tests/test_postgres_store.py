@@ -115,7 +115,7 @@ async def test_an_unreachable_server_gives_a_typed_error_after_bounded_retries(t
     store = PostgresStore(f"postgresql://nobody@/db?host={tmp_path}&connect_timeout=1", retries=1, timeout=3)
     with pytest.raises(StoreUnavailable):
         await store.start()
-    with pytest.raises(StoreUnavailable):  # not open: refused, typed
+    with pytest.raises(StoreUnavailable):  # opened on first use: fails the same way, typed
         await store.records("a1")
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
-from cmdc import ConfigError, Message, State, ToolCall
+from cmdc import ConfigError, Message, State, ToolCall, open_runtime
 from cmdc.errors import CheckpointError, InvalidMessage, OffloadError
+from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.store import FileStore, Store, open_store
 
 BAD_IDS = ["", ".hidden", "a/b", "../x", "a\x00b", "x" * 129, "-lead"]
@@ -188,3 +190,56 @@ async def test_file_errors_are_typed(tmp_path: Path) -> None:
         await store.append("a1", batch(1), compaction=1)
     with pytest.raises(CheckpointError):
         await store.checkpoints.save(State(agent_id="a1"))
+
+
+@pytest.fixture(params=["file", "postgres"])
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return str(tmp_path / "store")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def _answer(request: ModelRequest) -> str:
+    if request.metadata.get("cmdc.purpose") == "summarize":
+        return "summary: the user counted fruit"
+    users = [m.text for m in request.messages if m.role == "user"]
+    return f"noted {users[-1]}"
+
+
+async def test_a_runtime_keeps_journals_and_checkpoints_in_its_store(store_spec: str) -> None:
+    config = {"compact_trigger": ("messages", 8), "compact_keep": ("messages", 2)}
+    model = ScriptedProvider([_answer], cycle=True)
+    async with open_runtime(store=store_spec, max_resident=1, log_events=False) as rt:
+        assert rt.store is not None
+        a = await rt.spawn("a1", model, config=config, recall=True)
+        b = await rt.spawn("b1", model, config=config)
+        for i in range(8):
+            await a.prompt(f"apple {i}")
+        await b.prompt("banana")  # a1 is deactivated to make room: its state is in the store
+        await trio.testing.wait_all_tasks_blocked()
+        assert rt.resident == ["b1"]
+        journal = await rt.store.records("a1")
+        assert journal and all(r.message.role in ("user", "assistant") for r in journal)
+        assert any(r.message.text == "apple 1" for r in journal)  # apple 0 is the pinned task
+        saved = await rt.store.checkpoints.load("a1")
+        assert saved is not None and saved.compactions >= 1
+        assert (await a.prompt("apple 8")).text == "noted apple 8"  # activated from the store
+        assert (await a.state()).compactions == saved.compactions or (await a.state()).compactions > 0
+        recall = rt._agents["a1"].tools["recall"]
+        found = await recall({"query": "apple 1"})
+        assert "apple 1" in found
+        assert sorted(await rt.store.checkpoints.agents()) == ["a1", "b1"]
+
+
+async def test_a_store_object_is_used_as_is_and_not_closed(tmp_path: Path) -> None:
+    mine = FileStore(tmp_path / "mine")
+    async with open_runtime(store=mine, log_events=False) as rt:
+        assert rt.store is mine and rt.checkpoints is mine.checkpoints
+        await (await rt.spawn("x", ScriptedProvider(["hi"]))).prompt("hello")
+    assert (tmp_path / "mine" / "x.state.json").exists()
+    with pytest.raises(ConfigError, match="not both"):
+        async with open_runtime(store=mine, checkpoint_dir=tmp_path):
+            pass
+    with pytest.raises(ConfigError):
+        async with open_runtime(store="ftp://nowhere"):
+            pass

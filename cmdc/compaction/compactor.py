@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from ..offload import AppendResult, OffloadStore
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
+from ..store import Store, open_store
 from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
@@ -117,6 +119,7 @@ class Compactor:
         "retries",
         "retry_backoff",
         "should_retry",
+        "store",
         "summarizer",
         "summarizer_input_tokens",
         "summarizer_timeout",
@@ -149,6 +152,7 @@ class Compactor:
         max_extra_passes: int = 2,
         on_event: EventSink | None = None,
         summarizer_timeout: float | None = 300.0,
+        store: str | os.PathLike[str] | Store | None = None,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
@@ -214,6 +218,9 @@ class Compactor:
         self._config_for: tuple[Mapping[str, Any], CompactConfig] | None = None
         self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
         self._store: OffloadStore | None = None
+        # store: where every agent's journal goes (a directory, a postgresql:// URL or a store
+        # object); None: each state's compact_offload_dir
+        self.store: Store | None = None if store is None else open_store(store)
 
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin (kept in priority order)."""
@@ -330,7 +337,9 @@ class Compactor:
         self._emit(TOOL_RESULTS_CLIPPED, state, clipped=len(large), offload_path=str(written.path))
         return state.evolve(messages=messages, usage_floor=len(messages))
 
-    def store_for(self, config: CompactConfig) -> OffloadStore:
+    def store_for(self, config: CompactConfig) -> OffloadStore | Store:
+        if self.store is not None:
+            return self.store
         store = self._store
         if store is None or store.root != config.offload_dir:
             store = self._store = shared_store(config.offload_dir)
