@@ -37,6 +37,7 @@ from .errors import CmdcError, CompactionIncomplete, ConfigError, OffloadCorrupt
 from .message import Message
 from .offload import JournalRecord, OffloadStore
 from .state import State, validate_agent_id
+from .store import Store, open_store
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
 
@@ -140,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument(
         "--offload-dir",
-        type=Path,
+        type=_dir_or_url,
         help=f"journal directory (default {DEFAULT_OFFLOAD} in FILE's directory, so the journal stays with "
         "the conversation whatever the working directory)",
     )
@@ -166,7 +167,9 @@ def _parser() -> argparse.ArgumentParser:
         help="list, search, show or render an agent's offload journal",
         description="Read DIR/AGENT.jsonl: without options, list every record (seq, compaction, role, first line).",
     )
-    history.add_argument("dir", type=Path, metavar="DIR", help="the offload directory")
+    history.add_argument(
+        "dir", type=_dir_or_url, metavar="DIR", help="the offload directory, or a store URL (postgresql://...)"
+    )
     history.add_argument("agent", metavar="AGENT", help="the agent id")
     mode = history.add_mutually_exclusive_group()
     mode.add_argument("--search", nargs="+", metavar="WORD", help="records matching these words, best first")
@@ -314,14 +317,18 @@ def _compact(args: argparse.Namespace) -> int:
         agent = agent_id_for(path)
     out: Path = args.out or default_output(path, chat.format)
     # absolute, so the summary names a journal that can be found from anywhere
-    offload = (args.offload_dir if args.offload_dir is not None else path.parent / DEFAULT_OFFLOAD).absolute()
+    url = args.offload_dir if isinstance(args.offload_dir, str) else None  # a store URL
+    offload = (
+        Path(".") if url is not None else (args.offload_dir or path.parent / DEFAULT_OFFLOAD)
+    ).absolute()
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: no such directory {out.parent}")
-    if offload.exists() and not offload.is_dir():
+    if url is None and offload.exists() and not offload.is_dir():
         raise UsageError(f"the offload directory {offload} exists and is not a directory")
-    _check_writable(offload)
+    if url is None:
+        _check_writable(offload)
     _check_writable(out.parent)
     summarizer = _summarizer(args)
     state = State(
@@ -332,13 +339,13 @@ def _compact(args: argparse.Namespace) -> int:
     )
     if args.summarizer != "extractive":  # a model may take a while: say what is going on
         print(f"cmdc compact: summarizing with {args.summarizer} {args.model} ...", file=sys.stderr, flush=True)
-    result = trio.run(_run_compaction, state, summarizer, args.instruction)
+    result = trio.run(_run_compaction, state, summarizer, args.instruction, url)
     if not isinstance(result, Compacted):
         print(f"{path}: nothing to compact ({result.reason}); {len(chat.messages)} messages, nothing written")
         return 0
     objects = [to_openai(m, annotate=args.annotate) for m in result.state.messages]
     write_atomic(out, encode_chat(objects, chat.format, chat.envelope))
-    _print_report(chat, out, result.report, result.state)
+    _print_report(chat, out, result.report, result.state, url)
     return 0
 
 
@@ -351,9 +358,12 @@ def _check_writable(directory: Path) -> None:
         raise UsageError(f"cannot write to {directory} ({existing} is not a writable directory)")
 
 
-async def _run_compaction(state: State, summarizer: Summarizer, instruction: str | None) -> Compacted | Skipped:
+async def _run_compaction(
+    state: State, summarizer: Summarizer, instruction: str | None, url: str | None = None
+) -> Compacted | Skipped:
+    store = None if url is None else open_store(url)
     try:
-        return await Compactor(summarizer).force_compact(state, instruction=instruction, reason="manual")
+        return await Compactor(summarizer, store=store).force_compact(state, instruction=instruction, reason="manual")
     except CompactionIncomplete as exc:  # compacted, but the kept messages alone are still large
         print(f"cmdc compact: warning: {exc}", file=sys.stderr)
         assert isinstance(exc.state, State) and isinstance(exc.report, CompactionReport)
@@ -363,6 +373,9 @@ async def _run_compaction(state: State, summarizer: Summarizer, instruction: str
         if close is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await close()
+        if store is not None:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
 
 
 def _last_compaction(chat: ChatFile) -> int:
@@ -371,21 +384,28 @@ def _last_compaction(chat: ChatFile) -> int:
     return max((n for n in numbers if isinstance(n, int) and not isinstance(n, bool) and n >= 0), default=0)
 
 
-def _print_report(chat: ChatFile, out: Path, r: CompactionReport, state: State) -> None:
+def _print_report(chat: ChatFile, out: Path, r: CompactionReport, state: State, url: str | None = None) -> None:
     print(f"compacted {chat.path} ({chat.format}, {r.messages_before} messages) -> {out} ({r.messages_after} messages)")
     print(f"  tokens:     {r.tokens_before:,} -> {r.tokens_after:,} (summary {r.summary_tokens:,})")
     print(f"  evicted:    {r.evicted} messages -> {r.offload_path} (records {r.first_seq}-{r.last_seq})")
     print(f"  summarizer: {r.summarizer}, {r.attempts} attempt(s), {r.passes} pass(es), {r.duration * 1000:.0f} ms")
     print(
         f"  agent:      {state.agent_id} (compaction #{r.compaction}; read it back: cmdc history "
-        f"{Path(r.offload_path).parent} {state.agent_id})"
+        f"{url if url is not None else Path(r.offload_path).parent} {state.agent_id})"
     )
 
 
 # -- history ------------------------------------------------------------------------------------
 
 
+def _dir_or_url(text: str) -> Path | str:
+    """A directory, or a store URL kept as it is (a Path would fold its `//`)."""
+    return text if text.startswith(("postgresql://", "postgres://")) else Path(text)
+
+
 def _history(args: argparse.Namespace) -> int:
+    if isinstance(args.dir, str):
+        return _history_store(args)
     directory: Path = args.dir
     try:
         agent = validate_agent_id(args.agent)
@@ -450,6 +470,65 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
         print(_line(record, _first_line(record.message)))
     compactions = len({r.compaction for r in records})
     print(f"{len(records)} records from {compactions} compaction(s) in {journal}")
+
+
+def _history_store(args: argparse.Namespace) -> int:
+    """`cmdc history URL AGENT`: the same views over a store (its search is the store's own)."""
+    try:
+        agent = validate_agent_id(args.agent)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if args.range and args.range[0] > args.range[1]:
+        raise UsageError(f"--range {args.range[0]} {args.range[1]}: FIRST must not be after LAST")
+    try:
+        store = open_store(args.dir)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        trio.run(_show_store_history, args, store, agent)
+    except OffloadError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+async def _show_store_history(args: argparse.Namespace, store: Store, agent: str) -> None:
+    try:
+        await store.start()
+        if args.markdown is not None:
+            text = await store.transcript(agent)
+            if args.markdown:
+                await trio.to_thread.run_sync(write_atomic, Path(args.markdown), text.encode())
+                print(args.markdown)
+            else:
+                print(text, end="")
+            return
+        if args.search:
+            query = " ".join(args.search)
+            hits = await store.search(agent, query, limit=args.limit or 10)
+            if not hits:
+                print(f"no records match {query!r}")
+            for record in hits:
+                print(_line(record, _snippet(record.message, args.search)))
+            return
+        if args.range:
+            first, last = args.range
+            chosen = await store.read_range(agent, first, last)
+            if not chosen:
+                print(f"no records in {first}-{last}")
+            for record in chosen:
+                print(_full(record))
+            return
+        records = await store.records(agent)
+        if not records:
+            raise UsageError(f"{store.location(agent)}: no journal records for agent {agent!r}")
+        shown = records[-args.limit :] if args.limit else records
+        for record in shown:
+            print(_line(record, _first_line(record.message)))
+        compactions = len({r.compaction for r in records})
+        print(f"{len(records)} records from {compactions} compaction(s) in {store.location(agent)}")
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()
 
 
 def _role(message: Message) -> str:

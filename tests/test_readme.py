@@ -47,7 +47,7 @@ NETWORK = {"Real model providers"}
 def test_readme_blocks_are_all_accounted_for() -> None:
     headings = [_heading_of(i) for i in range(len(python_blocks()))]
     assert headings[:2] == ["Compacting a conversation", "Agents"]
-    assert set(headings) <= {"Compacting a conversation", "Agents", *NETWORK}, headings
+    assert set(headings) <= {"Compacting a conversation", "Agents", "Storage", *NETWORK}, headings
 
 
 def test_network_blocks_compile() -> None:

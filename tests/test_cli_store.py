@@ -1,0 +1,42 @@
+"""`cmdc compact --offload-dir URL` and `cmdc history URL AGENT` over the PostgreSQL store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cmdc.cli import main
+from tests.test_cli import conversation, write_jsonl
+
+
+def test_compact_into_postgres_then_read_history(
+    postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_jsonl(tmp_path / "chat.jsonl", conversation())
+    assert main(["compact", str(path), "--offload-dir", postgres_url, "--keep", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "#journal/chat" in out and f"cmdc history {postgres_url} chat" in out
+    assert not (tmp_path / ".cmdc").exists()  # nothing went to files
+
+    assert main(["history", postgres_url, "chat"]) == 0
+    listing = capsys.readouterr().out
+    assert "records from 1 compaction(s)" in listing and "mod0.py" in listing
+
+    assert main(["history", postgres_url, "chat", "--search", "mod3"]) == 0
+    hits = capsys.readouterr().out
+    assert "mod3" in hits and "no records match" not in hits
+
+    assert main(["history", postgres_url, "chat", "--range", "1", "2"]) == 0
+    assert capsys.readouterr().out.strip()
+
+    md = tmp_path / "chat.md"
+    assert main(["history", postgres_url, "chat", "--markdown", str(md)]) == 0
+    assert "## Compaction" in md.read_text()
+
+
+def test_history_errors_over_a_url(postgres_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["history", postgres_url, "nobody"]) == 2
+    assert "no journal records" in capsys.readouterr().err
+    assert main(["history", postgres_url, "../etc"]) == 2
+    assert main(["history", "postgresql://nobody@/x?host=/nonexistent&connect_timeout=1", "a1"]) in (1, 2)
