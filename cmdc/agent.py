@@ -506,6 +506,7 @@ class Agent:
         "deactivating",
         "done",
         "last_active",
+        "leaving",
         "name",
         "on_active",
         "on_exit",
@@ -549,6 +550,7 @@ class Agent:
         self.saved = saved  # the state last written to the checkpoint store (or one as good)
         self.checkpointed = False  # whether this task has written a checkpoint
         self.deactivating = False
+        self.leaving = False  # a deactivation was asked for and not yet refused
         self.serving = False
         self.last_active = trio.current_time()
         self.state = state
@@ -723,6 +725,7 @@ class Agent:
     async def _serve_deactivate(self, request: _Deactivate) -> None:
         """End the task if still idle, its state saved: the runtime can activate it again."""
         if self.checkpoints is None or not self._idle_now():
+            self.leaving = False
             request.reply.set(False)
             return
         if self.state is not self.saved:
@@ -730,9 +733,11 @@ class Agent:
                 await self._commit(self.state)
             except CheckpointError as exc:
                 self._emit(ERROR, error=repr(exc), during="deactivation")
+                self.leaving = False
                 request.reply.set(False)
                 return
         if not self._idle_now():  # a request came while the state was saved
+            self.leaving = False
             request.reply.set(False)
             return
         # From here to the mailbox's closing there is no checkpoint: nothing can slip in.

@@ -138,6 +138,7 @@ class Runtime:
         self._closed = False
         self._activations = 0
         self._deactivations = 0
+        self._leaving: set[str] = set()  # asked to deactivate, not refused yet
 
     @property
     def agents(self) -> list[str]:
@@ -412,6 +413,8 @@ class Runtime:
     def _request_deactivation(self, agent: Agent) -> None:
         with contextlib.suppress(CmdcError):  # full or closed: it is not idle anyway
             agent.enqueue_nowait(_Deactivate(_Reply()))
+            agent.leaving = True
+            self._leaving.add(agent.name)
 
     def _make_room(self) -> None:
         """Beyond `max_resident`, ask the least recently active idle agents to deactivate."""
@@ -420,10 +423,15 @@ class Runtime:
         excess = len(self._agents) - self.max_resident
         if excess <= 0:
             return
+        # agents already on their way out (asked, not refused) make room too
+        self._leaving = {n for n in self._leaving if (a := self._agents.get(n)) is not None and a.leaving}
+        excess -= len(self._leaving)
+        if excess <= 0:
+            return
         for agent in list(self._agents.values()):
             if excess <= 0:
                 break
-            if agent.idle() and not agent.deactivating:
+            if agent.idle() and not agent.deactivating and not agent.leaving:
                 self._request_deactivation(agent)
                 excess -= 1
 
@@ -437,7 +445,7 @@ class Runtime:
                 if due > now:
                     wake = min(wake, due)
                     break
-                if agent.idle() and not agent.deactivating:
+                if agent.idle() and not agent.deactivating and not agent.leaving:
                     self._request_deactivation(agent)
             await trio.sleep_until(wake)
 
