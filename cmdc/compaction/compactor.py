@@ -636,8 +636,11 @@ class Compactor:
             result = result.evolve(usage_floor=len(result.messages), compactions=state.compactions)
         return result
 
-    def _journal(self, state: State, config: CompactConfig) -> Path:
-        return self.store_for(config).path_for(state.agent_id)
+    def _journal(self, state: State, config: CompactConfig) -> str:
+        store = self.store_for(config)
+        if isinstance(store, OffloadStore):
+            return str(store.path_for(state.agent_id))
+        return store.location(state.agent_id)
 
     def _shrunk(self, message: Message, room: int) -> Message | None:
         """`message` with its text clipped so that it counts at most `room` tokens, or None."""
