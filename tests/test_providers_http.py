@@ -17,7 +17,7 @@ import pytest
 import trio
 
 import cmdc
-from cmdc import ContextOverflow, ImagePart, Message, ProviderError, TextPart, TokenUsage, ToolCall
+from cmdc import ConfigError, ContextOverflow, ImagePart, Message, ProviderError, TextPart, TokenUsage, ToolCall
 from cmdc.errors import (
     AuthError,
     BadRequest,
@@ -1030,3 +1030,24 @@ def test_cmdc_providers_imports_without_httpx() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_no_api_key_for_the_vendor_fails_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        OpenAIProvider("gpt-4.1")
+    with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
+        AnthropicProvider("claude-sonnet-4-5")
+    monkeypatch.setenv("OPENAI_API_KEY", "")  # empty counts as unset
+    with pytest.raises(ConfigError, match="no API key"):
+        OpenAIProvider("gpt-4.1", base_url="https://api.openai.com/v1/")
+    # a key from anywhere, another server, or your own client: no error
+    assert OpenAIProvider("gpt-4.1", api_key="sk-x").api_key == "sk-x"
+    OpenAIProvider("gpt-4.1", headers={"Authorization": "Bearer sk-x"})
+    OpenAIProvider("qwen", base_url="http://localhost:8000/v1")
+    AnthropicProvider("claude", headers={"x-api-key": "k"})
+    AnthropicProvider("claude", base_url="http://localhost:8080")
+    OpenAIProvider("gpt-4.1", client=httpx.AsyncClient())
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    assert AnthropicProvider("claude").api_key == "k"

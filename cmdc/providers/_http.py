@@ -193,6 +193,31 @@ def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return dict(headers)
 
 
+def require_key(
+    provider: str,
+    *,
+    api_key: str | None,
+    env: str,
+    base_url: str,
+    vendor_url: str,
+    headers: Mapping[str, str],
+    auth_headers: tuple[str, ...],
+    client: object,
+) -> None:
+    """A provider bound for its vendor's own endpoint with no key (argument, environment or
+    header) fails at construction with `ConfigError`, not at its first request after retries.
+    Another endpoint (a local or compatible server) may need no key; with your own `client`,
+    its headers may carry one."""
+    if api_key or client is not None or base_url.rstrip("/") != vendor_url.rstrip("/"):
+        return
+    if any(k.lower() in auth_headers for k in headers):
+        return
+    raise ConfigError(
+        f"{provider}: no API key for {vendor_url}: pass api_key=... or set {env} "
+        "(a local or compatible server that needs no key: pass its base_url=...)"
+    )
+
+
 def endpoint(base_url: str, path: str) -> str:
     """`path` appended to `base_url`'s path, keeping its query (Azure's `?api-version=...`)."""
     try:

@@ -50,6 +50,7 @@ from ._http import (
     read_body,
     read_sse,
     reply_metadata,
+    require_key,
     setting,
     tool_call,
 )
@@ -64,7 +65,8 @@ class AnthropicProvider(HTTPProvider):
     """A model behind Anthropic's Messages API.
 
     `base_url` defaults to `ANTHROPIC_BASE_URL`, then `https://api.anthropic.com`; `api_key` to
-    `ANTHROPIC_API_KEY` (sent as `x-api-key`), `anthropic_version` as `anthropic-version`.
+    `ANTHROPIC_API_KEY` (sent as `x-api-key`; for `https://api.anthropic.com` itself no key is
+    a `ConfigError` at construction), `anthropic_version` as `anthropic-version`.
     `max_output_tokens` is the default `max_tokens` (a request's own limit wins). `timeout`,
     `max_retries`, `stream`, `headers`, `client`, `name`, `limits` and `deadline` as for
     `OpenAIProvider`.
@@ -106,6 +108,16 @@ class AnthropicProvider(HTTPProvider):
             raise ConfigError(f"anthropic_version must be a non-empty string, got {anthropic_version!r}")
         self.anthropic_version = anthropic_version
         self.url = endpoint(self.base_url, "/v1/messages")
+        require_key(
+            "AnthropicProvider",
+            api_key=self.api_key,
+            env="ANTHROPIC_API_KEY",
+            base_url=self.base_url,
+            vendor_url=DEFAULT_BASE_URL,
+            headers=self.headers,
+            auth_headers=("x-api-key", "authorization"),
+            client=client,
+        )
 
     def __repr__(self) -> str:
         return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r}, stream={self.stream})"

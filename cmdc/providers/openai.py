@@ -60,6 +60,7 @@ from ._http import (
     read_body,
     read_sse,
     reply_metadata,
+    require_key,
     setting,
     tool_call,
 )
@@ -74,7 +75,8 @@ class OpenAIProvider(HTTPProvider):
 
     `base_url` defaults to `OPENAI_BASE_URL`, then `https://api.openai.com/v1`; `api_key` to
     `OPENAI_API_KEY` (sent as `Authorization: Bearer ...`; with no key no header is sent, as
-    local servers expect). `headers` are added to every request (Azure: `{"api-key": ...}`).
+    local servers expect, but for `https://api.openai.com/v1` itself no key is a `ConfigError`
+    at construction). `headers` are added to every request (Azure: `{"api-key": ...}`).
     `timeout` is httpx's per-request timeout; `max_retries` the retries after the first attempt
     (408, 409, 429, 5xx, 529 and connection failures; never an overflow, auth, quota or bad
     request). `stream` uses SSE. `max_output_tokens` is the default output limit (a request's own
@@ -121,6 +123,16 @@ class OpenAIProvider(HTTPProvider):
             raise ConfigError(f"extra_body must be a mapping, got {type(extra_body).__name__}")
         self.extra_body: dict[str, Any] = dict(extra_body or {})
         self.url = endpoint(self.base_url, "/chat/completions")
+        require_key(
+            "OpenAIProvider",
+            api_key=self.api_key,
+            env="OPENAI_API_KEY",
+            base_url=self.base_url,
+            vendor_url=DEFAULT_BASE_URL,
+            headers=self.headers,
+            auth_headers=("authorization", "api-key"),
+            client=client,
+        )
 
     def __repr__(self) -> str:
         return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r}, stream={self.stream})"
