@@ -255,6 +255,11 @@ class Runtime:
             instructed = with_instructions(state, instructions)
             if instructed is not state:  # not what a new State is: activation must load it
                 state, fresh = instructed, None
+        window = getattr(provider, "context_window", None)
+        if "context_window" not in state.config and _uses_fraction(state.config) and type(window) is int and window > 0:
+            # A `fraction` needs the model's window: the provider knows it (written into the
+            # config, so a checkpoint keeps it).
+            state, fresh = state.evolve(config={**state.config, "context_window": window}), None
         compactor = Compactor(
             summarizer if summarizer is not None else provider,
             plugins=plugins,
@@ -570,6 +575,17 @@ class Runtime:
                 self._live_children[parent] = left
             else:
                 del self._live_children[parent]
+
+
+def _uses_fraction(config: Mapping[str, Any]) -> bool:
+    """Whether `compact_trigger` or `compact_keep` has a `("fraction", f)` form."""
+    for key in ("compact_trigger", "compact_keep"):
+        value: Any = config.get(key)
+        several = isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], (list, tuple))
+        forms: tuple[Any, ...] = tuple(value) if several else (value,)
+        if any(isinstance(f, (list, tuple)) and len(f) == 2 and f[0] == "fraction" for f in forms):
+            return True
+    return False
 
 
 def with_instructions(state: State, instructions: str) -> State:

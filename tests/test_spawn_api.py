@@ -259,3 +259,18 @@ def test_report_is_importable_from_everywhere_it_was() -> None:
     from cmdc.report import CompactionReport as C
 
     assert A is B is C is CompactionReport
+
+
+async def test_a_fraction_takes_the_window_the_provider_knows(tmp_path: Path) -> None:
+    from cmdc.providers import SimulatedModel
+
+    fraction = cfg(tmp_path, compact_trigger=[("messages", 400), ("fraction", 0.5)])
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("a1", SimulatedModel(context_window=6_000), config=fraction)
+        assert (await agent.state()).config["context_window"] == 6_000
+        mine = await rt.spawn("a2", SimulatedModel(context_window=6_000), config={**fraction, "context_window": 9_000})
+        assert (await mine.state()).config["context_window"] == 9_000  # an explicit window wins
+        plain = await rt.spawn("a3", SimulatedModel(context_window=6_000), config=cfg(tmp_path))
+        assert "context_window" not in (await plain.state()).config  # not needed: not added
+        with pytest.raises(ConfigError, match="context_window"):  # a provider that does not know
+            await rt.spawn("a4", Echo(), config=cfg(tmp_path, compact_keep=("fraction", 0.2)))
