@@ -6,14 +6,11 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 from ..errors import ConfigError
-
-TriggerMode = Literal["tokens", "fraction", "messages"]
-KeepMode = Literal["messages", "fraction", "tokens"]
 
 DEFAULT_TRIGGER: tuple[str, int] = ("tokens", 170_000)
 DEFAULT_KEEP: tuple[str, int] = ("messages", 6)
