@@ -187,7 +187,7 @@ async def test_the_overall_deadline_bounds_retries(autojump_clock: Any) -> None:
     with pytest.raises(ProviderTimeout, match="deadline of 60"):
         await provider.complete(REQUEST)
     assert len(requests) > 3 and requests[-1] < 60
-    assert OpenAIProvider("m").deadline == 900.0
+    assert OpenAIProvider("m", api_key="k").deadline == 900.0
 
 
 def test_limits_are_checked() -> None:
