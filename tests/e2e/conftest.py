@@ -1,0 +1,45 @@
+"""The e2e suite's server: one `llama-server` per test session, started when a test first needs
+it and stopped by PID at the end. Without a cached server the tests are skipped with the command
+that gets one; `CMDC_E2E=require` (CI) makes that a failure, `CMDC_E2E=0` skips them anyway."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e import llama_server
+
+_timing = {"seconds": 0.0, "tests": 0, "started": 0.0}
+
+
+@pytest.fixture(scope="session")
+def llama() -> Iterator[llama_server.LlamaServer]:
+    setting = os.environ.get("CMDC_E2E", "")
+    if setting == "0":
+        pytest.skip("CMDC_E2E=0: the llama.cpp end-to-end tests are switched off")
+    why = llama_server.missing()
+    if why is not None:
+        if setting == "require":
+            pytest.fail(why)
+        pytest.skip(why)
+    started = time.monotonic()
+    with llama_server.cached_server() as server:
+        _timing["started"] = time.monotonic() - started
+        yield server
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "e2e" in report.keywords and report.when == "call" and not report.skipped:
+        _timing["seconds"] += report.duration
+        _timing["tests"] += 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _timing["tests"]:
+        terminalreporter.write_line(
+            f"e2e: {_timing['tests']} tests against llama-server in {_timing['seconds']:.0f} s "
+            f"(server start {_timing['started']:.1f} s)"
+        )
