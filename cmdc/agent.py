@@ -39,6 +39,7 @@ from .errors import (
     TurnAborted,
 )
 from .events import (
+    CONTINUED,
     ERROR,
     OVERFLOW,
     PLUGIN_ERROR,
@@ -53,7 +54,7 @@ from .events import (
     TURN_START,
     Event,
 )
-from .message import Message, ToolCall
+from .message import KIND_KEY, Message, ToolCall
 from .plugins import (
     Abort,
     AfterCompact,
@@ -76,7 +77,7 @@ from .plugins import (
     fold,
     sort_plugins,
 )
-from .providers.base import ModelRequest, Provider
+from .providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY, ModelRequest, Provider
 from .report import Compacted, Skipped
 from .state import State
 from .tools import Tool, ToolArgumentsError
@@ -88,6 +89,18 @@ if TYPE_CHECKING:
 RestartPolicy = Literal["permanent", "transient", "temporary"]
 T = TypeVar("T")
 C = TypeVar("C")
+
+CONTINUE_KIND = "continue"
+"""`cmdc.kind` of the user message that asks the model to go on with a reply the window cut off."""
+CONTINUE_PROMPT = (
+    "[Your previous reply was cut off because the context window was full. The conversation has "
+    "been compacted. Continue your reply exactly where it stopped, without repeating it.]"
+)
+CONTINUED_FROM_KEY = "cmdc.continued_from"
+"""On the reply a turn returns after continuations: the ids of the cut-off pieces before it
+(its text is theirs joined with its own; the state holds each piece)."""
+WINDOW_SLACK = 8
+"""A reply whose prompt + output came within this many tokens of the window filled it."""
 
 # The names of the agents a delegated turn is running for (to refuse cycles and bound depth).
 current_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cmdc_chain", default=())
@@ -144,6 +157,10 @@ class AgentOptions:
     - `max_parallel_tools`: tool calls of one reply that run (concurrently); each call past
       it gets an error result the model can read instead of running.
     - `max_children`: temporary children (`delegate` without an agent) at work at once.
+    - `max_continuations`: per turn, how many times a text reply cut off by the full context
+      window (Anthropic's `model_context_window_exceeded`, or stop `length`/`max_tokens` with
+      prompt + output at the window) is followed by a compaction and a request to continue
+      (a `continued` event each); 0 returns such a reply as it is.
     """
 
     max_steps: int = attrs.field(default=25, validator=_positive_int("max_steps"))
@@ -158,6 +175,7 @@ class AgentOptions:
     compaction_cooldown: float = attrs.field(default=30.0, validator=_seconds("compaction_cooldown", False))
     max_parallel_tools: int = attrs.field(default=32, validator=_positive_int("max_parallel_tools"))
     max_children: int = attrs.field(default=8, validator=_positive_int("max_children"))
+    max_continuations: int = attrs.field(default=2, validator=_non_negative_int("max_continuations"))
 
     @max_output_tokens.validator
     def _check_output(self, _a: object, value: object) -> None:
@@ -505,6 +523,7 @@ class Agent:
         "current",
         "deactivating",
         "done",
+        "known_window",
         "last_active",
         "leaving",
         "name",
@@ -580,6 +599,7 @@ class Agent:
         self.restart_count = 0
         self.compaction_resume_at = -math.inf
         self.compact_next = False
+        self.known_window: int | None = None  # the window the last ContextOverflow reported
         if ref is None:
             self.ref = AgentRef(self)
         else:
@@ -807,24 +827,57 @@ class Agent:
     async def _turn_steps(self, started: float, state: State) -> Message:
         self._emit(TURN_START, messages=len(state.messages), tokens=state.token_usage)
         reply: Message | None = None
+        parts: list[Message] = []  # the pieces of a reply cut off by the window, in order
         for step in range(1, self.options.max_steps + 1):
             state = await self._before_request(state, step)
             state = await self._maybe_compact(state)
             state, reply = await self._request(state)
             reply = await self._after_response(state, reply)
-            if reply.metadata.get("cmdc.context_exceeded"):
+            cut = self._cut_by_window(state, reply)
+            if cut is not None:
                 self.compact_next = True  # the model ran out of room: compact before the next step
             if reply.tool_calls:
                 state = state.append(reply, *await self._run_tools(state, reply))
                 await self._commit(state)
                 continue
+            if cut is not None and len(parts) < self.options.max_continuations:
+                # Cut off by the full window, not finished: keep what it wrote, compact, and ask
+                # it to go on, rather than return half an answer as final.
+                parts.append(reply)
+                state = state.append(reply, Message.user(CONTINUE_PROMPT, metadata={KIND_KEY: CONTINUE_KIND}))
+                await self._commit(state)
+                self._emit(CONTINUED, continuation=len(parts), **cut)
+                continue
             state = state.append(reply)
             await self._commit(state)
             self._emit(TURN_END, steps=step, duration=trio.current_time() - started, usage=reply.usage)
+            if parts:  # the whole answer; the state holds each piece
+                return Message.assistant(
+                    "".join(p.text for p in parts) + reply.text,
+                    usage=reply.usage,
+                    metadata={**reply.metadata, CONTINUED_FROM_KEY: tuple(p.id for p in parts)},
+                )
             return reply
         raise StepLimitReached(
             f"agent {self.name!r}: no final answer after {self.options.max_steps} steps", reply=reply
         )
+
+    def _cut_by_window(self, state: State, reply: Message) -> dict[str, Any] | None:
+        """The figures of a reply that stopped because the context window was full (None when
+        it finished, or stopped on its own output limit): the provider said so
+        (`cmdc.context_exceeded`), or it stopped on `length`/`max_tokens` with prompt + output
+        at the window (configured `context_window`, else the last overflow's)."""
+        stop = reply.metadata.get(STOP_REASON_KEY)
+        usage = reply.usage
+        window = self.compactor.compact_config(state).context_window or self.known_window
+        total = usage.total_tokens if usage is not None else None
+        if reply.metadata.get(CONTEXT_EXCEEDED_KEY):
+            return {"stop_reason": stop, "tokens": total, "window": window}
+        if stop not in ("length", "max_tokens") or total is None or window is None:
+            return None
+        if total < window - WINDOW_SLACK:
+            return None
+        return {"stop_reason": stop, "tokens": total, "window": window}
 
     async def _maybe_compact(self, state: State) -> State:
         """The automatic compaction before a request (forced when the last reply said the
@@ -864,6 +917,8 @@ class Agent:
                 reply = await self.provider.complete(request)
             except ContextOverflow as exc:
                 self._emit(OVERFLOW, prompt_tokens=exc.prompt_tokens, limit=exc.limit, forced=forced)
+                if exc.limit:
+                    self.known_window = exc.limit
                 why = f"still too long after {forced} forced compactions"
                 if forced < self.options.max_forced_compactions:
                     try:

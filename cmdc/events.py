@@ -31,6 +31,7 @@ COMPACTION_FAILED = "compaction_failed"
 COMPACTION_FALLBACK = "compaction_fallback"
 SUMMARIZER_ATTEMPT = "summarizer_attempt"
 OVERFLOW = "overflow"
+CONTINUED = "continued"
 RETRY = "retry"
 ERROR = "error"
 PLUGIN_ERROR = "plugin_error"
@@ -55,6 +56,7 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         COMPACTION_FALLBACK: logging.INFO,
         TOOL_RESULTS_CLIPPED: logging.INFO,
         OVERFLOW: logging.INFO,
+        CONTINUED: logging.INFO,
         RETRY: logging.INFO,
         STOPPED: logging.INFO,
         RESTART: logging.WARNING,
@@ -83,6 +85,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         SUMMARIZER_ATTEMPT: ("summarizer", "role", "attempt", "ok", "error", "chunk_tokens", "output_tokens"),
         TOOL_RESULTS_CLIPPED: ("clipped", "offload_path"),
         OVERFLOW: ("prompt_tokens", "limit", "forced"),
+        CONTINUED: ("stop_reason", "tokens", "window", "continuation"),
         RETRY: ("after", "forced", "clipped"),
         RESTART: ("restarts",),
         STOPPED: ("reason", "restarts"),

@@ -51,15 +51,10 @@ from ..errors import (
     TooManyToolCalls,
 )
 from ..message import ImagePart, Message, ToolCall
+from .base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY
 from .overflow import classify, retryable
 
-# Reply metadata keys the HTTP providers set.
-CONTEXT_EXCEEDED_KEY = "cmdc.context_exceeded"
-"""True on a reply that was cut short because the context window filled up (Anthropic's
-`stop_reason == "model_context_window_exceeded"`), or that only fitted with a lowered output
-limit: the agent should compact before its next step."""
-STOP_REASON_KEY = "cmdc.stop_reason"
-"""The provider's own finish / stop reason (`stop`, `tool_calls`, `length`, `end_turn`, ...)."""
+# Reply metadata keys the HTTP providers set (and CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY from .base).
 INVALID_ARGUMENTS_KEY = "cmdc.invalid_tool_arguments"
 """{call id: raw text} for tool calls whose arguments were not a JSON object (delivered with
 arguments `{}`, so the tool's validation answers the model with a readable error)."""

@@ -36,7 +36,6 @@ from .._frozen import thaw
 from ..errors import ConfigError, IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ._http import (
-    CONTEXT_EXCEEDED_KEY,
     DEFAULT_DEADLINE,
     HTTPProvider,
     ReplyLimits,
@@ -54,7 +53,7 @@ from ._http import (
     setting,
     tool_call,
 )
-from .base import ModelRequest
+from .base import CONTEXT_EXCEEDED_KEY, ModelRequest
 from .overflow import classify
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"

@@ -10,6 +10,16 @@ import attrs
 from .._frozen import freeze_mapping
 from ..message import Message
 
+# Reply metadata keys every provider may set (the HTTP providers do).
+CONTEXT_EXCEEDED_KEY = "cmdc.context_exceeded"
+"""True on a reply that was cut short because the context window filled up (Anthropic's
+`stop_reason == "model_context_window_exceeded"`), or that only fitted with a lowered output
+limit: the agent should compact before its next step."""
+STOP_REASON_KEY = "cmdc.stop_reason"
+"""The provider's own finish / stop reason (`stop`, `tool_calls`, `length`, `end_turn`,
+`max_tokens`, ...): `length` / `max_tokens` mean the reply stopped on its output limit or on a
+full window, not because it was finished."""
+
 
 def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return freeze_mapping(value, "tool parameters")

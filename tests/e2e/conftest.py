@@ -1,6 +1,9 @@
 """The e2e suite's server: one `llama-server` per test session, started when a test first needs
 it and stopped by PID at the end. Without a cached server the tests are skipped with the command
-that gets one; `CMDC_E2E=require` (CI) makes that a failure, `CMDC_E2E=0` skips them anyway."""
+that gets one; `CMDC_E2E=require` (CI) makes that a failure, `CMDC_E2E=0` skips them anyway.
+
+The agent runs (20+ turns each, minutes on a small machine) are `long`: they run with
+`CMDC_E2E=require` or `CMDC_E2E=long`, so the everyday `python -m pytest` stays fast."""
 
 from __future__ import annotations
 
@@ -29,6 +32,15 @@ def llama() -> Iterator[llama_server.LlamaServer]:
     with llama_server.cached_server() as server:
         _timing["started"] = time.monotonic() - started
         yield server
+
+
+@pytest.fixture
+def long_run(request: pytest.FixtureRequest) -> llama_server.LlamaServer:
+    """The server, for a test that takes minutes: skipped unless `CMDC_E2E` is `require` or `long`."""
+    if os.environ.get("CMDC_E2E") not in ("require", "long"):
+        pytest.skip("a 20-turn agent run takes minutes: CMDC_E2E=long python -m pytest tests/e2e")
+    server: llama_server.LlamaServer = request.getfixturevalue("llama")
+    return server
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -77,9 +77,9 @@ async def test_overflow_carries_the_servers_figures(llama: LlamaServer, api: Api
     ids=["openai-automatic", "anthropic-stream-overflow-only"],
 )
 async def test_an_agent_of_twenty_turns_compacts_and_loses_nothing(
-    llama: LlamaServer, tmp_path: Path, api: Api, stream: bool, mode: e2e_llama.Mode
+    long_run: LlamaServer, tmp_path: Path, api: Api, stream: bool, mode: e2e_llama.Mode
 ) -> None:
-    result = await e2e_llama.run_agent(llama.url, api=api, stream=stream, mode=mode, turns=20, offload_dir=tmp_path)
+    result = await e2e_llama.run_agent(long_run.url, api=api, stream=stream, mode=mode, turns=20, offload_dir=tmp_path)
     print("\n" + e2e_llama.table([result]))
     assert result.turns == 20
     assert all(text.strip() for text in result.replies)
