@@ -41,6 +41,7 @@ REPLY_TOKENS = 96
 TURN_SECONDS = 240.0
 """The bound on one turn (its requests, retries and compactions)."""
 
+INSTRUCTIONS = "You are a concise operations assistant. Answer in a few sentences."
 PROMPTS = (
     "I'm deploying a small Flask app called ledgerd (an invoice ledger) behind gunicorn and nginx on a "
     "Debian 12 VM. The repository is github.com/acme/ledgerd and the entry point is ledgerd/wsgi.py. "
@@ -163,7 +164,7 @@ async def run_agent(
     replies: list[str] = []
     started = time.monotonic()
     async with model, cmdc.open_runtime(log_events=False) as rt:
-        agent = await rt.spawn(name, model, config=config(mode, offload_dir))
+        agent = await rt.spawn(name, model, instructions=INSTRUCTIONS, config=config(mode, offload_dir))
         with rt.subscribe(name, buffer=100_000) as sub:
             for i in range(turns):
                 with trio.fail_after(TURN_SECONDS):
