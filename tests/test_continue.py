@@ -49,8 +49,9 @@ async def run(
             agent = await rt.spawn(
                 "a1", model, summarizer=cmdc.ExtractiveSummarizer(), config=cfg or config(tmp_path), **options
             )
-            for i in range(3):  # some history for the compaction to evict
-                await agent.send([Message.user(f"earlier question {i}"), Message.assistant(f"earlier answer {i}")])
+            for i in range(3):  # some history for the compaction to evict, larger than a summary
+                words = " ".join(f"detail{i}-{j}" for j in range(300))
+                await agent.send([Message.user(f"earlier question {i}: {words}"), Message.assistant(f"answer {words}")])
             reply = await agent.prompt("explain the deployment")
             state = await agent.state()
             events = []
