@@ -48,10 +48,12 @@ from .events import (
     RESTART,
     RETRY,
     STOPPED,
+    TOOL_CALLS_REFUSED,
     TOOL_END,
     TOOL_START,
     TURN_END,
     TURN_START,
+    USAGE_REFUSED,
     Event,
 )
 from .message import KIND_KEY, Message, ToolCall
@@ -87,6 +89,9 @@ if TYPE_CHECKING:
     from .store import Checkpoints
 
 RestartPolicy = Literal["permanent", "transient", "temporary"]
+
+MAX_PLAUSIBLE_TOKENS = 100_000_000
+"""A usage figure past this many tokens is refused (no model has a window near it)."""
 T = TypeVar("T")
 C = TypeVar("C")
 
@@ -945,8 +950,24 @@ class Agent:
                 ) from exc
             if not isinstance(reply, Message) or reply.role != "assistant":
                 raise ProviderError(f"provider returned {reply!r:.80}, not an assistant Message")
+            reply = self._plausible_usage(state, reply)
             self._emit(RESPONSE, usage=reply.usage, duration=trio.current_time() - t0, tool_calls=len(reply.tool_calls))
             return state, reply
+
+    def _plausible_usage(self, state: State, reply: Message) -> Message:
+        """The reply, without its usage if a figure is beyond belief (past `MAX_PLAUSIBLE_TOKENS`,
+        or a total past twice the configured `context_window`): a `usage_refused` event says
+        so, and the context's size is estimated until the next plausible report."""
+        usage = reply.usage
+        if usage is None:
+            return reply
+        window = self.compactor.compact_config(state).context_window
+        limit = MAX_PLAUSIBLE_TOKENS if window is None else min(MAX_PLAUSIBLE_TOKENS, 2 * window)
+        figures = (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_creation_tokens)
+        if usage.total_tokens <= limit and max(figures) <= MAX_PLAUSIBLE_TOKENS:
+            return reply
+        self._emit(USAGE_REFUSED, usage=usage, limit=limit)
+        return reply.evolve(usage=None)
 
     # -- plugins --------------------------------------------------------------------------------
     def _plugin_error(self, hook: str) -> Callable[[Plugin, BaseException], None]:
@@ -1006,7 +1027,7 @@ class Agent:
             )
             for i in range(limit, len(calls)):
                 results[i] = Message.tool_result(calls[i].id, why, is_error=True)
-            self._emit(ERROR, error=f"{len(calls) - limit} tool calls refused", during="tools", limit=limit)
+            self._emit(TOOL_CALLS_REFUSED, refused=len(calls) - limit, limit=limit)
         async with trio.open_nursery() as nursery:
             for i, call in enumerate(calls[:limit]):
                 nursery.start_soon(self._run_tool, state, call, results, i, aborted, nursery.cancel_scope)

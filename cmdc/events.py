@@ -40,6 +40,8 @@ TOOL_RESULTS_CLIPPED = "tool_results_clipped"
 RESTART = "restart"
 EVENTS_DROPPED = "events_dropped"
 STOPPED = "stopped"  # an agent stopped for good; its subscriptions end after this event
+USAGE_REFUSED = "usage_refused"  # a reply's usage figures were implausible: dropped, the size is estimated
+TOOL_CALLS_REFUSED = "tool_calls_refused"  # a reply asked for more tool calls than run per step
 
 LEVELS: Mapping[str, int] = MappingProxyType(
     {
@@ -65,6 +67,8 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         PLUGIN_ERROR: logging.WARNING,
         PINS_OVER_BUDGET: logging.WARNING,
         EVENTS_DROPPED: logging.WARNING,
+        USAGE_REFUSED: logging.WARNING,
+        TOOL_CALLS_REFUSED: logging.WARNING,
     }
 )
 """The log level of each kind (an unknown kind logs at INFO)."""
@@ -93,6 +97,8 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         PLUGIN_ERROR: ("plugin", "hook", "error"),
         PINS_OVER_BUDGET: ("budget", "unpinned", "pinned_tokens"),
         EVENTS_DROPPED: ("count",),
+        USAGE_REFUSED: ("usage", "limit"),
+        TOOL_CALLS_REFUSED: ("refused", "limit"),
     }
 )
 """The data keys of each kind: an event of a known kind always carries exactly these (a key its

@@ -7,14 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
-from cmdc import ConfigError, Message, OffloadStore, ToolCall, _search, open_runtime, tool
+from cmdc import ConfigError, Message, OffloadStore, TokenUsage, ToolCall, _search, open_runtime, tool
 from cmdc.agent import current_chain
 from cmdc.compaction import Compacted, Compactor
-from cmdc.errors import CompactionError
-from cmdc.providers import ExtractiveSummarizer, ModelRequest, ScriptedProvider
+from cmdc.errors import CompactionError, ConnectionFailed
+from cmdc.providers import AnthropicProvider, ExtractiveSummarizer, ModelRequest, OpenAIProvider, ScriptedProvider
+from cmdc.providers._http import redact_url, redact_urls
 from cmdc.recall import recall_tool
 from cmdc.runtime import Runtime
 from cmdc.state import State
@@ -338,7 +340,7 @@ async def test_a_huge_query_is_refused_readably_and_the_store_reads_its_first_wo
     await store.append("a", [Message.user("alpha beta"), Message.user("omega")])
     tool_ = recall_tool(store, "a")
     with pytest.raises(ToolArgumentsError, match="at most 4000"):
-        await tool_({"query": "alpha " * 20_000})
+        await tool_.run({"query": "alpha " * 20_000})
     # the library call reads the first 64 distinct words: a word past them does not count
     filler = " ".join(f"w{i}" for i in range(64))
     assert [r.message.text for r in await store.search("a", f"{filler} omega")] == []
@@ -381,3 +383,85 @@ async def test_a_cancelled_search_stops(tmp_path: Path) -> None:
         scope.cancel()
         await _search.rank_in_bites(records, ["hay"], 10)
     assert scope.cancelled_caught
+
+
+# -- numbers and secrets from outside ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("usage", "window"),
+    [
+        (TokenUsage(input_tokens=1, output_tokens=1, total_tokens=2**63 - 1), None),
+        (TokenUsage(input_tokens=2**40, output_tokens=1), None),
+        (TokenUsage(input_tokens=1, output_tokens=1, cache_read_tokens=10**12), None),
+        (TokenUsage(input_tokens=9_000, output_tokens=1_000), 4_000),
+    ],
+)
+async def test_implausible_usage_is_refused_with_an_event(
+    tmp_path: Path, usage: TokenUsage, window: int | None
+) -> None:
+    cfg = config(tmp_path) if window is None else config(tmp_path, context_window=window)
+    model = ScriptedProvider([Message.assistant("hi", usage=usage), Message.assistant("again")])
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("a", model, config=cfg)
+        with rt.subscribe("a") as sub:
+            reply = await agent.prompt("hello")
+            events = []
+            while True:
+                try:
+                    events.append(sub.receive_nowait())
+                except trio.WouldBlock:
+                    break
+        refused = [e for e in events if e.kind == "usage_refused"]
+        assert len(refused) == 1 and refused[0].data["usage"] == usage
+        state = await agent.state()
+        assert reply.usage is None and state.token_usage < 100 and state.compactions == 0
+        assert (await agent.prompt("more")).text == "again"
+        await neighbour_answers(rt, tmp_path)
+
+
+async def test_plausible_usage_is_kept(tmp_path: Path) -> None:
+    usage = TokenUsage(input_tokens=3_000, output_tokens=500)
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("a", ScriptedProvider([Message.assistant("hi", usage=usage)]), config=config(tmp_path))
+        assert (await agent.prompt("hello")).usage == usage
+        assert (await agent.state()).token_usage == 3_500
+
+
+SECRET_URL = "https://alice:hunter2@llm.example.com/v1?api-version=2024&key=SECRET123"
+
+
+def test_secrets_in_urls_are_redacted_in_reprs_and_config_errors() -> None:
+    for cls in (OpenAIProvider, AnthropicProvider):
+        text = repr(cls("m", base_url=SECRET_URL, api_key="k"))
+        assert "SECRET123" not in text and "hunter2" not in text and "alice" not in text
+        assert "llm.example.com/v1?api-version=***&key=***" in text
+    with pytest.raises(ConfigError) as info:
+        OpenAIProvider("m", base_url="ftp://bob:pw@host/x?token=SECRET123")
+    assert "SECRET123" not in str(info.value) and "pw@" not in str(info.value)
+    assert redact_url("http://h/p") == "http://h/p"
+    assert redact_urls(f"see {SECRET_URL} and http://x/y?a=1") == (
+        "see https://***@llm.example.com/v1?api-version=***&key=*** and http://x/y?a=***"
+    )
+
+
+async def test_secrets_in_urls_stay_out_of_errors_and_events(tmp_path: Path) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError(f"cannot connect to {request.url}", request=request)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    provider = OpenAIProvider("m", base_url=SECRET_URL, max_retries=0, client=client)
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("a", provider, config=config(tmp_path))
+        with rt.subscribe("a") as sub:
+            with pytest.raises(ConnectionFailed) as info:
+                await agent.prompt("hello")
+            events = []
+            while True:
+                try:
+                    events.append(sub.receive_nowait())
+                except trio.WouldBlock:
+                    break
+        assert "llm.example.com" in str(info.value) and "SECRET123" not in str(info.value)
+        assert events and not any("SECRET123" in repr(e) or "hunter2" in repr(e) for e in events)
+        await neighbour_answers(rt, tmp_path)

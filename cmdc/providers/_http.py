@@ -29,6 +29,7 @@ import math
 import mimetypes
 import os
 import random
+import re
 import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
@@ -213,14 +214,31 @@ def require_key(
     )
 
 
+REDACTED = "***"
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_SECRET_PARAM = re.compile(r"([?&][^=&#\s]*=)[^&#\s]*")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@]*@")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its userinfo and the value of every query parameter replaced by `***`
+    (`https://***@host/v1?key=***`): what reprs, errors, logs and events show of a URL."""
+    return _SECRET_PARAM.sub(lambda m: m[1] + REDACTED, _USERINFO.sub(lambda m: m[1] + REDACTED + "@", url))
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL in it redacted (`redact_url`)."""
+    return _URL.sub(lambda m: redact_url(m[0]), text) if "://" in text else text
+
+
 def endpoint(base_url: str, path: str) -> str:
     """`path` appended to `base_url`'s path, keeping its query (Azure's `?api-version=...`)."""
     try:
         url = httpx.URL(base_url)
     except httpx.InvalidURL as exc:
-        raise ConfigError(f"base_url {base_url!r} is not a valid URL: {exc}") from None
+        raise ConfigError(f"base_url {redact_url(base_url)!r} is not a valid URL: {redact_urls(str(exc))}") from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(f"base_url must be an http(s) URL, got {base_url!r}")
+        raise ConfigError(f"base_url must be an http(s) URL, got {redact_url(base_url)!r}")
     return str(url.copy_with(path=url.path.rstrip("/") + path))
 
 
@@ -599,6 +617,7 @@ class HTTPProvider:
             assert scope.cancelled_caught
             raise ProviderTimeout(f"{self.name}: the response took more than max_stream_seconds={seconds} s")
         except httpx.TransportError as exc:
-            raise ConnectionFailed(f"{self.name}: {type(exc).__name__}: {exc or 'connection failed'}") from exc
+            why = redact_urls(str(exc)) or "connection failed"
+            raise ConnectionFailed(f"{self.name}: {type(exc).__name__}: {why}") from exc
         except httpx.RequestError as exc:
-            raise ProviderError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            raise ProviderError(f"{self.name}: {type(exc).__name__}: {redact_urls(str(exc))}") from exc

@@ -48,6 +48,7 @@ from ._http import (
     load_image,
     read_body,
     read_sse,
+    redact_url,
     reply_metadata,
     require_key,
     setting,
@@ -119,7 +120,7 @@ class AnthropicProvider(HTTPProvider):
         )
 
     def __repr__(self) -> str:
-        return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r}, stream={self.stream})"
+        return f"AnthropicProvider(model={self.model!r}, base_url={redact_url(self.base_url)!r}, stream={self.stream})"
 
     async def complete(self, request: ModelRequest) -> Message:
         body = await self.request_body(request)

@@ -59,6 +59,7 @@ from ._http import (
     new_call_id,
     read_body,
     read_sse,
+    redact_url,
     reply_metadata,
     require_key,
     setting,
@@ -135,7 +136,7 @@ class OpenAIProvider(HTTPProvider):
         )
 
     def __repr__(self) -> str:
-        return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r}, stream={self.stream})"
+        return f"OpenAIProvider(model={self.model!r}, base_url={redact_url(self.base_url)!r}, stream={self.stream})"
 
     async def complete(self, request: ModelRequest) -> Message:
         body = await self.request_body(request)
