@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from benchmarks import bench_compaction, bench_runtime, recall_stall, retention
+from benchmarks import bench_compaction, bench_runtime, bench_store, recall_stall, retention
 from benchmarks._table import Row, render
 
 INSTALL_HINT = "pip install -e '.[compare]'"
@@ -47,6 +47,12 @@ class Preset:
     compare_budget: float  # seconds of repetitions per DeepAgents check figure
     compare_series: int
     recall_records: int = 5_000  # the journal one agent recalls over, for the stall figure
+    store_records: int = 1_000_000  # the journal searched, file store vs PostgreSQL
+    store_queries: int = 1_000  # PostgreSQL searches (the file store gets store_file_queries)
+    store_file_queries: int = 2
+    store_compaction: int = 10_000
+    store_agents: int = 1_000_000  # virtual agents, each prompted once ...
+    store_resident: int = 10_000  # ... with at most this many resident
 
 
 FULL = Preset(
@@ -66,10 +72,24 @@ FULL = Preset(
     1.0,
     3,
 )
-QUICK = Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 80, (1_000, 10_000), 3, 0.3, 2)
+QUICK = attrs.evolve(
+    Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 80, (1_000, 10_000), 3, 0.3, 2),
+    store_records=100_000,
+    store_queries=200,
+    store_agents=20_000,
+    store_resident=1_000,
+)
 # For the test suite: every code path, tiny sizes, figures meaningless (1k messages is the least
 # a compaction benchmark can use: below it the conversation stays under the 50k-token trigger).
-SMOKE = Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 80, (1_000,), 2, 0.02, 1, recall_records=200)
+SMOKE = attrs.evolve(
+    Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 80, (1_000,), 2, 0.02, 1, recall_records=200),
+    store_records=500,
+    store_queries=20,
+    store_file_queries=2,
+    store_compaction=1_000,
+    store_agents=40,
+    store_resident=10,
+)
 
 
 def _us(seconds: float) -> str:
@@ -189,6 +209,63 @@ def retention_rows(p: Preset) -> list[Row]:
     return rows
 
 
+def store_rows(p: Preset) -> list[Row]:
+    f = bench_store.measure(
+        p.store_records, p.store_queries, p.store_file_queries, p.store_compaction, p.store_agents, p.store_resident
+    )
+    b = "store"
+    n = f"{p.store_records:,}"
+    sf, cf, vf = f["search_file"], f["compaction_file"], f["virtual_file"]
+    rows = [Row(b, f"search over {n} records, file store p50 / p99", f"{_ms(sf['p50'])} / {_ms(sf['p99'])}")]
+    agents = f"{p.store_agents:,} agents prompted once, ≤ {p.store_resident:,} resident"
+    gib = 1024**3
+
+    def virtual(name: str, v: dict[str, float]) -> list[Row]:
+        return [
+            Row(
+                b,
+                f"{agents}, {name}: peak RSS",
+                f"{v['peak_rss'] / 2**20:,.0f} MiB",
+                "< 2 GiB",
+                v["peak_rss"] < 2 * gib,
+            ),
+            Row(b, f"  {name}: wall per agent", f"{v['per_agent_us'] / 1e3:,.2f} ms"),
+            Row(
+                b,
+                f"  {name}: activation p50 / p99",
+                f"{_ms(v['activation_p50'])} / {_ms(v['activation_p99'])}",
+            ),
+        ]
+
+    if "search_postgres" not in f:
+        rows.append(Row(b, f"one compaction, {p.store_compaction:,} msgs, file store", _ms(cf)))
+        rows += virtual("file", vf)
+        rows.append(Row(b, "PostgreSQL figures", str(f.get("postgres", "skipped"))))
+        return rows
+    sp, cp, vp = f["search_postgres"], f["compaction_postgres"], f["virtual_postgres"]
+    rows.append(
+        Row(
+            b,
+            f"search over {n} records, PostgreSQL p50 / p99",
+            f"{_ms(sp['p50'])} / {_ms(sp['p99'])}",
+            "p99 < 50 ms",
+            sp["p99"] < 0.05,
+        )
+    )
+    rows.append(
+        Row(
+            b,
+            f"one compaction, {p.store_compaction:,} msgs, PostgreSQL / file",
+            f"{cp / cf:.2f} ({_ms(cp)} / {_ms(cf)})",
+            "≤ 3",
+            cp / cf <= 3,
+        )
+    )
+    rows += virtual("file", vf)
+    rows += virtual("PostgreSQL", vp)
+    return rows
+
+
 def deepagents_available() -> bool:
     try:
         import deepagents  # noqa: F401
@@ -262,6 +339,7 @@ def collect(
         ("runtime", runtime_rows),
         ("retention", retention_rows),
         ("isolation", isolation_rows),
+        ("store", store_rows),
     ]
     if not compare:
         notes.append("DeepAgents comparison: skipped (--no-compare).")

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import trio
@@ -60,11 +61,19 @@ class CheckpointStore:
         """The checkpoint's path; raises `ConfigError` for an unsafe agent id."""
         return self.root / f"{validate_agent_id(agent_id)}{_SUFFIX}"
 
-    def _lock(self, agent_id: str) -> trio.Lock:
+    @contextlib.asynccontextmanager
+    async def _lock(self, agent_id: str) -> AsyncIterator[None]:
+        """Hold the agent's lock; dropped when nobody holds or waits for it, so a store that
+        saw a million agents does not keep a million locks."""
         lock = self._locks.get(agent_id)
         if lock is None:
             lock = self._locks[agent_id] = trio.Lock()
-        return lock
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._locks.get(agent_id) is lock:
+                del self._locks[agent_id]
 
     # -- saving -------------------------------------------------------------------------------
     async def save(self, state: State) -> Path:

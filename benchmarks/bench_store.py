@@ -1,0 +1,229 @@
+"""Stores: the file store against the PostgreSQL store, and virtual agents.
+
+Run: python -m benchmarks.bench_store [--records N] [--agents N] [--resident N] [--queries N]
+
+- search latency over one agent's journal of N records (p50/p99 per store);
+- one compaction of 10k messages with each store (the PostgreSQL one against the file one);
+- N named agents each prompted once, with at most R resident (virtual agents): wall time, peak
+  RSS, and the latency of activating a deactivated agent (p50/p99), per store. Each of these runs
+  in a fresh subprocess, so its peak RSS is its own.
+
+The PostgreSQL figures need a server: `CMDC_TEST_POSTGRES_URL` (`eval "$(scripts/pg_test.sh
+start)"`); each run uses a fresh database. Without one they are reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import resource
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+import trio.testing
+
+import cmdc
+from cmdc import Compactor, Message, State
+from cmdc.providers import ModelRequest
+from cmdc.store import Store, open_store
+
+VOCABULARY = 20_000
+WORDS_PER_MESSAGE = 24
+BATCH = 10_000
+
+
+def postgres_base() -> str | None:
+    return os.environ.get("CMDC_BENCH_POSTGRES_URL") or os.environ.get("CMDC_TEST_POSTGRES_URL") or None
+
+
+@contextlib.contextmanager
+def fresh_database(base: str) -> Iterator[str]:
+    import psycopg
+
+    name = f"cmdc_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    try:
+        parts = urllib.parse.urlsplit(base)
+        yield urllib.parse.urlunsplit(parts._replace(path="/" + name))
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def word(i: int) -> str:
+    return f"w{i:05d}x"
+
+
+def journal_messages(n: int, seed: int = 7) -> Iterator[list[Message]]:
+    rnd = random.Random(seed)
+    for start in range(0, n, BATCH):
+        yield [
+            Message.user(" ".join(word(rnd.randrange(VOCABULARY)) for _ in range(WORDS_PER_MESSAGE)))
+            for _ in range(min(BATCH, n - start))
+        ]
+
+
+# -- search -------------------------------------------------------------------------------------------
+async def search_latency(store: Store, records: int, queries: int) -> dict[str, Any]:
+    await store.start()
+    t0 = time.perf_counter()
+    seen: list[str] = []  # words that are in the journal: every query finds something
+    for batch in journal_messages(records):
+        await store.append("big", batch, compaction=1)
+        seen += batch[0].text.split()
+    fill = time.perf_counter() - t0
+    rnd = random.Random(11)
+    times = []
+    for _ in range(queries):
+        query = f"{rnd.choice(seen)} {rnd.choice(seen)}"
+        t = time.perf_counter()
+        hits = await store.search("big", query, limit=10)
+        times.append(time.perf_counter() - t)
+        if not hits:
+            raise RuntimeError(f"search for {query!r} found nothing")
+    await store.aclose()
+    return {"fill": fill, "p50": percentile(times, 0.5), "p99": percentile(times, 0.99), "queries": queries}
+
+
+# -- one compaction ------------------------------------------------------------------------------------
+async def one_compaction(store: Store, messages: int) -> float:
+    await store.start()
+    rnd = random.Random(3)
+    msgs = [Message.user(f"task: {word(1)}")]
+    for i in range(messages - 1):
+        text = " ".join(word(rnd.randrange(VOCABULARY)) for _ in range(WORDS_PER_MESSAGE))
+        msgs.append(Message.user(text) if i % 2 else Message.assistant(text))
+    state = State(agent_id="c1", messages=tuple(msgs), config={"compact_keep": ("messages", 20)})
+    compactor = Compactor(store=store)  # the offline extractive summarizer
+    t0 = time.perf_counter()
+    await compactor.force_compact(state)
+    elapsed = time.perf_counter() - t0
+    await store.aclose()
+    return elapsed
+
+
+# -- virtual agents (in a subprocess) --------------------------------------------------------------------
+class Quick:
+    """Answers at once with a short text and usage."""
+
+    async def complete(self, request: ModelRequest) -> Message:
+        return Message.assistant("ok", usage=cmdc.TokenUsage(input_tokens=20, output_tokens=1))
+
+
+async def virtual_agents(store_spec: str, agents: int, resident: int, sample: int) -> dict[str, Any]:
+    provider = Quick()
+    t0 = time.perf_counter()
+    async with cmdc.open_runtime(store=store_spec, max_resident=resident, log_events=False) as rt:
+        refs = []
+        for i in range(agents):
+            ref = await rt.spawn(f"agent-{i:07d}", provider)
+            await ref.prompt("hello")
+            refs.append(ref)
+        wall = time.perf_counter() - t0
+        await trio.testing.wait_all_tasks_blocked()
+        peak_resident = len(rt.resident)
+        rnd = random.Random(5)
+        picks = [r for r in rnd.sample(refs, min(sample, len(refs))) if not r.resident]
+        times = []
+        for ref in picks:
+            t = time.perf_counter()
+            await ref.state()  # activates it from the store
+            times.append(time.perf_counter() - t)
+        stats = rt.stats
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "agents": agents,
+        "resident_bound": resident,
+        "resident_after": peak_resident,
+        "wall": wall,
+        "per_agent_us": wall / agents * 1e6,
+        "peak_rss": peak,
+        "activation_p50": percentile(times, 0.5) if times else float("nan"),
+        "activation_p99": percentile(times, 0.99) if times else float("nan"),
+        "activations": stats["activations"],
+        "deactivations": stats["deactivations"],
+    }
+
+
+def virtual_in_subprocess(store_spec: str, agents: int, resident: int, sample: int) -> dict[str, Any]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_store",
+            "_virtual",
+            store_spec,
+            str(agents),
+            str(resident),
+            str(sample),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"virtual agents run failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+# -- the whole set ------------------------------------------------------------------------------------
+def measure(
+    records: int, queries: int, file_queries: int, compaction: int, agents: int, resident: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"records": records, "compaction_messages": compaction}
+    base = postgres_base()
+    with tempfile.TemporaryDirectory() as tmp:
+        out["search_file"] = trio.run(search_latency, open_store(os.path.join(tmp, "s")), records, file_queries)
+        out["compaction_file"] = trio.run(one_compaction, open_store(os.path.join(tmp, "c")), compaction)
+        out["virtual_file"] = virtual_in_subprocess(os.path.join(tmp, "v"), agents, resident, 200)
+    if base is None:
+        out["postgres"] = 'skipped: no server (eval "$(scripts/pg_test.sh start)" sets CMDC_TEST_POSTGRES_URL)'
+        return out
+    with fresh_database(base) as url:
+        out["search_postgres"] = trio.run(search_latency, open_store(url), records, queries)
+    with fresh_database(base) as url:
+        out["compaction_postgres"] = trio.run(one_compaction, open_store(url), compaction)
+    with fresh_database(base) as url:
+        out["virtual_postgres"] = virtual_in_subprocess(url, agents, resident, 200)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_virtual":
+        spec, agents, resident, sample = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+        print(json.dumps(trio.run(virtual_agents, spec, agents, resident, sample)))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_store")
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--queries", type=int, default=1_000)
+    parser.add_argument("--file-queries", type=int, default=5)
+    parser.add_argument("--compaction", type=int, default=10_000)
+    parser.add_argument("--agents", type=int, default=1_000_000)
+    parser.add_argument("--resident", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    result = measure(args.records, args.queries, args.file_queries, args.compaction, args.agents, args.resident)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
