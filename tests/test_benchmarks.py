@@ -145,9 +145,10 @@ def test_without_deepagents_the_table_says_how_to_install_it(monkeypatch: pytest
     monkeypatch.setattr(suite, "runtime_rows", broken)
     monkeypatch.setattr(suite, "retention_rows", lambda _p: [Row("retention", "y", "2", "all ✓", True)])
     monkeypatch.setattr(suite, "isolation_rows", lambda _p: [Row("isolation", "z", "3")])
+    monkeypatch.setattr(suite, "store_rows", lambda _p: [Row("store", "s", "4")])
     monkeypatch.setattr(suite, "deepagents_available", lambda: False)
     rows, notes = suite.collect(suite.SMOKE)
-    assert [r.benchmark for r in rows] == ["compaction", "runtime", "retention", "isolation"]
+    assert [r.benchmark for r in rows] == ["compaction", "runtime", "retention", "isolation", "store"]
     assert rows[1].ok is False and "RuntimeError: boom" in rows[1].value
     assert any("pip install -e '.[compare]'" in n for n in notes)
 
