@@ -12,17 +12,25 @@ step that jumps past the trigger is compacted before the request (an automatic c
 while a context that creeps into the last 3% below the trigger no longer leaves room for the
 reply: the model answers "too long" and the agent compacts and retries (a forced compaction).
 Both happen in every run.
+
+Progress (the live table on a terminal, else one line per compaction and every 10 turns) goes
+to stderr; the final table and the verdict to stdout. The demo fails (exit 1) when a turn
+fails, a retention check fails, or most of the agents' tool calls fail: a demo that shows a
+failing agent as a success is worse than none. Without `--offload-dir`, the journals live in a
+temporary directory removed at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -33,7 +41,7 @@ from .agent import AgentRef
 from .compaction import CompactionReport, ExtractiveSummarizer
 from .compaction.summary import Summarizer
 from .errors import CmdcError, ProviderError
-from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_RESULTS_CLIPPED, Event
+from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_END, TOOL_RESULTS_CLIPPED, Event
 from .message import PINNED_KEY, Message
 from .offload import OffloadStore
 from .providers.base import Provider
@@ -181,6 +189,9 @@ class AgentStats:
     errors: list[str] = attrs.field(factory=list)
     journal_bytes: int = 0
     retention: Retention | None = None
+    tool_calls: int = 0
+    tool_failed: int = 0
+    tool_errors: list[str] = attrs.field(factory=list)  # error results seen in the context
 
     @property
     def compactions(self) -> int:
@@ -379,6 +390,9 @@ def _apply(stats: AgentStats, event: Event) -> None:
             stats.tokens = tokens
     elif event.kind == OVERFLOW:
         stats.overflows += 1
+    elif event.kind == TOOL_END:
+        stats.tool_calls += 1
+        stats.tool_failed += bool(event.data.get("error"))
     elif event.kind == TOOL_RESULTS_CLIPPED:
         stats.clipped += 1
     elif event.kind == COMPACTION_END:
@@ -388,49 +402,87 @@ def _apply(stats: AgentStats, event: Event) -> None:
             stats.tokens = report.tokens_after
 
 
-async def run_demo(options: DemoOptions, out: TextIO | None = None) -> tuple[int, list[AgentStats]]:
-    """Run the demo, printing to `out` (stdout); return the exit code (0: every turn answered and
-    every retention check holds, else 1) and the figures."""
+async def run_demo(
+    options: DemoOptions, out: TextIO | None = None, progress: TextIO | None = None
+) -> tuple[int, list[AgentStats]]:
+    """Run the demo: progress to `progress` (stderr), the final table and verdict to `out`
+    (stdout). Return the exit code (0: every turn answered, every retention check holds and
+    most tool calls worked; else 1) and the figures."""
     out = out or sys.stdout
+    progress = progress or sys.stderr
     if options.provider != "simulated":
         real_provider(options.provider, options.model)  # a missing key or extra fails before anything starts
+    temporary = options.offload_dir is None
     offload_dir = options.offload_dir or Path(tempfile.mkdtemp(prefix="cmdc-demo-"))
     model = "SimulatedModel" if options.provider == "simulated" else f"{options.provider} {options.model}"
     print(
         f"cmdc demo: {options.agents} agents x {options.turns} turns on {model}; window {options.window:,} tokens, "
         f"compaction trigger {options.trigger:,}, {options.output_reserve:,} reserved for each reply",
-        file=out,
+        file=progress,
     )
-    print(f"journals: {offload_dir}", file=out)
+    print(f"journals: {offload_dir}" + (" (temporary)" if temporary else ""), file=progress)
     stats = [AgentStats(f"agent-{i + 1}") for i in range(options.agents)]
     providers = [make_provider(options, i) for i in range(options.agents)]
     started = trio.current_time()
     try:
-        await _run(options, offload_dir, stats, providers, out)
+        await _run(options, offload_dir, stats, providers, progress)
     finally:
         for provider in providers:
             close = getattr(provider, "aclose", None)
             if close is not None:
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
                     await close()
+        if temporary:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, offload_dir, True)
     elapsed = trio.current_time() - started
+    code, lines = verdict(stats, options)
+    where = (
+        "journals removed (keep them with --offload-dir DIR)"
+        if temporary
+        else f"journals in {offload_dir} (read one: cmdc history {offload_dir} agent-1)"
+    )
     print(file=out)
-    for line in final_table(stats, options):
+    for line in [*final_table(stats, options), "", f"{elapsed:.1f} s; {where}", *lines]:
         print(line, file=out)
-    ok = all(s.retention is not None and s.retention.ok for s in stats)
+    return code, stats
+
+
+def verdict(stats: Sequence[AgentStats], options: DemoOptions) -> tuple[int, list[str]]:
+    """The exit code and what went wrong, in words: failed turns (a model endpoint that cannot
+    be reached says so), failed tool calls (most of them failing fails the demo), failed
+    retention checks (only of agents whose turns all worked: an agent that never ran has
+    nothing to retain)."""
+    lines: list[str] = []
     failed = [e for s in stats for e in s.errors]
-    print(file=out)
-    print(f"{elapsed:.1f} s; journals in {offload_dir} (read one: cmdc history {offload_dir} agent-1)", file=out)
+    if failed and all(s.turns == len(s.errors) for s in stats):
+        lines.append("no turn was answered: the model could not be used (the first failure below)")
     if failed:
-        print(f"{len(failed)} turns failed; the first: {failed[0]}", file=out)
-    if not ok:
-        print("a retention check failed (✗ above)", file=out)
-    return (0 if ok and not failed else 1), stats
+        lines.append(f"{len(failed)} turns failed; the first: {failed[0]}")
+    calls = sum(s.tool_calls for s in stats)
+    errors = sum(s.tool_failed for s in stats)
+    mostly = calls > 0 and 2 * errors > calls
+    if calls and not errors:
+        lines.append(f"{calls:,} tool calls, all worked")
+    if errors:
+        first = next((e for s in stats for e in s.tool_errors), None)
+        lines.append(f"{errors} of {calls} tool calls failed" + (f"; one: {first}" if first else ""))
+    if mostly:
+        lines.append("most tool calls failed: the agents did not do their work")
+    checked = [s.retention for s in stats if s.retention is not None]
+    retained = all(r.ok for r in checked)
+    if not retained:
+        lines.append("a retention check failed (✗ above)")
+    unchecked = sum(1 for s in stats if s.retention is None)
+    if unchecked:
+        lines.append(f"retention not checked for {unchecked} agent(s) whose turns failed")
+    return (0 if not failed and not mostly and retained and checked else 1), lines
 
 
 async def _run(
     options: DemoOptions, offload_dir: Path, stats: list[AgentStats], providers: list[Provider], out: TextIO
 ) -> None:
+    """Run the agents, showing progress on `out`."""
     live = options.display == "live" or (options.display == "auto" and out.isatty())
     use_extractive = options.summarizer == "extractive" or (
         options.summarizer is None and options.provider == "simulated"
@@ -445,10 +497,50 @@ async def _run(
         "compact_offload_dir": str(offload_dir),
     }
     tools = make_tools(options.window)
-    by_name = {s.name: s for s in stats}
     plans = [script(i, options.turns) for i in range(options.agents)]
     table = LiveTable(out) if live else None
     recent: deque[str] = deque(maxlen=3)
+    with _warnings_into(recent if table is not None else None):
+        await _drive_all(options, offload_dir, stats, providers, out, table, recent, plans, config, tools, summarizer)
+
+
+@contextlib.contextmanager
+def _warnings_into(recent: deque[str] | None) -> Iterator[None]:
+    """While a live table is drawn, cmdc's warnings (a provider's retries) become lines of the
+    table instead of lines that would break its redrawing."""
+    if recent is None:
+        yield
+        return
+    logger = logging.getLogger("cmdc")
+    saved = logger.handlers[:]
+    lines = recent
+
+    class ToTable(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = ToTable(logging.WARNING)
+    logger.handlers = [h for h in saved if isinstance(h, logging.NullHandler)] + [handler]
+    try:
+        yield
+    finally:
+        logger.handlers = saved
+
+
+async def _drive_all(
+    options: DemoOptions,
+    offload_dir: Path,
+    stats: list[AgentStats],
+    providers: list[Provider],
+    out: TextIO,
+    table: LiveTable | None,
+    recent: deque[str],
+    plans: list[Script],
+    config: dict[str, Any],
+    tools: list[Tool],
+    summarizer: Summarizer | None,
+) -> None:
+    by_name = {s.name: s for s in stats}
 
     def handle(event: Event) -> None:
         s = by_name.get(event.agent_id or "")
@@ -464,6 +556,7 @@ async def _run(
             recent.append(line)
 
     async def drive(ref: AgentRef, s: AgentStats, plan: Script) -> None:
+        seen: set[str] = set()  # error results already counted
         for turn, messages in enumerate(plan.turns, 1):
             try:
                 await ref.prompt(messages)
@@ -477,7 +570,12 @@ async def _run(
                     s.turns = turn
                     return
             s.turns = turn
-            s.tokens = (await ref.state()).token_usage
+            state = await ref.state()
+            s.tokens = state.token_usage
+            for m in state.messages:
+                if m.role == "tool" and m.is_error and m.id not in seen:
+                    seen.add(m.id)
+                    s.tool_errors.append(f"{s.name}: {' '.join(m.text.split())[:160]}")
             if table is None and turn % 10 == 0:
                 print(
                     f"{s.name}: turn {turn}/{options.turns}: {s.tokens:,} tokens in context, "
@@ -537,7 +635,8 @@ async def _run(
             for ref, s, plan in zip(refs, stats, plans, strict=True):
                 state = await ref.state()
                 s.tokens = state.token_usage
-                s.retention = check_retention(state, plan, options.trigger // 3, s.turns)
+                if not s.errors:  # an agent whose turns failed has nothing to retain
+                    s.retention = check_retention(state, plan, options.trigger // 3, s.turns)
                 path = store.path_for(s.name)
                 s.journal_bytes = path.stat().st_size if path.exists() else 0
 
@@ -558,12 +657,24 @@ def _check(ok: bool, counts: tuple[int, int] | None = None, note: str = "") -> s
     return mark if counts is None else f"{mark} {counts[0]}/{counts[1]}{note}"
 
 
+def _size_short(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if size >= 10 else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def final_table(stats: Sequence[AgentStats], options: DemoOptions) -> list[str]:
-    """Per agent and in total: turns, compactions, forced ones, mean tokens before and after a
-    compaction, journal size, and the retention checks (task, user messages, pins)."""
+    """Per agent and in total: turns answered, compactions and forced ones, mean tokens before
+    and after a compaction, journal size, the share of tool calls that worked, and the
+    retention checks (task, user messages, pins). At most 80 columns with the default sizes."""
     head = (
-        f"{'agent':<10} {'turns':>9} {'compactions':>11} {'forced':>6} {'tokens before':>13} {'after':>6} "
-        f"{'journal':>9}  {'task':<4} {'user msgs':<12} {'pins'}"
+        f"{'agent':<8} {'turns':>7} {'comp':>5} {'forced':>6} {'tokens':>11} {'journal':>7} {'tools':>5}  "
+        f"{'task':<4} {'users':<10} {'pins'}"
     )
     rule = "-" * len(head)
     budgeted = False
@@ -573,6 +684,7 @@ def final_table(stats: Sequence[AgentStats], options: DemoOptions) -> list[str]:
         reports = [r for s in group for r in s.reports]
         before = round(sum(r.tokens_before for r in reports) / len(reports)) if reports else 0
         after = round(sum(r.tokens_after for r in reports) / len(reports)) if reports else 0
+        tokens = f"{before:,}\N{RIGHTWARDS ARROW}{after:,}" if reports else "-"
         checks = [s.retention for s in group if s.retention is not None]
         users = (sum(c.users[0] for c in checks), sum(c.users[1] for c in checks))
         pins = (sum(c.pins[0] for c in checks), sum(c.pins[1] for c in checks))
@@ -580,24 +692,31 @@ def final_table(stats: Sequence[AgentStats], options: DemoOptions) -> list[str]:
         budgeted = budgeted or past_budget
         answered = sum(s.turns - len(s.errors) for s in group)
         turns = f"{answered}/{options.turns * len(group)}"
+        calls = sum(s.tool_calls for s in group)
+        tools = f"{100 * (calls - sum(s.tool_failed for s in group)) // calls}%" if calls else "-"
+        retention = (
+            f"{_check(all(c.task for c in checks)):<4} "
+            f"{_check(users[0] == users[1], users, '*' if past_budget else ''):<10} "
+            f"{_check(pins[0] == pins[1], pins)}"
+            if checks
+            else f"{'-':<4} {'-':<10} -"
+        )
         return (
-            f"{name:<10} {turns:>9} {len(reports):>11} {sum(s.forced for s in group):>6} {before:>13,} {after:>6,} "
-            f"{_size(sum(s.journal_bytes for s in group)):>9}  "
-            f"{_check(bool(checks) and all(c.task for c in checks)):<4} "
-            f"{_check(users[0] == users[1], users, '*' if past_budget else ''):<12} "
-            f"{_check(pins[0] == pins[1], pins):<6}"
+            f"{name:<8} {turns:>7} {len(reports):>5} {sum(s.forced for s in group):>6} {tokens:>11} "
+            f"{_size_short(sum(s.journal_bytes for s in group)):>7} {tools:>5}  {retention}"
         )
 
     lines = [head, rule, *(row(s.name, [s]).rstrip() for s in stats), rule, row("total", stats).rstrip()]
-    lines.append("turns: answered / asked; tokens before, after: the mean over the compactions")
-    lines.append(
-        "user msgs: in the context or quoted in the summary / sent; pins: pinned messages still in the context"
-    )
+    lines += [
+        "turns: answered/asked; comp: compactions; tokens: the mean before->after one",
+        "tools: calls that worked; users: user messages in the context or quoted in",
+        "the summary/sent; pins: pinned messages still in the context",
+    ]
     if budgeted:
-        lines.append(
-            f"* only the newest user messages that fit the preserved-messages budget ({options.trigger // 3:,} "
-            "tokens, a third of the trigger) must be quoted; older ones are in the journal"
-        )
+        lines += [
+            f"* only the newest user messages within the preserved-messages budget ({options.trigger // 3:,}",
+            "  tokens, a third of the trigger) must be quoted; older ones are in the journal",
+        ]
     return lines
 
 

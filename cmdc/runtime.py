@@ -13,6 +13,7 @@ from typing import Any, Literal, NoReturn
 import attrs
 import trio
 
+from ._frozen import thaw
 from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, current_chain
 from .bus import EventBus, Subscription
 from .compaction import Compactor
@@ -22,10 +23,13 @@ from .events import STOPPED, Event
 from .message import Message
 from .plugins import Plugin
 from .providers.base import Provider
-from .recall import recall_tool
+from .recall import MIN_BUDGET, recall_tool
 from .state import State, validate_agent_id
 from .store import Checkpoints, FileCheckpoints, Store, open_store
 from .tools import Tool, tool
+
+DEFAULT_RECALL_BUDGET = 2_000
+"""Tokens a `recall` answer may take with a large (or unknown) window."""
 
 _OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
 _DEFAULT_OPTIONS = AgentOptions()
@@ -271,9 +275,11 @@ class Runtime:
         if recall:
             if any(isinstance(t, Tool) and t.name == "recall" for t in tools):
                 raise ConfigError("recall=True adds a tool named 'recall', but one of the given tools has that name")
-            tools += (recall_tool(compactor.store_for(compactor.compact_config(state)), name),)
+            settings = compactor.compact_config(state)
+            budget = _recall_budget(settings.context_window or getattr(provider, "context_window", None))
+            tools += (recall_tool(compactor.store_for(settings), name, budget_tokens=budget),)
         if grants.children:
-            tools = (*tools, _delegate_tool(self, name))
+            tools = (*tools, _delegate_tool(self, name, grants.targets))
         slot = _Slot(provider, tools, plugins, config, summarizer, options)
         slot.fresh = fresh is state
         agent = self._make_agent(name, slot, state, compactor, saved=fresh)
@@ -601,7 +607,15 @@ def with_instructions(state: State, instructions: str) -> State:
     return state.evolve(messages=messages, usage_floor=len(messages) if state.messages else 0)
 
 
-def _delegate_tool(runtime: Runtime, parent: str) -> Tool:
+def _recall_budget(window: object) -> int:
+    """The recall tool's output budget: 2,000 tokens, or a sixteenth of a smaller model's
+    window (at least `MIN_BUDGET`), so that reading history back never crowds out the context."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        return DEFAULT_RECALL_BUDGET
+    return max(MIN_BUDGET, min(DEFAULT_RECALL_BUDGET, window // 16))
+
+
+def _delegate_tool(runtime: Runtime, parent: str, targets: tuple[str, ...] | None = None) -> Tool:
     async def delegate(task: str, agent: str | None = None) -> str:
         """Hand a task to another agent and return its final answer.
 
@@ -640,7 +654,21 @@ def _delegate_tool(runtime: Runtime, parent: str) -> Tool:
                 with trio.CancelScope(shield=True), trio.move_on_after(10):
                     await child.stop()
 
-    return tool(delegate, name="delegate")
+    return _naming_targets(tool(delegate, name="delegate"), targets)
+
+
+def _naming_targets(delegate: Tool, targets: tuple[str, ...] | None) -> Tool:
+    """`delegate` with the agents it may reach named in its `agent` parameter (the model has no
+    other way to know them): listed in the description, and as the parameter's `enum` when they
+    are all plain names (not patterns)."""
+    if not targets:
+        return delegate
+    parameters = thaw(delegate.parameters)
+    agent = parameters["properties"]["agent"]
+    agent["description"] = f"{agent.get('description', '')} You may delegate to: {', '.join(targets)}.".strip()
+    if not any(c in t for t in targets for c in "*?["):
+        agent["enum"] = [*targets, None]
+    return attrs.evolve(delegate, parameters=parameters)
 
 
 @asynccontextmanager

@@ -92,17 +92,20 @@ def _total_row(out: str) -> list[str]:
 def test_demo_end_to_end_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["demo", "--agents", "2", "--turns", "12", "--window", "3000", "--latency", "0"]
     code = main([*argv, "--offload-dir", str(tmp_path / "journals")])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0, out
     assert "agent-1" in out and "agent-2" in out
-    # total  24/24  compactions  forced  before  after  journal  ✓  ✓ n/n  ✓ n/n
+    # total  24/24  comp  forced  before→after  journal  tools  ✓  ✓ n/n  ✓ n/n
     total = _total_row(out)
     assert total[1] == "24/24"
     compactions, forced = int(total[2]), int(total[3])
     assert compactions > 0 and forced > 0
     assert compactions > forced  # automatic ones too
-    assert "(automatic)" in out and "(forced after an overflow)" in out  # the plain event lines
-    header = re.search(r"^agent +turns +compactions", out, re.M)
+    assert "(automatic)" in err and "(forced after an overflow)" in err  # progress: plain lines on stderr
+    assert "(automatic)" not in out
+    assert total[7] == "100%"  # every tool call worked (after "NN KB")
+    assert re.search(r"^\d+ tool calls, all worked$", out, re.M)
+    header = re.search(r"^agent +turns +comp +forced", out, re.M)
     assert header is not None
     table = out[header.start() :]
     assert "✗" not in table
@@ -113,19 +116,19 @@ def test_demo_end_to_end_small(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_demo_turn_lines_every_ten_turns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["demo", "--agents", "1", "--turns", "10", "--latency", "0", "--offload-dir", str(tmp_path)])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0, out
-    assert "agent-1: turn 10/10:" in out
+    assert "agent-1: turn 10/10:" in err
 
 
 async def test_demo_live_display_redraws_in_place(tmp_path: Path) -> None:
     buf = io.StringIO()
     options = DemoOptions(agents=1, turns=6, window=3_000, latency=0.0, display="live", offload_dir=tmp_path)
-    code, stats = await run_demo(options, out=buf)
+    code, stats = await run_demo(options, out=io.StringIO(), progress=buf)
     text = buf.getvalue()
     assert code == 0, text
     assert "\x1b[2K" in text and re.search(r"\x1b\[\d+A", text)  # clear-line, cursor-up
-    assert text.count("\x1b[?25l") == 1 and text.endswith("\n") and "\x1b[?25h" in text
+    assert text.count("\x1b[?25l") == 1 and text.endswith("\n\x1b[?25h")  # the cursor shown again
     assert stats[0].turns == 6
     assert "agent-1: compaction #" not in text.split("\x1b[?25h")[0].replace("  agent-1: compaction #", "")
 

@@ -25,6 +25,7 @@ from cmdc import (
 from cmdc.providers import ModelRequest, Provider, ScriptedProvider, SimulatedModel, ToolSchema
 from cmdc.providers.simulated import tool_schema_tokens
 from cmdc.synthetic import conversation
+from cmdc.tools import validate_arguments
 
 
 def request(*texts: str, **kwargs: Any) -> ModelRequest:
@@ -240,14 +241,10 @@ async def test_simulated_calls_tools_with_schema_arguments() -> None:
         assert 1 <= len(reply.tool_calls) <= 2
         for call in reply.tool_calls:
             args = call.to_dict()["arguments"]
+            schema = next(t.parameters for t in TOOLS if t.name == call.name)
+            assert validate_arguments(schema, args) == args  # valid for the tool's schema
             if call.name == "read_file":
-                assert set(args) == {"path"} and isinstance(args["path"], str) and args["path"]
-            else:
-                assert call.name == "search"
-                assert isinstance(args["query"], str) and args["mode"] == "fast"
-                assert isinstance(args["max"], float) and isinstance(args["exact"], bool)
-                assert len(args["paths"]) == 1 and isinstance(args["paths"][0], str)
-                assert args["options"] == {}
+                assert isinstance(args["path"], str) and args["path"]
 
 
 async def test_simulated_call_ids_count_up() -> None:
@@ -259,9 +256,13 @@ async def test_simulated_call_ids_count_up() -> None:
 @pytest.mark.parametrize("rounds", [0, 1, 3])
 async def test_simulated_bounds_consecutive_tool_rounds(rounds: int) -> None:
     model = SimulatedModel(tool_probability=1.0, max_tool_rounds=rounds)
-    replies = await run_turns(model, ["first task", "second task"], TOOLS)
+    many = tuple(ToolSchema(f"tool{i}", "A tool.", {"type": "object", "properties": {}}) for i in range(6))
+    replies = await run_turns(model, ["first task", "second task"], many)
     tool_replies = [r for r in replies if r.tool_calls]
     assert len(tool_replies) == 2 * rounds
+    for turn in (replies[: rounds + 1], replies[rounds + 1 :]):  # no tool is called twice in a turn
+        names = [c.name for r in turn for c in r.tool_calls]
+        assert len(names) == len(set(names))
     assert len(replies) == 2 * (rounds + 1)
     assert not replies[-1].tool_calls
 

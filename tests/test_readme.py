@@ -83,6 +83,13 @@ def test_agents_example_compacts_and_keeps_serving(tmp_path: Path) -> None:
         assert m is not None and int(m[2]) < int(m[1])
     compactions = int(lines[-1].rsplit(" ", 1)[1])
     assert compactions >= 1
+    # "past the trigger ... ("auto"); past the window ... ("forced")": both happen
+    assert any(ln.endswith("(auto)") for ln in compacting) and any(ln.endswith("(forced)") for ln in compacting)
+    # the simulated model's tool calls work: a path from the request, recall reading the journal
+    tools = [ln for ln in lines if ln.startswith("tool ")]
+    assert len(tools) >= 20 and all(ln.endswith(": ok") for ln in tools), tools
+    assert {"tool read_file: ok", "tool recall: ok"} <= set(tools)
+    assert out.stderr == ""  # a library is quiet: only the program's own prints, on stdout
 
 
 @pytest.mark.parametrize("index", range(len(python_blocks())))

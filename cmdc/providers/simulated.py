@@ -1,8 +1,11 @@
 """`SimulatedModel`: a plausible, deterministic fake model for demos and benchmarks.
 
-It has a context window and raises `ContextOverflow` like a real model when the prompt does not
-fit, reports usage, calls the tools it is offered (a bounded number of rounds), answers in text
-that echoes the user's words, and summarizes (briefly) when asked to by the compactor.
+It has a context window and raises `ContextOverflow` like a real model when the prompt (plus the
+output room the request asks for) does not fit, reports usage, calls the tools it is offered (a
+bounded number of rounds) with plausible arguments for every parameter of their schemas (see
+`_arguments`: paths and words from the conversation, enums, ranges, nested objects; a named agent
+when `delegate` lists any), answers in text that echoes the user's words, and summarizes
+(briefly) when asked to by the compactor.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .._frozen import thaw
 from ..errors import ConfigError, ContextOverflow
 from ..message import Message, TokenUsage, ToolCall
 from ..tokens import estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
+from ._arguments import arguments_for, example_value
 from .base import ModelRequest, ToolSchema
 from .scripted import check_delay, check_name
 
@@ -48,47 +52,20 @@ def tool_schema_tokens(tool: ToolSchema) -> int:
     return estimate_text_tokens(orjson.dumps(data).decode())
 
 
-def example_value(schema: object, rng: random.Random) -> Any:
-    """A value fitting a JSON schema: enums give their first value, strings a couple of words,
-    integers a small int, numbers a float, arrays one element, objects `{}`."""
-    if not isinstance(schema, Mapping):
-        return rng.choice(_WORDS)
-    if "const" in schema:
-        return thaw(schema["const"])
-    enum = schema.get("enum")
-    if isinstance(enum, (list, tuple)) and enum:
-        return thaw(enum[0])
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, (list, tuple)) and options:
-            return example_value(options[0], rng)
-    kind = schema.get("type")
-    if isinstance(kind, (list, tuple)):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind == "integer":
-        return rng.randint(1, 10)
-    if kind == "number":
-        return round(rng.uniform(0, 10), 2)
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "array":
-        return [example_value(schema.get("items"), rng)]
-    if kind == "object":
-        return {}
-    if kind == "null":
-        return None
-    return f"{rng.choice(_WORDS)} {rng.choice(_WORDS)}"
-
-
 def example_arguments(parameters: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
-    """Arguments for a tool: a value for each required property of its `parameters` schema."""
-    properties = parameters.get("properties")
-    if not isinstance(properties, Mapping):
-        properties = {}
-    required = parameters.get("required")
-    if not isinstance(required, (list, tuple)):
-        return {}
-    return {name: example_value(properties.get(name), rng) for name in required if isinstance(name, str)}
+    """Arguments for a tool with these `parameters`, without a conversation to draw on."""
+    value = example_value(parameters, rng)
+    return value if isinstance(value, dict) else {}
+
+
+def _not_called_yet(tools: tuple[ToolSchema, ...], messages: tuple[Message, ...]) -> list[ToolSchema]:
+    """The tools not called since the last user message (a model rarely repeats a call)."""
+    used: set[str] = set()
+    for m in reversed(messages):
+        if m.role == "user":
+            break
+        used.update(c.name for c in m.tool_calls)
+    return [t for t in tools if t.name not in used]
 
 
 def tool_rounds(messages: tuple[Message, ...]) -> int:
@@ -170,11 +147,11 @@ class SimulatedModel:
         if request.metadata.get(PURPOSE_KEY) == SUMMARIZE:
             reply = Message.assistant(self._summary(request))
         elif (
-            request.tools
+            (fresh := _not_called_yet(request.tools, request.messages))
             and tool_rounds(request.messages) < self.max_tool_rounds
             and self._rng.random() < self.tool_probability
         ):
-            reply = self._tool_reply(request.tools)
+            reply = self._tool_reply(fresh, request.messages)
         else:
             reply = Message.assistant(self._text_reply(request.messages))
         return reply.evolve(usage=TokenUsage(input_tokens=prompt, output_tokens=estimate_message_tokens(reply)))
@@ -190,12 +167,11 @@ class SimulatedModel:
             "\n".join([header, *(_clip(line, width) for line in lines)]), self.summary_chars, keep="head", marker=""
         )
 
-    def _tool_reply(self, tools: tuple[ToolSchema, ...]) -> Message:
+    def _tool_reply(self, tools: list[ToolSchema], messages: tuple[Message, ...]) -> Message:
         calls = []
-        for _ in range(self._rng.randint(1, 2)):
-            tool = self._rng.choice(tools)
+        for tool in self._rng.sample(tools, min(len(tools), self._rng.randint(1, 2))):
             self._call_ids += 1
-            arguments = example_arguments(tool.parameters, self._rng)
+            arguments = arguments_for(tool, messages, self._rng)
             calls.append(ToolCall(id=f"sim_{self._call_ids}", name=tool.name, arguments=arguments))
         names = ", ".join(dict.fromkeys(c.name for c in calls))
         return Message.assistant(f"Calling {names}.", tool_calls=calls)
