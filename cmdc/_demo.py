@@ -38,7 +38,7 @@ import attrs
 import trio
 
 from .agent import AgentRef
-from .compaction import CompactionReport, ExtractiveSummarizer
+from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from .compaction.summary import Summarizer
 from .errors import CmdcError, ProviderError
 from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_END, TOOL_RESULTS_CLIPPED, Event
@@ -285,6 +285,23 @@ def script(index: int, turns: int) -> Script:
     return Script(turns=tuple(plan))
 
 
+def user_budget(options: DemoOptions) -> int:
+    """The compactor's budget for the user messages a summary quotes, with the demo's config."""
+    state = State(agent_id="demo", config=demo_config(options, Path(".")))
+    compactor = Compactor(ExtractiveSummarizer())
+    return compactor.budgets(compactor.compact_config(state), options.window)[1]
+
+
+def demo_config(options: DemoOptions, offload_dir: Path) -> dict[str, Any]:
+    """Every agent's `state.config`."""
+    return {
+        "context_window": options.window,
+        "compact_trigger": ("tokens", options.trigger),
+        "compact_keep": ("messages", 6),
+        "compact_offload_dir": str(offload_dir),
+    }
+
+
 def check_retention(state: State, plan: Script, user_budget: int, sent: int | None = None) -> Retention:
     """Of the first `sent` turns (all by default): the task still in the context; every pin in
     it; every user message in it or quoted in a summary, newest first, as far back as
@@ -490,12 +507,7 @@ async def _run(
     summarizer: Summarizer | None = None
     if use_extractive:
         summarizer = ExtractiveSummarizer(max_chars=max(1_000, options.window // 2))
-    config: dict[str, Any] = {
-        "context_window": options.window,
-        "compact_trigger": ("tokens", options.trigger),
-        "compact_keep": ("messages", 6),
-        "compact_offload_dir": str(offload_dir),
-    }
+    config = demo_config(options, offload_dir)
     tools = make_tools(options.window)
     plans = [script(i, options.turns) for i in range(options.agents)]
     table = LiveTable(out) if live else None
@@ -636,7 +648,7 @@ async def _drive_all(
                 state = await ref.state()
                 s.tokens = state.token_usage
                 if not s.errors:  # an agent whose turns failed has nothing to retain
-                    s.retention = check_retention(state, plan, options.trigger // 3, s.turns)
+                    s.retention = check_retention(state, plan, user_budget(options), s.turns)
                 path = store.path_for(s.name)
                 s.journal_bytes = path.stat().st_size if path.exists() else 0
 
@@ -714,8 +726,8 @@ def final_table(stats: Sequence[AgentStats], options: DemoOptions) -> list[str]:
     ]
     if budgeted:
         lines += [
-            f"* only the newest user messages within the preserved-messages budget ({options.trigger // 3:,}",
-            "  tokens, a third of the trigger) must be quoted; older ones are in the journal",
+            f"* only the newest user messages within the preserved-messages budget ({user_budget(options):,}",
+            "  tokens) must be quoted; older ones are in the journal",
         ]
     return lines
 

@@ -90,14 +90,14 @@ def _total_row(out: str) -> list[str]:
 
 
 def test_demo_end_to_end_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["demo", "--agents", "2", "--turns", "12", "--window", "3000", "--latency", "0"]
+    argv = ["demo", "--agents", "2", "--turns", "20", "--window", "3000", "--latency", "0"]
     code = main([*argv, "--offload-dir", str(tmp_path / "journals")])
     out, err = capsys.readouterr()
     assert code == 0, out
     assert "agent-1" in out and "agent-2" in out
     # total  24/24  comp  forced  before→after  journal  tools  ✓  ✓ n/n  ✓ n/n
     total = _total_row(out)
-    assert total[1] == "24/24"
+    assert total[1] == "40/40"
     compactions, forced = int(total[2]), int(total[3])
     assert compactions > 0 and forced > 0
     assert compactions > forced  # automatic ones too

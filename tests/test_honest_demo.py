@@ -106,13 +106,13 @@ async def test_recall_calls_are_valid_and_read_what_the_summary_names(tmp_path: 
     for seed in range(40):
         args = arguments_for(tool.schema, conversation, random.Random(seed))
         forms.add(tuple(sorted(args)))
-        result = await tool(args)  # raises ToolArgumentsError on arguments recall refuses
+        result = await tool.run(args)  # raises ToolArgumentsError on arguments recall refuses
         assert "records" in result.lower() or "match" in result.lower()
         if "first" in args:
             assert 1 <= args["first"] <= args["last"] <= 12
     assert forms == {("query",), ("first", "last")}
     with pytest.raises(ToolArgumentsError):
-        await tool({"query": "x", "first": 1})  # what a naive filler of every parameter would do
+        await tool.run({"query": "x", "first": 1})  # what a naive filler of every parameter would do
 
 
 async def test_delegation_reaches_the_named_agents_delegate_lists(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ async def test_recall_answers_fit_the_window(window: int | None, budget: int, tm
         await rt.spawn("a1", SimulatedModel(context_window=8_000), recall=True, config=config)
         recall = next(t for t in rt._slots["a1"].tools if t.name == "recall")
         await OffloadStore(tmp_path).append("a1", [Message.user("invoice " * 5_000)])
-        answer = await recall({"query": "invoice"})
+        answer = await recall.run({"query": "invoice"})
         assert len(answer.encode()) <= 4 * (budget if window is not None else _recall_budget(8_000))
 
 
