@@ -3,27 +3,37 @@ it acknowledged is lost.
 
 Run: python -m benchmarks.crash_test [--kills 100] [--seed 7] [--max-delay 0.3] [--dir DIR]
 
-A writer process (this module with --writer) resumes the agent from its last checkpoint and
-loops: it grows the conversation (user messages, tool calls and their results, answers, of
-random sizes), compacts it with `Compactor.force_compact` (the evicted messages are appended to
-the agent's offload journal and fsync'd before it goes on), and saves the new `State` with
-`CheckpointStore`. It prints
+A writer process (this module with --writer) resumes the agent from its last checkpoint (and,
+as a resumed agent does, commits that state's journal attempts), then loops the way an agent
+commits: it grows the conversation (user messages, tool calls and their results, answers, of
+random sizes), compacts it with `Compactor(commit_journal=False).force_compact` (the evicted
+messages are appended to the journal as an uncommitted attempt, fsync'd), and then either
+abandons the compaction (one time in three, as a failed step does: the next compaction retries
+the same messages) or saves the new `State` with `CheckpointStore` and commits the attempt. It
+prints
 
-    A <seq> <message id>      for each journal record, once the append has returned (fsync'd)
-    C <compactions> <ids>     once the checkpoint of that State is saved (fsync'd, renamed, and
-                              the directory fsync'd)
+    A <attempt> <seq>:<id>,...  once an attempt's batch is appended (fsync'd, not yet visible)
+    X <attempt>                 when that compaction is abandoned (never committed)
+    S <attempts> <ids>          the attempts and messages of a compaction about to be committed,
+                                before its checkpoint is saved
+    C <compactions> <ids>       once the checkpoint of that State is saved (fsync'd, renamed, and
+                                the directory fsync'd)
+    K <attempts>                once the commit line is fsync'd
 
 Its writes reach the kernel in short pieces (--piece bytes), as short writes would, so a kill
-can land inside a record. The parent kills it with SIGKILL after a random delay, then recovers
-and checks, every time:
+can land inside a record, and between an attempt and its commit. The parent kills it with
+SIGKILL after a random delay, then recovers (the resumed state's attempts are committed, as an
+agent's resume does) and checks, every time:
 
-- the journal parses (`OffloadStore.records`), its records are numbered 1..n with no gap and no
-  duplicate, and every acknowledged record is there, under its seq, in order;
-- a reader (`OffloadStore.read`) sees every acknowledged message, each once;
+- the journal has no damaged line (a torn tail at most); message record numbers only grow;
+- a reader (`OffloadStore.read`) sees each message once, at the record number its first
+  acknowledged append gave it (stable addresses);
+- it sees every message evicted by an acknowledged checkpoint, and nothing of an abandoned
+  attempt unless a committed one evicted the same message (exactly once, as readers see it);
 - the last checkpoint loads (`CheckpointStore.load`): it is the last acknowledged one or a newer
   one, and every summary in it names a range of records all on disk;
 - no message of any acknowledged checkpoint is lost: each is in the loaded State or the journal;
-- a new append (a new process's) truncates a torn tail and gets the next seq.
+- a new append (a new process's) moves a torn tail aside and appends after the last record.
 
 It prints one line with the counts; the exit status is 1 if any check failed.
 """
@@ -45,13 +55,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 import trio
 
 from cmdc import Compacted, Compactor, ExtractiveSummarizer, Message, OffloadStore, State, ToolCall
 from cmdc.checkpoint import CheckpointStore
 from cmdc.errors import CmdcError
-from cmdc.offload import AppendResult
+from cmdc.offload import AppendResult, OffloadCorrupted, _decode_line
 
 AGENT = "crash"
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,27 +120,42 @@ async def writer(directory: Path, seed: int, piece: int) -> None:
         state = State(
             agent_id=AGENT, messages=(Message.system("You are a careful agent."),), config=agent_config(directory)
         )
-    compactor = Compactor(ExtractiveSummarizer(), retries=0)
+    compactor = Compactor(ExtractiveSummarizer(), retries=0, commit_journal=False)
+    await compactor.commit(state)  # a resumed agent commits its state's attempts
     store = compactor.store_for(compactor.compact_config(state))
-    append = store.append
+    append, commit = store.append, store.commit
 
-    async def acknowledged(agent_id: str, messages: Sequence[Message], *, compaction: int = 0) -> AppendResult:
-        result = await append(agent_id, messages, compaction=compaction)
-        # One process, no failures: every batch is new, written whole, numbered in order.
-        assert result.written == len(messages) == result.last_seq - result.first_seq + 1
-        _say("".join(f"A {seq} {m.id}\n" for seq, m in enumerate(messages, result.first_seq)))
+    async def acknowledged(agent_id: str, messages: Sequence[Message], **options: Any) -> AppendResult:
+        result = await append(agent_id, messages, **options)
+        pairs = ",".join(f"{seq}:{m.id}" for seq, m in zip(result.seqs, messages, strict=True))
+        _say(f"A {result.attempt} {pairs}\n")
         return result
 
+    async def committed(agent_id: str, attempts: Sequence[str], **options: Any) -> bool:
+        wrote = await commit(agent_id, attempts, **options)
+        _say(f"K {','.join(attempts)}\n")
+        return wrote
+
     store.append = acknowledged  # type: ignore[method-assign]
+    store.commit = committed  # type: ignore[method-assign]
     _say("R\n")
     while True:
         for _ in range(rng.randint(1, 3)):
             state = _round(state, rng)
         outcome = await compactor.force_compact(state)
-        if isinstance(outcome, Compacted):  # each checkpoint has its own compaction number
-            state = outcome.state
-            await checkpoints.save(state)
-            _say(f"C {state.compactions} {','.join(m.id for m in state.messages)}\n")
+        if not isinstance(outcome, Compacted):
+            continue
+        summary = next(m for m in outcome.state.messages if m.is_summary)
+        if rng.random() < 1 / 3:  # the step fails after the compaction: its state is thrown away
+            _say(f"X {','.join(summary.metadata['cmdc.attempts'])}\n")
+            continue
+        kept = {m.id for m in outcome.state.messages}
+        evicted = ",".join(m.id for m in state.messages if m.id not in kept) or "-"
+        _say(f"S {','.join(summary.metadata['cmdc.attempts']) or '-'} {evicted}\n")
+        state = outcome.state
+        await checkpoints.save(state)  # each checkpoint has its own compaction number
+        _say(f"C {state.compactions} {','.join(m.id for m in state.messages)}\n")
+        await compactor.commit(state)
 
 
 # -- the parent ------------------------------------------------------------------------------------
@@ -141,36 +165,54 @@ class Ledger:
     """What the writers acknowledged, over every run."""
 
     def __init__(self) -> None:
-        self.records: dict[int, str] = {}  # seq -> message id
+        self.address: dict[str, int] = {}  # message id -> its record number, once a commit is intended
+        self.attempts: dict[str, list[tuple[str, int]]] = {}  # attempt -> (message id, record number)
+        self.abandoned: set[str] = set()
+        self.intended: set[str] = set()  # every message id an S line names (committed or about to be)
+        self.evicted: set[str] = set()  # ... of which the checkpoint was acknowledged
+        self.pending_evicted: set[str] = set()
+        self.pending_attempts: list[str] = []
         self.checkpoint: tuple[int, list[str]] | None = None  # the last acknowledged one
         self.checkpointed: set[str] = set()  # every message id of every acknowledged checkpoint
         self.checkpoints = 0
+        self.commits = 0
 
     def take(self, line: str) -> None:
         kind, _, rest = line.partition(" ")
         if kind == "A":
-            seq, message_id = rest.split()
-            self.records[int(seq)] = message_id
+            attempt, pairs = rest.split()
+            self.attempts[attempt] = [(i, int(seq)) for seq, i in (p.split(":") for p in pairs.split(","))]
+        elif kind == "X":
+            self.abandoned.update(rest.split(","))
+        elif kind == "S":
+            attempts, ids = rest.split()
+            self.pending_attempts = attempts.split(",")
+            self.pending_evicted = set(ids.split(",")) - {"-"}
+            self.intended |= self.pending_evicted
         elif kind == "C":
             compactions, ids = rest.split()
             self.checkpoint = (int(compactions), ids.split(","))
             self.checkpointed.update(self.checkpoint[1])
+            self.evicted |= self.pending_evicted
+            for attempt in self.pending_attempts:  # committed: its record numbers are addresses now
+                for message_id, seq in self.attempts.get(attempt, ()):
+                    self.address.setdefault(message_id, seq)
             self.checkpoints += 1
+        elif kind == "K":
+            self.commits += 1
 
 
-def raw_records(path: Path) -> tuple[list[tuple[int, str]], bool]:
-    """(seq, message id) of each complete line, and whether a torn tail follows them."""
+def raw_lines(path: Path) -> tuple[list[Any], bool, bool]:
+    """Each complete line decoded, whether a torn tail follows them, and whether the journal
+    ends with records of an attempt not committed yet."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return [], False
+        return [], False, False
     lines = data.split(b"\n")
     torn = lines.pop() != b""
-    out = []
-    for line in lines:
-        obj = orjson.loads(line)
-        out.append((obj["seq"], obj["message"]["id"]))
-    return out, torn
+    out = [_decode_line(line, f"{path}: line {n}") for n, line in enumerate(lines, 1)]
+    return out, torn, bool(out) and out[-1].kind == "message"
 
 
 def check(directory: Path, ledger: Ledger, kill: int) -> tuple[list[str], dict[str, int]]:
@@ -183,31 +225,45 @@ def check(directory: Path, ledger: Ledger, kill: int) -> tuple[list[str], dict[s
         failures.append(f"kill {kill}: {what}")
 
     try:
-        records = trio.run(OffloadStore(directory / "offload").records, AGENT)
-    except CmdcError as exc:
-        fail(f"the journal does not parse: {exc!r}")
-        return failures, counts
-    raw, torn = raw_records(journal)
-    counts["torn"] = torn
-    seqs = [s for s, _ in raw]
-    if seqs != list(range(1, len(seqs) + 1)):
-        fail(f"journal seqs are not 1..{len(seqs)} (a gap or a duplicate)")
-    for seq, message_id in ledger.records.items():
-        if seq > len(raw) or raw[seq - 1] != (seq, message_id):
-            fail(f"acknowledged record {seq} ({message_id}) is not on disk")
-            break
-    counts["mid_batch"] = bool(seqs) and seqs[-1] > max(ledger.records, default=0)
-    seen = [r.message.id for r in records]
-    if len(seen) != len(set(seen)) or [r.seq for r in records] != sorted(r.seq for r in records):
-        fail("a reader sees a message twice or out of order")
-    if not set(ledger.records.values()) <= set(seen):
-        fail("a reader misses an acknowledged message")
-
-    try:
         state = trio.run(CheckpointStore(directory / "ckpt").load, AGENT)
     except CmdcError as exc:
         fail(f"the checkpoint does not load: {exc!r}")
         return failures, counts
+    try:
+        raw, torn, open_attempt = raw_lines(journal)
+    except OffloadCorrupted as exc:
+        fail(f"a complete journal line is damaged: {exc}")
+        return failures, counts
+    counts["torn"] = torn
+    counts["between_attempt_and_commit"] = open_attempt
+    seqs = [line.seq for line in raw if line.kind == "message"]
+    if seqs != sorted(set(seqs)):
+        fail("journal record numbers do not grow (a duplicate or a step back)")
+    if state is not None:  # recovery: as a resumed agent does, commit the state's attempts
+        try:
+            trio.run(Compactor(commit_journal=False).commit, state)
+        except CmdcError as exc:
+            fail(f"the resumed state's commit failed: {exc!r}")
+    try:
+        records = trio.run(OffloadStore(directory / "offload").records, AGENT)
+    except CmdcError as exc:
+        fail(f"the journal cannot be read: {exc!r}")
+        return failures, counts
+    seen = [r.message.id for r in records]
+    if len(seen) != len(set(seen)) or [r.seq for r in records] != sorted(r.seq for r in records):
+        fail("a reader sees a message twice or out of order")
+    moved = [r for r in records if r.message.id in ledger.address and ledger.address[r.message.id] != r.seq]
+    if moved:
+        first = ", ".join(f"{r.message.id} at {r.seq}, not {ledger.address[r.message.id]}" for r in moved[:3])
+        fail(f"{len(moved)} message(s) read at another record number than their append gave them: {first}")
+    in_state = set() if state is None else {m.id for m in state.messages}
+    if not ledger.evicted <= set(seen) | in_state:
+        fail("a reader misses a message an acknowledged checkpoint evicted")
+    stray = set(seen) - ledger.intended
+    if stray:
+        fail(f"{len(stray)} message(s) of abandoned attempts are visible")
+    counts["abandoned_attempts"] = len(ledger.abandoned)
+
     if ledger.checkpoint is not None:
         compactions, ids = ledger.checkpoint
         if state is None:
@@ -225,22 +281,24 @@ def check(directory: Path, ledger: Ledger, kill: int) -> tuple[list[str], dict[s
                 first, last = m.metadata["cmdc.first_seq"], m.metadata["cmdc.last_seq"]
                 if not set(range(first, last + 1)) <= on_disk:
                     fail(f"the checkpoint's summary names records {first}-{last}, not all on disk")
-        lost = ledger.checkpointed - {m.id for m in state.messages} - set(seen)
+        lost = ledger.checkpointed - in_state - set(seen)
         if lost:
             fail(f"{len(lost)} message(s) of acknowledged checkpoints are lost")
     counts["temp_files"] = (directory / "ckpt").exists() and any((directory / "ckpt").glob(".*.tmp"))
 
-    # Recovery: a new process appends; a torn tail is truncated first.
+    # Recovery: a new process appends; a torn tail is moved aside first.
     probe = Message.user(f"recovery probe after kill {kill}")
     try:
         result = trio.run(OffloadStore(directory / "offload").append, AGENT, [probe])
     except CmdcError as exc:
         fail(f"the append after recovery failed: {exc!r}")
         return failures, counts
-    after, torn_after = raw_records(journal)
-    if torn_after or result.first_seq != len(raw) + 1 or after != [*raw, (result.first_seq, probe.id)]:
-        fail("recovery did not truncate the torn tail and append the next seq")
-    ledger.records[result.first_seq] = probe.id
+    after, torn_after, _ = raw_lines(journal)
+    messages_after = [line for line in after if line.kind == "message"]
+    if torn_after or messages_after[-1].record.message.id != probe.id or result.first_seq <= max(seqs, default=0):
+        fail("recovery did not move the torn tail aside and append after the last record")
+    ledger.address[probe.id] = result.first_seq
+    ledger.intended.add(probe.id)
     return failures, dict(counts)
 
 
@@ -314,10 +372,12 @@ def run(
         figures = {
             "kills": totals["kills"],
             "failures": failures,
-            "records": len(ledger.records),
+            "records": len(ledger.address),
             "checkpoints": ledger.checkpoints,
+            "commits": ledger.commits,
+            "abandoned": len(ledger.abandoned),
+            "between_attempt_and_commit": totals["between_attempt_and_commit"],
             "torn_tails": totals["torn"],
-            "mid_batch": totals["mid_batch"],
             "newer_checkpoint": totals["newer_checkpoint"],
             "temp_files": totals["temp_files"],
             "seconds": elapsed,
@@ -326,10 +386,11 @@ def run(
         out(f"FAILED {failure}")
     out(
         f"crash test: {figures['kills']} SIGKILLs, {len(failures)} failures; "
-        f"{figures['records']:,} acknowledged journal records all on disk, in order, no gap, no duplicate; "
+        f"{figures['records']:,} acknowledged journal records, each read once at its number; "
         f"{figures['checkpoints']:,} acknowledged checkpoints, the last (or a newer) one loaded after every kill; "
-        f"{figures['torn_tails']} torn tails truncated by recovery; "
-        f"{figures['mid_batch']} kills inside a batch (its whole records stay, unacknowledged); "
+        f"{figures['commits']:,} commits, {figures['abandoned']} abandoned attempts never seen; "
+        f"{figures['between_attempt_and_commit']} kills between an attempt and its commit; "
+        f"{figures['torn_tails']} torn tails moved aside by recovery; "
         f"{figures['newer_checkpoint']} kills between a checkpoint's rename and its acknowledgement; "
         f"{figures['temp_files']} kills inside a checkpoint save (the temp file is ignored by loads); "
         f"{elapsed:.1f} s"

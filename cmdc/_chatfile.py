@@ -37,6 +37,7 @@ import attrs
 import orjson
 
 from ._frozen import thaw
+from ._fs import atomic_write
 from .compaction.finalize import USER_MESSAGES_HEADING, USER_MESSAGES_KEY
 from .errors import InvalidMessage
 from .message import KIND_KEY, PINNED_KEY, SUMMARY_KIND, ImagePart, Message, Part, TextPart, ToolCall
@@ -427,22 +428,10 @@ def default_output(path: Path, fmt: Format) -> Path:
     return path.with_name(f"{path.stem}.compacted.{fmt}")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory, fsync'd and renamed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write `data` to `path` durably through an unpredictable temp file created with
+    `O_EXCL | O_NOFOLLOW` beside it, fsync'd, renamed, the directory fsync'd (`_fs.atomic_write`)."""
+    atomic_write(path, data, mode)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
+import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +42,63 @@ def make_dirs(directory: Path) -> None:
             continue
         os.chmod(d, 0o700)
         fsync_dir(d.parent)
+
+
+TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def temp_name(path: Path) -> Path:
+    """An unpredictable temp file name beside `path`: `.<name>.<16 hex digits>.tmp`."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+
+
+def create_temp(path: Path, mode: int = 0o600) -> tuple[Path, int]:
+    """Create a new temp file beside `path` (`O_EXCL | O_NOFOLLOW`: a planted symlink or hard
+    link at the name is never followed, and the name cannot be guessed in advance), with
+    exactly `mode` whatever the umask. Returns its path and an fd open for writing."""
+    for _ in range(8):
+        temp = temp_name(path)
+        try:
+            fd = os.open(temp, TEMP_FLAGS, mode)
+        except FileExistsError:  # pragma: no cover - 64 random bits colliding
+            continue
+        try:
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        return temp, fd
+    raise FileExistsError(errno.EEXIST, f"no free temp name beside {path}")  # pragma: no cover
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Replace `path` with `data` durably: a new temp file (`create_temp`), written, fsync'd,
+    renamed over `path`, and the directory fsync'd. A reader (or a restart after a crash) sees
+    the old file or the new one; on any failure the temp file is removed."""
+    temp, fd = create_temp(path, mode)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    fsync_dir(path.parent)
+
+
+def stricter_mode(path: Path, default: int = 0o600) -> int:
+    """`default`, or the permission bits of the existing file `path` when they are stricter."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return default
+    return default & stat.S_IMODE(st.st_mode)
 
 
 def write_all(fd: int, data: bytes) -> None:

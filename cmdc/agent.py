@@ -819,6 +819,19 @@ class Agent:
             self.saved, self.checkpointed = state, True
         self.state = state
         self.pending.clear()
+        await self.commit_journal(state)
+
+    async def commit_journal(self, state: State) -> None:
+        """The state is committed: so are the journal attempts of its compactions (a no-op when
+        they are already). A failure is reported; a restart, or the next compaction (its batch
+        holds this summary), commits them again."""
+        if self.compactor.commit_journal:
+            return
+        try:
+            with trio.CancelScope(shield=True):
+                await self.compactor.commit(state)
+        except CmdcError as exc:
+            self._emit(ERROR, error=repr(exc), during="journal commit")
 
     async def _turn(self, incoming: tuple[Message, ...]) -> Message:
         started = trio.current_time()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import orjson
 import trio
 
 from ._chatfile import (
@@ -30,12 +32,14 @@ from ._chatfile import (
     write_atomic,
 )
 from ._demo import MIN_WINDOW, DemoError, DemoOptions, real_provider, run_demo
+from ._fs import stricter_mode
 from ._version import __version__
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
 from .errors import CmdcError, CompactionIncomplete, ConfigError, OffloadCorrupted, OffloadError
+from .events import JOURNAL_DAMAGED, Event
 from .message import Message
-from .offload import JournalRecord, OffloadStore
+from .offload import JournalRecord, JournalReport, OffloadStore
 from .state import State, validate_agent_id
 from .store import Store, open_store
 
@@ -174,6 +178,16 @@ def _parser() -> argparse.ArgumentParser:
     mode = history.add_mutually_exclusive_group()
     mode.add_argument("--search", nargs="+", metavar="WORD", help="records matching these words, best first")
     mode.add_argument("--range", nargs=2, type=_positive, metavar=("FIRST", "LAST"), help="records FIRST-LAST in full")
+    mode.add_argument(
+        "--verify",
+        action="store_true",
+        help="read the whole journal and report damaged lines, uncommitted attempts and duplicates (exit 1 if damaged)",
+    )
+    mode.add_argument(
+        "--repair",
+        action="store_true",
+        help="rewrite the journal keeping every valid line; damaged bytes go to DIR/AGENT.jsonl.damaged",
+    )
     mode.add_argument(
         "--markdown",
         nargs="?",
@@ -333,7 +347,7 @@ def _compact(args: argparse.Namespace) -> int:
     summarizer = _summarizer(args)
     state = State(
         agent_id=agent,
-        messages=chat.messages,
+        messages=_stable_ids(chat.messages),
         config={"compact_keep": ("messages", args.keep), "compact_offload_dir": str(offload)},
         compactions=_last_compaction(chat),
     )
@@ -344,9 +358,23 @@ def _compact(args: argparse.Namespace) -> int:
         print(f"{path}: nothing to compact ({result.reason}); {len(chat.messages)} messages, nothing written")
         return 0
     objects = [to_openai(m, annotate=args.annotate) for m in result.state.messages]
-    write_atomic(out, encode_chat(objects, chat.format, chat.envelope))
+    # 0600, or the input's mode when it is stricter: the output holds the same conversation
+    write_atomic(out, encode_chat(objects, chat.format, chat.envelope), mode=stricter_mode(path))
     _print_report(chat, out, result.report, result.state, url)
     return 0
+
+
+def _stable_ids(messages: Sequence[Message]) -> tuple[Message, ...]:
+    """Messages read from a file have no ids: give each one derived from its content and all
+    that came before it, so compacting the same file again journals nothing twice."""
+    out: list[Message] = []
+    digest = b""
+    for m in messages:
+        data = m.to_dict()
+        data.pop("id", None)
+        digest = hashlib.sha256(digest + orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).digest()
+        out.append(m.evolve(id="f" + digest[:12].hex()))
+    return tuple(out)
 
 
 def _check_writable(directory: Path) -> None:
@@ -429,24 +457,59 @@ def _history(args: argparse.Namespace) -> int:
         target = Path(args.markdown)
         if target.is_dir() or not target.parent.is_dir():
             raise UsageError(f"--markdown {target}: not a file path in an existing directory")
+    damaged: list[Event] = []
+    store.on_event = damaged.append
     try:
-        trio.run(_show_history, args, store, agent, journal)
+        code = trio.run(_show_history, args, store, agent, journal)
     except OffloadCorrupted as exc:
         raise UsageError(f"the journal is damaged: {exc}") from None
     except OffloadError as exc:
         raise UsageError(str(exc)) from None
-    return 0
+    for event in damaged[:1]:
+        if event.kind == JOURNAL_DAMAGED:
+            print(
+                f"cmdc history: warning: {event.data['damaged']} damaged line(s) in {journal} skipped; "
+                f"see `cmdc history {args.dir} {agent} --verify`, fix with --repair",
+                file=sys.stderr,
+            )
+    return code
 
 
-async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: str, journal: Path) -> None:
+def _print_journal_report(report: JournalReport, *, repaired: bool) -> None:
+    print(f"journal {report.path} (id {report.journal or 'none'}, {report.size:,} bytes)")
+    print(f"  {report.records} records from {report.compactions} compaction(s)")
+    print(f"  {report.uncommitted} record(s) of attempts never committed (invisible to readers)")
+    if report.duplicates:
+        print(f"  {report.duplicates} duplicate record(s) hidden (each message is read once)")
+    for d in report.damaged:
+        print(f"  damaged: line {d.line} (byte {d.offset}, {d.length} bytes): {d.reason}")
+    if report.torn:
+        print(f"  torn: {report.torn} bytes after the last complete line")
+    if repaired and report.side_file is not None:
+        print(f"repaired: {report.moved:,} damaged bytes moved to {report.side_file}; every valid line kept")
+    elif report.clean:
+        print("clean: no damaged line")
+
+
+async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: str, journal: Path) -> int:
+    if args.verify:
+        report = await store.verify(agent)
+        _print_journal_report(report, repaired=False)
+        return 0 if report.clean else 1
+    if args.repair:
+        report = await store.repair(agent)
+        _print_journal_report(report, repaired=True)
+        return 0
     if args.markdown is not None:
         md = await store.write_transcript(agent)
         if args.markdown:
-            await trio.to_thread.run_sync(shutil.copyfile, md, args.markdown)
+            data = await trio.to_thread.run_sync(md.read_bytes)
+            target = Path(args.markdown)
+            await trio.to_thread.run_sync(write_atomic, target, data, stricter_mode(target))
             print(args.markdown)
         else:
             print(md)
-        return
+        return 0
     if args.search:
         query = " ".join(args.search)
         hits = await store.search(agent, query, limit=args.limit or 10)
@@ -454,7 +517,7 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
             print(f"no records match {query!r}")
         for record in hits:
             print(_line(record, _snippet(record.message, args.search)))
-        return
+        return 0
     records = await store.records(agent)
     if args.range:
         first, last = args.range
@@ -464,12 +527,13 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
             print(f"no records in {first}-{last} (the journal holds records {span})")
         for record in chosen:
             print(_full(record))
-        return
+        return 0
     shown = records[-args.limit :] if args.limit else records
     for record in shown:
         print(_line(record, _first_line(record.message)))
-    compactions = len({r.compaction for r in records})
+    compactions = (await store.verify(agent)).compactions
     print(f"{len(records)} records from {compactions} compaction(s) in {journal}")
+    return 0
 
 
 def _history_store(args: argparse.Namespace) -> int:

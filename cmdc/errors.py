@@ -73,7 +73,24 @@ class OffloadError(CmdcError):
 
 
 class OffloadCorrupted(OffloadError):
-    """The offload journal is damaged before its last line; cmdc will not guess."""
+    """A journal record is damaged (a checksum mismatch, a broken line). Readers skip damaged
+    records and count them; this is raised where a damaged record cannot be skipped."""
+
+
+class JournalLost(OffloadError):
+    """The journal a state expects has disappeared, was replaced by another one, or was
+    truncated below the last record the state names. Detected before anything is appended;
+    the store has durably recorded the loss (a successor journal numbering on from
+    `expected_seq`), so a retry writes the whole batch again and never reuses a record number."""
+
+    def __init__(self, message: str, *, expected: str | None = None, found: str | None = None,
+                 expected_seq: int = 0, found_seq: int = 0, why: str = "") -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.found = found
+        self.expected_seq = expected_seq
+        self.found_seq = found_seq
+        self.why = why
 
 
 class ProviderError(CmdcError):

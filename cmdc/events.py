@@ -39,6 +39,9 @@ PINS_OVER_BUDGET = "pins_over_budget"
 TOOL_RESULTS_CLIPPED = "tool_results_clipped"
 RESTART = "restart"
 EVENTS_DROPPED = "events_dropped"
+JOURNAL_LOST = "journal_lost"
+JOURNAL_DAMAGED = "journal_damaged"
+JOURNAL_REPAIRED = "journal_repaired"
 STOPPED = "stopped"  # an agent stopped for good; its subscriptions end after this event
 USAGE_REFUSED = "usage_refused"  # a reply's usage figures were implausible: dropped, the size is estimated
 TOOL_CALLS_REFUSED = "tool_calls_refused"  # a reply asked for more tool calls than run per step
@@ -69,6 +72,9 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         EVENTS_DROPPED: logging.WARNING,
         USAGE_REFUSED: logging.WARNING,
         TOOL_CALLS_REFUSED: logging.WARNING,
+        JOURNAL_LOST: logging.WARNING,
+        JOURNAL_DAMAGED: logging.WARNING,
+        JOURNAL_REPAIRED: logging.WARNING,
     }
 )
 """The log level of each kind (an unknown kind logs at INFO)."""
@@ -99,6 +105,9 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         EVENTS_DROPPED: ("count",),
         USAGE_REFUSED: ("usage", "limit"),
         TOOL_CALLS_REFUSED: ("refused", "limit"),
+        JOURNAL_LOST: ("path", "expected", "found", "why"),
+        JOURNAL_DAMAGED: ("path", "damaged", "torn"),
+        JOURNAL_REPAIRED: ("path", "moved", "lines"),
     }
 )
 """The data keys of each kind: an event of a known kind always carries exactly these (a key its

@@ -1,68 +1,176 @@
-"""The offload store: a durable, append-only journal of evicted messages, one file per agent.
+"""The offload store: each agent's journal of evicted messages, a log of attempts and commits.
 
-`<root>/<agent_id>.jsonl` holds one JSON object per line::
+`<root>/<agent_id>.jsonl` holds one JSON object per line, of three kinds::
 
-    {"message":{...},"compaction":0,"ts":1718000000.0,"seq":1,"crc":"89abcdef"}
+    {"journal":"j…","follows":null,"agent":"a1","seq":0,"ts":…,"crc":"…"}      identity / link
+    {"message":{…},"compaction":3,"ts":…,"seq":17,"attempt":"k…","journal":"j…","crc":"…"}
+    {"commit":["k…"],"journal":"j…","seq":17,"ts":…,"crc":"…"}                 commit marker
 
-Each line starts with the fixed head `{"message":` (checked literally) and ends with the fixed
-suffix `,"crc":"xxxxxxxx"}`; `crc` is the CRC-32 of every byte between them. So a flipped byte
-anywhere is detected while the line stays plain JSON, and the checksum of a message's encoding,
-computed once when it entered the state, is reused rather than recomputed at offload time.
-Bytes after the last newline are a torn record (a crash mid-write): readers skip them and the
-next writer truncates them. A complete line that fails its checksum is never guessed at:
-it raises `OffloadCorrupted`. `<root>/<agent_id>.md` is a transcript for people, written on
-request by `write_transcript` (it is derived from the journal, so it stays off the hot path).
+Every line starts with a fixed head (`{"message":`, `{"journal":`, `{"commit":`) and ends with
+the fixed suffix `,"crc":"xxxxxxxx"}`, the CRC-32 of every byte between them: a flipped byte
+anywhere is detected while the line stays plain JSON (a message's checksum, computed once when
+it entered its state, is reused). `seq` is the record number of a message, or the highest
+number given out so far on a control line; numbers only grow and are never reused.
+
+**Attempts and commits.** A batch is written by an attempt (its records carry the attempt id)
+and becomes visible only when a commit line names the attempt (`append(commit=True)` writes both
+at once). A summary message carries the attempts it depends on, so a committed batch that holds
+an earlier summary also makes that summary's attempts visible. Readers key records by message
+id: each committed message is seen once, at its first committed record (its stable address).
+Appending a message the writer already knows in this journal (same id, same content) reuses
+its record. Lines written by an older cmdc (no attempt) count as committed.
+
+**Identity.** The first line names the journal (`journal`); every record repeats the id, so the
+last line of the file says which journal it is. A state carries `JournalRef(journal, seq)`.
+Before appending, the writer checks the end of the file (its content, not only its size); a
+journal that vanished, was replaced or was truncated below what the state (or this store)
+expects raises `JournalLost` after a link line is written durably (`follows` the lost journal,
+numbering on past everything handed out): the retry then writes its whole batch, and no record
+number is ever reused.
+
+**Damage.** A damaged line (checksum, shape, broken JSON) is skipped by readers, counted and
+reported as an event; a torn or damaged tail is moved to `<agent_id>.jsonl.damaged` by the next
+writer before it appends; `repair` rewrites the journal keeping every valid line, moving the
+damaged bytes to the same side file. `<root>/<agent_id>.md` is a transcript for people, written
+on request by `write_transcript`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import re
+import secrets
+import stat
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import orjson
 import trio
 
-from ._fs import fsync_dir, make_dirs, run_bounded, write_all
+from ._fs import create_temp, fsync_dir, make_dirs, run_bounded, write_all
 from ._search import MAX_QUERY_CHARS, query_words, search_records
-from .errors import ConfigError, InvalidMessage, OffloadCorrupted, OffloadError
+from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
+from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit
 from .message import Message
 from .state import validate_agent_id
 
 _BLOCK = 64 * 1024
+_SCAN_LIMIT = 32 * 1024 * 1024  # how far back a writer reads to learn the latest attempts
+_KNOWN = 65_536  # records a writer remembers (message id, number, checksum) for idempotent appends
+_RECENT = 1024 * 1024  # past the latest commit, how far back it goes on learning committed ones
 _SUFFIX_LEN = 18  # len(',"crc":"xxxxxxxx"}')
 _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
-_KEYS = frozenset({"seq", "compaction", "ts", "message", "crc"})
+_HEAD = b'{"message":'
+_HEADS = (_HEAD, b'{"journal":', b'{"commit":')
+_ID = re.compile(r"[jk][0-9a-f]{16}")
+_LEGACY_KEYS = frozenset({"seq", "compaction", "ts", "message", "crc"})
+_MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
+_JOURNAL_KEYS = frozenset({"journal", "follows", "agent", "seq", "ts", "crc"})
+_COMMIT_KEYS = frozenset({"commit", "journal", "seq", "ts", "crc"})
 _WORD = re.compile(r"\w+")
 _WRITE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+_GROUP = 4096  # pieces per write: about 600 KiB of ~400-character messages
+ATTEMPTS_KEY = "cmdc.attempts"
+"""Summary metadata: the journal attempts a summary depends on (committed together with it)."""
+JOURNAL_KEY = "cmdc.journal"
+"""Summary metadata: the id of the journal that holds what the summary replaced."""
+
+
+def new_journal_id() -> str:
+    return "j" + secrets.token_hex(8)
+
+
+def new_attempt_id() -> str:
+    return "k" + secrets.token_hex(8)
 
 
 @attrs.frozen
 class JournalRecord:
-    """One line of an offload journal."""
+    """One message record of an offload journal."""
 
     seq: int
     compaction: int
     timestamp: float
     message: Message
+    attempt: str | None = None
+    journal: str | None = None
+
+
+@attrs.frozen
+class JournalRef:
+    """What a state knows of its journal: the journal's id and the highest record number the
+    state's summaries name. `append(expect=...)` checks the file against it."""
+
+    journal: str | None = None
+    seq: int = 0
 
 
 @attrs.frozen
 class AppendResult:
     """What an append did: `written` records are new; `first_seq..last_seq` cover the whole
-    batch, including messages a retried batch had already written."""
+    batch, including messages already in the journal (their records are reused). `pending`:
+    the attempts a commit must name for the batch to become visible (empty once it is)."""
 
     path: Path
     first_seq: int
     last_seq: int
     written: int
+    journal: str | None = None
+    attempt: str | None = None
+    pending: tuple[str, ...] = ()
+    seqs: tuple[int, ...] = ()  # each message's record number, in the batch's order
+
+
+@attrs.frozen
+class Damage:
+    """A damaged line: its number (1-based), byte offset and length, and what is wrong."""
+
+    line: int
+    offset: int
+    length: int
+    reason: str
+
+
+@attrs.frozen
+class JournalReport:
+    """What `verify` found (or `repair` did): visible records, compactions (committed attempts
+    with records), records of attempts never committed, hidden duplicate records, damaged
+    lines, torn bytes at the end; after a repair, the bytes moved to `side_file`."""
+
+    path: Path
+    journal: str | None
+    records: int
+    compactions: int
+    uncommitted: int
+    duplicates: int
+    damaged: tuple[Damage, ...]
+    torn: int
+    size: int
+    moved: int = 0
+    side_file: Path | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not self.damaged and not self.torn
+
+
+@attrs.frozen
+class _Line:
+    kind: str  # "message" | "journal" | "commit"
+    seq: int
+    journal: str | None
+    record: JournalRecord | None = None
+    follows: str | None = None
+    attempts: tuple[str, ...] = ()
 
 
 @attrs.define
@@ -70,12 +178,22 @@ class _Journal:
     """What a store knows about one agent's journal; guarded by `lock`."""
 
     lock: trio.Lock = attrs.field(factory=trio.Lock)
-    next_seq: int = 0  # 0: unknown until the tail has been read
-    identity: tuple[int, int, int] | None = None  # (dev, ino, size) right after our last write
-    last_ids: list[str] = attrs.field(factory=list)  # the last batch: message ids ...
-    last_seqs: list[int] = attrs.field(factory=list)  # ... and their seqs
     failed: str | None = None
     transcribed: int = 0  # last seq written to the Markdown transcript by this store
+    # the file as this store last left it: (dev, ino), size and last line, for the quick check
+    inode: tuple[int, int] | None = None
+    size: int = 0
+    last: bytes = b""
+    journal: str | None = None  # the journal's id
+    seq: int = 0  # the highest record number given out in it
+    follows: str | None = None  # when the last line is a link: the journal it takes over from
+    known: dict[str, tuple[int, int, str | None]] = attrs.field(factory=dict)  # id -> seq, crc, attempt
+    committed: set[str] = attrs.field(factory=set)
+    successors: dict[str, str] = attrs.field(factory=dict)  # lost journal -> the one that took over
+    expected: tuple[str, int] | None = None  # (journal, highest record number) this store last wrote
+
+    def forget_file(self) -> None:
+        self.inode, self.size, self.last = None, 0, b""
 
 
 def _offload_error(path: Path, exc: OSError, doing: str) -> OffloadError:
@@ -83,12 +201,12 @@ def _offload_error(path: Path, exc: OSError, doing: str) -> OffloadError:
     return OffloadError(f"offload journal {path}: {doing} failed: {text}")
 
 
-_HEAD = b'{"message":'
-_GROUP = 4096  # pieces per write: about 600 KiB of ~400-character messages
+# -- encoding ---------------------------------------------------------------------------------
 
 
 def _encode_records(first_seq: int, compaction: int, ts: float, messages: Sequence[bytes]) -> bytes:
-    """Journal lines, newlines included, from already encoded messages."""
+    """Journal lines in the older format (no attempt: committed as written), from encoded
+    messages. Kept to write and test journals of that format."""
     const = b',"compaction":%d,"ts":%s,"seq":' % (compaction, orjson.dumps(ts))
     out: list[bytes] = []
     for k, data in enumerate(messages):
@@ -97,10 +215,17 @@ def _encode_records(first_seq: int, compaction: int, ts: float, messages: Sequen
     return b"".join(out)
 
 
-def _record_pieces(first_seq: int, compaction: int, ts: float, messages: Sequence[Message]) -> list[bytes]:
+def _record_pieces(
+    first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
+) -> list[bytes]:
     """The pieces of journal lines for `messages`. The message comes first in each line, so its
     cached encoding and checksum are used as they are: nothing is re-encoded or re-hashed."""
-    const = b',"compaction":%d,"ts":%s,"seq":%%d' % (compaction, orjson.dumps(ts))
+    const = b',"compaction":%d,"ts":%s,"seq":%%d,"attempt":"%s","journal":"%s"' % (
+        compaction,
+        orjson.dumps(ts),
+        attempt.encode(),
+        journal.encode(),
+    )
     crc32 = zlib.crc32
     pieces: list[bytes] = []
     add = pieces.extend
@@ -113,6 +238,22 @@ def _record_pieces(first_seq: int, compaction: int, ts: float, messages: Sequenc
     return pieces
 
 
+def _control(obj: dict[str, Any]) -> bytes:
+    """A control line (`journal` or `commit`): its first key is the head; the CRC covers the
+    bytes between the head and the suffix, as on message lines."""
+    body = orjson.dumps(obj)[:-1]
+    head = len(next(iter(obj))) + 4  # {"key":
+    return body + b',"crc":"%08x"}\n' % zlib.crc32(body[head:])
+
+
+def _link(journal: str, follows: str | None, agent: str, seq: int) -> bytes:
+    return _control({"journal": journal, "follows": follows, "agent": agent, "seq": seq, "ts": time.time()})
+
+
+def _commit_line(attempts: Sequence[str], journal: str, seq: int) -> bytes:
+    return _control({"commit": list(attempts), "journal": journal, "seq": seq, "ts": time.time()})
+
+
 def _write_pieces(fd: int, pieces: list[bytes]) -> int:
     """Write `pieces` in order, joined a few thousand at a time; return the bytes written."""
     total = 0
@@ -123,47 +264,142 @@ def _write_pieces(fd: int, pieces: list[bytes]) -> int:
     return total
 
 
-def _decode_record(line: bytes, where: str) -> JournalRecord:
+# -- decoding ---------------------------------------------------------------------------------
+
+
+def _valid_id(value: object) -> bool:
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+def _decode_line(line: bytes, where: str) -> _Line:
     """Parse one complete line (without its newline); any damage raises `OffloadCorrupted`."""
     m = _SUFFIX.fullmatch(line, len(line) - _SUFFIX_LEN) if len(line) > _SUFFIX_LEN else None
     if m is None:
         raise OffloadCorrupted(f"{where}: no checksum at the end of the line")
-    if not line.startswith(_HEAD) or int(m[1], 16) != zlib.crc32(line[len(_HEAD) : -_SUFFIX_LEN]):
+    head = next((h for h in _HEADS if line.startswith(h)), None)
+    if head is None or int(m[1], 16) != zlib.crc32(line[len(head) : -_SUFFIX_LEN]):
         raise OffloadCorrupted(f"{where}: checksum mismatch")
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise OffloadCorrupted(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(obj, dict) or set(obj) != _KEYS:
+    if not isinstance(obj, dict):
         raise OffloadCorrupted(f"{where}: not a journal record")
-    seq, compaction, ts = obj["seq"], obj["compaction"], obj["ts"]
-    if type(seq) is not int or seq < 1 or type(compaction) is not int or compaction < 0:
-        raise OffloadCorrupted(f"{where}: bad seq or compaction number")
-    if type(ts) not in (int, float):
-        raise OffloadCorrupted(f"{where}: bad timestamp")
-    try:
-        message = Message.from_dict(obj["message"])
-    except (InvalidMessage, TypeError, ValueError) as exc:
-        raise OffloadCorrupted(f"{where}: bad message ({exc})") from None
-    return JournalRecord(seq=seq, compaction=compaction, timestamp=float(ts), message=message)
+    seq, ts = obj.get("seq"), obj.get("ts")
+    if type(seq) is not int or seq < 0 or type(ts) not in (int, float):
+        raise OffloadCorrupted(f"{where}: bad seq or timestamp")
+    if head is _HEAD:
+        keys = set(obj)
+        if keys != _LEGACY_KEYS and keys != _MESSAGE_KEYS:
+            raise OffloadCorrupted(f"{where}: not a journal record")
+        compaction, attempt, journal = obj["compaction"], obj.get("attempt"), obj.get("journal")
+        if seq < 1 or type(compaction) is not int or compaction < 0:
+            raise OffloadCorrupted(f"{where}: bad seq or compaction number")
+        if keys == _MESSAGE_KEYS and not (_valid_id(attempt) and _valid_id(journal)):
+            raise OffloadCorrupted(f"{where}: bad attempt or journal id")
+        try:
+            message = Message.from_dict(obj["message"])
+        except (InvalidMessage, TypeError, ValueError) as exc:
+            raise OffloadCorrupted(f"{where}: bad message ({exc})") from None
+        record = JournalRecord(seq, compaction, float(ts), message, attempt, journal)  # type: ignore[arg-type]
+        return _Line("message", seq, journal, record=record)
+    if head == _HEADS[1]:
+        follows = obj.get("follows")
+        if set(obj) != _JOURNAL_KEYS or not _valid_id(obj["journal"]) or not isinstance(obj["agent"], str):
+            raise OffloadCorrupted(f"{where}: not a journal line")
+        if follows is not None and not _valid_id(follows):
+            raise OffloadCorrupted(f"{where}: bad journal id it follows")
+        return _Line("journal", seq, obj["journal"], follows=follows)
+    attempts = obj.get("commit")
+    if (
+        set(obj) != _COMMIT_KEYS
+        or not _valid_id(obj["journal"])
+        or not isinstance(attempts, list)
+        or not attempts
+        or not all(_valid_id(a) for a in attempts)
+    ):
+        raise OffloadCorrupted(f"{where}: not a commit line")
+    return _Line("commit", seq, obj["journal"], attempts=tuple(attempts))
 
 
-def _parse_journal(data: bytes, path: Path) -> list[JournalRecord]:
-    lines = data.split(b"\n")
-    lines.pop()  # b"" after the last newline, or a torn record: skipped
-    by_id: dict[str, JournalRecord] = {}
-    last = 0
-    for number, line in enumerate(lines, 1):
-        where = f"{path}: line {number}"
-        record = _decode_record(line, where)
-        if record.seq <= last:
-            raise OffloadCorrupted(f"{where}: seq {record.seq} does not follow {last}")
-        last = record.seq
-        # A message written again (a compaction retried after a failure, in a new process) is
-        # seen once, at its latest record: the one the summary that replaced it names.
-        by_id.pop(record.message.id, None)
-        by_id[record.message.id] = record
-    return list(by_id.values())
+def _decode_record(line: bytes, where: str) -> JournalRecord:
+    """A message line's record; any other line or any damage raises `OffloadCorrupted`."""
+    decoded = _decode_line(line, where)
+    if decoded.record is None:
+        raise OffloadCorrupted(f"{where}: a {decoded.kind} line, not a message record")
+    return decoded.record
+
+
+def _summary_attempts(message: Message) -> tuple[str, ...]:
+    if not message.is_summary:
+        return ()
+    value = message.metadata.get(ATTEMPTS_KEY)
+    if not isinstance(value, (list, tuple)):
+        return ()
+    return tuple(a for a in value if _valid_id(a))
+
+
+@attrs.frozen
+class _Scan:
+    records: list[JournalRecord]
+    journal: str | None
+    compactions: int
+    uncommitted: int
+    duplicates: int
+    damaged: tuple[Damage, ...]
+    torn: int
+    size: int
+
+
+def _scan(data: bytes, path: Path) -> _Scan:
+    """Every line of a journal: the visible records (committed, each message id once, at its
+    first committed record, in seq order) and what was skipped."""
+    lines: list[tuple[int, _Line]] = []
+    damaged: list[Damage] = []
+    offset, number, last_seq, journal = 0, 0, 0, None
+    end = data.rfind(b"\n") + 1
+    while offset < end:
+        nl = data.index(b"\n", offset)
+        number += 1
+        line = data[offset:nl]
+        try:
+            decoded = _decode_line(line, f"{path}: line {number}")
+            if decoded.kind == "message" and decoded.seq <= last_seq:
+                raise OffloadCorrupted(f"seq {decoded.seq} does not follow {last_seq}")
+        except OffloadCorrupted as exc:
+            damaged.append(Damage(number, offset, nl + 1 - offset, str(exc).rsplit(": ", 1)[-1]))
+        else:
+            last_seq = max(last_seq, decoded.seq)
+            journal = decoded.journal or journal
+            lines.append((offset, decoded))
+        offset = nl + 1
+    committed: set[str | None] = {None}
+    for _, decoded in lines:
+        committed.update(decoded.attempts)
+    for _, decoded in reversed(lines):  # a committed batch holding a summary commits its attempts
+        r = decoded.record
+        if r is not None and r.attempt in committed:
+            committed.update(_summary_attempts(r.message))
+    seen: set[str] = set()
+    records: list[JournalRecord] = []
+    uncommitted = duplicates = 0
+    batches: set[tuple[str | None, int]] = set()
+    for _, decoded in lines:
+        r = decoded.record
+        if r is None:
+            continue
+        if r.attempt not in committed:
+            uncommitted += 1
+        elif r.message.id in seen:
+            duplicates += 1
+        else:
+            seen.add(r.message.id)
+            records.append(r)
+            batches.add((r.attempt, r.compaction if r.attempt is None else 0))
+    return _Scan(records, journal, len(batches), uncommitted, duplicates, tuple(damaged), len(data) - end, len(data))
+
+
+# -- reading a file backwards -----------------------------------------------------------------
 
 
 def _pread_exact(fd: int, n: int, offset: int) -> bytes:
@@ -173,31 +409,63 @@ def _pread_exact(fd: int, n: int, offset: int) -> bytes:
     return data
 
 
-def _read_tail(fd: int, size: int, path: Path) -> tuple[int, int]:
-    """Read backwards from `size`, a block at a time, only as far as the last complete line.
-    Return (offset just past the last newline, seq of that line); (0, 0) if there is none."""
-    chunks: list[bytes] = []
-    pos, cut, start = size, -1, 0
+def _lines_back(fd: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """The complete lines before `end` (0, or just past a newline), last first, as (offset,
+    line without its newline); read backwards a block at a time, never further than needed."""
+    pos, buf, hi = end, b"", 0  # buf holds the bytes from `pos`; buf[:hi] is not yet yielded
+    while True:
+        i = buf.rfind(b"\n", 0, hi - 1) if hi > 0 else -1
+        if i < 0 and pos > 0:
+            parts = [buf[:hi]]
+            while pos > 0:
+                n = min(_BLOCK, pos)
+                pos -= n
+                chunk = _pread_exact(fd, n, pos)
+                parts.append(chunk)
+                if b"\n" in (chunk if hi > 0 or len(parts) > 2 else chunk[:-1]):
+                    break
+            buf = b"".join(reversed(parts))
+            hi = len(buf)
+            continue
+        if hi == 0:
+            return
+        start = i + 1
+        yield pos + start, buf[start : hi - 1]
+        hi = start
+
+
+def _last_newline(fd: int, size: int) -> int:
+    """The offset just past the last newline before `size` (0 if there is none)."""
+    pos = size
     while pos > 0:
         n = min(_BLOCK, pos)
         pos -= n
-        chunk = _pread_exact(fd, n, pos)
-        chunks.append(chunk)
-        hi = n
-        if cut < 0:
-            i = chunk.rfind(b"\n")
-            if i < 0:
-                continue
-            cut, hi = pos + i + 1, i
-        j = chunk.rfind(b"\n", 0, hi)
-        if j >= 0:
-            start = pos + j + 1
-            break
-    if cut < 0:
-        return 0, 0
-    data = b"".join(reversed(chunks))
-    line = data[start - pos : cut - 1 - pos]
-    return cut, _decode_record(line, f"{path}: last complete line (byte {start})").seq
+        i = _pread_exact(fd, n, pos).rfind(b"\n")
+        if i >= 0:
+            return pos + i + 1
+    return 0
+
+
+def _move_aside(side: Path, source: Path, chunks: Sequence[tuple[int, bytes, str]]) -> int:
+    """Append damaged bytes to the side file (each chunk after a one-line note), fsync'd
+    before the caller removes them from the journal. Returns the bytes moved."""
+    out: list[bytes] = []
+    moved = 0
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for offset, data, why in chunks:
+        note = f"# cmdc: {len(data)} bytes moved from {source.name} at byte {offset}, {stamp}: {why}\n"
+        out += (note.encode(), data, b"\n")
+        moved += len(data)
+    new = not os.path.lexists(side)
+    fd = os.open(side, _WRITE_FLAGS, 0o600)
+    try:
+        write_all(fd, b"".join(out))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if new:
+        fsync_dir(side.parent)
+    return moved
 
 
 _BACKTICKS = re.compile(r"`+")
@@ -239,13 +507,18 @@ def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> byte
 
 
 class OffloadStore:
-    """Append-only journals under `root`, one per agent; see the module docstring."""
+    """Journals under `root`, one per agent; see the module docstring. `root` is made absolute
+    once, here: a later `chdir` does not move the journals. `on_event` receives
+    `journal_lost`, `journal_damaged` and `journal_repaired` events."""
 
-    def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, write_timeout: float = 60.0, on_event: EventSink | None = None
+    ) -> None:
         if isinstance(write_timeout, bool) or not isinstance(write_timeout, (int, float)) or not write_timeout > 0:
             raise ConfigError(f"write_timeout must be a positive number of seconds, got {write_timeout!r}")
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))
         self.write_timeout = float(write_timeout)
+        self.on_event = on_event
         self._journals: dict[str, _Journal] = {}
 
     def __repr__(self) -> str:
@@ -255,111 +528,313 @@ class OffloadStore:
         """The journal's path; raises `ConfigError` for an unsafe agent id."""
         return self.root / f"{validate_agent_id(agent_id)}.jsonl"
 
+    def side_file(self, agent_id: str) -> Path:
+        """Where damaged bytes of the journal are moved."""
+        return self.root / f"{validate_agent_id(agent_id)}.jsonl.damaged"
+
+    def _emit(self, kind: str, agent_id: str, **data: Any) -> None:
+        if self.on_event is not None:
+            try:
+                now = trio.current_time()
+            except RuntimeError:
+                now = 0.0
+            emit(self.on_event, Event(kind, agent_id, data, now))
+
+    def _journal(self, agent_id: str) -> _Journal:
+        journal = self._journals.get(agent_id)
+        if journal is None:
+            journal = self._journals[agent_id] = _Journal()
+        return journal
+
     # -- writing ----------------------------------------------------------------------------
-    async def append(self, agent_id: str, messages: Sequence[Message], *, compaction: int = 0) -> AppendResult:
-        """Append `messages` durably (fsync'd before this returns). Messages of the previous
-        batch that are repeated (a retried compaction) are not written again."""
+    async def append(
+        self,
+        agent_id: str,
+        messages: Sequence[Message],
+        *,
+        compaction: int = 0,
+        attempt: str | None = None,
+        expect: JournalRef | None = None,
+        commit: bool = True,
+    ) -> AppendResult:
+        """Append `messages` durably (fsync'd before this returns) as a batch of `attempt` (a
+        new attempt id when None). With `commit` (the default) the batch is committed by the
+        same write; otherwise it stays invisible until `commit(agent_id, result.pending)`.
+        Messages already in the journal (same id, same content) reuse their records.
+        `expect`: the journal the caller's state names; a vanished, replaced or truncated
+        journal raises `JournalLost` before anything is appended (see the module docstring)."""
         path = self.path_for(agent_id)
         if type(compaction) is not int or compaction < 0:
             raise ConfigError(f"compaction must be a non-negative integer, got {compaction!r}")
+        if attempt is not None and not (isinstance(attempt, str) and attempt.startswith("k") and _valid_id(attempt)):
+            raise ConfigError(f"attempt must be an id from new_attempt_id(), got {attempt!r}")
+        if expect is not None and not isinstance(expect, JournalRef):
+            raise ConfigError(f"expect must be a JournalRef, got {expect!r}")
         batch = tuple(messages)
         for i, msg in enumerate(batch):
             if not isinstance(msg, Message):
                 raise InvalidMessage(f"messages[{i}] is a {type(msg).__name__}, not a Message")
-        journal = self._journals.setdefault(agent_id, _Journal())
+        args = (agent_id, path, batch, compaction, attempt or new_attempt_id(), expect, commit)
+        result: AppendResult = await self._locked(agent_id, path, self._append_sync, *args)
+        return result
+
+    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: JournalRef | None = None) -> bool:
+        """Make the batches of `attempts` visible (one durable commit line); attempts already
+        committed are skipped. Returns whether a line was written. Raises `JournalLost` when
+        the journal they were written to is gone."""
+        path = self.path_for(agent_id)
+        wanted = tuple(dict.fromkeys(attempts))
+        if not all(isinstance(a, str) and a.startswith("k") and _valid_id(a) for a in wanted):
+            raise ConfigError(f"attempts must be ids from new_attempt_id(), got {attempts!r}")
+        journal = self._journal(agent_id)
+        if not wanted or journal.committed.issuperset(wanted):
+            return False
+        wrote: bool = await self._locked(agent_id, path, self._commit_sync, agent_id, path, wanted, expect)
+        return wrote
+
+    async def _locked(self, agent_id: str, path: Path, fn: Any, *args: Any) -> Any:
+        journal = self._journal(agent_id)
         async with journal.lock:
             if journal.failed is not None:
                 raise OffloadError(journal.failed)
+            events: list[tuple[str, dict[str, Any]]] = []
             # A cancelled caller waits for the write to finish, but not past write_timeout.
             try:
-                return await run_bounded(self._append_sync, journal, path, batch, compaction, limit=self.write_timeout)
+                return await run_bounded(fn, journal, events, *args, limit=self.write_timeout)
             except trio.TooSlowError:
                 journal.failed = (
                     f"offload journal {path}: an append did not finish within {self.write_timeout} s "
                     "(the disk stalls); later appends are refused"
                 )
                 raise OffloadError(journal.failed) from None
+            finally:
+                for kind, data in events:
+                    self._emit(kind, agent_id, **data)
 
-    def _append_sync(self, journal: _Journal, path: Path, batch: tuple[Message, ...], compaction: int) -> AppendResult:
+    def _open_locked(self, path: Path) -> int:
+        """Open the journal for appending and take its lock; the fd names the file now at
+        `path` (a repair may replace it while we wait for the lock)."""
+        for _ in range(16):
+            try:
+                fd = os.open(path, _JOURNAL_FLAGS, 0o600)
+            except FileNotFoundError:
+                make_dirs(path.parent)
+                fd = os.open(path, _JOURNAL_FLAGS, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                st = os.fstat(fd)
+                try:
+                    now = os.stat(path, follow_symlinks=False)
+                except FileNotFoundError:
+                    now = None
+                if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise OSError(errno.EAGAIN, "the journal keeps being replaced")
+
+    def _check_tail(self, fd: int, path: Path, journal: _Journal, agent_id: str, events: list[Any]) -> None:
+        """Bring `journal` up to date with the file: a quick look at the last line when the
+        file is as this store left it; otherwise read back from the end (repairing a torn or
+        damaged tail) to learn its identity, highest record number and latest attempts."""
+        st = os.fstat(fd)
+        inode, size = (st.st_dev, st.st_ino), st.st_size
+        if size == 0:
+            os.fchmod(fd, 0o600)
+        last = journal.last
+        if (
+            journal.inode == inode
+            and journal.size == size
+            and size >= len(last) > 0
+            and _pread_exact(fd, len(last), size - len(last)) == last
+        ):
+            return
+        same_file = journal.inode == inode
+        cut = _last_newline(fd, size)
+        chunks: list[tuple[int, bytes, str]] = []
+        if cut < size:  # a torn last record
+            torn = _pread_exact(fd, size - cut, cut)
+            try:
+                _decode_line(torn, "torn tail")
+            except OffloadCorrupted:
+                chunks.append((cut, torn, "torn record (no newline)"))
+            else:  # complete but for its newline: keep it
+                write_all(fd, b"\n")
+                os.fsync(fd)
+                size = cut = size + 1
+        identity: _Line | None = None
+        last = b""
+        known: dict[str, tuple[int, int, str | None]] = {}
+        committed: set[str] = set()
+        commit_seen: set[str] | None = None
+        scanned = 0
+        for offset, line in _lines_back(fd, cut):
+            scanned += len(line) + 1
+            try:
+                decoded = _decode_line(line, f"{path}: byte {offset}")
+            except OffloadCorrupted as exc:
+                if identity is None:  # damage at the end: moved aside below
+                    if scanned > _SCAN_LIMIT:
+                        raise OffloadCorrupted(
+                            f"{path}: the last {scanned} bytes are damaged; run `cmdc history "
+                            f"{path.parent} {agent_id} --repair`"
+                        ) from None
+                    chunks.append((offset, line, str(exc).rsplit(": ", 1)[-1]))
+                    cut = offset
+                continue
+            if identity is None:
+                identity, last = decoded, line + b"\n"
+            if decoded.kind == "journal" and decoded is not identity:
+                break
+            if decoded.kind == "commit":
+                committed.update(decoded.attempts)
+                if commit_seen is None:
+                    commit_seen = set(decoded.attempts)
+                elif scanned > _RECENT:
+                    break
+                else:
+                    commit_seen.update(decoded.attempts)
+                continue
+            r = decoded.record
+            if r is not None:
+                if r.attempt is None or (commit_seen is not None and r.attempt not in commit_seen):
+                    break  # older than the latest attempts (or written by an older cmdc)
+                known[r.message.id] = (r.seq, r.message.json_crc(), r.attempt)
+            if scanned > _SCAN_LIMIT:
+                break
+        if chunks:
+            chunks.reverse()
+            moved = _move_aside(path.with_name(path.name + ".damaged"), path, chunks)
+            os.ftruncate(fd, cut)
+            os.fsync(fd)
+            size = cut
+            events.append((JOURNAL_REPAIRED, {"path": str(path), "moved": moved, "lines": len(chunks)}))
+        prior_journal = journal.journal
+        journal.inode, journal.size, journal.last = inode, size, last
+        if identity is None:  # an empty file
+            journal.journal, journal.follows = None, None
+            journal.known, journal.committed = {}, set()
+            if not same_file:
+                journal.seq = 0 if prior_journal is None else journal.seq
+            return
+        if identity.journal != prior_journal or not same_file:
+            journal.known, journal.committed = {}, set()
+        if identity.journal != prior_journal:
+            journal.seq = 0
+        journal.journal = identity.journal
+        journal.follows = identity.follows if identity.kind == "journal" else None
+        journal.seq = max(journal.seq, identity.seq)
+        journal.known.update(known)
+        journal.committed |= committed
+
+    def _expect(
+        self, fd: int, path: Path, journal: _Journal, agent_id: str, expect: JournalRef | None, events: list[Any]
+    ) -> tuple[bytes, str]:
+        """Check the file against what the state (else this store) expects. Returns the line
+        to write before the batch (a header for a new journal, else b"") and the journal's id;
+        raises `JournalLost` after writing a link line when the expected journal is gone."""
+        exp_id = expect.journal if expect is not None and expect.journal is not None else None
+        exp_seq = expect.seq if exp_id is not None and expect is not None else 0
+        if exp_id is None and journal.expected is not None:
+            exp_id, exp_seq = journal.expected
+        found = journal.journal
+        if exp_id is None:
+            if found is None:  # a new journal, or one written by an older cmdc: give it an identity
+                jid = new_journal_id()
+                return _link(jid, None, agent_id, journal.seq), jid
+            return b"", found
+        why = ""
+        ok_ids = {exp_id, journal.successors.get(exp_id)}
+        if found is None:
+            why = "vanished" if journal.size == 0 else "replaced by a journal with no identity"
+        elif found not in ok_ids and journal.follows != exp_id:
+            why = f"replaced by journal {found}"
+        elif found == exp_id and journal.seq < exp_seq:
+            why = f"truncated: it ends at record {journal.seq}, the state names records up to {exp_seq}"
+        if not why:
+            assert found is not None
+            return b"", found
+        # The expected journal is gone: say so durably (a link that numbers on past every record
+        # handed out), then fail this append; the retry writes its whole batch.
+        lost_seq = journal.seq
+        successor = new_journal_id()
+        seq = max(journal.seq, exp_seq)
+        line = _link(successor, exp_id, agent_id, seq)
+        size = os.fstat(fd).st_size
+        write_all(fd, line)
+        os.fsync(fd)
+        if size == 0:
+            fsync_dir(path.parent)
+        journal.journal, journal.seq, journal.follows = successor, seq, exp_id
+        journal.known, journal.committed = {}, set()
+        journal.successors[exp_id] = successor
+        journal.expected = None
+        journal.size, journal.last = size + len(line), line
+        journal.inode = _inode(fd)
+        message = (
+            f"offload journal {path}: journal {exp_id} {why}; going on as journal {successor} from record {seq + 1}"
+        )
+        events.append((JOURNAL_LOST, {"path": str(path), "expected": exp_id, "found": found, "why": why}))
+        raise JournalLost(message, expected=exp_id, found=found, expected_seq=exp_seq, found_seq=lost_seq, why=why)
+
+    def _append_sync(
+        self,
+        journal: _Journal,
+        events: list[Any],
+        agent_id: str,
+        path: Path,
+        batch: tuple[Message, ...],
+        compaction: int,
+        attempt: str,
+        expect: JournalRef | None,
+        commit: bool,
+    ) -> AppendResult:
         if not batch:
-            first = journal.next_seq or self._peek_next_seq(path)
-            return AppendResult(path=path, first_seq=first, last_seq=first - 1, written=0)
+            first = self._peek_next_seq(path, journal)
+            return AppendResult(path, first, first - 1, 0, journal.journal, attempt)
         ids = [m.id for m in batch]
         if len(set(ids)) != len(ids):  # a message repeated within the batch: written once
-            unique = dict(zip(ids, batch, strict=True))
-            ids, batch = list(unique), tuple(unique.values())
-        last_ids, last_seqs = journal.last_ids, journal.last_seqs
-        known: dict[str, int] = {}
-        if last_ids and ids[: len(last_ids)] == last_ids:
-            # A retried batch (perhaps grown): what the last one wrote is not written again.
-            fresh = batch[len(last_ids) :]
-        elif last_ids and not set(last_ids).isdisjoint(ids):
-            known = dict(zip(last_ids, last_seqs, strict=True))
-            fresh = tuple(m for m in batch if m.id not in known)
-        else:
-            fresh, last_seqs = batch, []
-        first = self._write_batch(journal, path, fresh, compaction) if fresh else 0
-        if known:
-            new = dict(zip([m.id for m in fresh], range(first, first + len(fresh)), strict=True))
-            seqs = [known[i] if i in known else new[i] for i in ids]
-        else:  # ids == the reused prefix + the fresh messages
-            seqs = [*last_seqs, *range(first, first + len(fresh))]
-        journal.last_ids, journal.last_seqs = ids, seqs
-        return AppendResult(path=path, first_seq=min(seqs), last_seq=max(seqs), written=len(fresh))
-
-    def _peek_next_seq(self, path: Path) -> int:
-        try:
-            fd = os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            return 1
-        except OSError as exc:
-            raise _offload_error(path, exc, "open") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            return _read_tail(fd, os.fstat(fd).st_size, path)[1] + 1
-        except OSError as exc:
-            raise _offload_error(path, exc, "read") from exc
-        finally:
-            os.close(fd)
-
-    def _open_for_append(self, path: Path) -> int:
-        try:
-            return os.open(path, _WRITE_FLAGS, 0o600)
-        except FileNotFoundError:
-            make_dirs(path.parent)
-            return os.open(path, _WRITE_FLAGS, 0o600)
-
-    def _write_batch(self, journal: _Journal, path: Path, fresh: Sequence[Message], compaction: int) -> int:
-        """Write `fresh` as seq next.., fsync, and return the first seq (under both locks)."""
+            batch = tuple(dict(zip(ids, batch, strict=True)).values())
         doing = "open"
         try:
-            fd = self._open_for_append(path)
+            fd = self._open_locked(path)
         except OSError as exc:
             raise _offload_error(path, exc, doing) from exc
         try:
-            doing = "lock"
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            doing = "recovery"
-            st = os.fstat(fd)
-            size = st.st_size
-            new_file = journal.identity is None or journal.identity[:2] != (st.st_dev, st.st_ino)
-            if journal.identity != (st.st_dev, st.st_ino, size):
-                # First append of this store, or someone else wrote: read the tail (O(1)).
-                if size == 0:
-                    os.fchmod(fd, 0o600)
-                rfd = os.open(path, _READ_FLAGS)
-                try:
-                    cut, last_seq = _read_tail(rfd, size, path)
-                finally:
-                    os.close(rfd)
-                if cut < size:  # a torn last record
-                    os.ftruncate(fd, cut)
-                    size = cut
-                journal.next_seq = last_seq + 1
-                journal.identity = (st.st_dev, st.st_ino, size)
-            first = journal.next_seq
-            ts = time.time()
-            pieces = _record_pieces(first, compaction, ts, fresh)
+            doing = "check the end of"
+            self._check_tail(fd, path, journal, agent_id, events)
+            head, jid = self._expect(fd, path, journal, agent_id, expect, events)
+            seqs: list[int] = []
+            fresh: list[Message] = []
+            pending = {attempt}
+            for m in batch:
+                known = journal.known.get(m.id)
+                if known is not None and known[1] == m.json_crc():
+                    seqs.append(known[0])
+                    if known[2] is not None and known[2] not in journal.committed:
+                        pending.add(known[2])
+                else:
+                    seqs.append(-1)
+                    fresh.append(m)
+            first = journal.seq + 1
+            next_seq = first
+            for i, s in enumerate(seqs):
+                if s < 0:
+                    seqs[i] = next_seq
+                    next_seq += 1
+            if not fresh:
+                pending.discard(attempt)
+            ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
+            if not fresh and not ordered and not head:
+                return AppendResult(path, min(seqs), max(seqs), 0, jid, attempt, (), tuple(seqs))
+            pieces = [head] if head else []
+            pieces += _record_pieces(first, compaction, time.time(), fresh, attempt, jid)
+            high = max(journal.seq, next_seq - 1)
+            if commit and ordered:
+                pieces.append(_commit_line(ordered, jid, high))
+            size = os.fstat(fd).st_size
             doing = "write"
             try:
                 written = _write_pieces(fd, pieces)
@@ -368,79 +843,265 @@ class OffloadStore:
                     os.ftruncate(fd, size)
                 except OSError as exc2:
                     journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
+                journal.forget_file()
                 raise
             doing = "fsync"
             try:
                 os.fsync(fd)
                 # The journal is an archive, rarely read: let its pages go back to the system.
                 os.posix_fadvise(fd, size, written, os.POSIX_FADV_DONTNEED)
-                if new_file:
+                if size == 0:
                     fsync_dir(path.parent)
             except OSError as exc:
                 journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
                 raise
-            journal.next_seq = first + len(fresh)
-            journal.identity = (st.st_dev, st.st_ino, size + written)
-            return first
+            journal.size, journal.last = size + written, _last_line(pieces)
+            journal.journal, journal.seq = jid, high
+            journal.expected = (jid, high)
+            for m, s in zip(batch, seqs, strict=True):
+                if m.id not in journal.known or journal.known[m.id][0] != s:
+                    journal.known[m.id] = (s, m.json_crc(), attempt)
+            if commit and ordered:
+                journal.committed.update(ordered)
+                self._prune(journal, ordered)
+            left = () if commit else ordered
+            return AppendResult(path, min(seqs), max(seqs), len(fresh), jid, attempt, left, tuple(seqs))
         except OSError as exc:
             raise _offload_error(path, exc, doing) from exc
         finally:
             os.close(fd)
 
+    @staticmethod
+    def _prune(journal: _Journal, kept: Sequence[str]) -> None:
+        """Past `_KNOWN` remembered records, forget those of attempts committed before `kept`
+        (retries repeat the latest attempts and uncommitted ones)."""
+        if len(journal.known) <= _KNOWN:
+            return
+        keep = set(kept)
+        done = journal.committed
+        known = journal.known.items()
+        journal.known = {i: k for i, k in known if k[2] is not None and (k[2] in keep or k[2] not in done)}
+
+    def _commit_sync(
+        self,
+        journal: _Journal,
+        events: list[Any],
+        agent_id: str,
+        path: Path,
+        attempts: tuple[str, ...],
+        expect: JournalRef | None,
+    ) -> bool:
+        doing = "open"
+        try:
+            fd = self._open_locked(path)
+        except OSError as exc:
+            raise _offload_error(path, exc, doing) from exc
+        try:
+            doing = "check the end of"
+            self._check_tail(fd, path, journal, agent_id, events)
+            head, jid = self._expect(fd, path, journal, agent_id, expect, events)
+            wanted = [a for a in attempts if a not in journal.committed]
+            if head or not wanted:  # a new file holds no attempt to commit
+                return False
+            line = _commit_line(wanted, jid, journal.seq)
+            size = os.fstat(fd).st_size
+            doing = "write"
+            try:
+                write_all(fd, line)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                journal.forget_file()
+                raise
+            doing = "fsync"
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
+                raise
+            journal.size, journal.last = size + len(line), line
+            journal.committed.update(wanted)
+            self._prune(journal, wanted)
+            return True
+        except OSError as exc:
+            raise _offload_error(path, exc, doing) from exc
+        finally:
+            os.close(fd)
+
+    def _peek_next_seq(self, path: Path, journal: _Journal) -> int:
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            return journal.seq + 1
+        except OSError as exc:
+            raise _offload_error(path, exc, "open") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            high = 0
+            for offset, line in _lines_back(fd, _last_newline(fd, os.fstat(fd).st_size)):
+                try:
+                    high = _decode_line(line, f"{path}: byte {offset}").seq
+                except OffloadCorrupted:
+                    continue
+                break
+            return max(high, journal.seq) + 1
+        except OSError as exc:
+            raise _offload_error(path, exc, "read") from exc
+        finally:
+            os.close(fd)
+
+    # -- verify and repair --------------------------------------------------------------------
+    async def verify(self, agent_id: str) -> JournalReport:
+        """Read the whole journal and report what is in it and what is damaged; changes nothing."""
+        path = self.path_for(agent_id)
+        scan = await trio.to_thread.run_sync(self._scan_sync, path)
+        return _report(path, scan)
+
+    async def repair(self, agent_id: str) -> JournalReport:
+        """Rewrite the journal keeping every valid line as it is (uncommitted attempts and
+        control lines included), after appending every damaged line and a torn tail to the
+        side file `<agent_id>.jsonl.damaged` (fsync'd first). The clean journal replaces the
+        old one atomically. Returns the report of the journal before the repair, with
+        `moved` bytes."""
+        path = self.path_for(agent_id)
+        journal = self._journal(agent_id)
+        async with journal.lock:
+            events: list[Any] = []
+            try:
+                return await run_bounded(self._repair_sync, journal, events, path, limit=self.write_timeout)
+            except trio.TooSlowError:
+                raise OffloadError(f"offload journal {path}: the repair did not finish in time") from None
+            finally:
+                for kind, data in events:
+                    self._emit(kind, agent_id, **data)
+
+    def _repair_sync(self, journal: _Journal, events: list[Any], path: Path) -> JournalReport:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return _report(path, _scan(b"", path))
+        except OSError as exc:
+            raise _offload_error(path, exc, "open") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read()
+            scan = _scan(data, path)
+            if not scan.damaged and not scan.torn:
+                return _report(path, scan)
+            bad = {d.offset for d in scan.damaged}
+            chunks = [(d.offset, data[d.offset : d.offset + d.length - 1], d.reason) for d in scan.damaged]
+            end = len(data) - scan.torn
+            if scan.torn:
+                chunks.append((end, data[end:], "torn record (no newline)"))
+            kept: list[bytes] = []
+            offset = 0
+            while offset < end:
+                nl = data.index(b"\n", offset) + 1
+                if offset not in bad:
+                    kept.append(data[offset:nl])
+                offset = nl
+            side = path.with_name(path.name + ".damaged")
+            moved = _move_aside(side, path, chunks)
+            temp, tfd = create_temp(path, 0o600)
+            try:
+                try:
+                    write_all(tfd, b"".join(kept))
+                    os.fsync(tfd)
+                finally:
+                    os.close(tfd)
+                os.replace(temp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+            fsync_dir(path.parent)
+            journal.forget_file()
+            events.append((JOURNAL_REPAIRED, {"path": str(path), "moved": moved, "lines": len(chunks)}))
+            return attrs.evolve(_report(path, scan), moved=moved, side_file=side)
+        except OSError as exc:
+            raise _offload_error(path, exc, "repair") from exc
+        finally:
+            os.close(fd)
+
+    # -- the transcript -----------------------------------------------------------------------
     async def write_transcript(self, agent_id: str) -> Path:
         """Bring the Markdown transcript `<agent_id>.md` beside the journal up to date and
         return its path. It is for people and for a model's file tools; the journal stays the
         source of truth. Kept off the compaction path: call it when a transcript is wanted.
-        The first call of a store rewrites the file (atomically); later calls only append."""
+        The first call of a store rewrites the file (atomically, through a new temp file);
+        later calls only append, unless the file is no longer the one this store wrote."""
         path = self.path_for(agent_id)
-        journal = self._journals.setdefault(agent_id, _Journal())
+        journal = self._journal(agent_id)
         records = await self.records(agent_id)
         async with journal.lock:
             return await trio.to_thread.run_sync(self._write_transcript_sync, journal, path, records)
 
     def _write_transcript_sync(self, journal: _Journal, path: Path, records: list[JournalRecord]) -> Path:
         md = path.with_suffix(".md")
-        fresh = [r for r in records if r.seq > journal.transcribed]
-        batches: list[list[JournalRecord]] = []
-        for r in fresh:
-            if not batches or batches[-1][-1].compaction != r.compaction:
-                batches.append([])
-            batches[-1].append(r)
-        data = b"".join(_transcript(b[0].compaction, [(r.seq, r.message) for r in b]) for b in batches)
         try:
-            if journal.transcribed == 0:
-                tmp = md.with_name(f".{md.name}.tmp")
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            fd = -1
+            if journal.transcribed:
                 try:
-                    os.fchmod(fd, 0o600)
-                    write_all(fd, data)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, md)
-            elif data:
-                fd = os.open(md, _WRITE_FLAGS, 0o600)
+                    fd = os.open(md, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except FileNotFoundError:
+                    fd = -1
+                if fd >= 0:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # a planted hard link: replace it
+                        os.close(fd)
+                        fd = -1
+            if fd < 0:
+                journal.transcribed = 0
+            fresh = [r for r in records if r.seq > journal.transcribed]
+            batches: list[list[JournalRecord]] = []
+            for r in fresh:
+                if not batches or batches[-1][-1].compaction != r.compaction:
+                    batches.append([])
+                batches[-1].append(r)
+            data = b"".join(_transcript(b[0].compaction, [(r.seq, r.message) for r in b]) for b in batches)
+            if fd < 0:
+                temp, tfd = create_temp(md, 0o600)
                 try:
-                    write_all(fd, data)
+                    try:
+                        write_all(tfd, data)
+                        os.fsync(tfd)
+                    finally:
+                        os.close(tfd)
+                    os.replace(temp, md)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(temp)
+                    raise
+                fsync_dir(md.parent)
+            else:
+                try:
+                    if data:
+                        write_all(fd, data)
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
         except OSError as exc:
             raise _offload_error(md, exc, "transcript write") from exc
         if records:
-            journal.transcribed = records[-1].seq
+            journal.transcribed = max(journal.transcribed, records[-1].seq)
         return md
 
     # -- reading ----------------------------------------------------------------------------
     async def records(self, agent_id: str) -> list[JournalRecord]:
-        """Every record in seq order, each message id once (its latest record)."""
+        """Every committed record in seq order, each message id once (its first committed
+        record). Damaged lines are skipped, counted in a `journal_damaged` event."""
         path = self.path_for(agent_id)
-        return await trio.to_thread.run_sync(self._records_sync, path)
+        scan = await trio.to_thread.run_sync(self._scan_sync, path)
+        if scan.damaged:
+            self._emit(JOURNAL_DAMAGED, agent_id, path=str(path), damaged=len(scan.damaged), torn=scan.torn)
+        return scan.records
 
-    def _records_sync(self, path: Path) -> list[JournalRecord]:
+    def _scan_sync(self, path: Path) -> _Scan:
         try:
             fd = os.open(path, _READ_FLAGS)
         except FileNotFoundError:
-            return []
+            return _scan(b"", path)
         except OSError as exc:
             raise _offload_error(path, exc, "open") from exc
         try:
@@ -451,14 +1112,14 @@ class OffloadStore:
             raise _offload_error(path, exc, "read") from exc
         finally:
             os.close(fd)
-        return _parse_journal(data, path)
+        return _scan(data, path)
 
     async def read(self, agent_id: str) -> list[Message]:
-        """Every offloaded message, in order, once."""
+        """Every committed offloaded message, in order, once."""
         return [r.message for r in await self.records(agent_id)]
 
     async def read_range(self, agent_id: str, first_seq: int, last_seq: int) -> list[JournalRecord]:
-        """The records with `first_seq <= seq <= last_seq`."""
+        """The committed records with `first_seq <= seq <= last_seq`."""
         return [r for r in await self.records(agent_id) if first_seq <= r.seq <= last_seq]
 
     async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
@@ -473,4 +1134,44 @@ class OffloadStore:
         return await search_records(await self.records(agent_id), query, limit)
 
 
-__all__ = ["AppendResult", "JournalRecord", "OffloadStore"]
+def _last_line(pieces: list[bytes]) -> bytes:
+    """The last line of what `pieces` write (each line's pieces end with its newline)."""
+    out: list[bytes] = []
+    for piece in reversed(pieces):
+        if out and piece.endswith(b"\n"):
+            break
+        out.append(piece)
+    return b"".join(reversed(out))
+
+
+def _inode(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _report(path: Path, scan: _Scan) -> JournalReport:
+    return JournalReport(
+        path=path,
+        journal=scan.journal,
+        records=len(scan.records),
+        compactions=scan.compactions,
+        uncommitted=scan.uncommitted,
+        duplicates=scan.duplicates,
+        damaged=scan.damaged,
+        torn=scan.torn,
+        size=scan.size,
+    )
+
+
+__all__ = [
+    "ATTEMPTS_KEY",
+    "JOURNAL_KEY",
+    "AppendResult",
+    "Damage",
+    "JournalRecord",
+    "JournalRef",
+    "JournalReport",
+    "OffloadStore",
+    "new_attempt_id",
+    "new_journal_id",
+]

@@ -313,7 +313,7 @@ class PostgresStore:
         rows = [(m.id, *_message_bytes(m), _search_text(m)) for m in unique]
         attempt = attempt or "k" + secrets.token_hex(8)
         seqs: dict[str, int]
-        _journal, seqs, written, _pending = await self._run(
+        journal, seqs, written, pending = await self._run(
             self._append_sync, agent_id, rows, compaction, attempt, commit, write=True
         )
         numbers = [seqs[m.id] for m in unique]
@@ -321,7 +321,16 @@ class PostgresStore:
         last = max(numbers) if numbers else -1
         location = self.location(agent_id)
         # the file store's result names a file; here the "path" is the journal's location string
-        return AppendResult(path=location, first_seq=first, last_seq=last, written=written)  # type: ignore[arg-type]
+        return AppendResult(
+            path=location,  # type: ignore[arg-type]
+            first_seq=first,
+            last_seq=last,
+            written=written,
+            journal=journal,
+            attempt=attempt,
+            pending=tuple(pending),
+            seqs=tuple(numbers),
+        )
 
     def _journal_row(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str, int]:
         select = "SELECT journal, seq FROM cmdc_journals WHERE agent_id = %s FOR UPDATE"

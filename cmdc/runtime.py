@@ -269,6 +269,7 @@ class Runtime:
             plugins=plugins,
             on_event=self.bus.publish,
             store=self.store,
+            commit_journal=False,  # the agent commits the journal after it commits its state
         )
         compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
         tools = tuple(tools)
@@ -283,6 +284,8 @@ class Runtime:
         slot = _Slot(provider, tools, plugins, config, summarizer, options)
         slot.fresh = fresh is state
         agent = self._make_agent(name, slot, state, compactor, saved=fresh)
+        if resume:  # the resumed state's compactions are committed in its journal too
+            await agent.commit_journal(state)
         if name in self._slots:  # spawned meanwhile, while a checkpoint was read
             raise ConfigError(f"an agent called {name!r} is already running")
         self._slots[name] = slot
@@ -310,7 +313,9 @@ class Runtime:
     ) -> Agent:
         if compactor is None:
             summarizer = slot.summarizer if slot.summarizer is not None else slot.provider
-            compactor = Compactor(summarizer, plugins=slot.plugins, on_event=self.bus.publish, store=self.store)
+            compactor = Compactor(
+                summarizer, plugins=slot.plugins, on_event=self.bus.publish, store=self.store, commit_journal=False
+            )
         agent = Agent(
             name=name,
             state=state,
@@ -653,6 +658,9 @@ def _delegate_tool(runtime: Runtime, parent: str, targets: tuple[str, ...] | Non
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(10):
                     await child.stop()
+                    if runtime.checkpoints is not None:  # a temporary child leaves no checkpoint behind
+                        with contextlib.suppress(CmdcError):
+                            await runtime.checkpoints.delete(name)
 
     return _naming_targets(tool(delegate, name="delegate"), targets)
 

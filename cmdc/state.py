@@ -83,6 +83,9 @@ class State:
     config: Mapping[str, Any] = attrs.field(default=None, converter=_convert_config)
     compactions: int = attrs.field(default=0)
     usage_floor: int = attrs.field(default=0)
+    # the offload journal this state's summaries name (its id) and the last record they name
+    journal_id: str | None = attrs.field(default=None)
+    journal_seq: int = attrs.field(default=0)
     # derived, kept up to date by `append`
     _baseline_index: int = attrs.field(default=-1, init=False, eq=False, repr=False)
     _baseline_tokens: int = attrs.field(default=0, init=False, eq=False, repr=False)
@@ -95,6 +98,9 @@ class State:
         _count(self.compactions, "compactions")
         _count(self.usage_floor, "usage_floor")
         object.__setattr__(self, "_lineage", object())
+        _count(self.journal_seq, "journal_seq")
+        if self.journal_id is not None and (not isinstance(self.journal_id, str) or not self.journal_id):
+            raise InvalidState(f"journal_id must be a non-empty string or None, got {self.journal_id!r}")
         if not self.messages:  # a new agent's state: nothing to count or index
             object.__setattr__(self, "_calls", EMPTY_INDEX)
             return
@@ -165,6 +171,8 @@ class State:
             ("config", self.config),
             ("compactions", self.compactions),
             ("usage_floor", self.usage_floor),
+            ("journal_id", self.journal_id),
+            ("journal_seq", self.journal_seq),
             ("_baseline_index", index),
             ("_baseline_tokens", base),
             ("_tail_tokens", tail),
@@ -210,7 +218,7 @@ class State:
 
     # -- serialization --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "version": 1,
             "agent_id": self.agent_id,
             "messages": [m.to_dict() for m in self.messages],
@@ -218,19 +226,23 @@ class State:
             "compactions": self.compactions,
             "usage_floor": self.usage_floor,
         }
+        if self.journal_id is not None:
+            out["journal"] = {"id": self.journal_id, "seq": self.journal_seq}
+        return out
 
     def to_json(self) -> bytes:
         """Compact JSON; each message's cached encoding is reused, not redone."""
-        return orjson.dumps(
-            {
-                "version": 1,
-                "agent_id": self.agent_id,
-                "messages": [orjson.Fragment(m.to_json()) for m in self.messages],
-                "config": thaw(self.config),
-                "compactions": self.compactions,
-                "usage_floor": self.usage_floor,
-            }
-        )
+        out = {
+            "version": 1,
+            "agent_id": self.agent_id,
+            "messages": [orjson.Fragment(m.to_json()) for m in self.messages],
+            "config": thaw(self.config),
+            "compactions": self.compactions,
+            "usage_floor": self.usage_floor,
+        }
+        if self.journal_id is not None:
+            out["journal"] = {"id": self.journal_id, "seq": self.journal_seq}
+        return orjson.dumps(out)
 
     @classmethod
     def from_dict(cls, data: object) -> State:
@@ -241,7 +253,12 @@ class State:
         messages = data.get("messages", [])
         if not isinstance(messages, list):
             raise InvalidState("state 'messages' must be a list")
+        journal = data.get("journal", {})
+        if not isinstance(journal, Mapping) or set(journal) - {"id", "seq"}:
+            raise InvalidState("state 'journal' must be an object with 'id' and 'seq'")
         return cls(
+            journal_id=journal.get("id"),
+            journal_seq=journal.get("seq", 0),
             agent_id=data.get("agent_id"),
             messages=tuple(Message.from_dict(m) for m in messages),
             config=data.get("config", {}),

@@ -38,7 +38,7 @@ import attrs
 import trio
 
 from .checkpoint import CheckpointStore
-from .errors import ConfigError, OffloadCorrupted
+from .errors import ConfigError
 from .message import Message
 from .offload import AppendResult, JournalRecord, OffloadStore
 from .state import State, validate_agent_id
@@ -91,7 +91,17 @@ class Store(Protocol):
 
     def location(self, agent_id: str) -> str: ...
 
-    async def append(self, agent_id: str, messages: Sequence[Message], *, compaction: int = 0) -> AppendResult: ...
+    async def append(
+        self,
+        agent_id: str,
+        messages: Sequence[Message],
+        *,
+        compaction: int = 0,
+        attempt: str | None = None,
+        commit: bool = True,
+    ) -> AppendResult: ...
+
+    async def commit(self, agent_id: str, attempts: Sequence[str]) -> bool: ...
 
     async def records(self, agent_id: str) -> list[JournalRecord]: ...
 
@@ -152,13 +162,13 @@ class FileStore:
     async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
         return await self.journal.search(agent_id, query, limit)
 
+    async def commit(self, agent_id: str, attempts: Sequence[str], **options: Any) -> bool:
+        return await self.journal.commit(agent_id, attempts, **options)
+
     async def verify(self, agent_id: str) -> StoreReport:
-        try:
-            records = await self.journal.records(agent_id)
-        except OffloadCorrupted:
-            return StoreReport(agent_id, self.location(agent_id), 0, 0, 0, (-1,))
-        compactions = len({r.compaction for r in records})
-        return StoreReport(agent_id, self.location(agent_id), len(records), compactions, 0, ())
+        report = await self.journal.verify(agent_id)
+        damaged = tuple(-1 for _ in report.damaged) + ((-1,) if report.torn else ())
+        return StoreReport(agent_id, report.journal, report.records, report.compactions, report.uncommitted, damaged)
 
     async def transcript(self, agent_id: str) -> str:
         path = await self.journal.write_transcript(agent_id)

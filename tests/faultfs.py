@@ -349,10 +349,11 @@ EIO, ENOSPC, EACCES = errno_mod.EIO, errno_mod.ENOSPC, errno_mod.EACCES
 
 
 def journal_lines(path: str | os.PathLike[str]) -> tuple[list[tuple[int, str]], bool]:
-    """The raw records of a journal file, `(seq, message id)` per complete line, each checked
-    (checksum, shape) by the journal's own decoder; and whether a torn tail follows them.
-    A missing file has no records."""
-    from cmdc.offload import _decode_record
+    """The raw message records of a journal file, `(seq, message id)` per complete line,
+    committed or not, each checked (checksum, shape) by the journal's own decoder (control
+    lines, the journal's identity and commit markers, are checked and left out); and whether a
+    torn tail follows them. A missing file has no records."""
+    from cmdc.offload import _decode_line
 
     try:
         with open(path, "rb") as f:
@@ -363,8 +364,9 @@ def journal_lines(path: str | os.PathLike[str]) -> tuple[list[tuple[int, str]], 
     torn = lines.pop() != b""
     out = []
     for number, line in enumerate(lines, 1):
-        record = _decode_record(line, f"{path}: line {number}")
-        out.append((record.seq, record.message.id))
+        record = _decode_line(line, f"{path}: line {number}").record
+        if record is not None:
+            out.append((record.seq, record.message.id))
     return out, torn
 
 

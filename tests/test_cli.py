@@ -472,14 +472,16 @@ def test_history_errors(journal: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert "no such directory" in capsys.readouterr().err
     assert main(["history", str(journal / "chat.jsonl"), "chat"]) == 2  # a file, not a directory
     assert "not a directory" in capsys.readouterr().err
-    # a damaged journal: the line is named, nothing is guessed
+    # a damaged journal: the damaged record is skipped and counted, the rest is read
     path = journal / "chat.jsonl"
     lines = path.read_bytes().split(b"\n")
-    lines[1] = lines[1].replace(b"passed", b"PASSED")
+    assert b"passed" in lines[2]
+    lines[2] = lines[2].replace(b"passed", b"PASSED")
     path.write_bytes(b"\n".join(lines))
-    assert main(["history", str(journal), "chat"]) == 2
-    err = capsys.readouterr().err
-    assert "damaged" in err and f"{path}: line 2" in err
+    assert main(["history", str(journal), "chat"]) == 0
+    out, err = capsys.readouterr()
+    assert "1 damaged line(s)" in err and "--verify" in err
+    assert "records from 1 compaction(s)" in out
 
 
 def test_compact_pins_and_developer_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

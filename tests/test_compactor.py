@@ -272,7 +272,9 @@ async def test_every_summarizer_failing_raises(tmp_path: Path) -> None:
     compactor = Compactor(Recorder(""), fallbacks=[Recorder(""), Recorder("")], retries=0, retry_backoff=0)
     with pytest.raises(CompactionError, match="3 attempts"):
         await compactor.force_compact(state)
-    assert await OffloadStore(tmp_path / "offload").read("a1") != []  # written ahead, seen once
+    # written ahead, but never committed: readers do not see the failed attempt
+    assert await OffloadStore(tmp_path / "offload").read("a1") == []
+    assert (await OffloadStore(tmp_path / "offload").verify("a1")).uncommitted > 0
 
 
 async def test_a_provider_can_summarize(tmp_path: Path) -> None:

@@ -57,18 +57,36 @@ def test_crash_test_small(tmp_path: Path) -> None:
 
 def test_crash_checker_is_not_vacuous(tmp_path: Path) -> None:
     """The same checks, after damage a crash must never cause, do fail."""
-    figures = crash_test.run(2, seed=3, max_delay=0.2, directory=tmp_path, out=lambda _: None)
+    figures = crash_test.run(3, seed=3, max_delay=0.2, directory=tmp_path, out=lambda _: None)
     assert figures["failures"] == []
     journal = tmp_path / "offload" / f"{crash_test.AGENT}.jsonl"
-    ledger = crash_test.Ledger()
-    raw, _ = crash_test.raw_records(journal)
-    for seq, message_id in raw:
-        ledger.take(f"A {seq} {message_id}")
+    records = trio.run(OffloadStore(tmp_path / "offload").records, crash_test.AGENT)
+    assert records
+
+    def ledger() -> crash_test.Ledger:
+        led = crash_test.Ledger()
+        led.address = {r.message.id: r.seq for r in records}
+        led.evicted = led.intended = {r.message.id for r in records}
+        return led
+
     data = journal.read_bytes()
-    last = data.rindex(b"\n", 0, len(data) - 1) + 1
-    journal.write_bytes(data[:last])  # the last acknowledged record is gone
-    failures, _ = crash_test.check(tmp_path, ledger, 99)
-    assert any("not on disk" in f for f in failures)
+    lines = data.split(b"\n")
+    # a committed record is gone
+    victim = next(i for i, line in enumerate(lines) if records[0].message.id.encode() in line)
+    journal.write_bytes(b"\n".join(lines[:victim] + lines[victim + 1 :]))
+    failures, _ = crash_test.check(tmp_path, ledger(), 98)
+    assert any("misses a message" in f for f in failures), failures
+    # a record moved to another number
+    journal.write_bytes(data)
+    led = ledger()
+    led.address[records[-1].message.id] += 1000
+    failures, _ = crash_test.check(tmp_path, led, 99)
+    assert any("another record number" in f for f in failures), failures
+    # a message the ledger never saw intended (an abandoned attempt's) is visible
+    led = ledger()
+    led.intended = led.intended - {records[0].message.id}
+    failures, _ = crash_test.check(tmp_path, led, 100)
+    assert any("abandoned attempts are visible" in f for f in failures), failures
 
 
 # -- the cancellation sweep ------------------------------------------------------------------------

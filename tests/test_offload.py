@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cmdc.offload as offload
-from cmdc.errors import ConfigError, OffloadCorrupted, OffloadError
+from cmdc.errors import ConfigError, OffloadError
 from cmdc.message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from cmdc.offload import AppendResult, OffloadStore
 
@@ -66,17 +66,24 @@ def varied() -> list[Message]:
 
 
 def check_clean(path: Path) -> list[dict[str, Any]]:
-    """Every line complete, valid JSON, with a good crc and increasing seq."""
+    """Every line complete, valid JSON, with a good crc; the first line names the journal;
+    message seqs increase. Returns the message records."""
     data = path.read_bytes()
     assert data.endswith(b"\n")
     out = []
     last = 0
-    for line in data.split(b"\n")[:-1]:
+    lines = data.split(b"\n")[:-1]
+    assert lines[0].startswith(b'{"journal":')
+    for line in lines:
         obj = orjson.loads(line)
-        assert list(obj) == ["message", "compaction", "ts", "seq", "crc"]
+        head = b'{"%s":' % next(iter(obj)).encode()
         assert line.endswith(b',"crc":"%s"}' % obj["crc"].encode())
-        assert line.startswith(b'{"message":')
-        assert int(obj["crc"], 16) == zlib.crc32(line[len(b'{"message":') : -18])
+        assert int(obj["crc"], 16) == zlib.crc32(line[len(head) : -18])
+        if "message" not in obj:
+            control = (["journal", "follows", "agent", "seq", "ts", "crc"], ["commit", "journal", "seq", "ts", "crc"])
+            assert list(obj) in control
+            continue
+        assert list(obj) == ["message", "compaction", "ts", "seq", "attempt", "journal", "crc"]
         assert obj["seq"] > last
         last = obj["seq"]
         out.append(obj)
@@ -91,7 +98,8 @@ async def test_round_trip(tmp_path: Path) -> None:
     msgs = varied()
     result = await store.append("a1", msgs, compaction=2)
     path = tmp_path / "off" / "a1.jsonl"
-    assert result == AppendResult(path=path, first_seq=1, last_seq=len(msgs), written=len(msgs))
+    assert (result.path, result.first_seq, result.last_seq, result.written) == (path, 1, len(msgs), len(msgs))
+    assert isinstance(result, AppendResult) and result.journal and result.attempt and result.pending == ()
     assert store.path_for("a1") == path
     back = await store.read("a1")
     assert back == msgs
@@ -205,7 +213,8 @@ async def test_torn_tail_at_every_offset(tmp_path: Path) -> None:
     await store.append("a", msgs[:2])
     await store.append("a", msgs[2:], compaction=1)
     data = (src / "a.jsonl").read_bytes()
-    start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    commit_start = data.rindex(b"\n", 0, len(data) - 1) + 1
+    start = data.rindex(b"\n", 0, commit_start - 1) + 1  # the last message line, then its commit
     extra = Message.user("after the crash")
     for cut in range(start, len(data)):
         d = tmp_path / f"c{cut}"
@@ -215,11 +224,15 @@ async def test_torn_tail_at_every_offset(tmp_path: Path) -> None:
         assert await s.read("a") == msgs[:2], cut
         assert (d / "a.jsonl").read_bytes() == data[:cut]  # readers never write
         r = await s.append("a", [extra])
-        assert (r.first_seq, r.last_seq, r.written) == (3, 3, 1)
-        assert await s.read("a") == [*msgs[:2], extra]
-        objs = check_clean(d / "a.jsonl")
-        assert [o["seq"] for o in objs] == [1, 2, 3]
-        assert (d / "a.jsonl").read_bytes().startswith(data[:start])
+        kept = cut >= commit_start - 1  # a line that lacks only its newline is completed, not moved
+        assert r.written == 1 and r.first_seq == (4 if kept else 3)
+        completed = cut == len(data) - 1
+        assert await s.read("a") == [*msgs[:2], *([msgs[2]] if completed else []), extra]
+        check_clean(d / "a.jsonl")
+        assert (d / "a.jsonl").read_bytes().startswith(data[: commit_start if kept else start])
+        side = d / "a.jsonl.damaged"
+        if cut not in (start, commit_start - 1, commit_start) and not completed:  # torn bytes are moved aside
+            assert data[start if cut < commit_start else commit_start : cut] in side.read_bytes()
         shutil.rmtree(d)
 
 
@@ -230,40 +243,51 @@ async def test_torn_only_record(tmp_path: Path) -> None:
     r = await store.append("a", users(1))
     assert r.first_seq == 1
     assert len(check_clean(tmp_path / "a.jsonl")) == 1
+    assert b'{"seq":1,"compaction":0,"ts":1.0,"mess' in (tmp_path / "a.jsonl.damaged").read_bytes()
 
 
-async def test_flipped_byte_in_first_line_is_detected(tmp_path: Path) -> None:
+async def test_flipped_byte_in_a_record_is_skipped_and_counted(tmp_path: Path) -> None:
     src = tmp_path / "src"
-    await OffloadStore(src).append("a", varied()[:4])
+    msgs = varied()[:4]
+    await OffloadStore(src).append("a", msgs)
     data = (src / "a.jsonl").read_bytes()
-    first_end = data.index(b"\n") + 1
+    line2 = data.index(b"\n") + 1  # line 1 names the journal; line 2 is the first record
+    end2 = data.index(b"\n", line2) + 1
     d = tmp_path / "d"
     d.mkdir()
-    store = OffloadStore(d)
+    events: list[Any] = []
+    store = OffloadStore(d, on_event=events.append)
     path = d / "a.jsonl"
-    for pos in range(first_end):  # the newline too
+    for pos in range(line2, end2, 7):  # the newline too
         for new in {data[pos] ^ 0x01, data[pos] ^ 0x80, ord("\n"), ord(" ")} - {data[pos]}:
             path.write_bytes(data[:pos] + bytes([new]) + data[pos + 1 :])
-            with pytest.raises(OffloadCorrupted) as info:
-                await store.read("a")
-            assert str(path) in str(info.value)
-            assert "line 1" in str(info.value)
-            with pytest.raises(OffloadCorrupted):
-                await store.search("a", "x")
+            got = await store.read("a")
+            assert got in (msgs[1:], msgs[2:]), pos  # the damaged record (or two, merged) skipped
+            report = await store.verify("a")
+            assert report.damaged and report.damaged[0].line == 2
+            assert report.records == len(got)
+            assert events[-1].kind == "journal_damaged" and events[-1].data["damaged"] == len(report.damaged)
 
 
-async def test_corrupt_last_complete_line(tmp_path: Path) -> None:
+async def test_corrupt_last_complete_line_is_moved_aside(tmp_path: Path) -> None:
     store = OffloadStore(tmp_path)
-    await store.append("a", users(3))
+    msgs = users(3)
+    await store.append("a", msgs)
     path = tmp_path / "a.jsonl"
     data = bytearray(path.read_bytes())
-    data[-30] ^= 0x04
+    data[-30] ^= 0x04  # in the commit line: the batch is no longer committed
     path.write_bytes(bytes(data) + b'{"torn')
-    with pytest.raises(OffloadCorrupted, match="line 3"):
-        await OffloadStore(tmp_path).read("a")
-    with pytest.raises(OffloadCorrupted, match=r"a\.jsonl"):
-        await OffloadStore(tmp_path).append("a", users(1))
-    assert path.read_bytes().endswith(b'{"torn')  # nothing truncated or written
+    assert await OffloadStore(tmp_path).read("a") == []
+    events: list[Any] = []
+    r = await OffloadStore(tmp_path, on_event=events.append).append("a", users(1, "after"))
+    assert r.first_seq == 4  # the records of the uncommitted batch keep their numbers
+    side = (tmp_path / "a.jsonl.damaged").read_bytes()
+    assert bytes(data[data.rindex(b"\n", 0, len(data) - 1) + 1 : -1]) in side and b'{"torn' in side
+    assert [e.kind for e in events] == ["journal_repaired"]
+    check_clean(path)
+    # the commit is written again (a resumed agent does this): the batch is visible once
+    await OffloadStore(tmp_path).commit("a", [orjson.loads(path.read_bytes().split(b"\n")[1])["attempt"]])
+    assert await OffloadStore(tmp_path).read("a") == [*msgs, *(await store.read("a"))[3:]]
 
 
 def line(seq: int, message: dict[str, Any] | bytes, compaction: int = 0) -> bytes:
@@ -299,10 +323,17 @@ def crc_line(obj: dict[str, Any]) -> bytes:
         lambda: b"not json at all\n",
     ],
 )
-async def test_bad_complete_lines_raise(tmp_path: Path, content: Callable[[], bytes]) -> None:
-    (tmp_path / "a.jsonl").write_bytes(content())
-    with pytest.raises(OffloadCorrupted, match=r"a\.jsonl"):
-        await OffloadStore(tmp_path).records("a")
+async def test_bad_complete_lines_are_skipped(tmp_path: Path, content: Callable[[], bytes]) -> None:
+    data = content()
+    (tmp_path / "a.jsonl").write_bytes(data)
+    store = OffloadStore(tmp_path)
+    report = await store.verify("a")
+    assert report.damaged and not report.clean
+    records = await store.records("a")
+    assert len(records) == data.count(b"\n") - len(report.damaged)
+    repaired = await store.repair("a")
+    assert repaired.side_file is not None and repaired.side_file.exists()
+    assert (await store.verify("a")).clean and await store.records("a") == records
 
 
 # -- failures -----------------------------------------------------------------------------------
@@ -464,17 +495,17 @@ async def test_retry_dedup(tmp_path: Path) -> None:
     assert len(check_clean(tmp_path / "x.jsonl")) == 4
 
 
-async def test_readers_dedup_across_stores(tmp_path: Path) -> None:
+async def test_dedup_across_stores(tmp_path: Path) -> None:
     a, b, c = users(3)
     await OffloadStore(tmp_path).append("x", [a, b])
-    await OffloadStore(tmp_path).append("x", [a, b, c])  # another process retried
-    await OffloadStore(tmp_path).append("x", [a, a])  # duplicates within a batch are written once
+    r = await OffloadStore(tmp_path).append("x", [a, b, c])  # another process retried
+    assert (r.first_seq, r.last_seq, r.written) == (1, 3, 1)
+    r = await OffloadStore(tmp_path).append("x", [a, a])  # duplicates within a batch are written once
+    assert (r.first_seq, r.last_seq, r.written) == (1, 1, 0)
     records = await OffloadStore(tmp_path).records("x")
-    assert [r.message for r in records] == [b, c, a]  # each message once, at its latest record
-    assert [r.seq for r in records] == [4, 5, 6]
-    retried = await OffloadStore(tmp_path).read_range("x", 3, 5)  # the range the retry's summary names
-    assert [r.message for r in retried] == [b, c]
-    assert len(check_clean(tmp_path / "x.jsonl")) == 6
+    assert [r.message for r in records] == [a, b, c]  # each message once, at its first record
+    assert [r.seq for r in records] == [1, 2, 3]
+    assert len(check_clean(tmp_path / "x.jsonl")) == 3
 
 
 # -- search and ranges --------------------------------------------------------------------------
@@ -590,10 +621,10 @@ async def test_tail_recovery_reads_only_the_end(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(os, "read", no_read)
     r = await OffloadStore(tmp_path).append("big", users(1))
     assert (r.first_seq, r.last_seq) == (2001, 2001)
-    assert 0 < read_bytes["n"] <= 2 * offload._BLOCK
+    assert 0 < read_bytes["n"] <= 3 * offload._BLOCK
     monkeypatch.undo()
     tail = path.read_bytes()[-30_000:]
-    assert tail.count(b'"seq":2000,') == 1 and tail.count(b'"seq":2001,') == 1
+    assert tail.count(b'"seq":2000,"crc"') == 1 and tail.count(b'"seq":2001,"attempt"') == 1
     assert b'"comp\n' not in tail
 
 

@@ -224,7 +224,8 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
         assert cancelled.compactions == 0 and not any(m.is_summary for m in cancelled.messages)
         assert cancelled.messages[: len(before.messages)] == before.messages
         assert cancelled.messages[-1].role == "tool"  # a whole step: the call with its result
-        assert await OffloadStore(tmp_path / "offload").read("slow")  # written ahead, and whole
+        journal = await OffloadStore(tmp_path / "offload").verify("slow")  # written ahead, never committed
+        assert journal.uncommitted > 0 and journal.records == 0 and journal.clean
         rt._agents["slow"].provider = Adder()
         rt._agents["slow"].compactor.summarizer = Adder()
         reply = await agent.prompt("3 + 4")  # the next prompt is served normally

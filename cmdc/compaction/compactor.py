@@ -39,11 +39,11 @@ from ..events import (
     emit,
 )
 from ..message import Message
-from ..offload import AppendResult, OffloadStore
+from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
-from ..store import Store, open_store
+from ..store import FileStore, Store, open_store
 from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
@@ -100,12 +100,19 @@ class Compactor:
     then `CompactionIncomplete` says so, carrying the compacted state. `summarizer_timeout`:
     seconds one summarizer attempt may take (all its chunks); past it the attempt fails with
     `SummarizerTimeout` and is retried and failed over like any other (None: no bound).
+
+    The journal: the evicted messages are written as an uncommitted attempt before the
+    summarizer runs; `commit_journal` (the default) commits it when the compaction succeeds.
+    An agent passes False and calls `commit(state)` once it has committed the state itself,
+    so a compaction whose state is thrown away never shows in the journal.
     """
 
     __slots__ = (
         "_config_for",
         "_counted",
         "_store",
+        "_store_key",
+        "commit_journal",
         "failover",
         "fallbacks",
         "finalize",
@@ -153,6 +160,7 @@ class Compactor:
         on_event: EventSink | None = None,
         summarizer_timeout: float | None = 300.0,
         store: str | os.PathLike[str] | Store | None = None,
+        commit_journal: bool = True,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
@@ -221,6 +229,8 @@ class Compactor:
         # store: where every agent's journal goes (a directory, a postgresql:// URL or a store
         # object); None: each state's compact_offload_dir
         self.store: Store | None = None if store is None else open_store(store)
+        self._store_key: Path | None = None
+        self.commit_journal = bool(commit_journal)
 
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin (kept in priority order)."""
@@ -320,7 +330,8 @@ class Compactor:
         if not large:
             return None
         config = self.compact_config(state)
-        written = await self.store_for(config).append(state.agent_id, large, compaction=state.compactions)
+        store = self.store_for(config)
+        written = await store.append(state.agent_id, large, compaction=state.compactions, **_expect(store, state))
         by_id = {m.id: m for m in large}
         pointer = f"the full result is in the journal {written.path}, records {written.first_seq}-{written.last_seq}"
         clipped = []
@@ -335,15 +346,33 @@ class Compactor:
             clipped.append(m)
         messages = (*state.messages[:start], *clipped)
         self._emit(TOOL_RESULTS_CLIPPED, state, clipped=len(large), offload_path=str(written.path))
-        return state.evolve(messages=messages, usage_floor=len(messages))
+        return state.evolve(messages=messages, usage_floor=len(messages), **_journal_fields(state, written))
 
     def store_for(self, config: CompactConfig) -> OffloadStore | Store:
+        """The compactor's store, else the journal store of `config.offload_dir`; a relative
+        directory is made absolute once, when this compactor first uses it (a later `chdir`
+        does not split the journal)."""
         if self.store is not None:
             return self.store
         store = self._store
-        if store is None or store.root != config.offload_dir:
-            store = self._store = shared_store(config.offload_dir)
+        if store is None or self._store_key != config.offload_dir:
+            store = self._store = shared_store(Path(os.path.abspath(config.offload_dir)))
+            self._store_key = config.offload_dir
+            if store.on_event is None:
+                store.on_event = self.on_event
         return store
+
+    async def commit(self, state: State) -> None:
+        """Commit the journal attempts the summaries in `state` depend on (a no-op when they
+        are committed already). Called by whoever commits `state`; see `commit_journal`."""
+        attempts: list[str] = []
+        for m in state.messages[:64]:  # summaries sit after the pinned system messages
+            value = m.metadata.get(ATTEMPTS_KEY) if m.is_summary else None
+            if isinstance(value, (list, tuple)):
+                attempts += [a for a in value if isinstance(a, str)]
+        if attempts:
+            store = self.store_for(self.compact_config(state))
+            await store.commit(state.agent_id, attempts, **_expect(store, state))
 
     def _emit(self, kind: str, state: State, **data: Any) -> None:
         emit(self.on_event, Event(kind, state.agent_id, data, trio.current_time()))
@@ -374,6 +403,27 @@ class Compactor:
         )
 
     async def _compact(
+        self, state: State, reason: str, instruction: str | None, window: int | None = None
+    ) -> Compacted | Skipped:
+        """`_passes`, then (with `commit_journal`) the journal commit of the compacted state."""
+        try:
+            result = await self._passes(state, reason, instruction, window)
+        except CompactionIncomplete as exc:
+            if self.commit_journal and isinstance(exc.state, State):
+                await self._commit_or_fail(exc.state, state, reason)
+            raise
+        if self.commit_journal and isinstance(result, Compacted):
+            await self._commit_or_fail(result.state, state, reason)
+        return result
+
+    async def _commit_or_fail(self, new: State, old: State, reason: str) -> None:
+        try:
+            await self.commit(new)
+        except OffloadError as exc:
+            self._emit(COMPACTION_FAILED, old, reason=reason, error=str(exc))
+            raise
+
+    async def _passes(
         self, state: State, reason: str, instruction: str | None, window: int | None = None
     ) -> Compacted | Skipped:
         """One compaction, then the check: while a trigger still fires, another pass with a
@@ -486,10 +536,18 @@ class Compactor:
                 f"smallest summary that could replace them ({smallest} tokens)",
             )
 
-        # Write-ahead: the evicted messages are durable before anything else happens.
+        # Write-ahead: the evicted messages are durable before anything else happens, as an
+        # attempt that becomes visible when the compaction's state is committed.
         store = self.store_for(config)
         try:
-            written = await store.append(state.agent_id, split.evicted, compaction=compaction)
+            written = await store.append(
+                state.agent_id,
+                split.evicted,
+                compaction=compaction,
+                attempt=new_attempt_id(),
+                **_expect(store, state),
+                commit=False,
+            )
         except OffloadError as exc:
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
             raise
@@ -546,8 +604,10 @@ class Compactor:
             )
         if fallback == "skipped":  # not even a pointer is smaller (a custom counter's quirk)
             return self._skip(state, "not even a pointer-only summary is smaller than the evicted messages")
-        messages = (*split.pinned, *inserted, *split.kept)
-        new_state = state.evolve(messages=messages, compactions=compaction, usage_floor=len(messages))
+        messages = (*split.pinned, *_tag_summaries(inserted, written), *split.kept)
+        new_state = state.evolve(
+            messages=messages, compactions=compaction, usage_floor=len(messages), **_journal_fields(state, written)
+        )
         report = CompactionReport(
             reason=reason,
             tokens_before=tokens_before,
@@ -633,7 +693,12 @@ class Compactor:
             )
         if result is not state:
             # No reply has come since the compaction: every reported usage in it is stale.
-            result = result.evolve(usage_floor=len(result.messages), compactions=state.compactions)
+            result = result.evolve(
+                usage_floor=len(result.messages),
+                compactions=state.compactions,
+                journal_id=state.journal_id,
+                journal_seq=state.journal_seq,
+            )
         return result
 
     def _journal(self, state: State, config: CompactConfig) -> str:
@@ -716,6 +781,24 @@ class Compactor:
             why = "no summarizer was tried" if last is None else _describe(last)
             raise SummarizerError(f"every summarizer attempt failed ({tries.count} attempts); last: {why}")
         return result[0], result[1], tries.count
+
+
+def _expect(store: object, state: State) -> dict[str, Any]:
+    """The journal identity `state` expects, for a store that checks it (the file store)."""
+    if isinstance(store, (OffloadStore, FileStore)):
+        return {"expect": JournalRef(state.journal_id, state.journal_seq)}
+    return {}
+
+
+def _journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
+    """The state's journal identity after `written`: its journal, the last record it names."""
+    return {"journal_id": written.journal, "journal_seq": max(state.journal_seq, written.last_seq)}
+
+
+def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
+    """The summary messages carry the journal's identity and the attempts to commit with them."""
+    tags = {JOURNAL_KEY: written.journal, ATTEMPTS_KEY: list(written.pending)}
+    return tuple(m.evolve(metadata={**m.metadata, **tags}) if m.is_summary else m for m in inserted)
 
 
 _STORES: weakref.WeakValueDictionary[Path, OffloadStore] = weakref.WeakValueDictionary()
