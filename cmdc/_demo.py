@@ -432,9 +432,10 @@ async def run_demo(
     temporary = options.offload_dir is None
     offload_dir = options.offload_dir or Path(tempfile.mkdtemp(prefix="cmdc-demo-"))
     model = "SimulatedModel" if options.provider == "simulated" else f"{options.provider} {options.model}"
+    print(f"cmdc demo: {options.agents} agents x {options.turns} turns on {model}", file=progress)
     print(
-        f"cmdc demo: {options.agents} agents x {options.turns} turns on {model}; window {options.window:,} tokens, "
-        f"compaction trigger {options.trigger:,}, {options.output_reserve:,} reserved for each reply",
+        f"window {options.window:,} tokens, compaction trigger {options.trigger:,}, "
+        f"{options.output_reserve:,} reserved for each reply",
         file=progress,
     )
     print(f"journals: {offload_dir}" + (" (temporary)" if temporary else ""), file=progress)

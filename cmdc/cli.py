@@ -95,8 +95,9 @@ def _parser() -> argparse.ArgumentParser:
             "on a small context window. The compaction trigger is 80% of the window and each request reserves "
             "23% of it for the reply (which the trigger does not count), so both automatic compactions and forced "
             "ones (after the model answers 'too long') happen. On a terminal a live table; otherwise one line "
-            "per compaction and every 10 turns. "
-            "Ends with a table of compactions, tokens, journal sizes and retention checks; exits 1 if a check fails."
+            "per compaction and every 10 turns (progress goes to stderr). "
+            "Ends with a table of compactions, tokens, journal sizes, tool calls that worked and retention checks; "
+            "exits 1 if a turn or a check fails, or most tool calls fail."
         ),
     )
     demo.add_argument("--agents", type=_positive, default=8, help="agents (default 8)")
@@ -107,7 +108,9 @@ def _parser() -> argparse.ArgumentParser:
         default=6_000,
         help=f"context window in tokens (default 6000, at least {MIN_WINDOW})",
     )
-    demo.add_argument("--offload-dir", type=Path, help="journal directory (default: a new temporary directory)")
+    demo.add_argument(
+        "--offload-dir", type=Path, help="journal directory, kept (default: a temporary directory, removed at the end)"
+    )
     demo.add_argument("--seed", type=int, default=0, help="seed of the simulated models (default 0)")
     demo.add_argument(
         "--provider",
