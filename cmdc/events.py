@@ -30,6 +30,7 @@ COMPACTION_SKIPPED = "compaction_skipped"
 COMPACTION_FAILED = "compaction_failed"
 COMPACTION_FALLBACK = "compaction_fallback"
 SUMMARIZER_ATTEMPT = "summarizer_attempt"
+SUMMARIZER_FALLBACK = "summarizer_fallback"
 OVERFLOW = "overflow"
 CONTINUED = "continued"
 RETRY = "retry"
@@ -55,6 +56,7 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         TOOL_START: logging.DEBUG,
         TOOL_END: logging.DEBUG,
         SUMMARIZER_ATTEMPT: logging.DEBUG,
+        SUMMARIZER_FALLBACK: logging.WARNING,
         COMPACTION_START: logging.INFO,
         COMPACTION_END: logging.INFO,
         COMPACTION_SKIPPED: logging.INFO,
@@ -93,6 +95,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         COMPACTION_FAILED: ("reason", "error"),
         COMPACTION_FALLBACK: ("fallback", "budget", "evicted_tokens", "summary_tokens"),
         SUMMARIZER_ATTEMPT: ("summarizer", "role", "attempt", "ok", "error", "chunk_tokens", "output_tokens"),
+        SUMMARIZER_FALLBACK: ("summarizer", "attempts", "error"),
         TOOL_RESULTS_CLIPPED: ("clipped", "offload_path"),
         OVERFLOW: ("prompt_tokens", "limit", "forced"),
         CONTINUED: ("stop_reason", "tokens", "window", "continuation"),

@@ -17,7 +17,7 @@ from ._frozen import thaw
 from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, current_chain
 from .bus import EventBus, Subscription
 from .compaction import Compactor
-from .compaction.summary import Summarizer
+from .compaction.summary import ExtractiveSummarizer, Summarizer
 from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused
 from .events import STOPPED, Event
 from .message import Message
@@ -264,13 +264,7 @@ class Runtime:
             # A `fraction` needs the model's window: the provider knows it (written into the
             # config, so a checkpoint keeps it).
             state, fresh = state.evolve(config={**state.config, "context_window": window}), None
-        compactor = Compactor(
-            summarizer if summarizer is not None else provider,
-            plugins=plugins,
-            on_event=self.bus.publish,
-            store=self.store,
-            commit_journal=False,  # the agent commits the journal after it commits its state
-        )
+        compactor = self._compactor(summarizer if summarizer is not None else provider, plugins)
         compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
         tools = tuple(tools)
         if recall:
@@ -308,14 +302,28 @@ class Runtime:
         self._make_room()
         return ref
 
+    def _compactor(self, summarizer: Summarizer, plugins: tuple[Plugin, ...]) -> Compactor:
+        """An agent's compactor. When every attempt of a model summarizer (a provider) fails (an
+        error, a summary cut off or without its sections), the offline `ExtractiveSummarizer`
+        writes the summary (a `summarizer_fallback` event says so): a weak model never stops
+        compaction. A summarizer given as a callable is the caller's own code: no fallback."""
+        model = not callable(summarizer)
+        last_resort = (ExtractiveSummarizer(),) if model else ()
+        return Compactor(
+            summarizer,
+            plugins=plugins,
+            fallbacks=last_resort,
+            on_event=self.bus.publish,
+            store=self.store,
+            commit_journal=False,  # the agent commits the journal after it commits its state
+        )
+
     def _make_agent(
         self, name: str, slot: _Slot, state: State, compactor: Compactor | None = None, saved: State | None = None
     ) -> Agent:
         if compactor is None:
             summarizer = slot.summarizer if slot.summarizer is not None else slot.provider
-            compactor = Compactor(
-                summarizer, plugins=slot.plugins, on_event=self.bus.publish, store=self.store, commit_journal=False
-            )
+            compactor = self._compactor(summarizer, slot.plugins)
         agent = Agent(
             name=name,
             state=state,

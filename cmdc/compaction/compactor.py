@@ -33,6 +33,7 @@ from ..events import (
     PINS_OVER_BUDGET,
     PLUGIN_ERROR,
     SUMMARIZER_ATTEMPT,
+    SUMMARIZER_FALLBACK,
     TOOL_RESULTS_CLIPPED,
     Event,
     EventSink,
@@ -49,10 +50,12 @@ from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .finalize import USER_MESSAGES_KEY, Finalize, FinalizeContext, default_finalize, run_finalize
 from .summary import (
+    TRUNCATED_STOPS,
     ExtractiveSummarizer,
     Summarizer,
+    missing_sections,
     pointer_message,
-    summarize_rolling,
+    summarize_chunks,
     summarizer_name,
     without_media,
 )
@@ -67,12 +70,18 @@ class Compactor:
     the offline `ExtractiveSummarizer`. `retries`: extra attempts per summarizer, with
     exponential backoff from `retry_backoff` seconds (at most `max_backoff`). `should_retry`:
     sees each `SummaryAttempt` (its answer or its error) and says whether it is unusable; by
-    default an error or an empty answer is, a non-empty answer is not (an empty answer is never
-    accepted). `fallbacks`: summarizers tried in order, with the same retries, when the primary
-    gives up. `failover`: a callable (sync or async) that gets the last `SummaryAttempt` and
-    returns `(summarizer, messages)` to try next, or None to stop; it is called at most
+    default (`default_should_retry`) an error, an empty answer, an answer cut off by its output
+    limit (stop reason `length` / `max_tokens`) and one lacking the sections its prompt asked for
+    are (an empty answer is never accepted); a cut-off answer is retried with smaller chunks.
+    `fallbacks`: summarizers tried in order, with the same retries, when the primary
+    gives up (a `summarizer_fallback` event says so when one of them writes the summary).
+    `failover`: a callable (sync or async) that gets the last `SummaryAttempt` and returns
+    `(summarizer, messages)` to try next, or None to stop; it is called at most
     `retries + 1` times, after the fallbacks. `summarizer_input_tokens`: past this many estimated tokens the
-    evicted messages are summarized in chunks, rolled forward. `token_counter`: a per-message
+    evicted messages are summarized in chunks, rolled forward. `summarizer_window`: the
+    summarizing model's context window (default: the agent's `context_window`, or the window
+    an overflow reported); a model summarizer's request is sized so that its input plus the
+    summary's output budget fits it, in chunks otherwise. `token_counter`: a per-message
     counter (a real tokenizer) replacing the default estimate. `on_event`: receives `Event`s.
 
     Budgets (the contraction rule): everything a compaction inserts (the summary message, the
@@ -130,6 +139,7 @@ class Compactor:
         "summarizer",
         "summarizer_input_tokens",
         "summarizer_timeout",
+        "summarizer_window",
         "summary_budget",
         "token_counter",
         "user_message_budget",
@@ -159,6 +169,7 @@ class Compactor:
         max_extra_passes: int = 2,
         on_event: EventSink | None = None,
         summarizer_timeout: float | None = 300.0,
+        summarizer_window: int | None = None,
         store: str | os.PathLike[str] | Store | None = None,
         commit_journal: bool = True,
     ) -> None:
@@ -194,6 +205,10 @@ class Compactor:
         ):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{what} must be callable, got {fn!r}")
+        if summarizer_window is not None and (
+            isinstance(summarizer_window, bool) or not isinstance(summarizer_window, int) or summarizer_window < 1
+        ):
+            raise ConfigError(f"summarizer_window must be an integer >= 1 or None, got {summarizer_window!r}")
         if summarizer_input_tokens is not None and (
             isinstance(summarizer_input_tokens, bool)
             or not isinstance(summarizer_input_tokens, int)
@@ -223,6 +238,7 @@ class Compactor:
         self.max_extra_passes = max_extra_passes
         self.on_event = on_event
         self.summarizer_timeout = summarizer_timeout
+        self.summarizer_window = summarizer_window
         self._config_for: tuple[Mapping[str, Any], CompactConfig] | None = None
         self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
         self._store: OffloadStore | None = None
@@ -567,7 +583,8 @@ class Compactor:
         if instruction:
             prompt = f"{prompt}\n\nAdditional instruction for this summary: {instruction}"
         try:
-            text, used, attempts = await self._summarize(state, ordered, prompt, answer_budget)
+            model_window = self.summarizer_window or window or config.context_window
+            text, used, attempts = await self._summarize(state, ordered, prompt, answer_budget, model_window)
             context = FinalizeContext(
                 summary=text,
                 evicted=split.evicted,
@@ -751,12 +768,19 @@ class Compactor:
         return inserted, "skipped"
 
     async def _summarize(
-        self, state: State, messages: Sequence[Message], prompt: str, max_tokens: int | None = None
+        self,
+        state: State,
+        messages: Sequence[Message],
+        prompt: str,
+        max_tokens: int | None = None,
+        window: int | None = None,
     ) -> tuple[str, str, int]:
         """Retries, fallbacks, failover: the text, the summarizer that wrote it, attempts used.
-        Every answer is bounded by `max_tokens`."""
-        tries = _Tries(self, state, prompt, max_tokens)
+        Every answer is bounded by `max_tokens`; a model's request fits `window`."""
+        tries = _Tries(self, state, prompt, max_tokens, window)
         result = await tries.run("primary", self.summarizer, messages, self.retries)
+        if result is None:
+            tries.primary_failed = tries.last
         for fallback in self.fallbacks:
             if result is not None:
                 break
@@ -780,6 +804,14 @@ class Compactor:
             last = tries.last
             why = "no summarizer was tried" if last is None else _describe(last)
             raise SummarizerError(f"every summarizer attempt failed ({tries.count} attempts); last: {why}")
+        if tries.primary_failed is not None:
+            self._emit(
+                SUMMARIZER_FALLBACK,
+                state,
+                summarizer=result[1],
+                attempts=tries.count,
+                error=_describe(tries.primary_failed),
+            )
         return result[0], result[1], tries.count
 
 
@@ -839,11 +871,31 @@ class SummaryAttempt:
     answer: str | None
     error: BaseException | None
     messages: Sequence[Message] = attrs.field(repr=False, default=())
+    stop_reason: str | None = None
+    prompt: str = attrs.field(repr=False, default="")
 
     @property
     def clipped(self) -> bool:
         """True when the answer was over its output budget and was clipped (`ANSWER_MARKER`)."""
         return self.answer is not None and "bytes of the summarizer's answer clipped" in self.answer
+
+    @property
+    def truncated(self) -> bool:
+        """True when the model stopped on its output limit or a full window (`length`,
+        `max_tokens`): the answer was cut off, not finished."""
+        return self.stop_reason in TRUNCATED_STOPS
+
+    @property
+    def missing(self) -> list[str]:
+        """The sections the prompt asked for (its `## ` headings) that the answer lacks."""
+        return missing_sections(self.answer or "", self.prompt)
+
+    @property
+    def off_task(self) -> bool:
+        """True when the prompt asks for sections and the answer has fewer than half of them
+        (a small model answering the conversation instead of summarizing it)."""
+        asked = missing_sections("", self.prompt)
+        return bool(asked) and len(self.missing) * 2 > len(asked)
 
 
 ShouldRetry = Callable[[SummaryAttempt], bool]
@@ -854,8 +906,18 @@ Failover = Callable[
 
 
 def default_should_retry(attempt: SummaryAttempt) -> bool:
-    """An error or an empty answer is unusable; any other answer is used."""
-    return attempt.error is not None or not (attempt.answer or "").strip()
+    """Unusable: an error, an empty answer, an answer cut off by its output limit or a full
+    window (`attempt.truncated`), or a model's answer without the structure its prompt asked
+    for (`attempt.off_task`: fewer than half of the prompt's `## ` sections). "A model's
+    answer" is a provider reply that says how it stopped (every HTTP provider does); a callable
+    summarizer, or a test double that reports no stop reason, is judged on errors and
+    emptiness alone. Any other answer is used."""
+    return (
+        attempt.error is not None
+        or not (attempt.answer or "").strip()
+        or attempt.truncated
+        or (attempt.stop_reason is not None and attempt.off_task)
+    )
 
 
 def _describe(attempt: SummaryAttempt) -> str:
@@ -863,16 +925,38 @@ def _describe(attempt: SummaryAttempt) -> str:
         return f"{attempt.summarizer}: {type(attempt.error).__name__}: {attempt.error}"
     if not (attempt.answer or "").strip():
         return f"{attempt.summarizer}: returned an empty summary"
+    if attempt.truncated:
+        return f"{attempt.summarizer}: the answer was cut off (stop reason {attempt.stop_reason!r})"
+    if attempt.stop_reason is not None and attempt.off_task:
+        return f"{attempt.summarizer}: the answer lacks the sections asked for ({', '.join(attempt.missing)})"
     return f"{attempt.summarizer}: answer judged unusable by should_retry"
 
 
 class _Tries:
     """Runs summarizer attempts for one compaction, counting them and emitting an event each."""
 
-    def __init__(self, compactor: Compactor, state: State, prompt: str, max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        compactor: Compactor,
+        state: State,
+        prompt: str,
+        max_tokens: int | None = None,
+        window: int | None = None,
+    ) -> None:
         self.compactor, self.state, self.prompt, self.max_tokens = compactor, state, prompt, max_tokens
+        self.window = window  # the summarizing model's context window, when known
+        self.primary_failed: SummaryAttempt | None = None  # the primary's last attempt, if it gave up
         self.count = 0
         self.last: SummaryAttempt | None = None
+
+    def input_room(self) -> int | None:
+        """How many (estimated) tokens of transcript fit one request to a summarizing model:
+        its window less the output budget, the instruction and a margin for the estimate's
+        error and the chat template (15% and 32 tokens). None when the window is unknown."""
+        if self.window is None:
+            return None
+        fixed = (self.max_tokens or 0) + estimate_text_tokens(self.prompt) + 32
+        return max(1, int((self.window - fixed) * 0.85))
 
     def _emit(self, name: str, role: str, **data: Any) -> None:
         self.compactor._emit(SUMMARIZER_ATTEMPT, self.state, summarizer=name, role=role, attempt=self.count, **data)
@@ -887,14 +971,20 @@ class _Tries:
         name = summarizer_name(summarizer)
         whole = estimate_tokens_from_messages(messages)
         chunk = c.summarizer_input_tokens
+        room = None if callable(summarizer) else self.input_room()
+        if room is not None and whole > room:
+            # Room for the summary: the input plus the output budget must fit the model's window.
+            # Past it, chunks, each leaving room for the partial summary rolled into the next.
+            chunk = max(1, min(chunk or room, room - (self.max_tokens or 0)))
         retry = 0
         while retry <= retries:
             self.count += 1
             answer: str | None = None
             error: BaseException | None = None
+            stop: str | None = None
             try:
                 with trio.fail_after(c.summarizer_timeout or math.inf):
-                    answer = await summarize_rolling(summarizer, messages, self.prompt, chunk, self.max_tokens)
+                    answer, stop = await summarize_chunks(summarizer, messages, self.prompt, chunk, self.max_tokens)
             except trio.TooSlowError:
                 error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={c.summarizer_timeout} s")
             except ContextOverflow as exc:
@@ -913,7 +1003,7 @@ class _Tries:
                     continue
             except Exception as exc:
                 error = exc
-            attempt = SummaryAttempt(self.count, name, role, answer, error, messages)
+            attempt = SummaryAttempt(self.count, name, role, answer, error, messages, stop, self.prompt)
             self.last = attempt
             try:
                 unusable = bool(c.should_retry(attempt))
@@ -927,6 +1017,11 @@ class _Tries:
                 return answer, name
             if not unusable and error is not None:
                 return None  # the predicate says this error is not worth retrying
+            if attempt.truncated and error is None:
+                # Cut off: the next attempt reads smaller chunks (a shorter partial each time).
+                smaller = (chunk or whole) // 2
+                if 1 <= smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
+                    chunk = smaller
             if retry < retries and c.retry_backoff:
                 await trio.sleep(min(c.max_backoff, c.retry_backoff * 2**retry))
             retry += 1

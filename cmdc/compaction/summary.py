@@ -14,7 +14,7 @@ import trio
 from .._clip import clip, clip_line, clip_tokens, has_media, image_placeholder, scrub_media
 from ..errors import InvalidMessage, SummarizerError
 from ..message import KIND_KEY, SUMMARY_KIND, ImagePart, Message, TextPart, TokenUsage, ToolCall
-from ..providers.base import ModelRequest, Provider
+from ..providers.base import STOP_REASON_KEY, ModelRequest, Provider
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 
 SummarizeFn = Callable[[Sequence[Message], str], Awaitable[str]]
@@ -61,6 +61,10 @@ def bound_answer(text: str, max_tokens: int | None) -> str:
     return clip_tokens(text, max_tokens, marker=ANSWER_MARKER, note=note)
 
 
+TRUNCATED_STOPS = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
+"""Stop reasons that mean the answer was cut off, not finished."""
+
+
 async def call_summarizer(
     summarizer: Summarizer, messages: Sequence[Message], instruction: str, max_tokens: int | None = None
 ) -> str:
@@ -69,6 +73,15 @@ async def call_summarizer(
     and `max_tokens` as the request's output limit. The answer is bounded by `max_tokens`
     whatever the summarizer did (`bound_answer`); the offline `ExtractiveSummarizer` is asked
     to write within it."""
+    text, _ = await call_summarizer_stop(summarizer, messages, instruction, max_tokens)
+    return text
+
+
+async def call_summarizer_stop(
+    summarizer: Summarizer, messages: Sequence[Message], instruction: str, max_tokens: int | None = None
+) -> tuple[str, str | None]:
+    """`call_summarizer`, with the provider's stop reason (`cmdc.stop_reason`; None for a callable
+    or a provider that gives none)."""
     if not callable(summarizer):
         request = ModelRequest(
             messages=(Message.system(instruction), Message.user(render_transcript(messages))),
@@ -78,7 +91,8 @@ async def call_summarizer(
         reply = await summarizer.complete(request)
         if not isinstance(reply, Message):
             raise SummarizerError(f"summarizer provider returned {type(reply).__name__}, not a Message")
-        return bound_answer(reply.text, max_tokens)
+        stop = reply.metadata.get(STOP_REASON_KEY)
+        return bound_answer(reply.text, max_tokens), stop if isinstance(stop, str) else None
     if isinstance(summarizer, ExtractiveSummarizer) and max_tokens is not None:
         chars = max(500, min(summarizer.max_chars, max_tokens * 4))
         if chars != summarizer.max_chars:
@@ -86,7 +100,7 @@ async def call_summarizer(
     text = await summarizer(messages, instruction)
     if not isinstance(text, str):
         raise SummarizerError(f"summarizer returned {type(text).__name__}, not text")
-    return bound_answer(text, max_tokens)
+    return bound_answer(text, max_tokens), None
 
 
 def chunk_messages(messages: Sequence[Message], limit: int) -> list[list[Message]]:
@@ -112,15 +126,50 @@ async def summarize_rolling(
 ) -> str:
     """Summarize `messages`; past `chunk_tokens`, in chunks, each seeing the summary so far.
     Every answer, partial or final, is bounded by `max_tokens`."""
+    text, _ = await summarize_chunks(summarizer, messages, instruction, chunk_tokens, max_tokens)
+    return text
+
+
+async def summarize_chunks(
+    summarizer: Summarizer,
+    messages: Sequence[Message],
+    instruction: str,
+    chunk_tokens: int | None,
+    max_tokens: int | None = None,
+) -> tuple[str, str | None]:
+    """`summarize_rolling`, with a stop reason: the first one that says an answer was cut off
+    (`TRUNCATED_STOPS`: a partial summary cut off spoils what is rolled forward), else the last."""
     if chunk_tokens is None:
-        return await call_summarizer(summarizer, messages, instruction, max_tokens)
+        return await call_summarizer_stop(summarizer, messages, instruction, max_tokens)
     partial: str | None = None
+    stop: str | None = None
     for chunk in chunk_messages(messages, chunk_tokens):
         seed = [] if partial is None else [Message.user(partial, metadata={KIND_KEY: SUMMARY_KIND})]
-        partial = await call_summarizer(summarizer, seed + chunk, instruction, max_tokens)
+        partial, last = await call_summarizer_stop(summarizer, seed + chunk, instruction, max_tokens)
+        if stop not in TRUNCATED_STOPS:
+            stop = last
         if not partial.strip():
-            return partial
-    return partial or ""
+            return partial, stop
+    return partial or "", stop
+
+
+_ASKED_HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+_ANSWER_HEADING = re.compile(r"^\s*(?:#{1,6}\s+|\*\*|\d+[.)]\s+)(.+?)(?:\*\*)?\s*:?\s*$", re.MULTILINE)
+
+
+def _heading_key(text: str) -> str:
+    return re.sub(r"[^a-z0-9 ]+", "", re.sub(r"^\d+[.)]\s*", "", text.strip().lower())).strip()
+
+
+def missing_sections(answer: str, instruction: str) -> list[str]:
+    """The Markdown headings (`## Name` lines) `instruction` asks for that `answer` lacks (a
+    heading counts as `#`-heading, bold line or numbered line, case and punctuation aside).
+    Empty when the instruction asks for none."""
+    asked = [m.group(1) for m in _ASKED_HEADING.finditer(instruction)]
+    if not asked:
+        return []
+    given = {_heading_key(m.group(1)) for m in _ANSWER_HEADING.finditer(answer)}
+    return [h for h in asked if _heading_key(h) not in given]
 
 
 def summary_message(
