@@ -945,6 +945,8 @@ class _Tries:
     ) -> None:
         self.compactor, self.state, self.prompt, self.max_tokens = compactor, state, prompt, max_tokens
         self.window = window  # the summarizing model's context window, when known
+        if window is not None and max_tokens is not None and max_tokens > max(1, window // 4):
+            self.max_tokens = max(1, window // 4)  # the output counts against the window: a quarter at most
         self.primary_failed: SummaryAttempt | None = None  # the primary's last attempt, if it gave up
         self.count = 0
         self.last: SummaryAttempt | None = None
