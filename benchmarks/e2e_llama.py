@@ -28,7 +28,7 @@ import attrs
 import trio
 
 import cmdc
-from cmdc.events import COMPACTION_END, OVERFLOW, SUMMARIZER_ATTEMPT, Event
+from cmdc.events import COMPACTION_END, CONTINUED, OVERFLOW, SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, Event
 from cmdc.offload import OffloadStore
 from cmdc.providers import AnthropicProvider, OpenAIProvider
 
@@ -195,10 +195,10 @@ async def run_agent(
         turns=turns,
         auto=sum(1 for r in reports if r.reason == "auto"),
         forced=sum(1 for r in reports if r.reason == "forced"),
-        accepted=sum(1 for e in attempts if e.data.get("ok") and e.data.get("role") != "fallback"),
-        rejected=sum(1 for e in attempts if not e.data.get("ok") and e.data.get("role") != "fallback"),
-        fallen_back=sum(1 for e in attempts if e.data.get("ok") and e.data.get("role") == "fallback"),
-        continued=sum(1 for e in events if e.kind == "continue"),
+        accepted=sum(1 for e in attempts if e.data.get("ok") and e.data.get("role") == "primary"),
+        rejected=sum(1 for e in attempts if not e.data.get("ok") and e.data.get("role") == "primary"),
+        fallen_back=sum(1 for e in events if e.kind == SUMMARIZER_FALLBACK),
+        continued=sum(1 for e in events if e.kind == CONTINUED),
         overflows=sum(1 for e in events if e.kind == OVERFLOW),
         seconds=seconds,
         journal=len(journal),
