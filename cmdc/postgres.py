@@ -48,6 +48,7 @@ from .errors import (
     CmdcError,
     ConfigError,
     InvalidMessage,
+    OffloadError,
     StoreUnavailable,
 )
 from .message import Message
@@ -293,14 +294,20 @@ class PostgresStore:
         compaction: int = 0,
         attempt: str | None = None,
         commit: bool = True,
+        expect: Any = None,
+        **options: Any,
     ) -> AppendResult:
         """Journal `messages` as one batch of `attempt` (a new one when None), durably (the
         transaction has committed when this returns). With `commit` the batch is visible at
         once; otherwise it becomes visible with `commit(agent_id, [attempt])` or with a
         checkpoint of a state whose summary names the attempt. Messages already journaled for
         the agent (same id, same content) keep their records; the same id with other content
-        raises `InvalidMessage`."""
+        raises `InvalidMessage`. `expect`: what the caller's state knows of the journal (an
+        object with `journal` and `seq`): a journal replaced since (another id) or holding fewer
+        numbers than the state names raises `OffloadError` before anything is written."""
         validate_agent_id(agent_id)
+        if options:
+            raise ConfigError(f"unknown append option(s) {sorted(options)}")
         if type(compaction) is not int or compaction < 0:
             raise ConfigError(f"compaction must be a non-negative integer, got {compaction!r}")
         if attempt is not None and (not isinstance(attempt, str) or not 1 <= len(attempt) <= 64):
@@ -313,8 +320,9 @@ class PostgresStore:
         rows = [(m.id, *_message_bytes(m), _search_text(m)) for m in unique]
         attempt = attempt or "k" + secrets.token_hex(8)
         seqs: dict[str, int]
+        want = None if expect is None else (getattr(expect, "journal", None), int(getattr(expect, "seq", 0) or 0))
         journal, seqs, written, pending = await self._run(
-            self._append_sync, agent_id, rows, compaction, attempt, commit, write=True
+            self._append_sync, agent_id, rows, compaction, attempt, commit, want, write=True
         )
         numbers = [seqs[m.id] for m in unique]
         first = min(numbers) if numbers else 0
@@ -352,9 +360,15 @@ class PostgresStore:
         compaction: int,
         attempt: str,
         commit: bool,
+        want: tuple[str | None, int] | None,
     ) -> tuple[str, dict[str, int], int, list[str]]:
         with conn.transaction():
             journal, top = self._journal_row(conn, agent_id)
+            if want is not None and ((want[0] is not None and want[0] != journal) or want[1] > top):
+                raise OffloadError(
+                    f"journal of {agent_id!r}: the state names journal {want[0]} up to record {want[1]}, "
+                    f"the store holds journal {journal} up to record {top}: it was replaced or lost"
+                )
             ids = [r[0] for r in rows]
             known: dict[str, tuple[int, int, str]] = {}
             if ids:
@@ -407,7 +421,7 @@ class PostgresStore:
                 ]
         return journal, seqs, len(fresh), pending
 
-    async def commit(self, agent_id: str, attempts: Sequence[str]) -> bool:
+    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool:
         """Make the batches of `attempts` visible; return whether any was not already."""
         validate_agent_id(agent_id)
         wanted = [a for a in dict.fromkeys(attempts) if isinstance(a, str)]

@@ -92,16 +92,10 @@ class Store(Protocol):
     def location(self, agent_id: str) -> str: ...
 
     async def append(
-        self,
-        agent_id: str,
-        messages: Sequence[Message],
-        *,
-        compaction: int = 0,
-        attempt: str | None = None,
-        commit: bool = True,
+        self, agent_id: str, messages: Sequence[Message], *, compaction: int = 0, **options: Any
     ) -> AppendResult: ...
 
-    async def commit(self, agent_id: str, attempts: Sequence[str]) -> bool: ...
+    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool: ...
 
     async def records(self, agent_id: str) -> list[JournalRecord]: ...
 
@@ -162,8 +156,8 @@ class FileStore:
     async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
         return await self.journal.search(agent_id, query, limit)
 
-    async def commit(self, agent_id: str, attempts: Sequence[str], **options: Any) -> bool:
-        return await self.journal.commit(agent_id, attempts, **options)
+    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool:
+        return await self.journal.commit(agent_id, attempts, expect=expect)
 
     async def verify(self, agent_id: str) -> StoreReport:
         report = await self.journal.verify(agent_id)

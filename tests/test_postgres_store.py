@@ -14,8 +14,8 @@ import psycopg
 import pytest
 import trio
 
-from cmdc import Message, State
-from cmdc.errors import CmdcError, StoreUnavailable
+from cmdc import ConfigError, Message, State
+from cmdc.errors import CmdcError, OffloadError, StoreUnavailable
 from cmdc.postgres import ATTEMPTS_KEY, SCHEMA_VERSION, PostgresStore, migrate
 
 
@@ -193,3 +193,21 @@ async def test_a_writer_killed_by_sigkill_loses_nothing_acknowledged(pg: Postgre
     assert set(acked) <= set(ids)
     assert [r.seq for r in records] == sorted({r.seq for r in records})
     assert (await pg.verify("crashy")).clean
+
+
+async def test_a_replaced_or_shorter_journal_is_refused_before_writing(pg: PostgresStore) -> None:
+    class Ref:
+        def __init__(self, journal: str | None, seq: int) -> None:
+            self.journal, self.seq = journal, seq
+
+    first = await pg.append("a1", [Message.user("one"), Message.user("two")], compaction=1)
+    journal = getattr(first, "journal", None) or (await pg.verify("a1")).journal
+    ok = await pg.append("a1", [Message.user("three")], compaction=2, expect=Ref(journal, 2))
+    assert ok.first_seq == 3
+    with pytest.raises(OffloadError, match="replaced or lost"):
+        await pg.append("a1", [Message.user("x")], compaction=3, expect=Ref("jdeadbeefdeadbeef", 3))
+    with pytest.raises(OffloadError, match="replaced or lost"):
+        await pg.append("a1", [Message.user("y")], compaction=3, expect=Ref(journal, 99))
+    assert [r.message.text for r in await pg.records("a1")] == ["one", "two", "three"]
+    with pytest.raises(ConfigError, match="unknown append option"):
+        await pg.append("a1", [Message.user("z")], bogus=1)

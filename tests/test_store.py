@@ -68,6 +68,7 @@ async def test_exactly_once_and_stable_numbers_across_retries(store: Store) -> N
     assert [r.seq for r in records] == [1, 2, 3, 4, 5, 6]
     new = await store.append("a1", [Message.user("later")], compaction=3)
     assert new.first_seq == 7  # numbers only grow
+    assert await store.commit("a1", []) is False  # nothing to commit
 
 
 async def test_agents_are_separate(store: Store) -> None:
