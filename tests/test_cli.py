@@ -226,10 +226,10 @@ def test_compact_file(fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[st
     result = read_output(compacted)
     assert len(result) < len(original)
     assert result[0] == original[0]  # the system message, as it was
-    summary = result[1]
+    assert result[1] == original[1]  # the task, pinned, in its place: before the summary
+    summary = result[2]
     assert summary["role"] == "user" and summary["content"].startswith("[Conversation summary #1]")
     assert set(summary) == {"role", "content"}  # nothing an OpenAI-style consumer would refuse
-    assert result[2] == original[1]  # the task, pinned
     assert result[-6:] == original[-6:]  # the kept tail, exactly as it was
     # every tool result still follows its call
     calls: set[str] = set()
@@ -259,7 +259,7 @@ def test_compact_options_and_recompaction(tmp_path: Path, capsys: pytest.Capture
     assert main([*argv, "--annotate", "--instruction", "focus on the tests"]) == 0
     capsys.readouterr()
     first = read_output(out)
-    assert first[1]["cmdc"]["kind"] == "summary" and first[1]["cmdc"]["compaction"] == 1
+    assert first[2]["cmdc"]["kind"] == "summary" and first[2]["cmdc"]["compaction"] == 1
     assert (journals / "My_Chat.jsonl").exists()  # the file's stem, made a safe agent id
     # compact the compacted file again: the old summary is folded in, not quoted as a user message
     more = first + conversation(3)[2:]

@@ -195,7 +195,8 @@ def test_recompacting_an_output_keeps_the_carried_user_messages(
     assert main(["compact", str(first), "--keep", "2", "--out", str(second), *flags]) == 0, capsys.readouterr().err
 
     def quoted(file: Path) -> set[int]:
-        summary = json.loads(file.read_text().splitlines()[1])["content"]
+        lines = [json.loads(line) for line in file.read_text().splitlines()]
+        summary = next(m["content"] for m in lines if m["content"].startswith("[Conversation summary #"))
         return {i for i in range(30) if f"item-{i} carefully" in summary}
 
     once = quoted(first)

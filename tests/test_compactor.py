@@ -75,8 +75,10 @@ async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> Non
     result = await Compactor(summarizer, on_event=events.append).maybe_compact(state)
     assert isinstance(result, Compacted)
     new, report = result.state, result.report
-    system, summary, *kept = new.messages
+    system, task, summary, *rest = new.messages
+    kept = [task, *rest]
     assert system == msgs[0] and summary.is_summary and summary.role == "user"
+    assert task == msgs[1]  # the pinned task keeps its place: before the summary of what followed it
     assert "the summary" in summary.text and report.offload_path in summary.text
     assert summary.metadata["cmdc.offload_path"] == report.offload_path
     assert (summary.metadata["cmdc.first_seq"], summary.metadata["cmdc.last_seq"]) == (1, report.evicted)
@@ -176,7 +178,7 @@ async def test_chained_compaction_sees_the_previous_summary(tmp_path: Path) -> N
     state2 = first.state.append(*conversation(30, seed=9, system=False))
     second = await compactor.force_compact(state2, reason="manual")
     assert isinstance(second, Compacted)
-    first_summary = first.state.messages[1]
+    first_summary = next(m for m in first.state.messages if m.is_summary)
     inputs = summarizer.calls[1][0]
     assert inputs[0] == first_summary  # the previous summary comes first
     assert second.report.reason == "manual" and second.state.compactions == 2
@@ -512,8 +514,12 @@ def test_force_compact_never_splits_pairs_nor_loses_a_message(msgs: list[Message
             while lead < len(msgs) and msgs[lead].role == "system":
                 lead += 1
             new = result.state.messages
-            assert new[:lead] == tuple(msgs[:lead]) and new[lead].is_summary
-            kept = new[lead + 1 :]
+            at = next(i for i, m in enumerate(new) if m.is_summary)
+            assert new[:lead] == tuple(msgs[:lead]) and at >= lead
+            kept = (*new[lead:at], *new[at + 1 :])
+            order = {m.id: i for i, m in enumerate(msgs)}
+            if offloaded:  # before the summary: only what is older than everything it replaces
+                assert all(order[m.id] < min(order[o.id] for o in offloaded) for m in new[lead:at])
             check_pairs(kept, msgs)
             order = {m.id: i for i, m in enumerate(msgs)}
             ids = sorted(order[m.id] for m in (*msgs[:lead], *offloaded, *kept))
@@ -543,7 +549,8 @@ async def test_should_retry_sees_unusable_answers(tmp_path: Path, autojump_clock
     state = make_state(tmp_path, conversation(30))
     result = await Compactor(model, should_retry=needs_sections).force_compact(state)
     assert isinstance(result, Compacted)
-    assert "the real one" in result.state.messages[1].text and result.report.attempts == 2
+    summary = next(m for m in result.state.messages if m.is_summary)
+    assert "the real one" in summary.text and result.report.attempts == 2
     assert [(a.number, a.answer, a.error) for a in seen] == [
         (1, "too short", None),
         (2, "## Summary\nthe real one", None),

@@ -109,7 +109,7 @@ async def test_a_thousand_agents(tmp_path: Path) -> None:
                     assert reply.text == f"answer: {i + turn}"
                 state = await agent.state()
                 assert state.compactions >= 1
-                assert state.messages[0].is_summary
+                assert state.messages[1].is_summary  # after the pinned task
 
             async with trio.open_nursery() as nursery:
                 for i in range(1000):
@@ -231,7 +231,7 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
         reply = await agent.prompt("3 + 4")  # the next prompt is served normally
         assert reply.text == "answer: 7"
         after = await agent.state()
-        assert after.compactions >= 1 and after.messages[0].is_summary
+        assert after.compactions >= 1 and after.messages[1].is_summary  # after the pinned task
 
 
 async def test_isolation_and_restart(tmp_path: Path) -> None:
@@ -315,7 +315,7 @@ async def test_resume_from_checkpoint(tmp_path: Path) -> None:
         again = await rt.spawn("keeper", Adder(), tools=[add], resume=True)
         state = await again.state()
         assert state == saved and state.config == saved.config
-        summary = state.messages[0]
+        summary = state.messages[1]  # after the pinned task
         offloaded = await OffloadStore(tmp_path / "offload").read("keeper")
         first, last = summary.metadata["cmdc.first_seq"], summary.metadata["cmdc.last_seq"]
         assert len(offloaded) >= last - first + 1

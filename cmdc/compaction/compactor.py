@@ -621,7 +621,9 @@ class Compactor:
             )
         if fallback == "skipped":  # not even a pointer is smaller (a custom counter's quirk)
             return self._skip(state, "not even a pointer-only summary is smaller than the evicted messages")
-        messages = (*split.pinned, *_tag_summaries(inserted, written), *split.kept)
+        # Kept messages older than everything evicted (the pinned task) stay before the summary.
+        before = _held_before_evicted(state, split)
+        messages = (*split.pinned, *split.kept[:before], *_tag_summaries(inserted, written), *split.kept[before:])
         new_state = state.evolve(
             messages=messages, compactions=compaction, usage_floor=len(messages), **_journal_fields(state, written)
         )
@@ -1123,6 +1125,16 @@ def _clip_value(value: Any, limit: int, pointer: str) -> Any:
 
 def largest_message(messages: Sequence[Message]) -> int:
     return max((estimate_message_tokens(m) for m in messages), default=0)
+
+
+def _held_before_evicted(state: State, split: Split) -> int:
+    """How many of `split.kept` come before the first evicted message: held messages (the
+    pinned task) older than everything the summary replaces, which stay before it."""
+    held = {m.id for m in split.held}
+    n, i = 0, len(split.pinned)
+    while i < len(state.messages) and state.messages[i].id in held:
+        n, i = n + 1, i + 1
+    return n
 
 
 def _summaries_first(state: State, evicted: tuple[Message, ...]) -> Sequence[Message]:
