@@ -4,6 +4,7 @@ compactions. Run: python -m benchmarks.bench_compaction  (add --quick for a shor
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -83,26 +84,28 @@ def time_append(reps: int, base: int = 10_000, batch: int = 1_000) -> tuple[floa
 
 async def time_default(
     n: int, root: Path, reps: int, trigger: int | None, extractive: bool = False
-) -> tuple[float, int, int]:
+) -> tuple[float, float, int, int]:
     """One `force_compact` of an `n`-message conversation by a Compactor with every default
     (finalizer, preserved user messages, task pin, budgets: every retention feature on), with
     the default trigger or `trigger`; the summarizer answers at once unless `extractive` (the
-    offline default, whose own time grows with its input): (median seconds, summary tokens,
-    tokens after)."""
+    offline default, whose own time grows with its input): (median wall seconds, median CPU
+    seconds of the process, summary tokens, tokens after). CPU time is what the compaction
+    costs whatever else the machine runs; wall time includes the journal's fsync."""
     messages = conversation(n, seed=n)
-    samples, summary, after = [], 0, 0
+    samples, cpu, summary, after = [], [], 0, 0
     for rep in range(reps):
         config: dict[str, object] = {"compact_offload_dir": str(root)}
         if trigger is not None:
             config["compact_trigger"] = ("tokens", trigger)
         state = State(agent_id=f"default-{n}-{trigger}-{extractive}-{rep}", messages=messages, config=config)
         compactor = Compactor() if extractive else Compactor(instant)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = await compactor.force_compact(state)
         samples.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         assert isinstance(result, Compacted)
         summary, after = result.report.summary_tokens, result.report.tokens_after
-    return statistics.median(samples), summary, after
+    return statistics.median(samples), statistics.median(cpu), summary, after
 
 
 async def time_chained(root: Path, rounds: int, batch: int = 40) -> list[tuple[int, float, int]]:
@@ -127,20 +130,21 @@ async def default_table(
 ) -> None:
     """Prints the default-Compactor figures: one force_compact per size and trigger, and the
     summary's size over chained compactions."""
-    print("\ndefault Compactor, every retention feature on, one force_compact")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\ndefault Compactor, every retention feature on, one force_compact (load average {load:.1f})")
     print(
-        f"{'messages':>9} {'trigger':>9} {'summarizer':>11} {'ms':>9} {'target':>7}"
+        f"{'messages':>9} {'trigger':>9} {'summarizer':>11} {'wall ms':>9} {'cpu ms':>9} {'target':>7}"
         f" {'summary tok':>12} {'tokens after':>13}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for extractive in summarizers:
             for n in sizes:
                 for trigger in (None, 10**9):
-                    seconds, summary, after = await time_default(n, Path(tmp), reps, trigger, extractive)
+                    seconds, cpu, summary, after = await time_default(n, Path(tmp), reps, trigger, extractive)
                     target = None if extractive else TARGETS_MS.get(n)
                     print(
                         f"{n:>9} {'default' if trigger is None else '1e9':>9} "
-                        f"{'extractive' if extractive else 'instant':>11} {seconds * 1e3:>9.1f} "
+                        f"{'extractive' if extractive else 'instant':>11} {seconds * 1e3:>9.1f} {cpu * 1e3:>9.1f} "
                         f"{'' if target is None else f'< {target:.0f}':>7} {summary:>12,} {after:>13,}"
                     )
         chain = await time_chained(Path(tmp), rounds) if rounds else []

@@ -82,6 +82,8 @@ def clip_line(text: str, max_bytes: int) -> str:
 # -- media ------------------------------------------------------------------------------------
 
 _MIN_PAYLOAD = 512  # shorter base64 runs are left alone (hashes, ids, tokens)
+MEDIA_MIN_BYTES = _MIN_PAYLOAD
+_BASE64_RUN_BYTES = re.compile(rb"[A-Za-z0-9+/_-]{512}")
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[\w.+-]+)*);base64,([A-Za-z0-9+/=_-]{16,})")
 _BASE64_RUN = re.compile(rf"[A-Za-z0-9+/_-]{{{_MIN_PAYLOAD},}}={{0,2}}")
 
@@ -115,6 +117,11 @@ def image_placeholder(source: str, media_type: str | None, where: str = "") -> s
         return media_placeholder(kind, payload * 3 // 4, where)
     shown = clip(source, 200, marker="…")
     return f"[image{f' {media_type}' if media_type else ''}: {shown}{f'; {where}' if where else ''}]"
+
+
+def may_hold_base64(encoded: bytes) -> bool:
+    """A quick test on encoded bytes (a message's JSON): False when no base64 run could be there."""
+    return _BASE64_RUN_BYTES.search(encoded) is not None
 
 
 def has_media(text: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from .._clip import clip_tokens
+from .._clip import MEDIA_MIN_BYTES, clip_tokens, may_hold_base64
 from ..errors import (
     CompactionAborted,
     CompactionError,
@@ -45,7 +45,13 @@ from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plu
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store, open_store
-from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
+from ..tokens import (
+    IMAGE_TOKENS,
+    TokenCounter,
+    estimate_message_tokens,
+    estimate_text_tokens,
+    estimate_tokens_from_messages,
+)
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .finalize import USER_MESSAGES_KEY, Finalize, FinalizeContext, default_finalize, run_finalize
@@ -261,6 +267,11 @@ class Compactor:
         config = _parse_config(state.config)
         self._config_for = (state.config, config)
         return config
+
+    def _sum(self, messages: Sequence[Message]) -> int:
+        if self.token_counter is None:  # estimates are cached on the messages
+            return sum(m._tokens or estimate_message_tokens(m) for m in messages)
+        return sum(self.count(m) for m in messages)
 
     def count(self, message: Message) -> int:
         """Tokens of one message, by the custom counter if one was given."""
@@ -542,7 +553,7 @@ class Compactor:
         split, skipped = await self._before_compact(state, config, split, reason, instruction, keep, window)
         if skipped is not None:
             return skipped
-        evicted_tokens = sum(self.count(m) for m in split.evicted)
+        evicted_tokens = self._sum(split.evicted)
         compaction = state.compactions + 1
         smallest = self.count(_pointer(state, compaction, len(split.evicted), str(self._journal(state, config))))
         if evicted_tokens <= smallest:
@@ -973,7 +984,6 @@ class _Tries:
         window) and the call is made again at once, O(log n) times."""
         c = self.compactor
         name = summarizer_name(summarizer)
-        whole = estimate_tokens_from_messages(messages)
         chunk = c.summarizer_input_tokens
         room = None if callable(summarizer) else self.input_room()
         if room is not None and whole > room:
@@ -998,10 +1008,11 @@ class _Tries:
                     self.max_tokens = max(1, exc.limit // 4)
                     self._emit(name, role, ok=False, error=str(exc), output_tokens=self.max_tokens)
                     continue
-                smaller = (chunk or whole) // 2
+                whole = chunk or estimate_tokens_from_messages(messages)
+                smaller = whole // 2
                 if exc.limit:
                     smaller = min(smaller, exc.limit // 2)
-                if 1 <= smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
+                if 1 <= smaller < whole and largest_message(messages) <= smaller * 2:
                     chunk = smaller
                     self._emit(name, role, ok=False, error=str(exc), chunk_tokens=chunk)
                     continue
@@ -1082,20 +1093,30 @@ def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResu
     tool-call arguments longer than `limit` tokens cut to a head with a pointer to the journal
     (which holds them whole)."""
     where = f"journal {written.path}, records {written.first_seq}-{written.last_seq}"
+    # One pass over the cached encodings: only a message that may hold media (a data URL, or
+    # long enough for a base64 run) is looked at closely, only a large one is clipped.
     out: list[Message] | None = None
+    large: list[int] = []
+    cap = limit if limit is not None else 1 << 62
     for i, m in enumerate(messages):
-        plain = without_media(m, where)
-        if plain is not m:
-            if out is None:
-                out = list(messages)
-            out[i] = plain
+        tokens = m._tokens or estimate_message_tokens(m)
+        if tokens < _MEDIA_MIN_TOKENS:  # too small for an image part or a base64 run
+            continue
+        encoded = m.to_json()
+        if b"base64," in encoded or may_hold_base64(encoded):
+            plain = without_media(m, where)
+            if plain is not m:
+                if out is None:
+                    out = list(messages)
+                out[i] = m = plain
+                tokens = estimate_message_tokens(m)
+        if tokens > cap:
+            large.append(i)
     if out is not None:
         messages = out
-    if limit is None:
-        return messages
-    large = [i for i, m in enumerate(messages) if (m._tokens or estimate_message_tokens(m)) > limit]
     if not large:
         return messages
+    assert limit is not None
     pointer = f"the full text is in the {where}"
     out = list(messages)
     for i in large:
@@ -1112,6 +1133,9 @@ def _reduced(messages: Sequence[Message], limit: int | None, written: AppendResu
             out[i] = m.evolve(content=clip_tokens(m.text, limit * 4, note=f"; {pointer}"))
     return out
 
+
+# A message below this estimate holds no image part and no base64 run worth a placeholder.
+_MEDIA_MIN_TOKENS = min(IMAGE_TOKENS, MEDIA_MIN_BYTES // 4)
 
 _TAIL_MARKER = "\n[… {omitted} more bytes clipped to fit the context; {note}]"
 _INPUT_MARKER = "\n[… {omitted} more bytes clipped; {note}]"
