@@ -43,6 +43,7 @@ from .events import (
     ERROR,
     OVERFLOW,
     PLUGIN_ERROR,
+    QUEUED_DROPPED,
     REQUEST,
     RESPONSE,
     RESTART,
@@ -166,6 +167,11 @@ class AgentOptions:
       window (Anthropic's `model_context_window_exceeded`, or stop `length`/`max_tokens` with
       prompt + output at the window) is followed by a compaction and a request to continue
       (a `continued` event each); 0 returns such a reply as it is.
+    - `max_queued`: messages queued with `send` / `send_nowait` and not yet taken by a turn;
+      past it both raise `MailboxFull`. A turn that fails before its first commit drops the
+      queued messages it took (a `queued_dropped` event; the error says how many), so they
+      never poison later turns; an aborted or cancelled turn leaves them queued.
+      `AgentRef.queued()` shows them, `AgentRef.clear_queued()` drops them.
     """
 
     max_steps: int = attrs.field(default=25, validator=_positive_int("max_steps"))
@@ -181,6 +187,7 @@ class AgentOptions:
     max_parallel_tools: int = attrs.field(default=32, validator=_positive_int("max_parallel_tools"))
     max_children: int = attrs.field(default=8, validator=_positive_int("max_children"))
     max_continuations: int = attrs.field(default=2, validator=_non_negative_int("max_continuations"))
+    max_queued: int = attrs.field(default=256, validator=_positive_int("max_queued"))
 
     @max_output_tokens.validator
     def _check_output(self, _a: object, value: object) -> None:
@@ -278,6 +285,8 @@ class Host(Protocol):
     def send_inactive(self, ref: AgentRef, messages: tuple[Message, ...]) -> None: ...
 
     def add_plugin_inactive(self, ref: AgentRef, plugin: Plugin) -> None: ...
+
+    def queued_inactive(self, ref: AgentRef) -> list[Message]: ...
 
 
 def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, ...]:
@@ -452,6 +461,26 @@ class AgentRef:
             await agent.wait_done()
             return
 
+    def queued(self) -> tuple[Message, ...]:
+        """The messages queued with `send` that the agent has received for its next turn."""
+        agent = self._resident()
+        if agent is None:
+            return tuple(self._host.queued_inactive(self)) if self._host is not None and not self._stopped else ()
+        return tuple(agent.pending)
+
+    def clear_queued(self) -> tuple[Message, ...]:
+        """Drop the messages `queued()` shows (a turn already running keeps what it took); returns them."""
+        agent = self._resident()
+        if agent is None:
+            pending = self._host.queued_inactive(self) if self._host is not None and not self._stopped else []
+        elif agent.current is not None:
+            return ()  # the running turn has them: they are committed with it or dropped if it fails
+        else:
+            pending = agent.pending
+        dropped = tuple(pending)
+        pending.clear()
+        return dropped
+
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin at run time (for turns and compactions alike)."""
         agent = self._resident()
@@ -528,6 +557,7 @@ class Agent:
         "current",
         "deactivating",
         "done",
+        "in_flight",
         "known_window",
         "last_active",
         "leaving",
@@ -596,6 +626,7 @@ class Agent:
         self.checkpoints = checkpoints
         self._send, self._receive = trio.open_memory_channel[Any](options.mailbox_size)
         self.pending: list[Message] = []  # sent messages waiting for the next turn
+        self.in_flight = 0  # messages sent with send() still in the mailbox
         self.turn_scope: trio.CancelScope | None = None
         self.current: _Prompt | None = None
         self.aborted = False
@@ -611,18 +642,39 @@ class Agent:
             self.ref, ref._agent = ref, self
 
     # -- the mailbox ------------------------------------------------------------------------
+    def _reserve(self, request: Any) -> int:
+        """Count the messages of a `_Send` against `max_queued` (MailboxFull past it)."""
+        if not isinstance(request, _Send):
+            return 0
+        n = len(request.messages)
+        if self.in_flight + len(self.pending) + n > self.options.max_queued:
+            raise MailboxFull(
+                f"agent {self.name!r}: {self.in_flight + len(self.pending)} messages already queued "
+                f"(max_queued={self.options.max_queued})"
+            )
+        self.in_flight += n
+        return n
+
     async def enqueue(self, request: Any) -> None:
+        n = self._reserve(request)
         try:
             await self._send.send(request)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.in_flight -= n
             raise AgentStopped(f"agent {self.name!r} has stopped") from None
+        except BaseException:  # cancelled while waiting for room: nothing was sent
+            self.in_flight -= n
+            raise
 
     def enqueue_nowait(self, request: Any) -> None:
+        n = self._reserve(request)
         try:
             self._send.send_nowait(request)
         except trio.WouldBlock:
+            self.in_flight -= n
             raise MailboxFull(f"agent {self.name!r}: mailbox full ({self.options.mailbox_size} requests)") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.in_flight -= n
             raise AgentStopped(f"agent {self.name!r} has stopped") from None
 
     async def wait(self, request: _Prompt | _Call | _Compact) -> Any:
@@ -724,6 +776,7 @@ class Agent:
 
     async def _serve(self, request: Any) -> None:
         if isinstance(request, _Send):
+            self.in_flight -= len(request.messages)
             self.pending.extend(request.messages)
         elif isinstance(request, _Call):
             try:
@@ -793,6 +846,10 @@ class Agent:
                 try:
                     reply = await self._turn(request.messages)
                 except Exception as exc:
+                    if self.pending:  # taken by the failed turn, never committed: dropped, said so
+                        dropped, self.pending = len(self.pending), []
+                        exc.add_note(f"{dropped} message(s) queued with send() were dropped with this turn")
+                        self._emit(QUEUED_DROPPED, count=dropped, error=repr(exc))
                     request.reply.fail(exc)
                     self._emit(ERROR, error=repr(exc), during="turn")
                     await self._lifecycle("on_error", OnError(self.state, exc))

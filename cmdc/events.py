@@ -29,6 +29,7 @@ COMPACTION_END = "compaction_end"
 COMPACTION_SKIPPED = "compaction_skipped"
 COMPACTION_FAILED = "compaction_failed"
 COMPACTION_FALLBACK = "compaction_fallback"
+QUEUED_DROPPED = "queued_dropped"
 SUMMARIZER_ATTEMPT = "summarizer_attempt"
 SUMMARIZER_FALLBACK = "summarizer_fallback"
 OVERFLOW = "overflow"
@@ -71,6 +72,7 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         ERROR: logging.WARNING,
         PLUGIN_ERROR: logging.WARNING,
         PINS_OVER_BUDGET: logging.WARNING,
+        QUEUED_DROPPED: logging.WARNING,
         EVENTS_DROPPED: logging.WARNING,
         USAGE_REFUSED: logging.WARNING,
         TOOL_CALLS_REFUSED: logging.WARNING,
@@ -105,6 +107,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         ERROR: ("error", "during", "crashed", "retry_in"),
         PLUGIN_ERROR: ("plugin", "hook", "error"),
         PINS_OVER_BUDGET: ("budget", "unpinned", "pinned_tokens"),
+        QUEUED_DROPPED: ("count", "error"),
         EVENTS_DROPPED: ("count",),
         USAGE_REFUSED: ("usage", "limit"),
         TOOL_CALLS_REFUSED: ("refused", "limit"),

@@ -18,7 +18,7 @@ from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, 
 from .bus import EventBus, Subscription
 from .compaction import Compactor
 from .compaction.summary import ExtractiveSummarizer, Summarizer
-from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused
+from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused, MailboxFull
 from .events import STOPPED, Event
 from .message import Message
 from .plugins import Plugin
@@ -503,7 +503,13 @@ class Runtime:
         slot = self._slots.get(ref.name)
         if slot is None or slot.ref is not ref:
             raise AgentStopped(f"agent {ref.name!r} has stopped")
+        if len(slot.pending) + len(messages) > slot.options.max_queued:
+            raise MailboxFull(f"agent {ref.name!r}: {len(slot.pending)} messages already queued")
         slot.pending.extend(messages)
+
+    def queued_inactive(self, ref: AgentRef) -> list[Message]:
+        slot = self._slots.get(ref.name)
+        return slot.pending if slot is not None and slot.ref is ref else []
 
     def add_plugin_inactive(self, ref: AgentRef, plugin: Plugin) -> None:
         slot = self._slots.get(ref.name)

@@ -985,11 +985,13 @@ class _Tries:
         c = self.compactor
         name = summarizer_name(summarizer)
         chunk = c.summarizer_input_tokens
+        whole = estimate_tokens_from_messages(messages)  # cached per message: a sum of ints
         room = None if callable(summarizer) else self.input_room()
         if room is not None and whole > room:
             # Room for the summary: the input plus the output budget must fit the model's window.
             # Past it, chunks, each leaving room for the partial summary rolled into the next.
             chunk = max(1, min(chunk or room, room - (self.max_tokens or 0)))
+        fitted = False
         retry = 0
         while retry <= retries:
             self.count += 1
@@ -1008,11 +1010,19 @@ class _Tries:
                     self.max_tokens = max(1, exc.limit // 4)
                     self._emit(name, role, ok=False, error=str(exc), output_tokens=self.max_tokens)
                     continue
-                whole = chunk or estimate_tokens_from_messages(messages)
-                smaller = whole // 2
+                size = chunk or whole
+                smaller = size // 2
                 if exc.limit:
                     smaller = min(smaller, exc.limit // 2)
-                if 1 <= smaller < whole and largest_message(messages) <= smaller * 2:
+                    cap = max(_MIN_SUMMARY_TEXT, exc.limit // 4)
+                    if not fitted and largest_message(messages) > cap:
+                        # One message alone is too large for the summarizer (a huge summary or
+                        # paste): every message is cut to a quarter of its window (whole in the journal).
+                        messages, fitted = [_within(m, cap) for m in messages], True
+                        chunk = min(size, exc.limit // 2)
+                        self._emit(name, role, ok=False, error=str(exc), chunk_tokens=chunk)
+                        continue
+                if 1 <= smaller < size and largest_message(messages) <= smaller * 2:
                     chunk = smaller
                     self._emit(name, role, ok=False, error=str(exc), chunk_tokens=chunk)
                     continue
@@ -1139,6 +1149,22 @@ _MEDIA_MIN_TOKENS = min(IMAGE_TOKENS, MEDIA_MIN_BYTES // 4)
 
 _TAIL_MARKER = "\n[… {omitted} more bytes clipped to fit the context; {note}]"
 _INPUT_MARKER = "\n[… {omitted} more bytes clipped; {note}]"
+
+
+def _within(message: Message, cap: int) -> Message:
+    """`message` cut to about `cap` tokens for a summarizer's window (a summary keeps its header)."""
+    if estimate_message_tokens(message) <= cap:
+        return message
+    note = "; whole in the journal"
+    head, sep, body = message.text.partition("\n\n") if message.is_summary else ("", "", message.text)
+    if not sep:
+        head, body = "", message.text
+    room = max(16, cap - estimate_message_tokens(Message.user(head)) - 16)
+    calls = tuple(
+        attrs.evolve(c, arguments={k: _clip_value(v, max(16, cap // 4), note) for k, v in c.arguments.items()})
+        for c in message.tool_calls
+    )
+    return message.evolve(content=head + sep + clip_tokens(body, room, note=note), tool_calls=calls)
 
 
 def _clip_value(value: Any, limit: int, pointer: str) -> Any:
