@@ -11,7 +11,7 @@ import attrs
 import orjson
 import trio
 
-from .._clip import clip, clip_line, clip_tokens, has_media, image_placeholder, scrub_media
+from .._clip import clip, clip_line, clip_tokens, has_media, image_placeholder, scrub_media, utf8_len
 from ..errors import InvalidMessage, SummarizerError
 from ..message import KIND_KEY, SUMMARY_KIND, ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ..providers.base import STOP_REASON_KEY, ModelRequest, Provider
@@ -697,14 +697,14 @@ def _from_transcript(text: str) -> list[Message] | None:
 
 
 class _Layout:
-    """The sections being fitted into `limit` characters; `total` is always the length of
+    """The sections being fitted into `limit` UTF-8 bytes; `total` is always the length of
     `render()`, kept up to date in O(1) per dropped item."""
 
     def __init__(self, sections: dict[str, list[str]], dropped: dict[str, int], limit: int) -> None:
         self.items = {n: list(sections.get(n, ())) for n in _SECTIONS}
         self.start = dict.fromkeys(_SECTIONS, 0)
         self.dropped = {n: dropped.get(n, 0) for n in _SECTIONS}
-        self.sizes = {n: sum(len(i) for i in self.items[n]) for n in _SECTIONS}
+        self.sizes = {n: sum(utf8_len(i) for i in self.items[n]) for n in _SECTIONS}
         self.limit = limit
         self.total = sum(self._block(n) for n in _SECTIONS) + 2 * (len(_SECTIONS) - 1)
 
@@ -725,7 +725,7 @@ class _Layout:
     def drop_oldest(self, name: str, floor: int) -> None:
         while self.total > self.limit and self._kept(name) > floor:
             before = self._block(name)
-            self.sizes[name] -= len(self.items[name][self.start[name]])
+            self.sizes[name] -= utf8_len(self.items[name][self.start[name]])
             self.start[name] += 1
             self.dropped[name] += 1
             self.total += self._block(name) - before
@@ -736,7 +736,7 @@ class _Layout:
         before = self._block(name)
         self.items[name] = [_clip(i, cap) for i in self.items[name][self.start[name] :]]
         self.start[name] = 0
-        self.sizes[name] = sum(len(i) for i in self.items[name])
+        self.sizes[name] = sum(utf8_len(i) for i in self.items[name])
         self.total += self._block(name) - before
 
     def keep_first(self, name: str) -> None:
@@ -746,7 +746,7 @@ class _Layout:
         before = self._block(name)
         self.items[name] = self.items[name][self.start[name] : self.start[name] + 1]
         self.start[name] = 0
-        self.sizes[name] = len(self.items[name][0])
+        self.sizes[name] = utf8_len(self.items[name][0])
         self.total += self._block(name) - before
 
     def render(self) -> str:
@@ -961,4 +961,6 @@ class ExtractiveSummarizer:
             layout.clip(_TASK, cap)
         layout.keep_first(_TASK)
         text = layout.render()
-        return clip(text, self.max_chars, keep="head", marker="")  # a last resort (CJK: bytes > characters)
+        if len(text.encode()) > self.max_chars:  # a last resort (CJK: bytes > characters): whole lines
+            text = clip(text, self.max_chars, keep="head", marker="").rsplit("\n", 1)[0]
+        return text
