@@ -407,3 +407,22 @@ def test_any_input_fits_and_folds(msgs: list[Message], max_chars: int) -> None:
 )
 def test_strip_scratchpad(answer: str, expected: str) -> None:
     assert strip_scratchpad(answer) == expected
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["\uf47c\U0009bc2díX\x19°b\x8b\U000e79d4\x88ò\xd7𥆃\U000d6366", "wÖâ\x0c\U0008da92L\uf6a2e\U0008e693\x05",
+         "i[\x15»\U00069bc8\x97\U000844d8û¨\x970Ø\x9d", "%²_\x14", "\x84&\x8c\x7fè\x82"],
+        ["界" * 40 + str(i) for i in range(12)],
+    ],
+)
+def test_multibyte_text_keeps_every_heading(texts: list[str]) -> None:
+    # The layout fits UTF-8 bytes, as the clip does: multi-byte text that fits in characters
+    # but not in bytes loses items, never a heading (found by hypothesis).
+    msgs = [Message.user(t) for t in texts]
+    summarizer = ExtractiveSummarizer(max_chars=500)
+    text = summarizer.summarize(msgs)
+    assert headings(text) == HEADINGS
+    assert len(text.encode()) <= 500
+    assert summarizer.summarize([previous_summary(text, len(msgs))]) == text
