@@ -218,9 +218,18 @@ async def test_three_agent_cycle_is_refused(tmp_path: Path) -> None:
             )
             for n in "abc"
         ]
+        replies: dict[str, str] = {}
+
+        async def ask(ref: Any) -> None:
+            replies[ref.name] = (await ref.prompt("start")).text
+
         async with trio.open_nursery() as nursery:
             for ref in refs:
-                nursery.start_soon(ref.prompt, "start")
+                nursery.start_soon(ask, ref)
+        # every turn answered; a -> b -> c -> a was refused where it would have closed
+        assert sorted(replies) == ["a", "b", "c"]
+        assert any("already waiting" in text and " -> " in text for text in replies.values())
+        assert rt._waits == {}
         await neighbour_answers(rt, tmp_path)
 
 
