@@ -1124,8 +1124,8 @@ class OffloadStore:
 
     async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
         """Records matching words of `query` (case-insensitive), best first: most distinct
-        query words present, then most occurrences, then lowest seq. Scored in a worker thread,
-        in small bites (`cmdc._search`); the query counts up to its first 64 distinct words."""
+        query words present, then most occurrences, then lowest seq. Scored on the trio thread
+        in 2 ms bites (`cmdc._search`); the query counts up to its first 64 distinct words."""
         self.path_for(agent_id)
         if type(limit) is not int or limit < 1:
             raise ConfigError(f"search limit must be an integer >= 1, got {limit!r}")
