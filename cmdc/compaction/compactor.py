@@ -985,8 +985,9 @@ class _Tries:
         c = self.compactor
         name = summarizer_name(summarizer)
         chunk = c.summarizer_input_tokens
-        whole = estimate_tokens_from_messages(messages)  # cached per message: a sum of ints
         room = None if callable(summarizer) else self.input_room()
+        # The input's size, from the estimates cached on the messages (needed for a model's room)
+        whole = sum(m._tokens or estimate_message_tokens(m) for m in messages) if room is not None else 0
         if room is not None and whole > room:
             # Room for the summary: the input plus the output budget must fit the model's window.
             # Past it, chunks, each leaving room for the partial summary rolled into the next.
@@ -1010,7 +1011,7 @@ class _Tries:
                     self.max_tokens = max(1, exc.limit // 4)
                     self._emit(name, role, ok=False, error=str(exc), output_tokens=self.max_tokens)
                     continue
-                size = chunk or whole
+                size = chunk or whole or estimate_tokens_from_messages(messages)
                 smaller = size // 2
                 if exc.limit:
                     smaller = min(smaller, exc.limit // 2)
@@ -1044,6 +1045,7 @@ class _Tries:
                 return None  # the predicate says this error is not worth retrying
             if attempt.truncated and error is None:
                 # Cut off: the next attempt reads smaller chunks (a shorter partial each time).
+                whole = whole or estimate_tokens_from_messages(messages)
                 smaller = (chunk or whole) // 2
                 if 1 <= smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
                     chunk = smaller
