@@ -52,12 +52,11 @@ from .errors import (
     StoreUnavailable,
 )
 from .message import Message
-from .offload import AppendResult, JournalRecord
+from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
 from .store import StoreReport
 
 SCHEMA_VERSION = 1
-ATTEMPTS_KEY = "cmdc.attempts"  # summary metadata: the journal attempts a summary depends on
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 _WORD = re.compile(r"\w+")
 T = TypeVar("T")

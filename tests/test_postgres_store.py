@@ -211,3 +211,15 @@ async def test_a_replaced_or_shorter_journal_is_refused_before_writing(pg: Postg
     assert [r.message.text for r in await pg.records("a1")] == ["one", "two", "three"]
     with pytest.raises(ConfigError, match="unknown append option"):
         await pg.append("a1", [Message.user("z")], bogus=1)
+
+
+def test_passwords_never_show_in_reprs_or_locations() -> None:
+    store = PostgresStore("postgresql://me:s3cret@db.example:5432/cmdc")
+    assert "s3cret" not in repr(store) and "s3cret" not in store.location("a1")
+    assert "s3cret" not in repr(store.checkpoints)
+    for bad in ("mysql://x", "", "/some/dir"):
+        with pytest.raises(ConfigError):
+            PostgresStore(bad)
+    for kw in ({"pool_size": 0}, {"retries": -1}, {"timeout": 0}, {"timeout": float("inf")}, {"retries": True}):
+        with pytest.raises(ConfigError):
+            PostgresStore("postgresql://x@/db", **kw)  # type: ignore[arg-type]
