@@ -245,7 +245,8 @@ class Runtime:
         )
         plugins = tuple(plugins)
         state = State(agent_id=name, config=config)
-        fresh: State | None = state  # a state as good as saved: activation rebuilds it
+        fresh: State | None = state  # a state as good as saved
+        saved: State | None = None  # the checkpoint a resumed agent goes on from
         if resume:
             if self.checkpoints is None:
                 raise ConfigError(f"resume={resume!r} needs open_runtime(checkpoint_dir=...)")
@@ -276,7 +277,9 @@ class Runtime:
         if grants.children:
             tools = (*tools, _delegate_tool(self, name, grants.targets))
         slot = _Slot(provider, tools, plugins, config, summarizer, options)
-        slot.fresh = fresh is state
+        # A new State is what it had (activation rebuilds it) only when none was loaded: a
+        # resumed state is as good as saved, but activation must read it back.
+        slot.fresh = fresh is state and saved is None
         agent = self._make_agent(name, slot, state, compactor, saved=fresh)
         if resume:  # the resumed state's compactions are committed in its journal too
             await agent.commit_journal(state)

@@ -250,3 +250,21 @@ async def test_prompt_nowait_and_cancelled_activation(tmp_path: Path) -> None:
             await ref.prompt("never")
         assert (await ref.prompt("three")).text == "echo 3: three"
         assert rt.stats["activations"] in (2, 3)
+
+
+async def test_a_resumed_agent_deactivated_before_its_first_turn_keeps_its_history(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    async with open_runtime(checkpoint_dir=tmp_path / "ck", log_events=False) as rt:
+        ref = await rt.spawn("a", echo_model(), config=cfg(tmp_path))
+        await ref.prompt("one")
+    async with open_runtime(checkpoint_dir=tmp_path / "ck", deactivate_after=1, log_events=False) as rt:
+        ref = await rt.spawn("a", echo_model(), resume=True)
+        await trio.sleep(2)
+        assert not ref.resident
+        # activated from the checkpoint it was resumed from, not rebuilt as a new State
+        assert [m.text for m in (await ref.state()).messages] == ["one", "echo 1: one"]
+        assert (await ref.prompt("two")).text == "echo 2: two"
+    async with open_runtime(checkpoint_dir=tmp_path / "ck", log_events=False) as rt:
+        ref = await rt.spawn("a", echo_model(), resume="require")
+        assert [m.text for m in (await ref.state()).messages] == ["one", "echo 1: one", "two", "echo 2: two"]
