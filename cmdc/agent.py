@@ -808,7 +808,7 @@ class Agent:
             return
         if self.state is not self.saved:
             try:
-                await self._commit(self.state)
+                await self._commit(self.state, took_pending=False)
             except CheckpointError as exc:
                 self._emit(ERROR, error=repr(exc), during="deactivation")
                 self.leaving = False
@@ -829,10 +829,10 @@ class Agent:
         try:
             outcome = await self.compactor.force_compact(self.state, instruction=request.instruction, reason="manual")
             if isinstance(outcome, Compacted):
-                await self._commit(outcome.state)
+                await self._commit(outcome.state, took_pending=False)
             request.reply.set(outcome)
         except CompactionIncomplete as exc:
-            await self._commit(exc.state)
+            await self._commit(exc.state, took_pending=False)
             request.reply.fail(exc)
         except CmdcError as exc:
             request.reply.fail(exc)
@@ -868,14 +868,18 @@ class Agent:
             request.reply.fail(AgentStopped(f"agent {self.name!r} stopped during the turn"))
 
     # -- the turn -------------------------------------------------------------------------------
-    async def _commit(self, state: State) -> None:
+    async def _commit(self, state: State, *, took_pending: bool = True) -> None:
+        """Make `state` the committed state. `took_pending`: it holds the messages queued with
+        `send` (a turn's state does; a deactivation's or a manual compaction's does not, and
+        they stay queued for the next turn)."""
         if self.checkpoints is not None:
             # Shielded: the checkpoint on disk and the state in memory never disagree.
             with trio.CancelScope(shield=True):
                 await self.checkpoints.save(state)
             self.saved, self.checkpointed = state, True
         self.state = state
-        self.pending.clear()
+        if took_pending:
+            self.pending.clear()
         await self.commit_journal(state)
 
     async def commit_journal(self, state: State) -> None:

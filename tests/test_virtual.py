@@ -268,3 +268,33 @@ async def test_a_resumed_agent_deactivated_before_its_first_turn_keeps_its_histo
     async with open_runtime(checkpoint_dir=tmp_path / "ck", log_events=False) as rt:
         ref = await rt.spawn("a", echo_model(), resume="require")
         assert [m.text for m in (await ref.state()).messages] == ["one", "echo 1: one", "two", "echo 2: two"]
+
+
+async def test_messages_sent_before_a_deactivation_reach_the_next_turn(tmp_path: Path) -> None:
+    # With instructions= the spawned state is not saved yet, so the deactivation commits it:
+    # that commit must not drop the messages queued with send() (they are not in the state).
+    async with open_runtime(checkpoint_dir=tmp_path / "ck", max_resident=5, log_events=False) as rt:
+        ref = await rt.spawn("a", echo_model(), config=cfg(tmp_path), instructions="be brief")
+        await ref.send("remember: the code is 42")
+        await ref.ping()
+        assert await rt.deactivate("a")
+        assert (await ref.prompt("what is the code?")).text == "echo 2: what is the code?"
+        texts = [m.text for m in (await ref.state()).messages]
+        assert texts == ["be brief", "remember: the code is 42", "what is the code?", "echo 2: what is the code?"]
+
+
+async def test_messages_sent_before_a_manual_compaction_reach_the_next_turn(tmp_path: Path) -> None:
+    config = {**cfg(tmp_path), "compact_keep": ("messages", 2)}
+
+    async def summarize(*_: object) -> str:
+        return "## Task\n- counting"
+
+    async with open_runtime(checkpoint_dir=tmp_path / "ck", log_events=False) as rt:
+        ref = await rt.spawn("a", echo_model(), config=config, summarizer=summarize)
+        for word in ("one", "two", "three", "four"):
+            await ref.prompt(f"{word} " + "words " * 30)
+        await ref.send("remember: the code is 42")
+        assert isinstance(await ref.compact(), cmdc.Compacted)
+        await ref.prompt("what is the code?")
+        texts = [m.text for m in (await ref.state()).messages]
+        assert texts[-3:-1] == ["remember: the code is 42", "what is the code?"]
