@@ -38,7 +38,7 @@ Mode = Literal["auto", "overflow"]
 WINDOW = 2048
 REPLY_TOKENS = 96
 """Each answer's output limit: long enough to say something, short enough for a slow machine."""
-TURN_SECONDS = 240.0
+TURN_SECONDS = 900.0
 """The bound on one turn (its requests, retries and compactions)."""
 
 INSTRUCTIONS = "You are a concise operations assistant. Answer in a few sentences."
