@@ -47,7 +47,7 @@ class CheckpointStore:
     def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
         if isinstance(write_timeout, bool) or not isinstance(write_timeout, (int, float)) or not write_timeout > 0:
             raise ConfigError(f"write_timeout must be a positive number of seconds, got {write_timeout!r}")
-        self.root = Path(root)
+        self.root = Path(os.path.abspath(root))  # once: a later chdir does not move checkpoints
         self.write_timeout = float(write_timeout)
         self._stalled: dict[str, str] = {}
         self._locks: dict[str, trio.Lock] = {}

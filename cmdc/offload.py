@@ -187,7 +187,9 @@ class _Journal:
     journal: str | None = None  # the journal's id
     seq: int = 0  # the highest record number given out in it
     follows: str | None = None  # when the last line is a link: the journal it takes over from
-    known: dict[str, tuple[int, int, str | None]] = attrs.field(factory=dict)  # id -> seq, crc, attempt
+    known: dict[str, tuple[int, int, str | None, int]] = attrs.field(
+        factory=dict
+    )  # id -> seq, crc, attempt, compaction
     committed: set[str] = attrs.field(factory=set)
     successors: dict[str, str] = attrs.field(factory=dict)  # lost journal -> the one that took over
     expected: tuple[str, int] | None = None  # (journal, highest record number) this store last wrote
@@ -373,17 +375,22 @@ def _scan(data: bytes, path: Path) -> _Scan:
             journal = decoded.journal or journal
             lines.append((offset, decoded))
         offset = nl + 1
-    committed: set[str | None] = {None}
-    for _, decoded in lines:
-        committed.update(decoded.attempts)
+    # Each attempt's compaction: the first commit line naming it (attempts committed together
+    # are one compaction), or, for one a later summary commits, the attempt itself.
+    group: dict[str | None, object] = {None: None}
+    for n, (_, decoded) in enumerate(lines):
+        for a in decoded.attempts:
+            group.setdefault(a, n)
     for _, decoded in reversed(lines):  # a committed batch holding a summary commits its attempts
         r = decoded.record
-        if r is not None and r.attempt in committed:
-            committed.update(_summary_attempts(r.message))
+        if r is not None and r.attempt in group:
+            for a in _summary_attempts(r.message):
+                group.setdefault(a, a)
+    committed = group.keys()
     seen: set[str] = set()
     records: list[JournalRecord] = []
     uncommitted = duplicates = 0
-    batches: set[tuple[str | None, int]] = set()
+    batches: set[object] = set()
     for _, decoded in lines:
         r = decoded.record
         if r is None:
@@ -395,7 +402,7 @@ def _scan(data: bytes, path: Path) -> _Scan:
         else:
             seen.add(r.message.id)
             records.append(r)
-            batches.add((r.attempt, r.compaction if r.attempt is None else 0))
+            batches.add(group[r.attempt] if r.attempt is not None else ("legacy", r.compaction))
     return _Scan(records, journal, len(batches), uncommitted, duplicates, tuple(damaged), len(data) - end, len(data))
 
 
@@ -666,9 +673,9 @@ class OffloadStore:
                 size = cut = size + 1
         identity: _Line | None = None
         last = b""
-        known: dict[str, tuple[int, int, str | None]] = {}
+        known: dict[str, tuple[int, int, str | None, int]] = {}
         committed: set[str] = set()
-        commit_seen: set[str] | None = None
+        commit_seen = False
         scanned = 0
         for offset, line in _lines_back(fd, cut):
             scanned += len(line) + 1
@@ -690,19 +697,16 @@ class OffloadStore:
                 break
             if decoded.kind == "commit":
                 committed.update(decoded.attempts)
-                if commit_seen is None:
-                    commit_seen = set(decoded.attempts)
-                elif scanned > _RECENT:
-                    break
-                else:
-                    commit_seen.update(decoded.attempts)
+                commit_seen = True
                 continue
             r = decoded.record
             if r is not None:
-                if r.attempt is None or (commit_seen is not None and r.attempt not in commit_seen):
-                    break  # older than the latest attempts (or written by an older cmdc)
-                known[r.message.id] = (r.seq, r.message.json_crc(), r.attempt)
-            if scanned > _SCAN_LIMIT:
+                if r.attempt is None:
+                    break  # written by an older cmdc: nothing to learn further back
+                known[r.message.id] = (r.seq, r.message.json_crc(), r.attempt, r.compaction)
+            # Back past the uncommitted attempts at the end (a retry repeats them) and the
+            # latest commits, within a constant budget: never the whole file.
+            if scanned > (_RECENT if commit_seen else _SCAN_LIMIT):
                 break
         if chunks:
             chunks.reverse()
@@ -811,7 +815,12 @@ class OffloadStore:
             pending = {attempt}
             for m in batch:
                 known = journal.known.get(m.id)
-                if known is not None and known[1] == m.json_crc():
+                if (
+                    known is not None
+                    and known[1] == m.json_crc()
+                    # an uncommitted record is reused by a retry of its own compaction only
+                    and (known[2] is None or known[2] in journal.committed or known[3] == compaction)
+                ):
                     seqs.append(known[0])
                     if known[2] is not None and known[2] not in journal.committed:
                         pending.add(known[2])
@@ -860,7 +869,7 @@ class OffloadStore:
             journal.expected = (jid, high)
             for m, s in zip(batch, seqs, strict=True):
                 if m.id not in journal.known or journal.known[m.id][0] != s:
-                    journal.known[m.id] = (s, m.json_crc(), attempt)
+                    journal.known[m.id] = (s, m.json_crc(), attempt, compaction)
             if commit and ordered:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)

@@ -266,6 +266,8 @@ class Compactor:
             return cached[1]
         config = _parse_config(state.config)
         self._config_for = (state.config, config)
+        if self.store is None:
+            self.store_for(config)  # the offload directory is made absolute now, at first use
         return config
 
     def _sum(self, messages: Sequence[Message]) -> int:

@@ -1,0 +1,159 @@
+"""A hypothesis state machine over the journal: append (an attempt), fail (abandon it), retry,
+commit, delete the directory, damage a record, repair, restart the process, read. After every
+step: each committed message is readable exactly once, at the number its commit acknowledged;
+nothing of an attempt never committed is visible; no record number is ever given to another
+message (not even after the directory was deleted)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from cmdc import Message, OffloadStore
+from cmdc.errors import JournalLost
+from cmdc.offload import AppendResult, JournalRef
+
+AGENT = "a1"
+
+
+class Journal(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="cmdc-journal-"))
+        self.store = OffloadStore(self.dir)
+        self.ref = JournalRef()  # what the committed "state" expects
+        self.addresses: dict[str, int] = {}  # committed message id -> its record number
+        self.pending: list[tuple[AppendResult, tuple[Message, ...]]] = []  # attempts not committed
+        self.abandoned: list[tuple[Message, ...]] = []  # batches of failed attempts, to retry
+        self.damaged: set[str] = set()  # committed messages whose record was damaged
+        self.numbers: dict[int, str] = {}  # every record number acknowledged, and its message
+        self.compaction = 1
+        self.lost_reported = 0
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        async def go() -> Any:
+            return await fn(*args, **kwargs)
+
+        return trio.run(go)
+
+    def append(self, batch: tuple[Message, ...]) -> None:
+        try:
+            result = self.run(
+                self.store.append, AGENT, batch, compaction=self.compaction, commit=False, expect=self.ref
+            )
+        except JournalLost:
+            self.lost_reported += 1
+            result = self.run(
+                self.store.append, AGENT, batch, compaction=self.compaction, commit=False, expect=self.ref
+            )
+        for m, seq in zip(batch, result.seqs, strict=True):
+            if m.id in self.addresses:
+                assert self.addresses[m.id] == seq, "a committed message was given another number"
+        self.pending.append((result, batch))
+
+    @rule(n=st.integers(1, 6), size=st.integers(0, 300))
+    def append_new(self, n: int, size: int) -> None:
+        self.append(tuple(Message.user(f"message {i} " + "x" * size) for i in range(n)))
+
+    @precondition(lambda self: bool(self.abandoned))
+    @rule(data=st.data(), extra=st.integers(0, 3))
+    def retry(self, data: Any, extra: int) -> None:
+        batch = data.draw(st.sampled_from(self.abandoned))
+        self.append(batch + tuple(Message.user(f"grown {i}") for i in range(extra)))
+
+    @precondition(lambda self: bool(self.addresses))
+    @rule(data=st.data())
+    def append_committed_again(self, data: Any) -> None:
+        """Appending messages that are journaled already is idempotent (same numbers)."""
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.addresses)), min_size=1, max_size=3, unique=True))
+        records = {r.message.id: r.message for r in self.run(self.store.records, AGENT)}
+        batch = tuple(records[i] for i in ids if i in records)
+        if batch:
+            self.append(batch)
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(data=st.data())
+    def fail(self, data: Any) -> None:
+        _result, batch = self.pending.pop(data.draw(st.integers(0, len(self.pending) - 1)))
+        self.abandoned.append(batch)
+
+    @precondition(lambda self: bool(self.pending))
+    @rule()
+    def commit(self) -> None:
+        result, batch = self.pending.pop()
+        try:
+            self.run(self.store.commit, AGENT, (result.attempt, *result.pending), expect=self.ref)
+        except JournalLost:  # the records it would commit are gone with their journal
+            self.lost_reported += 1
+            self.abandoned.append(batch)
+            return
+        for m, seq in zip(batch, result.seqs, strict=True):
+            assert self.numbers.setdefault(seq, m.id) == m.id, f"record number {seq} given to two messages"
+            self.addresses.setdefault(m.id, seq)
+        self.ref = JournalRef(result.journal, max(self.ref.seq, result.last_seq))
+        self.compaction += 1
+        self.pending.clear()  # a new state: older attempts will never be committed
+        self.abandoned.clear()
+
+    @rule()
+    def delete_directory(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.addresses.clear()  # gone by the user's hand; their numbers stay taken
+        self.damaged.clear()
+        self.pending.clear()
+
+    @rule()
+    def restart(self) -> None:
+        self.store = OffloadStore(self.dir)
+
+    @precondition(lambda self: bool(self.addresses))
+    @rule(data=st.data())
+    def damage(self, data: Any) -> None:
+        path = self.dir / f"{AGENT}.jsonl"
+        lines = path.read_bytes().split(b"\n")
+        candidates = [
+            i for i, line in enumerate(lines[:-2]) if line.startswith(b'{"message":') and b'"attempt"' in line
+        ]
+        if not candidates:
+            return
+        i = data.draw(st.sampled_from(candidates))
+        victim = next((mid for mid in self.addresses if f'"id":"{mid}"'.encode() in lines[i]), None)
+        if victim is None:
+            return
+        lines[i] = lines[i].replace(b'"role":"user"', b'"role":"usEr"', 1)
+        path.write_bytes(b"\n".join(lines))
+        self.damaged.add(victim)
+
+    @rule()
+    def repair(self) -> None:
+        report = self.run(self.store.repair, AGENT)
+        assert report.records == len(self.run(self.store.records, AGENT))
+
+    @invariant()
+    def readers_see_each_committed_message_once_at_its_number(self) -> None:
+        records = self.run(OffloadStore(self.dir).records, AGENT)
+        seen = {r.message.id: r.seq for r in records}
+        assert len(seen) == len(records), "a message is read twice"
+        for mid, seq in self.addresses.items():
+            if mid in self.damaged:
+                continue
+            assert seen.get(mid) == seq, f"committed message {mid} is not at record {seq}"
+        assert set(seen) <= set(self.addresses), "a message of an uncommitted attempt is visible"
+        for r in records:
+            assert self.numbers[r.seq] == r.message.id
+
+
+Journal.TestCase.settings = settings(
+    max_examples=25, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestJournal = Journal.TestCase
