@@ -813,13 +813,24 @@ class OffloadStore:
             seqs: list[int] = []
             fresh: list[Message] = []
             pending = {attempt}
+            # An uncommitted attempt's records are reused only by a retry of its compaction that
+            # holds every one of them: committing the retry commits the whole attempt.
+            in_batch = {m.id for m in batch}
+            partial = {
+                k[2]
+                for i, k in journal.known.items()
+                if k[2] is not None and k[2] not in journal.committed and i not in in_batch
+            }
             for m in batch:
                 known = journal.known.get(m.id)
                 if (
                     known is not None
                     and known[1] == m.json_crc()
-                    # an uncommitted record is reused by a retry of its own compaction only
-                    and (known[2] is None or known[2] in journal.committed or known[3] == compaction)
+                    and (
+                        known[2] is None
+                        or known[2] in journal.committed
+                        or (known[3] == compaction and known[2] not in partial)
+                    )
                 ):
                     seqs.append(known[0])
                     if known[2] is not None and known[2] not in journal.committed:

@@ -57,7 +57,7 @@ class Journal(RuleBasedStateMachine):
                 self.store.append, AGENT, batch, compaction=self.compaction, commit=False, expect=self.ref
             )
         for m, seq in zip(batch, result.seqs, strict=True):
-            if m.id in self.addresses:
+            if m.id in self.addresses and m.id not in self.damaged:
                 assert self.addresses[m.id] == seq, "a committed message was given another number"
         self.pending.append((result, batch))
 
@@ -99,6 +99,9 @@ class Journal(RuleBasedStateMachine):
             return
         for m, seq in zip(batch, result.seqs, strict=True):
             assert self.numbers.setdefault(seq, m.id) == m.id, f"record number {seq} given to two messages"
+            if m.id in self.damaged and seq != self.addresses[m.id]:  # journaled whole again: readable
+                self.damaged.discard(m.id)
+                self.addresses[m.id] = seq
             self.addresses.setdefault(m.id, seq)
         self.ref = JournalRef(result.journal, max(self.ref.seq, result.last_seq))
         self.compaction += 1
