@@ -318,4 +318,8 @@ async def test_cancel_turn_at_every_step(tmp_path: Path, stepper: Stepper, monke
             break
         cancelled[outcome] += 1
     print("turn sweep:", cancelled)
-    assert all(n >= 1 for n in cancelled.values()) and sum(cancelled.values()) >= 10, cancelled
+    # Not vacuous: some cancels left the old state and some a new commit. Whether a cancel lands
+    # before or after the batch reached the journal depends on when the worker thread finishes,
+    # which a loaded machine shifts, so those two outcomes are counted together.
+    old_state = cancelled["old state, journal empty"] + cancelled["old state, batch journaled"]
+    assert old_state >= 1 and cancelled["a new commit"] >= 1 and sum(cancelled.values()) >= 10, cancelled
