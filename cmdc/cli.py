@@ -547,20 +547,35 @@ def _history_store(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.range and args.range[0] > args.range[1]:
         raise UsageError(f"--range {args.range[0]} {args.range[1]}: FIRST must not be after LAST")
+    if args.repair:
+        raise UsageError("--repair rewrites a journal file; a database store's journal has none (use --verify)")
     try:
         store = open_store(args.dir)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     try:
-        trio.run(_show_store_history, args, store, agent)
+        code: int = trio.run(_show_store_history, args, store, agent)
     except OffloadError as exc:
         raise UsageError(str(exc)) from None
-    return 0
+    return code
 
 
-async def _show_store_history(args: argparse.Namespace, store: Store, agent: str) -> None:
+async def _show_store_history(args: argparse.Namespace, store: Store, agent: str) -> int:
     try:
         await store.start()
+        if args.verify:
+            report = await store.verify(agent)
+            if report.journal is None and not report.records and not report.uncommitted and not report.damaged:
+                raise UsageError(f"{store.location(agent)}: no journal for agent {agent!r}")
+            print(f"journal {store.location(agent)} (id {report.journal or 'none'})")
+            print(f"  {report.records} records from {report.compactions} compaction(s)")
+            print(f"  {report.uncommitted} record(s) of attempts never committed (invisible to readers)")
+            if report.damaged:
+                seqs = ", ".join("unreadable" if d < 0 else str(d) for d in report.damaged[:20])
+                print(f"  damaged: {len(report.damaged)} record(s): {seqs}")
+                return 1
+            print("clean: no damaged record")
+            return 0
         if args.markdown is not None:
             text = await store.transcript(agent)
             if args.markdown:
@@ -568,7 +583,7 @@ async def _show_store_history(args: argparse.Namespace, store: Store, agent: str
                 print(args.markdown)
             else:
                 print(text, end="")
-            return
+            return 0
         if args.search:
             query = " ".join(args.search)
             hits = await store.search(agent, query, limit=args.limit or 10)
@@ -576,7 +591,7 @@ async def _show_store_history(args: argparse.Namespace, store: Store, agent: str
                 print(f"no records match {query!r}")
             for record in hits:
                 print(_line(record, _snippet(record.message, args.search)))
-            return
+            return 0
         if args.range:
             first, last = args.range
             chosen = await store.read_range(agent, first, last)
@@ -584,7 +599,7 @@ async def _show_store_history(args: argparse.Namespace, store: Store, agent: str
                 print(f"no records in {first}-{last}")
             for record in chosen:
                 print(_full(record))
-            return
+            return 0
         records = await store.records(agent)
         if not records:
             raise UsageError(f"{store.location(agent)}: no journal records for agent {agent!r}")
@@ -593,6 +608,7 @@ async def _show_store_history(args: argparse.Namespace, store: Store, agent: str
             print(_line(record, _first_line(record.message)))
         compactions = len({r.compaction for r in records})
         print(f"{len(records)} records from {compactions} compaction(s) in {store.location(agent)}")
+        return 0
     finally:
         with trio.CancelScope(shield=True):
             await store.aclose()

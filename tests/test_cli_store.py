@@ -40,3 +40,26 @@ def test_history_errors_over_a_url(postgres_url: str, capsys: pytest.CaptureFixt
     assert "no journal records" in capsys.readouterr().err
     assert main(["history", postgres_url, "../etc"]) == 2
     assert main(["history", "postgresql://nobody@/x?host=/nonexistent&connect_timeout=1", "a1"]) in (1, 2)
+
+
+def test_history_verify_and_repair_over_a_url(
+    postgres_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psycopg
+
+    path = write_jsonl(tmp_path / "chat.jsonl", conversation())
+    assert main(["compact", str(path), "--offload-dir", postgres_url, "--keep", "4"]) == 0
+    capsys.readouterr()
+    # --verify reads the store's journal and says so (it printed the listing and exited 0 before)
+    assert main(["history", postgres_url, "chat", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "clean: no damaged record" in out and "0 record(s) of attempts never committed" in out
+    assert main(["history", postgres_url, "nobody", "--verify"]) == 2
+    assert "no journal for agent 'nobody'" in capsys.readouterr().err
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE cmdc_records SET crc = crc # 1 WHERE agent_id = 'chat' AND seq = 2")
+    assert main(["history", postgres_url, "chat", "--verify"]) == 1
+    assert "damaged: 1 record(s): 2" in capsys.readouterr().out
+    # --repair rewrites a journal file: refused for a database store, nothing done
+    assert main(["history", postgres_url, "chat", "--repair"]) == 2
+    assert "--repair" in capsys.readouterr().err
