@@ -236,9 +236,29 @@ class PostgresStore:
             self._opened = True
 
     def _start_sync(self) -> None:
+        self._probe()
         self._pool.open(wait=True, timeout=self.timeout)
         with self._pool.connection() as conn:
             migrate(conn)
+
+    def _probe(self) -> None:
+        """One direct connection first, with `retries` bounded attempts: an unreachable server
+        (a typo in the URL, a server down) fails in a second or two, not after the pool spent
+        `timeout` seconds reconnecting in the background and logging each failure."""
+        options: dict[str, Any] = {}
+        if "connect_timeout" not in self.url:  # libpq would wait for the OS's TCP timeout
+            options["connect_timeout"] = max(2, min(30, int(self.timeout)))
+        delay = 0.05
+        deadline = time.monotonic() + self.timeout
+        for attempt in range(self.retries + 1):
+            try:
+                psycopg.connect(self.url, autocommit=True, **options).close()
+                return
+            except psycopg.OperationalError:
+                if attempt == self.retries or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 4, 2.0)
 
     async def aclose(self) -> None:
         await trio.to_thread.run_sync(self._pool.close)

@@ -63,3 +63,11 @@ def test_history_verify_and_repair_over_a_url(
     # --repair rewrites a journal file: refused for a database store, nothing done
     assert main(["history", postgres_url, "chat", "--repair"]) == 2
     assert "--repair" in capsys.readouterr().err
+
+
+def test_history_over_an_unreachable_url_fails_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # no server behind the URL: a usage error after the store's few bounded attempts, not the
+    # pool reconnecting (and logging each failure) for its whole timeout
+    assert main(["history", f"postgresql://nobody@/db?host={tmp_path}", "chat"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot open" in err and "pool" not in err
