@@ -54,7 +54,7 @@ import attrs
 import orjson
 import trio
 
-from ._fs import create_temp, fsync_dir, make_dirs, run_bounded, write_all
+from ._fs import atomic_write, fsync_dir, make_dirs, run_bounded, write_all
 from ._search import MAX_QUERY_CHARS, query_words, search_records
 from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
 from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit
@@ -1023,19 +1023,7 @@ class OffloadStore:
                 offset = nl
             side = path.with_name(path.name + ".damaged")
             moved = _move_aside(side, path, chunks)
-            temp, tfd = create_temp(path, 0o600)
-            try:
-                try:
-                    write_all(tfd, b"".join(kept))
-                    os.fsync(tfd)
-                finally:
-                    os.close(tfd)
-                os.replace(temp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-                raise
-            fsync_dir(path.parent)
+            atomic_write(path, b"".join(kept))
             journal.forget_file()
             events.append((JOURNAL_REPAIRED, {"path": str(path), "moved": moved, "lines": len(chunks)}))
             return attrs.evolve(_report(path, scan), moved=moved, side_file=side)
@@ -1081,19 +1069,7 @@ class OffloadStore:
                 batches[-1].append(r)
             data = b"".join(_transcript(b[0].compaction, [(r.seq, r.message) for r in b]) for b in batches)
             if fd < 0:
-                temp, tfd = create_temp(md, 0o600)
-                try:
-                    try:
-                        write_all(tfd, data)
-                        os.fsync(tfd)
-                    finally:
-                        os.close(tfd)
-                    os.replace(temp, md)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(temp)
-                    raise
-                fsync_dir(md.parent)
+                atomic_write(md, data)
             else:
                 try:
                     if data:
