@@ -14,11 +14,12 @@ import contextvars
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, get_args
 
 import attrs
 import trio
 
+from ._check import choice, integer, optional_integer, optional_seconds, seconds, validator
 from .compaction import Compactor
 from .errors import (
     AgentStopped,
@@ -112,35 +113,11 @@ WINDOW_SLACK = 8
 current_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cmdc_chain", default=())
 
 
-def _positive_int(name: str) -> Callable[[object, object, object], None]:
-    def check(_i: object, _a: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"agent option {name!r} must be an integer >= 1, got {value!r}")
-
-    return check
-
-
-def _non_negative_int(name: str) -> Callable[[object, object, object], None]:
-    def check(_i: object, _a: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"agent option {name!r} must be an integer >= 0, got {value!r}")
-
-    return check
-
-
-def _seconds(name: str, optional: bool) -> Callable[[object, object, object], None]:
-    def check(_i: object, _a: object, value: object) -> None:
-        if value is None and optional:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ConfigError(f"agent option {name!r} must be a positive number of seconds, got {value!r}")
-
-    return check
-
-
-def _policy(_i: object, _a: object, value: object) -> None:
-    if value not in ("permanent", "transient", "temporary"):
-        raise ConfigError(f"agent option 'restart' must be 'permanent', 'transient' or 'temporary', got {value!r}")
+_OPTION = "agent option {!r}"
+_positive = validator(integer, _OPTION)
+_non_negative = validator(integer, _OPTION, minimum=0)
+_seconds = validator(seconds, _OPTION)
+_restart = validator(choice, _OPTION, options=get_args(RestartPolicy))
 
 
 @attrs.frozen
@@ -174,25 +151,20 @@ class AgentOptions:
       `AgentRef.queued()` shows them, `AgentRef.clear_queued()` drops them.
     """
 
-    max_steps: int = attrs.field(default=25, validator=_positive_int("max_steps"))
-    tool_timeout: float | None = attrs.field(default=60.0, validator=_seconds("tool_timeout", True))
-    max_forced_compactions: int = attrs.field(default=2, validator=_non_negative_int("max_forced_compactions"))
-    mailbox_size: int = attrs.field(default=16, validator=_positive_int("mailbox_size"))
-    max_output_tokens: int | None = attrs.field(default=None)
-    restart: RestartPolicy = attrs.field(default="transient", validator=_policy)
-    max_restarts: int = attrs.field(default=3, validator=_non_negative_int("max_restarts"))
-    restart_window: float = attrs.field(default=60.0, validator=_seconds("restart_window", False))
-    max_delegation_depth: int = attrs.field(default=3, validator=_positive_int("max_delegation_depth"))
-    compaction_cooldown: float = attrs.field(default=30.0, validator=_seconds("compaction_cooldown", False))
-    max_parallel_tools: int = attrs.field(default=32, validator=_positive_int("max_parallel_tools"))
-    max_children: int = attrs.field(default=8, validator=_positive_int("max_children"))
-    max_continuations: int = attrs.field(default=2, validator=_non_negative_int("max_continuations"))
-    max_queued: int = attrs.field(default=256, validator=_positive_int("max_queued"))
-
-    @max_output_tokens.validator
-    def _check_output(self, _a: object, value: object) -> None:
-        if value is not None:
-            _positive_int("max_output_tokens")(self, _a, value)
+    max_steps: int = attrs.field(default=25, validator=_positive)
+    tool_timeout: float | None = attrs.field(default=60.0, validator=validator(optional_seconds, _OPTION))
+    max_forced_compactions: int = attrs.field(default=2, validator=_non_negative)
+    mailbox_size: int = attrs.field(default=16, validator=_positive)
+    max_output_tokens: int | None = attrs.field(default=None, validator=validator(optional_integer, _OPTION))
+    restart: RestartPolicy = attrs.field(default="transient", validator=_restart)
+    max_restarts: int = attrs.field(default=3, validator=_non_negative)
+    restart_window: float = attrs.field(default=60.0, validator=_seconds)
+    max_delegation_depth: int = attrs.field(default=3, validator=_positive)
+    compaction_cooldown: float = attrs.field(default=30.0, validator=_seconds)
+    max_parallel_tools: int = attrs.field(default=32, validator=_positive)
+    max_children: int = attrs.field(default=8, validator=_positive)
+    max_continuations: int = attrs.field(default=2, validator=_non_negative)
+    max_queued: int = attrs.field(default=256, validator=_positive)
 
 
 class _Reply:

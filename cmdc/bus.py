@@ -15,7 +15,7 @@ from types import TracebackType
 
 import trio
 
-from .errors import ConfigError
+from ._check import integer
 from .events import EVENTS_DROPPED, Event, log_event, logging_enabled
 from .state import validate_agent_id
 
@@ -144,8 +144,7 @@ class EventBus:
         On a closed bus the subscription is already closed."""
         if agent is not None:
             validate_agent_id(agent)
-        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
-            raise ConfigError(f"subscription buffer must be an integer >= 1, got {buffer!r}")
+        integer(buffer, "subscription buffer")
         if self._closed:
             sub = Subscription(None, agent, buffer)
             sub._end(drain=True)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import trio
 
+from ._check import seconds
 from ._fs import fsync_dir, make_dirs, run_bounded, write_all
-from .errors import CheckpointCorrupted, CheckpointError, ConfigError
+from .errors import CheckpointCorrupted, CheckpointError
 from .state import State, validate_agent_id
 
 _SUFFIX = ".state.json"
@@ -45,10 +46,8 @@ class CheckpointStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
-        if isinstance(write_timeout, bool) or not isinstance(write_timeout, (int, float)) or not write_timeout > 0:
-            raise ConfigError(f"write_timeout must be a positive number of seconds, got {write_timeout!r}")
+        self.write_timeout = seconds(write_timeout, "write_timeout")
         self.root = Path(os.path.abspath(root))  # once: a later chdir does not move checkpoints
-        self.write_timeout = float(write_timeout)
         self._stalled: dict[str, str] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._leftovers: dict[str, list[str]] | None = None  # temp files seen by the first save

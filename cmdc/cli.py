@@ -31,6 +31,7 @@ from ._chatfile import (
     to_openai,
     write_atomic,
 )
+from ._check import is_int
 from ._demo import MIN_WINDOW, DemoError, DemoOptions, real_provider, run_demo
 from ._fs import stricter_mode
 from ._version import __version__
@@ -412,7 +413,7 @@ async def _run_compaction(
 def _last_compaction(chat: ChatFile) -> int:
     """The number of the latest summary in the file (so new ones continue from it), else 0."""
     numbers = [m.metadata.get("cmdc.compaction") for m in chat.messages if m.is_summary]
-    return max((n for n in numbers if isinstance(n, int) and not isinstance(n, bool) and n >= 0), default=0)
+    return max((n for n in numbers if is_int(n) and n >= 0), default=0)
 
 
 def _print_report(chat: ChatFile, out: Path, r: CompactionReport, state: State, url: str | None = None) -> None:

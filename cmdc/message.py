@@ -12,6 +12,7 @@ from typing import Any, Literal
 import attrs
 import orjson
 
+from ._check import flag, integer, validator
 from ._frozen import freeze_mapping, thaw
 from .errors import InvalidMessage
 
@@ -139,9 +140,7 @@ def _check_nonempty(value: object, where: str) -> str:
     return value  # type: ignore[return-value]
 
 
-def _nonneg_int(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidMessage(f"TokenUsage.{attribute.name} must be a non-negative integer, got {value!r}")
+_nonneg_int = validator(integer, "TokenUsage.{}", minimum=0, error=InvalidMessage)
 
 
 @attrs.frozen
@@ -223,8 +222,7 @@ class Message:
             _check_nonempty(self.tool_call_id, "tool result's tool_call_id")
         elif self.tool_call_id is not None:
             raise InvalidMessage(f"only tool results carry a tool_call_id, not {self.role!r}")
-        if not isinstance(self.is_error, bool):
-            raise InvalidMessage(f"is_error must be a bool, got {self.is_error!r}")
+        flag(self.is_error, "is_error", error=InvalidMessage)
         if self.usage is not None and not isinstance(self.usage, TokenUsage):
             raise InvalidMessage(f"usage must be a TokenUsage, got {type(self.usage).__name__}")
         if self.metadata or self.tool_calls:

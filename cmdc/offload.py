@@ -54,6 +54,7 @@ import attrs
 import orjson
 import trio
 
+from ._check import integer, seconds
 from ._fs import atomic_write, fsync_dir, make_dirs, run_bounded, write_all
 from ._search import MAX_QUERY_CHARS, query_words, search_records
 from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
@@ -521,10 +522,8 @@ class OffloadStore:
     def __init__(
         self, root: str | os.PathLike[str], *, write_timeout: float = 60.0, on_event: EventSink | None = None
     ) -> None:
-        if isinstance(write_timeout, bool) or not isinstance(write_timeout, (int, float)) or not write_timeout > 0:
-            raise ConfigError(f"write_timeout must be a positive number of seconds, got {write_timeout!r}")
+        self.write_timeout = seconds(write_timeout, "write_timeout")
         self.root = Path(os.path.abspath(root))
-        self.write_timeout = float(write_timeout)
         self.on_event = on_event
         self._journals: dict[str, _Journal] = {}
 
@@ -571,8 +570,7 @@ class OffloadStore:
         `expect`: the journal the caller's state names; a vanished, replaced or truncated
         journal raises `JournalLost` before anything is appended (see the module docstring)."""
         path = self.path_for(agent_id)
-        if type(compaction) is not int or compaction < 0:
-            raise ConfigError(f"compaction must be a non-negative integer, got {compaction!r}")
+        integer(compaction, "compaction", minimum=0)
         if attempt is not None and not (isinstance(attempt, str) and attempt.startswith("k") and _valid_id(attempt)):
             raise ConfigError(f"attempt must be an id from new_attempt_id(), got {attempt!r}")
         if expect is not None and not isinstance(expect, JournalRef):
@@ -1123,8 +1121,7 @@ class OffloadStore:
         query words present, then most occurrences, then lowest seq. Scored on the trio thread
         in 2 ms bites (`cmdc._search`); the query counts up to its first 64 distinct words."""
         self.path_for(agent_id)
-        if type(limit) is not int or limit < 1:
-            raise ConfigError(f"search limit must be an integer >= 1, got {limit!r}")
+        integer(limit, "search limit")
         if not query_words(query[:MAX_QUERY_CHARS]):
             return []
         return await search_records(await self.records(agent_id), query, limit)

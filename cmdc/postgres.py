@@ -42,6 +42,7 @@ import psycopg
 import psycopg_pool
 import trio
 
+from ._check import integer, seconds
 from ._fs import run_bounded
 from .errors import (
     CheckpointCorrupted,
@@ -136,12 +137,6 @@ def _summary_attempts(state: State) -> list[str]:
     return out
 
 
-def _check_limit(limit: object) -> int:
-    if type(limit) is not int or limit < 1:
-        raise ConfigError(f"search limit must be an integer >= 1, got {limit!r}")
-    return limit
-
-
 class PostgresCheckpoints:
     """The checkpoint side of a `PostgresStore` (what `open_runtime` gives its agents)."""
 
@@ -198,15 +193,10 @@ class PostgresStore:
     def __init__(self, url: str, *, pool_size: int = 8, retries: int = 3, timeout: float = 60.0) -> None:
         if not is_postgres_url(url):
             raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {url!r:.80}")
-        if type(pool_size) is not int or pool_size < 1:
-            raise ConfigError(f"pool_size must be an integer >= 1, got {pool_size!r}")
-        if type(retries) is not int or retries < 0:
-            raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-            raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        integer(pool_size, "pool_size")
         self.url = url
-        self.retries = retries
-        self.timeout = float(timeout)
+        self.retries = integer(retries, "retries", minimum=0)
+        self.timeout = seconds(timeout, "timeout")
         self.checkpoints = PostgresCheckpoints(self)
         self._pool = psycopg_pool.ConnectionPool(
             url, min_size=1, max_size=pool_size, open=False, kwargs={"autocommit": False}, timeout=self.timeout
@@ -327,8 +317,7 @@ class PostgresStore:
         validate_agent_id(agent_id)
         if options:
             raise ConfigError(f"unknown append option(s) {sorted(options)}")
-        if type(compaction) is not int or compaction < 0:
-            raise ConfigError(f"compaction must be a non-negative integer, got {compaction!r}")
+        integer(compaction, "compaction", minimum=0)
         if attempt is not None and (not isinstance(attempt, str) or not 1 <= len(attempt) <= 64):
             raise ConfigError(f"attempt must be a short string, got {attempt!r:.80}")
         batch = tuple(messages)
@@ -502,7 +491,7 @@ class PostgresStore:
         """Visible records holding any word of `query` (case-insensitive), best first
         (PostgreSQL full-text rank over the GIN index, then the lowest seq)."""
         validate_agent_id(agent_id)
-        _check_limit(limit)
+        integer(limit, "search limit")
         words = sorted({w for w in _WORD.findall(query.casefold()) if w})
         if not words:
             return []

@@ -16,6 +16,7 @@ from operator import attrgetter
 
 import orjson
 
+from ._check import integer
 from ._clip import clip
 from ._search import MAX_QUERY_CHARS
 from .errors import ConfigError
@@ -162,8 +163,7 @@ def recall_tool(
 
     Bad arguments raise `ToolArgumentsError` (an agent turns that into an error result the model
     can read); an empty or missing journal answers that nothing has been offloaded yet."""
-    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < MIN_BUDGET:
-        raise ConfigError(f"recall budget_tokens must be an integer >= {MIN_BUDGET}, got {budget_tokens!r}")
+    integer(budget_tokens, "recall budget_tokens", minimum=MIN_BUDGET)
     if isinstance(store, OffloadStore):
         journal = str(store.path_for(agent_id))  # ConfigError for an unsafe agent id, before any call
         most = sys.maxsize  # a file journal is scanned whole anyway

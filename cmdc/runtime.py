@@ -13,6 +13,7 @@ from typing import Any, Literal, NoReturn
 import attrs
 import trio
 
+from ._check import choice, is_int, optional_integer, optional_seconds, text
 from ._frozen import thaw
 from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, current_chain
 from .bus import EventBus, Subscription
@@ -233,10 +234,9 @@ class Runtime:
             raise ConfigError(f"provider must have an async complete(request) method, got {provider!r:.80}")
         if name in self._slots:
             raise ConfigError(f"an agent called {name!r} is already running")
-        if resume not in (False, True, "require"):
-            raise ConfigError(f"resume must be False, True or 'require', got {resume!r}")
-        if instructions is not None and (not isinstance(instructions, str) or not instructions.strip()):
-            raise ConfigError(f"instructions must be a non-empty string (the system prompt), got {instructions!r:.80}")
+        choice(resume, "resume", (False, True, "require"))
+        if instructions is not None:
+            text(instructions, "instructions (the system prompt)", blank=False)
         targets = _patterns("delegation", delegation)
         grants = _Grants(
             children=targets is not None,
@@ -261,7 +261,7 @@ class Runtime:
             if instructed is not state:  # not what a new State is: activation must load it
                 state, fresh = instructed, None
         window = getattr(provider, "context_window", None)
-        if "context_window" not in state.config and _uses_fraction(state.config) and type(window) is int and window > 0:
+        if "context_window" not in state.config and _uses_fraction(state.config) and is_int(window) and window > 0:
             # A `fraction` needs the model's window: the provider knows it (written into the
             # config, so a checkpoint keeps it).
             state, fresh = state.evolve(config={**state.config, "context_window": window}), None
@@ -632,7 +632,7 @@ def with_instructions(state: State, instructions: str) -> State:
 def _recall_budget(window: object) -> int:
     """The recall tool's output budget: 2,000 tokens, or a sixteenth of a smaller model's
     window (at least `MIN_BUDGET`), so that reading history back never crowds out the context."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+    if not is_int(window) or window < 1:
         return DEFAULT_RECALL_BUDGET
     return max(MIN_BUDGET, min(DEFAULT_RECALL_BUDGET, window // 16))
 
@@ -722,14 +722,8 @@ async def open_runtime(
     active idle ones are deactivated (a soft bound: busy agents are never deactivated). The
     next call on a deactivated agent's name or `AgentRef` activates it again from its checkpoint.
     """
-    if deactivate_after is not None and (
-        isinstance(deactivate_after, bool)
-        or not isinstance(deactivate_after, (int, float))
-        or not 0 < deactivate_after < float("inf")
-    ):
-        raise ConfigError(f"deactivate_after must be a positive number of seconds, got {deactivate_after!r}")
-    if max_resident is not None and (type(max_resident) is not int or max_resident < 1):
-        raise ConfigError(f"max_resident must be an integer >= 1, got {max_resident!r}")
+    deactivate_after = optional_seconds(deactivate_after, "deactivate_after")
+    max_resident = optional_integer(max_resident, "max_resident")
     if (deactivate_after is not None or max_resident is not None) and checkpoint_dir is None and store is None:
         raise ConfigError(
             "virtual agents (deactivate_after, max_resident) need a store for their state: "
@@ -749,7 +743,7 @@ async def open_runtime(
                 nursery, bus, checkpoints, deactivate_after=deactivate_after, max_resident=max_resident, store=chosen
             )
             if deactivate_after is not None:
-                nursery.start_soon(runtime._reap_idle, float(deactivate_after))
+                nursery.start_soon(runtime._reap_idle, deactivate_after)
             try:
                 yield runtime
             finally:

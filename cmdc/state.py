@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import orjson
 
+from ._check import integer
 from ._frozen import freeze_mapping, thaw
 from .errors import ConfigError, InvalidMessage, InvalidState
 from .groups import EMPTY_INDEX, CallIndex
@@ -61,11 +62,6 @@ def _convert_messages(value: object) -> tuple[Message, ...]:
     return messages
 
 
-def _count(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidState(f"{what} must be a non-negative integer, got {value!r}")
-
-
 @attrs.frozen(hash=False)
 class State:
     """An agent's immutable state: its id, its messages (a tuple), its read-only config and its
@@ -95,10 +91,10 @@ class State:
     _lineage: object = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        _count(self.compactions, "compactions")
-        _count(self.usage_floor, "usage_floor")
+        integer(self.compactions, "compactions", minimum=0, error=InvalidState)
+        integer(self.usage_floor, "usage_floor", minimum=0, error=InvalidState)
         object.__setattr__(self, "_lineage", object())
-        _count(self.journal_seq, "journal_seq")
+        integer(self.journal_seq, "journal_seq", minimum=0, error=InvalidState)
         if self.journal_id is not None and (not isinstance(self.journal_id, str) or not self.journal_id):
             raise InvalidState(f"journal_id must be a non-empty string or None, got {self.journal_id!r}")
         if not self.messages:  # a new agent's state: nothing to count or index

@@ -22,6 +22,7 @@ import attrs
 import orjson
 import trio
 
+from ._check import optional_seconds
 from ._frozen import freeze, freeze_mapping, thaw
 from .errors import CmdcError, ConfigError
 from .providers.base import ToolSchema
@@ -83,9 +84,7 @@ class Tool:
             raise ConfigError(f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
         if not callable(self.fn):
             raise ConfigError(f"tool {self.name}: its function must be callable, got {self.fn!r:.80}")
-        t = self.timeout
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
-            raise ConfigError(f"tool {self.name}: timeout must be a positive number of seconds, got {t!r}")
+        optional_seconds(self.timeout, f"tool {self.name}: timeout")
         first = next(iter(dict(self.parameters.get("properties") or {}).values()), None)
         object.__setattr__(self, "is_async", _is_async(self.fn))
         object.__setattr__(self, "_takes_mapping", first is not None and _accepts_object(first))

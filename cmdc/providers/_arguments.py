@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._check import is_int, is_number
 from .._frozen import thaw
 from ..message import Message
 from .base import ToolSchema
@@ -125,9 +126,9 @@ def example_value(
 def _bounds(schema: Mapping[str, Any], step: float) -> tuple[float | None, float | None]:
     lo, hi = schema.get("minimum"), schema.get("maximum")
     xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if isinstance(xlo, (int, float)) and not isinstance(xlo, bool):
+    if is_number(xlo):
         lo = xlo + step if lo is None else max(lo, xlo + step)
-    if isinstance(xhi, (int, float)) and not isinstance(xhi, bool):
+    if is_number(xhi):
         hi = xhi - step if hi is None else min(hi, xhi - step)
     return lo, hi
 
@@ -138,7 +139,7 @@ def _integer(schema: Mapping[str, Any], rng: random.Random) -> int:
     high = int(hi // 1) if hi is not None else low + 9
     value = rng.randint(low, max(low, high))
     step = schema.get("multipleOf")
-    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+    if is_int(step) and step > 0:
         value = -(-value // step) * step
         if hi is not None and value > hi:
             value -= step
@@ -170,10 +171,10 @@ def _string(schema: Mapping[str, Any], rng: random.Random, name: str, context: C
     else:
         text = context.phrase(rng)
     low, high = schema.get("minLength"), schema.get("maxLength")
-    if isinstance(low, int) and not isinstance(low, bool):
+    if is_int(low):
         while len(text) < low:
             text += " " + rng.choice(_WORDS)
-    if isinstance(high, int) and not isinstance(high, bool) and len(text) > high:
+    if is_int(high) and len(text) > high:
         text = text[:high].rstrip() or text[:high]
     return text
 

@@ -41,6 +41,7 @@ import httpx
 import orjson
 import trio
 
+from .._check import flag, integer, is_number, optional_seconds, text
 from ..errors import (
     ConfigError,
     ConnectionFailed,
@@ -101,17 +102,6 @@ ERROR_BODY_BYTES = 64 * 1024
 """How much of an error response's body is read to classify it (the rest is not read)."""
 
 
-def _limit(value: object, what: str, kind: type = int) -> None:
-    if value is None and kind is float:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ConfigError(
-            f"ReplyLimits.{what} must be a positive {'number' if kind is float else 'integer'}, got {value!r}"
-        )
-    if not 0 < value < float("inf"):
-        raise ConfigError(f"ReplyLimits.{what} must be positive and finite, got {value!r}")
-
-
 @attrs.frozen
 class ReplyLimits:
     """Bounds on what a model endpoint may send back, per response. Past one, the reply is
@@ -130,10 +120,10 @@ class ReplyLimits:
     max_stream_seconds: float | None = 600.0
 
     def __attrs_post_init__(self) -> None:
-        _limit(self.max_reply_bytes, "max_reply_bytes")
-        _limit(self.max_line_bytes, "max_line_bytes")
-        _limit(self.max_tool_calls, "max_tool_calls")
-        _limit(self.max_stream_seconds, "max_stream_seconds", float)
+        integer(self.max_reply_bytes, "ReplyLimits.max_reply_bytes")
+        integer(self.max_line_bytes, "ReplyLimits.max_line_bytes")
+        integer(self.max_tool_calls, "ReplyLimits.max_tool_calls")
+        optional_seconds(self.max_stream_seconds, "ReplyLimits.max_stream_seconds")
 
     def check_tool_calls(self, n: int, name: str) -> None:
         if n > self.max_tool_calls:
@@ -155,28 +145,6 @@ def setting(value: str | None, env: str, default: str | None = None) -> str | No
         return value
     from_env = os.environ.get(env)
     return from_env if from_env else default
-
-
-def check_model(model: object) -> str:
-    if not isinstance(model, str) or not model:
-        raise ConfigError(f"model must be a non-empty string, got {model!r:.80}")
-    return model
-
-
-def check_timeout(timeout: object) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-        raise ConfigError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-    return float(timeout)
-
-
-def check_count(value: object, what: str, minimum: int, optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -248,7 +216,7 @@ def dumps(value: object) -> bytes:
 
 def count(value: object) -> int:
     """A token figure from a usage object: a non-negative integer, 0 for anything else (null)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**63:
+    if not is_number(value) or not 0 <= value < 2**63:
         return 0
     return int(value)
 
@@ -516,24 +484,19 @@ class HTTPProvider:
         limits: ReplyLimits | None = None,
         deadline: float | None = DEFAULT_DEADLINE,
     ) -> None:
-        self.model = check_model(model)
-        self.timeout = check_timeout(timeout)
+        self.model = text(model, "model")
+        self.timeout = optional_seconds(timeout, "timeout")
         if limits is not None and not isinstance(limits, ReplyLimits):
             raise ConfigError(f"limits must be a ReplyLimits, got {limits!r:.80}")
         self.limits = limits if limits is not None else ReplyLimits()
-        try:
-            self.deadline = check_timeout(deadline)
-        except ConfigError:
-            raise ConfigError(f"deadline must be a positive number of seconds or None, got {deadline!r}") from None
-        self.max_retries: int = check_count(max_retries, "max_retries", 0)
-        if not isinstance(stream, bool):
-            raise ConfigError(f"stream must be a bool, got {stream!r}")
-        self.stream = stream
+        self.deadline = optional_seconds(deadline, "deadline")
+        self.max_retries = integer(max_retries, "max_retries", minimum=0)
+        self.stream = flag(stream, "stream")
         self.headers = check_headers(headers)
         if client is not None and not isinstance(client, httpx.AsyncClient):
             raise ConfigError(f"client must be an httpx.AsyncClient, got {type(client).__name__}")
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ConfigError(f"name must be a non-empty string, got {name!r}")
+        if name is not None:
+            text(name, "name")
         self.name: str = name or f"{kind}:{model}"
         self._client = client
         self._owns_client = client is None

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 import httpx
 
+from .._check import integer
 from .._frozen import thaw
 from ..errors import ConfigError, IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
@@ -40,7 +41,6 @@ from ._http import (
     HTTPProvider,
     ReplyLimits,
     SSEEvent,
-    check_count,
     count,
     endpoint,
     items,
@@ -103,7 +103,7 @@ class AnthropicProvider(HTTPProvider):
         )
         self.base_url: str = setting(base_url, "ANTHROPIC_BASE_URL", DEFAULT_BASE_URL) or DEFAULT_BASE_URL
         self.api_key = setting(api_key, "ANTHROPIC_API_KEY")
-        self.max_output_tokens: int = check_count(max_output_tokens, "max_output_tokens", 1)
+        self.max_output_tokens: int = integer(max_output_tokens, "max_output_tokens")
         if not isinstance(anthropic_version, str) or not anthropic_version:
             raise ConfigError(f"anthropic_version must be a non-empty string, got {anthropic_version!r}")
         self.anthropic_version = anthropic_version

@@ -42,6 +42,7 @@ import attrs
 import httpx
 import orjson
 
+from .._check import is_int, optional_integer
 from .._frozen import thaw
 from ..errors import ConfigError, IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
@@ -50,7 +51,6 @@ from ._http import (
     HTTPProvider,
     ReplyLimits,
     SSEEvent,
-    check_count,
     count,
     endpoint,
     items,
@@ -119,7 +119,7 @@ class OpenAIProvider(HTTPProvider):
         )
         self.base_url: str = setting(base_url, "OPENAI_BASE_URL", DEFAULT_BASE_URL) or DEFAULT_BASE_URL
         self.api_key = setting(api_key, "OPENAI_API_KEY")
-        self.max_output_tokens: int | None = check_count(max_output_tokens, "max_output_tokens", 1, optional=True)
+        self.max_output_tokens: int | None = optional_integer(max_output_tokens, "max_output_tokens")
         if extra_body is not None and not isinstance(extra_body, Mapping):
             raise ConfigError(f"extra_body must be a mapping, got {type(extra_body).__name__}")
         self.extra_body: dict[str, Any] = dict(extra_body or {})
@@ -347,7 +347,7 @@ class _Stream:
             if not isinstance(fragment, Mapping):
                 continue
             index = fragment.get("index")
-            if isinstance(index, bool) or not isinstance(index, int):
+            if not is_int(index):
                 index = max(self.calls, default=-1) + 1  # no index: each fragment is a whole call
             if index not in self.calls:
                 self.limits.check_tool_calls(len(self.calls) + 1, self.name)

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from .._check import is_int
 from .._clip import clip
 from ..errors import (
     AuthError,
@@ -227,7 +228,7 @@ def _overflow(text: str, fields: Mapping[str, Any]) -> ContextOverflow:
 
 def _int_field(fields: Mapping[str, Any], key: str, default: int | None) -> int | None:
     value = fields.get(key)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if is_int(value) and value >= 0:
         return value
     return default
 

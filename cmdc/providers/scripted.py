@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import trio
 
+from .._check import seconds, text
 from ..errors import ConfigError, ProviderError
 from ..message import Message, TokenUsage, ToolCall
 from ..tokens import estimate_message_tokens, estimate_tokens_from_messages
@@ -34,18 +34,6 @@ def with_usage(request: ModelRequest, reply: Message) -> Message:
     return reply.evolve(usage=usage)
 
 
-def check_delay(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{what} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
-def check_name(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"name must be a non-empty string, got {value!r}")
-    return value
-
-
 class ScriptedProvider:
     """A provider that answers each request with the next step of `replies`.
 
@@ -63,10 +51,10 @@ class ScriptedProvider:
     ) -> None:
         if isinstance(replies, (str, bytes, Message)) or not isinstance(replies, Iterable):
             raise ConfigError(f"replies must be a sequence of script steps, got {type(replies).__name__}")
-        self.name = check_name(name)
+        self.name = text(name, "name")
         self.script: tuple[Step, ...] = tuple(replies)
         self.cycle = bool(cycle)
-        self.delay = check_delay(delay, "delay")
+        self.delay = seconds(delay, "delay", zero=True)
         self.requests: list[ModelRequest] = []
         self._position = 0
 

@@ -17,14 +17,14 @@ from typing import Any
 import orjson
 import trio
 
+from .._check import integer, number_in, seconds, text
 from .._clip import clip
 from .._frozen import thaw
-from ..errors import ConfigError, ContextOverflow
+from ..errors import ContextOverflow
 from ..message import Message, TokenUsage, ToolCall
 from ..tokens import estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
 from ._arguments import arguments_for, example_value
 from .base import ModelRequest, ToolSchema
-from .scripted import check_delay, check_name
 
 PURPOSE_KEY = "cmdc.purpose"
 SUMMARIZE = "summarize"
@@ -34,12 +34,6 @@ _WORDS = (
     "handler", "error", "file", "function", "update", "check", "value", "path", "state", "next",
 )  # fmt: skip
 _EDGE_LINES = 4
-
-
-def _int(value: object, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 def _clip(line: str, width: int) -> str:
@@ -103,21 +97,14 @@ class SimulatedModel:
         latency: float = 0.0,
         name: str = "simulated",
     ) -> None:
-        self.context_window = _int(context_window, "context_window", 1)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        self.reply_chars = _int(reply_chars, "reply_chars", 1)
-        if (
-            isinstance(tool_probability, bool)
-            or not isinstance(tool_probability, (int, float))
-            or not 0 <= tool_probability <= 1
-        ):
-            raise ConfigError(f"tool_probability must be a number in [0, 1], got {tool_probability!r}")
-        self.tool_probability = float(tool_probability)
-        self.max_tool_rounds = _int(max_tool_rounds, "max_tool_rounds", 0)
-        self.summary_chars = _int(summary_chars, "summary_chars", 1)
-        self.latency = check_delay(latency, "latency")
-        self.name = check_name(name)
+        self.context_window = integer(context_window, "context_window")
+        integer(seed, "seed", minimum=None)
+        self.reply_chars = integer(reply_chars, "reply_chars")
+        self.tool_probability = number_in(tool_probability, "tool_probability", 0, 1)
+        self.max_tool_rounds = integer(max_tool_rounds, "max_tool_rounds", minimum=0)
+        self.summary_chars = integer(summary_chars, "summary_chars")
+        self.latency = seconds(latency, "latency", zero=True)
+        self.name = text(name, "name")
         self.seed = seed
         self.calls = 0
         self.overflows = 0
