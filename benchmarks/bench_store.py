@@ -126,15 +126,31 @@ class Quick:
         return Message.assistant("ok", usage=cmdc.TokenUsage(input_tokens=20, output_tokens=1))
 
 
+def current_rss() -> int:
+    """Resident set size now, in bytes (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 async def virtual_agents(store_spec: str, agents: int, resident: int, sample: int) -> dict[str, Any]:
     provider = Quick()
     t0 = time.perf_counter()
+    curve: list[tuple[int, int]] = []  # (agents so far, RSS): what grows with the agents
+    step = max(1, agents // 10)
     async with cmdc.open_runtime(store=store_spec, max_resident=resident, log_events=False) as rt:
         refs = []
         for i in range(agents):
             ref = await rt.spawn(f"agent-{i:07d}", provider)
             await ref.prompt("hello")
             refs.append(ref)
+            if (i + 1) % step == 0:
+                curve.append((i + 1, current_rss()))
+                if os.environ.get("CMDC_BENCH_PROGRESS"):
+                    print(f"{i + 1} agents, {time.perf_counter() - t0:.0f} s, RSS {curve[-1][1] >> 20} MiB",
+                          file=sys.stderr, flush=True)
         wall = time.perf_counter() - t0
         await trio.testing.wait_all_tasks_blocked()
         peak_resident = len(rt.resident)
@@ -158,6 +174,7 @@ async def virtual_agents(store_spec: str, agents: int, resident: int, sample: in
         "activation_p99": percentile(times, 0.99) if times else float("nan"),
         "activations": stats["activations"],
         "deactivations": stats["deactivations"],
+        "rss_curve": curve,
     }
 
 

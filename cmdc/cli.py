@@ -548,12 +548,12 @@ def _history_store(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.range and args.range[0] > args.range[1]:
         raise UsageError(f"--range {args.range[0]} {args.range[1]}: FIRST must not be after LAST")
-    if args.repair:
-        raise UsageError("--repair rewrites a journal file; a database store's journal has none (use --verify)")
     try:
         store = open_store(args.dir)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    if args.repair and not callable(getattr(store, "repair", None)):
+        raise UsageError(f"--repair: the store {store!r} cannot repair a journal (it has no repair method)")
     try:
         code: int = trio.run(_show_store_history, args, store, agent)
     except OffloadError as exc:
@@ -564,6 +564,17 @@ def _history_store(args: argparse.Namespace) -> int:
 async def _show_store_history(args: argparse.Namespace, store: Store, agent: str) -> int:
     try:
         await store.start()
+        if args.repair:
+            report = await store.repair(agent)  # type: ignore[attr-defined]  # checked by the caller
+            if report.journal is None and not report.records and not report.uncommitted and not report.damaged:
+                raise UsageError(f"{store.location(agent)}: no journal for agent {agent!r}")
+            print(f"journal {store.location(agent)} (id {report.journal or 'none'})")
+            print(f"  {report.records} records from {report.compactions} compaction(s)")
+            if report.moved:
+                print(f"repaired: {report.moved} damaged record(s) moved aside; every valid record kept")
+            else:
+                print("clean: nothing to repair")
+            return 0
         if args.verify:
             report = await store.verify(agent)
             if report.journal is None and not report.records and not report.uncommitted and not report.damaged:

@@ -37,6 +37,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import attrs
 import orjson
 import psycopg
 import psycopg_pool
@@ -44,12 +45,13 @@ import trio
 
 from ._check import integer, seconds
 from ._fs import run_bounded
+from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
 from .errors import (
     CheckpointCorrupted,
     CmdcError,
     ConfigError,
     InvalidMessage,
-    OffloadError,
+    JournalLost,
     StoreUnavailable,
 )
 from .message import Message
@@ -57,7 +59,9 @@ from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
 from .store import StoreReport
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SEARCH_CANDIDATES = 500
+"""Records a search ranks at most per stage (see `PostgresStore.search`)."""
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 _WORD = re.compile(r"\w+")
 T = TypeVar("T")
@@ -98,6 +102,25 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             saved_at double precision NOT NULL
         )""",
     ),
+    2: (
+        # the journal a successor took over from, when the one a state expected was lost
+        "ALTER TABLE cmdc_journals ADD COLUMN follows text",
+        # damaged rows moved aside by `repair`, kept as they were
+        """CREATE TABLE cmdc_damaged (
+            agent_id text NOT NULL,
+            seq bigint NOT NULL,
+            journal text NOT NULL,
+            attempt text NOT NULL,
+            compaction integer NOT NULL,
+            ts double precision NOT NULL,
+            message_id text NOT NULL,
+            crc bigint NOT NULL,
+            message bytea NOT NULL,
+            reason text NOT NULL,
+            moved_at double precision NOT NULL,
+            PRIMARY KEY (agent_id, seq)
+        )""",
+    ),
 }
 
 
@@ -135,6 +158,17 @@ def _summary_attempts(state: State) -> list[str]:
         if isinstance(attempts, (list, tuple)):
             out += [a for a in attempts if isinstance(a, str)]
     return out
+
+
+def _wanted(expect: Any) -> tuple[str | None, int] | None:
+    """What a caller's state knows of its journal (a `JournalRef`, or any object with
+    `journal` and `seq`): (journal id, highest record number it names)."""
+    if expect is None:
+        return None
+    journal, seq = getattr(expect, "journal", None), getattr(expect, "seq", 0)
+    if journal is not None and not isinstance(journal, str):
+        raise ConfigError(f"expect.journal must be a journal id or None, got {journal!r:.80}")
+    return journal, integer(seq, "expect.seq", minimum=0)
 
 
 class PostgresCheckpoints:
@@ -312,8 +346,10 @@ class PostgresStore:
         checkpoint of a state whose summary names the attempt. Messages already journaled for
         the agent (same id, same content) keep their records; the same id with other content
         raises `InvalidMessage`. `expect`: what the caller's state knows of the journal (an
-        object with `journal` and `seq`): a journal replaced since (another id) or holding fewer
-        numbers than the state names raises `OffloadError` before anything is written."""
+        object with `journal` and `seq`, e.g. a `JournalRef`): a journal that vanished, was
+        replaced since (another id, not its successor) or holds fewer numbers than the state
+        names raises `JournalLost` before anything is written, after recording the loss (a
+        successor journal numbering on past both): the retry writes the whole batch."""
         validate_agent_id(agent_id)
         if options:
             raise ConfigError(f"unknown append option(s) {sorted(options)}")
@@ -328,10 +364,11 @@ class PostgresStore:
         rows = [(m.id, *_message_bytes(m), _search_text(m)) for m in unique]
         attempt = attempt or "k" + secrets.token_hex(8)
         seqs: dict[str, int]
-        want = None if expect is None else (getattr(expect, "journal", None), int(getattr(expect, "seq", 0) or 0))
-        journal, seqs, written, pending = await self._run(
-            self._append_sync, agent_id, rows, compaction, attempt, commit, want, write=True
-        )
+        want = _wanted(expect)
+        done = await self._run(self._append_sync, agent_id, rows, compaction, attempt, commit, want, write=True)
+        if isinstance(done, JournalLost):
+            raise done
+        journal, seqs, written, pending = done
         numbers = [seqs[m.id] for m in unique]
         first = min(numbers) if numbers else 0
         last = max(numbers) if numbers else -1
@@ -348,17 +385,66 @@ class PostgresStore:
             seqs=tuple(numbers),
         )
 
-    def _journal_row(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str, int]:
-        select = "SELECT journal, seq FROM cmdc_journals WHERE agent_id = %s FOR UPDATE"
+    @staticmethod
+    def _journal_row(conn: psycopg.Connection[Any], agent_id: str) -> tuple[str, int, str | None, bool]:
+        """The agent's journal (id, highest record number, the journal it took over from,
+        whether it was created just now), locked until the transaction ends."""
+        select = "SELECT journal, seq, follows FROM cmdc_journals WHERE agent_id = %s FOR UPDATE"
         row = conn.execute(select, (agent_id,)).fetchone()
+        created = False
         if row is None:
-            conn.execute(
-                "INSERT INTO cmdc_journals (agent_id, journal) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                (agent_id, "j" + secrets.token_hex(8)),
+            created = (
+                conn.execute(
+                    "INSERT INTO cmdc_journals (agent_id, journal) VALUES (%s, %s) ON CONFLICT DO NOTHING "
+                    "RETURNING journal",
+                    (agent_id, "j" + secrets.token_hex(8)),
+                ).fetchone()
+                is not None
             )
             row = conn.execute(select, (agent_id,)).fetchone()
         assert row is not None
-        return str(row[0]), int(row[1])
+        return str(row[0]), int(row[1]), (None if row[2] is None else str(row[2])), created
+
+    def _check_expected(
+        self,
+        conn: psycopg.Connection[Any],
+        agent_id: str,
+        row: tuple[str, int, str | None, bool],
+        want: tuple[str | None, int] | None,
+    ) -> JournalLost | None:
+        """None when the journal is the one the caller's state names (or its successor);
+        otherwise record the loss (a successor journal that follows the lost one and numbers
+        on past every record either side handed out) and return the error to raise once the
+        transaction has committed, as the file store does: the retry writes its whole batch
+        and no record number is reused."""
+        if want is None or want[0] is None:
+            return None
+        expected, expected_seq = want
+        journal, top, follows, created = row
+        if journal == expected and expected_seq <= top:
+            return None
+        if journal != expected and follows == expected and not created:
+            return None  # the successor of the journal the state names
+        if created:
+            why = "vanished"
+        elif journal != expected:
+            why = f"replaced by journal {journal}"
+        else:
+            why = f"truncated: it ends at record {top}, the state names records up to {expected_seq}"
+        successor, seq = "j" + secrets.token_hex(8), max(top, expected_seq)
+        conn.execute(
+            "UPDATE cmdc_journals SET journal = %s, seq = %s, follows = %s WHERE agent_id = %s",
+            (successor, seq, expected, agent_id),
+        )
+        return JournalLost(
+            f"journal of {agent_id!r} in {redact(self.url)}: journal {expected} {why}; "
+            f"going on as journal {successor} from record {seq + 1}",
+            expected=expected,
+            found=None if created else journal,
+            expected_seq=expected_seq,
+            found_seq=top,
+            why=why,
+        )
 
     def _append_sync(
         self,
@@ -369,14 +455,13 @@ class PostgresStore:
         attempt: str,
         commit: bool,
         want: tuple[str | None, int] | None,
-    ) -> tuple[str, dict[str, int], int, list[str]]:
+    ) -> tuple[str, dict[str, int], int, list[str]] | JournalLost:
         with conn.transaction():
-            journal, top = self._journal_row(conn, agent_id)
-            if want is not None and ((want[0] is not None and want[0] != journal) or want[1] > top):
-                raise OffloadError(
-                    f"journal of {agent_id!r}: the state names journal {want[0]} up to record {want[1]}, "
-                    f"the store holds journal {journal} up to record {top}: it was replaced or lost"
-                )
+            row = self._journal_row(conn, agent_id)
+            journal, top = row[0], row[1]
+            lost = self._check_expected(conn, agent_id, row, want)
+            if lost is not None:
+                return lost  # raised by the caller, once the loss is recorded
             ids = [r[0] for r in rows]
             known: dict[str, tuple[int, int, str]] = {}
             if ids:
@@ -435,11 +520,19 @@ class PostgresStore:
         wanted = [a for a in dict.fromkeys(attempts) if isinstance(a, str)]
         if not wanted:
             return False
-        return await self._run(self._commit_sync, agent_id, wanted, write=True)
+        done = await self._run(self._commit_sync, agent_id, wanted, _wanted(expect), write=True)
+        if isinstance(done, JournalLost):
+            raise done
+        return bool(done)
 
-    @staticmethod
-    def _commit_sync(conn: psycopg.Connection[Any], agent_id: str, attempts: list[str]) -> bool:
+    def _commit_sync(
+        self, conn: psycopg.Connection[Any], agent_id: str, attempts: list[str], want: tuple[str | None, int] | None
+    ) -> bool | JournalLost:
         with conn.transaction():
+            if want is not None and want[0] is not None:
+                lost = self._check_expected(conn, agent_id, self._journal_row(conn, agent_id), want)
+                if lost is not None:
+                    return lost  # raised by the caller, once the loss is recorded
             cur = conn.execute(
                 "UPDATE cmdc_attempts SET committed = true WHERE agent_id = %s AND attempt = ANY(%s) AND NOT committed",
                 (agent_id, attempts),
@@ -488,27 +581,48 @@ class PostgresStore:
         return (await trio.to_thread.run_sync(self._decode, rows))[0]
 
     async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
-        """Visible records holding any word of `query` (case-insensitive), best first
-        (PostgreSQL full-text rank over the GIN index, then the lowest seq)."""
+        """Visible records holding words of `query` (case-insensitive; its first 64 distinct
+        words), best first, at most `limit`.
+
+        The work is bounded, whatever the journal's size or the words' frequency: the GIN
+        index gives the candidates, at most `SEARCH_CANDIDATES` records holding *every* query
+        word, then (when those are fewer than `limit`) at most `SEARCH_CANDIDATES` more holding
+        *any* of them; the candidates are ranked by PostgreSQL's `ts_rank` (more of the query's
+        words, and more often, rank higher), ties by the lowest seq. When more records match
+        than that, the ones ranked are those the index hands out first (about the oldest),
+        not necessarily the best of all: a more specific query narrows it."""
         validate_agent_id(agent_id)
         integer(limit, "search limit")
-        words = sorted({w for w in _WORD.findall(query.casefold()) if w})
+        words = sorted({w for w in _WORD.findall(query[:MAX_QUERY_CHARS].casefold()) if w})[:MAX_QUERY_WORDS]
         if not words:
             return []
-        tsquery = " | ".join("'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words[:64])
-        rows = await self._run(self._search_sync, agent_id, tsquery, limit)
+        quoted = ["'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words]
+        rows = await self._run(self._search_sync, agent_id, " & ".join(quoted), " | ".join(quoted), limit)
         return (await trio.to_thread.run_sync(self._decode, rows))[0]
 
-    def _search_sync(self, conn: psycopg.Connection[Any], agent_id: str, tsquery: str, limit: int) -> list[Any]:
+    _CANDIDATES = (
+        "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
+        "SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(r.words, q) AS rank FROM cmdc_records r "
+        "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
+        "to_tsquery('simple', %s) q WHERE r.agent_id = %s AND r.words @@ q {extra}LIMIT %s"
+        ") c ORDER BY c.rank DESC, c.seq LIMIT %s"
+    )
+
+    def _search_sync(
+        self, conn: psycopg.Connection[Any], agent_id: str, every: str, some: str, limit: int
+    ) -> list[Any]:
+        cap = SEARCH_CANDIDATES
         with conn.transaction():
-            return conn.execute(
-                "SELECT r.seq, r.compaction, r.ts, r.message, r.crc FROM cmdc_records r "
-                "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
-                "to_tsquery('simple', %s) q "
-                "WHERE r.agent_id = %s AND r.words @@ q "
-                "ORDER BY ts_rank(r.words, q) DESC, r.seq LIMIT %s",
-                (tsquery, agent_id, limit),
+            found: list[Any] = conn.execute(
+                self._CANDIDATES.format(extra=""), (every, agent_id, cap, limit)
             ).fetchall()
+            if len(found) >= limit or every == some:
+                return found
+            seen = [row[0] for row in found]
+            more = conn.execute(
+                self._CANDIDATES.format(extra="AND NOT r.seq = ANY(%s) "), (some, agent_id, seen, cap, limit)
+            ).fetchall()
+        return found + more[: limit - len(found)]
 
     async def verify(self, agent_id: str) -> StoreReport:
         """Check every row of the agent's journal (its checksum, its message)."""
@@ -529,6 +643,43 @@ class PostgresStore:
             ).fetchone()
         assert counts is not None
         return (None if row is None else str(row[0])), rows, int(counts[0]), int(counts[1])
+
+    async def repair(self, agent_id: str) -> StoreReport:
+        """Move every damaged row of the agent's journal (a checksum that does not match, a
+        message that cannot be read; committed or not) to `cmdc_damaged`, as it was, in one
+        transaction; every valid row stays as it is, at its number (numbers are never reused).
+        Returns the report of the journal before the repair, with `moved` rows."""
+        validate_agent_id(agent_id)
+        before = await self.verify(agent_id)
+        moved = await self._run(self._repair_sync, agent_id, write=True)
+        return attrs.evolve(before, moved=moved)
+
+    def _repair_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> int:
+        with conn.transaction():
+            # the journal row's lock keeps appends out while the rows are checked
+            conn.execute("SELECT 1 FROM cmdc_journals WHERE agent_id = %s FOR UPDATE", (agent_id,))
+            bad: list[tuple[int, str]] = []
+            with conn.cursor(name="cmdc_repair") as cur:  # a server-side cursor: rows in bounded batches
+                cur.execute("SELECT seq, message, crc FROM cmdc_records WHERE agent_id = %s ORDER BY seq", (agent_id,))
+                for seq, data, crc in cur:
+                    raw = bytes(data)
+                    if zlib.crc32(raw) != crc:
+                        bad.append((int(seq), "checksum mismatch"))
+                        continue
+                    try:
+                        Message.from_json(raw)
+                    except (InvalidMessage, ValueError, TypeError) as exc:
+                        bad.append((int(seq), f"unreadable message: {exc}"[:200]))
+            for seq, reason in bad:
+                conn.execute(
+                    "INSERT INTO cmdc_damaged (agent_id, seq, journal, attempt, compaction, ts, message_id, crc, "
+                    "message, reason, moved_at) SELECT agent_id, seq, journal, attempt, compaction, ts, message_id, "
+                    "crc, message, %s, %s FROM cmdc_records WHERE agent_id = %s AND seq = %s "
+                    "ON CONFLICT (agent_id, seq) DO NOTHING",
+                    (reason, time.time(), agent_id, seq),
+                )
+                conn.execute("DELETE FROM cmdc_records WHERE agent_id = %s AND seq = %s", (agent_id, seq))
+        return len(bad)
 
     async def transcript(self, agent_id: str) -> str:
         """The journal as Markdown, for people (the file store writes the same beside its journal)."""

@@ -14,13 +14,24 @@ A store is two things. Its journal methods (`append`, `commit`, `records`, `read
 The rules every store keeps are checked by one conformance suite (tests/test_store.py), run
 against both stores shipped:
 
-- `append(agent_id, messages, compaction=n)` is durable when it returns, and returns an
-  `AppendResult` whose `first_seq..last_seq` cover the batch;
+- `append(agent_id, messages, compaction=n, attempt=None, commit=True, expect=None)` is
+  durable when it returns, and returns an `AppendResult` whose `first_seq..last_seq` cover the
+  batch; with `commit=False` the batch (of `attempt`) stays invisible until `commit(agent_id,
+  attempts)` or a checkpoint of a state whose summary names the attempt;
+- `expect` (a `JournalRef`: the journal id and the highest record number the caller's state
+  names; the compactor passes it to every store, on `append` and `commit`): a journal that
+  vanished, was replaced or holds fewer records than that raises `JournalLost` before anything
+  is written, after the store recorded the loss durably (a successor journal that follows the
+  lost one and numbers on past every record handed out), so the retry writes its whole batch
+  and no record number is ever reused;
 - each message appended for an agent is read back exactly once, at a stable record number:
   appending it again (a retried batch) neither duplicates nor renumbers it; numbers only grow;
 - `records`/`read` give every visible record in seq order; `read_range` a slice by seq;
   `search` records holding any of the query's words, best first, at most `limit`;
 - `verify` counts records and reports damage; readers skip damaged records rather than fail;
+  `repair` (optional: a store without it is not repairable, and `cmdc history --repair` says
+  so) moves damaged records aside, keeps every valid one at its number, and returns the
+  report of the journal before the repair with `moved` set;
 - `checkpoints.save(state)` replaces the agent's checkpoint atomically; `load` gives it back
   equal (or None); `delete` removes it (missing is fine); `agents()` lists who has one;
 - unsafe agent ids raise `ConfigError` before anything is touched; I/O failures raise
@@ -40,7 +51,7 @@ import trio
 from .checkpoint import CheckpointStore
 from .errors import ConfigError
 from .message import Message
-from .offload import AppendResult, JournalRecord, OffloadStore
+from .offload import AppendResult, JournalRecord, JournalReport, OffloadStore
 from .state import State, validate_agent_id
 
 if TYPE_CHECKING:
@@ -51,7 +62,8 @@ if TYPE_CHECKING:
 class StoreReport:
     """What `verify` found in one agent's journal: visible records, committed compactions,
     records of attempts never committed, damaged records (their numbers, or -1 where none
-    can be read)."""
+    can be read); after a `repair`, how much damage it moved aside (`moved`: rows for the
+    PostgreSQL store, bytes for the file store)."""
 
     agent_id: str
     journal: str | None
@@ -59,6 +71,7 @@ class StoreReport:
     compactions: int
     uncommitted: int
     damaged: tuple[int, ...]
+    moved: int = 0
 
     @property
     def clean(self) -> bool:
@@ -160,13 +173,23 @@ class FileStore:
         return await self.journal.commit(agent_id, attempts, expect=expect)
 
     async def verify(self, agent_id: str) -> StoreReport:
-        report = await self.journal.verify(agent_id)
-        damaged = tuple(-1 for _ in report.damaged) + ((-1,) if report.torn else ())
-        return StoreReport(agent_id, report.journal, report.records, report.compactions, report.uncommitted, damaged)
+        return _store_report(agent_id, await self.journal.verify(agent_id))
+
+    async def repair(self, agent_id: str) -> StoreReport:
+        """`OffloadStore.repair`: damaged lines and a torn tail go to `<agent>.jsonl.damaged`,
+        every valid line stays. The report is of the journal before the repair."""
+        return _store_report(agent_id, await self.journal.repair(agent_id))
 
     async def transcript(self, agent_id: str) -> str:
         path = await self.journal.write_transcript(agent_id)
         return await trio.to_thread.run_sync(Path(path).read_text, "utf-8")
+
+
+def _store_report(agent_id: str, report: JournalReport) -> StoreReport:
+    damaged = tuple(-1 for _ in report.damaged) + ((-1,) if report.torn else ())
+    return StoreReport(
+        agent_id, report.journal, report.records, report.compactions, report.uncommitted, damaged, report.moved
+    )
 
 
 class FileCheckpoints(CheckpointStore):

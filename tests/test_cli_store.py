@@ -60,9 +60,22 @@ def test_history_verify_and_repair_over_a_url(
         conn.execute("UPDATE cmdc_records SET crc = crc # 1 WHERE agent_id = 'chat' AND seq = 2")
     assert main(["history", postgres_url, "chat", "--verify"]) == 1
     assert "damaged: 1 record(s): 2" in capsys.readouterr().out
-    # --repair rewrites a journal file: refused for a database store, nothing done
-    assert main(["history", postgres_url, "chat", "--repair"]) == 2
-    assert "--repair" in capsys.readouterr().err
+    assert main(["history", postgres_url, "chat"]) == 0
+    listed = capsys.readouterr().out
+    # --repair moves the damaged row aside (to cmdc_damaged) and keeps every other one
+    assert main(["history", postgres_url, "chat", "--repair"]) == 0
+    assert "repaired: 1 damaged record(s) moved aside" in capsys.readouterr().out
+    assert main(["history", postgres_url, "chat", "--verify"]) == 0
+    assert "clean: no damaged record" in capsys.readouterr().out
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        assert conn.execute("SELECT seq, reason FROM cmdc_damaged WHERE agent_id = 'chat'").fetchall() == [
+            (2, "checksum mismatch")
+        ]
+    assert main(["history", postgres_url, "chat", "--repair"]) == 0
+    assert "clean: nothing to repair" in capsys.readouterr().out
+    assert main(["history", postgres_url, "chat"]) == 0
+    assert capsys.readouterr().out == listed  # readers skipped record 2 before; it is all that moved
+    assert main(["history", postgres_url, "nobody", "--repair"]) == 2
 
 
 def test_history_over_an_unreachable_url_fails_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,8 +15,9 @@ import pytest
 import trio
 
 from cmdc import ConfigError, Message, State
-from cmdc.errors import CmdcError, OffloadError, StoreUnavailable
-from cmdc.postgres import ATTEMPTS_KEY, SCHEMA_VERSION, PostgresStore, migrate
+from cmdc.errors import CmdcError, JournalLost, StoreUnavailable
+from cmdc.offload import JournalRef
+from cmdc.postgres import _MIGRATIONS, ATTEMPTS_KEY, SCHEMA_VERSION, PostgresStore, migrate
 
 
 @pytest.fixture
@@ -195,22 +196,44 @@ async def test_a_writer_killed_by_sigkill_loses_nothing_acknowledged(pg: Postgre
     assert (await pg.verify("crashy")).clean
 
 
-async def test_a_replaced_or_shorter_journal_is_refused_before_writing(pg: PostgresStore) -> None:
-    class Ref:
-        def __init__(self, journal: str | None, seq: int) -> None:
-            self.journal, self.seq = journal, seq
-
+async def test_a_lost_journal_is_recorded_in_the_database_for_every_writer(
+    pg: PostgresStore, postgres_url: str
+) -> None:
     first = await pg.append("a1", [Message.user("one"), Message.user("two")], compaction=1)
-    journal = getattr(first, "journal", None) or (await pg.verify("a1")).journal
-    ok = await pg.append("a1", [Message.user("three")], compaction=2, expect=Ref(journal, 2))
-    assert ok.first_seq == 3
-    with pytest.raises(OffloadError, match="replaced or lost"):
-        await pg.append("a1", [Message.user("x")], compaction=3, expect=Ref("jdeadbeefdeadbeef", 3))
-    with pytest.raises(OffloadError, match="replaced or lost"):
-        await pg.append("a1", [Message.user("y")], compaction=3, expect=Ref(journal, 99))
-    assert [r.message.text for r in await pg.records("a1")] == ["one", "two", "three"]
+    assert first.journal is not None
+    foreign = JournalRef("jdeadbeefdeadbeef", 2)
+    with pytest.raises(JournalLost, match="replaced by journal"):
+        await pg.append("a1", [Message.user("x")], compaction=3, expect=foreign)
+    # the successor is in the database: another writer (another process) takes the retry
+    (successor, seq, follows), = sql(postgres_url, "SELECT journal, seq, follows FROM cmdc_journals")
+    assert follows == "jdeadbeefdeadbeef" and seq == 2 and successor != first.journal
+    other = await PostgresStore.open(postgres_url)
+    try:
+        retry = await other.append("a1", [Message.user("x")], compaction=3, expect=foreign)
+    finally:
+        await other.aclose()
+    assert retry.journal == successor and retry.first_seq == 3
+    assert [r.message.text for r in await pg.records("a1")] == ["one", "two", "x"]
+    for bad in (JournalRef("j1", -1), JournalRef(3, 1)):  # type: ignore[arg-type]
+        with pytest.raises(ConfigError):
+            await pg.append("a1", [Message.user("z")], expect=bad)
     with pytest.raises(ConfigError, match="unknown append option"):
         await pg.append("a1", [Message.user("z")], bogus=1)
+
+
+async def test_schema_1_databases_are_migrated(postgres_url: str) -> None:
+    with psycopg.connect(postgres_url) as conn:
+        with conn.transaction():
+            conn.execute("CREATE TABLE cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
+            for statement in _MIGRATIONS[1]:
+                conn.execute(statement)
+            conn.execute("INSERT INTO cmdc_meta VALUES ('schema_version', '1')")
+            conn.execute("INSERT INTO cmdc_journals (agent_id, journal, seq) VALUES ('old', 'jold', 7)")
+        assert migrate(conn) == 1
+    async with PostgresStore(postgres_url) as store:
+        later = await store.append("old", [Message.user("after the upgrade")], expect=JournalRef("jold", 7))
+        assert later.first_seq == 8
+        assert (await store.repair("old")).moved == 0
 
 
 def test_passwords_never_show_in_reprs_or_locations() -> None:

@@ -12,8 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from cmdc import ConfigError, Message, State, ToolCall, open_runtime
-from cmdc.errors import CheckpointError, InvalidMessage, OffloadError
+from cmdc import Compacted, Compactor, ConfigError, Message, State, ToolCall, open_runtime
+from cmdc.errors import CheckpointError, InvalidMessage, JournalLost, OffloadError
+from cmdc.offload import JournalRef, new_attempt_id
 from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.store import FileStore, Store, open_store
 
@@ -111,6 +112,90 @@ async def test_verify_and_transcript(store: Store) -> None:
     assert report.clean and report.records == 5 and report.compactions == 2
     text = await store.transcript("a1")
     assert "## Compaction 1" in text and "## Compaction 2" in text and "next number 1" in text
+
+
+async def test_a_lost_journal_raises_journal_lost_then_goes_on_without_reusing_numbers(store: Store) -> None:
+    first = await store.append("a1", batch(3), compaction=1)
+    assert first.journal is not None and first.last_seq == 3
+    ok = await store.append("a1", batch(1, "fine"), compaction=2, expect=JournalRef(first.journal, 3))
+    assert ok.first_seq == 4
+    # a state naming another journal: replaced (recorded durably; the retry goes on)
+    foreign = JournalRef("jdeadbeefdeadbeef", 4)
+    with pytest.raises(JournalLost) as info:
+        await store.append("a1", batch(2, "x"), compaction=3, expect=foreign)
+    assert info.value.why.startswith("replaced") and info.value.expected == "jdeadbeefdeadbeef"
+    assert len(await store.records("a1")) == 4  # nothing was written
+    retry = await store.append("a1", batch(2, "x"), compaction=3, expect=foreign)
+    assert retry.first_seq == 5 and retry.journal not in (None, first.journal, "jdeadbeefdeadbeef")
+    # a state naming more records than the journal holds: truncated; numbers go on past it
+    with pytest.raises(JournalLost) as info:
+        await store.append("a2", batch(1, "y"), compaction=1, expect=JournalRef("jfeedfacefeedface", 40))
+    assert info.value.why == "vanished"
+    again = await store.append("a2", batch(1, "y"), compaction=1, expect=JournalRef("jfeedfacefeedface", 40))
+    assert again.first_seq == 41
+    with pytest.raises(JournalLost) as info:
+        await store.append("a2", batch(1, "z"), compaction=2, expect=JournalRef(again.journal, 99))
+    assert info.value.why.startswith("truncated")
+    later = await store.append("a2", batch(1, "z"), compaction=2, expect=JournalRef(again.journal, 99))
+    assert later.first_seq == 100
+    assert [r.seq for r in await store.records("a2")] == [41, 100]
+    # a commit checks it too
+    pending = await store.append("a3", batch(2), compaction=1, attempt=new_attempt_id(), commit=False)
+    with pytest.raises(JournalLost):
+        await store.commit("a3", pending.pending, expect=JournalRef("jdeadbeefdeadbeef", 2))
+    assert await store.records("a3") == []
+    # a state that names no journal yet expects nothing
+    assert (await store.append("a4", batch(1), expect=JournalRef(None, 0))).first_seq == 1
+
+
+async def test_the_compactor_checks_the_journal_with_every_store(store: Store) -> None:
+    state = State(agent_id="c1", config={"compact_keep": ("messages", 2)})
+    state = state.append(*[Message.user(f"message {i} " + "w" * 400) for i in range(12)])
+    compactor = Compactor(store=store)
+    done = await compactor.force_compact(state)
+    assert isinstance(done, Compacted) and done.state.journal_id is not None
+    grown = done.state.append(*[Message.user(f"later {i} " + "w" * 400) for i in range(8)])
+    elsewhere = grown.evolve(journal_id="jdeadbeefdeadbeef")  # the state names a journal the store lost
+    with pytest.raises(JournalLost):
+        await compactor.force_compact(elsewhere)
+    retried = await compactor.force_compact(elsewhere)  # the retry writes its whole batch
+    assert isinstance(retried, Compacted)
+    assert retried.report.first_seq > done.state.journal_seq  # no record number reused
+    ids = [m.id for m in await store.read("c1")]
+    assert len(ids) == len(set(ids)) == done.report.evicted + retried.report.evicted
+
+
+def damage_one_record(store: Store, agent: str, seq: int) -> None:
+    """Corrupt record `seq` of the agent's journal behind the store's back."""
+    if isinstance(store, FileStore):
+        path = store.journal.path_for(agent)
+        lines = path.read_bytes().split(b"\n")
+        for i, line in enumerate(lines):
+            if f'"seq":{seq},'.encode() in line:
+                lines[i] = line.replace(b"number", b"NUMBER")  # the checksum no longer matches
+        path.write_bytes(b"\n".join(lines))
+        return
+    import psycopg
+
+    with psycopg.connect(store.url, autocommit=True) as conn:  # type: ignore[attr-defined]
+        conn.execute("UPDATE cmdc_records SET crc = crc # 1 WHERE agent_id = %s AND seq = %s", (agent, seq))
+
+
+async def test_repair_moves_damaged_records_aside_and_keeps_the_rest(store: Store) -> None:
+    msgs = batch(5)
+    await store.append("a1", msgs, compaction=1)
+    damage_one_record(store, "a1", 3)
+    report = await store.verify("a1")
+    assert not report.clean and len(report.damaged) == 1 and report.records == 4
+    assert [r.seq for r in await store.records("a1")] == [1, 2, 4, 5]  # readers skip it
+    repaired = await store.repair("a1")  # type: ignore[attr-defined]
+    assert not repaired.clean and repaired.moved > 0  # the report is of the journal before
+    after = await store.verify("a1")
+    assert after.clean and after.records == 4
+    assert [r.message for r in await store.records("a1")] == [msgs[i] for i in (0, 1, 3, 4)]
+    assert (await store.repair("a1")).moved == 0  # type: ignore[attr-defined]
+    assert (await store.append("a1", [Message.user("later")], compaction=2)).first_seq == 6  # never reused
+    assert (await store.repair("nobody")).records == 0  # type: ignore[attr-defined]
 
 
 async def test_checkpoints_save_load_delete_list(store: Store) -> None:

@@ -44,7 +44,7 @@ from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, Offlo
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
-from ..store import FileStore, Store, open_store
+from ..store import Store, open_store
 from ..tokens import (
     IMAGE_TOKENS,
     TokenCounter,
@@ -831,10 +831,9 @@ class Compactor:
 
 
 def _expect(store: object, state: State) -> dict[str, Any]:
-    """The journal identity `state` expects, for a store that checks it (the file store)."""
-    if isinstance(store, (OffloadStore, FileStore)):
-        return {"expect": JournalRef(state.journal_id, state.journal_seq)}
-    return {}
+    """The journal identity `state` expects: every store checks it before appending or
+    committing (the store protocol's `expect`)."""
+    return {"expect": JournalRef(state.journal_id, state.journal_seq)}
 
 
 def _journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
