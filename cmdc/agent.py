@@ -85,8 +85,11 @@ from .providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY, ModelRequest,
 from .report import Compacted, Skipped
 from .state import State
 from .tools import Tool, ToolArgumentsError
+from .tracing import UNTRACED, Span, Tracer
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from .bus import EventBus
     from .store import Checkpoints
 
@@ -204,12 +207,19 @@ class _Prompt:
     messages: tuple[Message, ...]
     reply: _Reply
     chain: tuple[str, ...] = ()
+    context: contextvars.Context | None = None  # the caller's, for a tracer to parent the turn
+
+
+def _prompt(content: str | Message | Sequence[Message]) -> _Prompt:
+    """A turn request, with the caller's chain of agents and its context."""
+    return _Prompt(_as_messages(content), _Reply(), current_chain.get(), contextvars.copy_context())
 
 
 @attrs.define(slots=True)
 class _Compact:
     instruction: str | None
     reply: _Reply
+    context: contextvars.Context | None = None  # the caller's, for a tracer
 
 
 @attrs.define(slots=True)
@@ -335,7 +345,7 @@ class AgentRef:
     async def prompt(self, content: str | Message | Sequence[Message]) -> Message:
         """Run a turn with `content` as the user's message(s); return the final assistant reply.
         Errors inside the turn are raised here. Cancelling this call cancels the turn."""
-        request = _Prompt(_as_messages(content), _Reply(), current_chain.get())
+        request = _prompt(content)
         agent = await self._enqueue(request)
         return await agent.wait(request)  # type: ignore[no-any-return]
 
@@ -357,7 +367,7 @@ class AgentRef:
 
     def prompt_nowait(self, content: str | Message | Sequence[Message]) -> _Reply:
         """Queue a turn or raise `MailboxFull`; `await reply.wait()` for the answer."""
-        request = _Prompt(_as_messages(content), _Reply(), current_chain.get())
+        request = _prompt(content)
         agent = self._resident()
         if agent is None and self._host is not None and not self._stopped:
             self._host.prompt_inactive(self, request)  # activated in the background
@@ -382,7 +392,7 @@ class AgentRef:
         between turns: `Compacted` (with its `report`) or `Skipped` (with its `reason`), as
         `Compactor.force_compact` answers. A compaction still over a trigger after its passes
         raises `CompactionIncomplete` (its gain is kept)."""
-        request = _Compact(instruction, _Reply())
+        request = _Compact(instruction, _Reply(), contextvars.copy_context())
         agent = await self._enqueue(request)
         outcome: Compacted | Skipped = await agent.wait(request)
         return outcome
@@ -547,6 +557,7 @@ class Agent:
         "serving",
         "state",
         "tools",
+        "tracer",
         "turn_scope",
     )
 
@@ -567,8 +578,10 @@ class Agent:
         activated: bool = False,
         saved: State | None = None,
         on_active: Callable[[Agent], None] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.name = name
+        self.tracer = tracer  # None: no tracing work at all
         self.on_exit = on_exit
         self.on_active = on_active
         # activated: a virtual agent brought back from the store (on_start ran at its spawn)
@@ -799,7 +812,11 @@ class Agent:
         if request.reply.abandoned:
             return
         try:
-            outcome = await self.compactor.force_compact(self.state, instruction=request.instruction, reason="manual")
+            with self._compaction_span("manual", self.state, request.context) as span:
+                outcome = await self.compactor.force_compact(
+                    self.state, instruction=request.instruction, reason="manual"
+                )
+                span.record(outcome)
             if isinstance(outcome, Compacted):
                 await self._commit(outcome.state, took_pending=False)
             request.reply.set(outcome)
@@ -816,7 +833,9 @@ class Agent:
             with trio.CancelScope() as scope:
                 self.turn_scope = scope
                 try:
-                    reply = await self._turn(request.messages)
+                    with self._turn_span(request) as span:
+                        reply = await self._turn(request.messages)
+                        span.record(reply)
                 except Exception as exc:
                     if self.pending:  # taken by the failed turn, never committed: dropped, said so
                         dropped, self.pending = len(self.pending), []
@@ -939,10 +958,12 @@ class Agent:
         if not forced and trio.current_time() < self.compaction_resume_at:
             return state
         try:
-            if forced:
-                outcome = await self.compactor.force_compact(state)
-            else:
-                outcome = await self.compactor.maybe_compact(state)
+            with self._compaction_span("forced" if forced else "auto", state, due=forced) as span:
+                if forced:
+                    outcome = await self.compactor.force_compact(state)
+                else:
+                    outcome = await self.compactor.maybe_compact(state)
+                span.record(outcome)
         except CompactionAborted:
             raise  # a plugin's Abort ends the turn with the error
         except CompactionIncomplete as exc:  # compacted, yet still over a trigger: keep the gain
@@ -965,7 +986,9 @@ class Agent:
             self._emit(REQUEST, messages=len(state.messages), tokens=state.token_usage)
             t0 = trio.current_time()
             try:
-                reply = await self.provider.complete(request)
+                with self._request_span(request) as span:
+                    reply = await self.provider.complete(request)
+                    span.record(reply)
             except ContextOverflow as exc:
                 self._emit(OVERFLOW, prompt_tokens=exc.prompt_tokens, limit=exc.limit, forced=forced)
                 if exc.limit:
@@ -973,7 +996,9 @@ class Agent:
                 why = f"still too long after {forced} forced compactions"
                 if forced < self.options.max_forced_compactions:
                     try:
-                        outcome = await self.compactor.force_compact(state, window=exc.limit)
+                        with self._compaction_span("forced", state) as span:
+                            outcome = await self.compactor.force_compact(state, window=exc.limit)
+                            span.record(outcome)
                     except CompactionIncomplete as incomplete:
                         outcome = Compacted(incomplete.state, incomplete.report)
                     if isinstance(outcome, Compacted):
@@ -1093,8 +1118,10 @@ class Agent:
         t0 = trio.current_time()
         self._emit(TOOL_START, tool=call.name, call_id=call.id)
         try:
-            call, result = await self._tool_result(state, call)
-            result = await self._after_tool(state, call, self.tools.get(call.name), result)
+            with self._tool_span(call) as span:
+                call, result = await self._tool_result(state, call)
+                result = await self._after_tool(state, call, self.tools.get(call.name), result)
+                span.record(result)
         except PluginAborted as exc:
             aborted.append(exc)
             scope.cancel()
@@ -1146,6 +1173,38 @@ class Agent:
             lambda ctx, r: AfterTool(state, call, tool, r),
         )
         return folded.value
+
+    # -- tracing (see cmdc.tracing): without a tracer, each of these is one `is None` test ------
+    def _turn_span(self, request: _Prompt) -> AbstractContextManager[Span]:
+        if self.tracer is None:
+            return UNTRACED
+        return self.tracer.turn(self.name, request.messages, request.context)
+
+    def _request_span(self, request: ModelRequest) -> AbstractContextManager[Span]:
+        if self.tracer is None:
+            return UNTRACED
+        return self.tracer.request(self.name, self.provider, request)
+
+    def _tool_span(self, call: ToolCall) -> AbstractContextManager[Span]:
+        if self.tracer is None:
+            return UNTRACED
+        return self.tracer.tool(self.name, call, self.tools.get(call.name))
+
+    def _compaction_span(
+        self, reason: str, state: State, parent: contextvars.Context | None = None, *, due: bool = True
+    ) -> AbstractContextManager[Span]:
+        """A span for a compaction; an automatic one only when a trigger is reached (not for
+        every step's check)."""
+        if self.tracer is None:
+            return UNTRACED
+        if not due:
+            try:
+                due = self.compactor.should_compact(state)
+            except CmdcError:
+                due = True  # the compaction will fail on it: the span shows that
+            if not due:
+                return UNTRACED
+        return self.tracer.compaction(self.name, reason, state, parent)
 
     def _emit(self, kind: str, **data: Any) -> None:
         if self.bus.listening(self.name):

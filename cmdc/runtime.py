@@ -28,6 +28,7 @@ from .recall import MIN_BUDGET, recall_tool
 from .state import State, validate_agent_id
 from .store import Checkpoints, FileCheckpoints, Store, open_store
 from .tools import Tool, tool
+from .tracing import Tracer
 
 DEFAULT_RECALL_BUDGET = 2_000
 """Tokens a `recall` answer may take with a large (or unknown) window."""
@@ -126,8 +127,10 @@ class Runtime:
         deactivate_after: float | None = None,
         max_resident: int | None = None,
         store: Store | None = None,
+        tracing: Tracer | None = None,
     ) -> None:
         self._nursery = nursery
+        self.tracing = tracing  # every agent's tracer (None: no tracing)
         self.bus = bus
         self.checkpoints = checkpoints
         self.store = store  # where journals and checkpoints go; None: files, per agent config
@@ -342,6 +345,7 @@ class Runtime:
             activated=slot.ref is not None,
             saved=saved,
             on_active=self._touch if self._virtual else None,
+            tracer=self.tracing,
         )
         if slot.ref is None:
             agent.ref._host = self
@@ -704,6 +708,7 @@ async def open_runtime(
     deactivate_after: float | None = None,
     max_resident: int | None = None,
     store: str | os.PathLike[str] | Store | None = None,
+    tracing: Tracer | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime owning a nursery of agents; leaving the block stops every agent, and any
     caller still waiting on one gets `AgentStopped`.
@@ -721,6 +726,9 @@ async def open_runtime(
     request deactivate an agent; beyond `max_resident` agents in memory, the least recently
     active idle ones are deactivated (a soft bound: busy agents are never deactivated). The
     next call on a deactivated agent's name or `AgentRef` activates it again from its checkpoint.
+
+    `tracing`: a tracer for every agent's turns, model requests, tool calls and compactions,
+    such as `cmdc.otel.Tracing()` (OpenTelemetry, extra `otel`); None (the default): no tracing.
     """
     deactivate_after = optional_seconds(deactivate_after, "deactivate_after")
     max_resident = optional_integer(max_resident, "max_resident")
@@ -729,6 +737,10 @@ async def open_runtime(
             "virtual agents (deactivate_after, max_resident) need a store for their state: "
             "store=... or checkpoint_dir=..."
         )
+    if tracing is not None and not all(
+        callable(getattr(tracing, m, None)) for m in ("turn", "request", "tool", "compaction")
+    ):
+        raise ConfigError(f"tracing must be a tracer such as cmdc.otel.Tracing(), got {tracing!r:.80}")
     if store is not None and checkpoint_dir is not None:
         raise ConfigError("give store=... or checkpoint_dir=..., not both (a store holds the checkpoints too)")
     bus = EventBus(log=log_events)
@@ -740,7 +752,13 @@ async def open_runtime(
     try:
         async with trio.open_nursery() as nursery:
             runtime = Runtime(
-                nursery, bus, checkpoints, deactivate_after=deactivate_after, max_resident=max_resident, store=chosen
+                nursery,
+                bus,
+                checkpoints,
+                deactivate_after=deactivate_after,
+                max_resident=max_resident,
+                store=chosen,
+                tracing=tracing,
             )
             if deactivate_after is not None:
                 nursery.start_soon(runtime._reap_idle, deactivate_after)
