@@ -51,6 +51,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from ._check import flag, integer
 from ._version import __version__
 from .errors import ConfigError, ContextOverflow
 from .message import Message, ToolCall
@@ -108,14 +109,10 @@ class Tracing:
         include_content: bool = False,
         max_content_chars: int = 16_384,
     ) -> None:
-        if not isinstance(include_content, bool):
-            raise ConfigError(f"include_content must be a bool, got {include_content!r}")
-        if isinstance(max_content_chars, bool) or not isinstance(max_content_chars, int) or max_content_chars < 1:
-            raise ConfigError(f"max_content_chars must be an integer >= 1, got {max_content_chars!r}")
+        self.include_content = flag(include_content, "include_content")
+        self.max_content_chars = integer(max_content_chars, "max_content_chars")
         if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
             raise ConfigError(f"tracer_provider must be an OpenTelemetry TracerProvider, got {tracer_provider!r:.80}")
-        self.include_content = include_content
-        self.max_content_chars = max_content_chars
         self.tracer = trace.get_tracer("cmdc", __version__, tracer_provider=tracer_provider)
 
     def __repr__(self) -> str:
