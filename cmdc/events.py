@@ -32,6 +32,7 @@ COMPACTION_FALLBACK = "compaction_fallback"
 QUEUED_DROPPED = "queued_dropped"
 SUMMARIZER_ATTEMPT = "summarizer_attempt"
 SUMMARIZER_FALLBACK = "summarizer_fallback"
+SUMMARIZER_SUSPENDED = "summarizer_suspended"  # a summarizer that kept failing is skipped for a while
 OVERFLOW = "overflow"
 CONTINUED = "continued"
 RETRY = "retry"
@@ -58,6 +59,7 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         TOOL_END: logging.DEBUG,
         SUMMARIZER_ATTEMPT: logging.DEBUG,
         SUMMARIZER_FALLBACK: logging.WARNING,
+        SUMMARIZER_SUSPENDED: logging.WARNING,
         COMPACTION_START: logging.INFO,
         COMPACTION_END: logging.INFO,
         COMPACTION_SKIPPED: logging.INFO,
@@ -98,6 +100,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         COMPACTION_FALLBACK: ("fallback", "budget", "evicted_tokens", "summary_tokens"),
         SUMMARIZER_ATTEMPT: ("summarizer", "role", "attempt", "ok", "error", "chunk_tokens", "output_tokens"),
         SUMMARIZER_FALLBACK: ("summarizer", "attempts", "error"),
+        SUMMARIZER_SUSPENDED: ("summarizer", "failures", "compactions", "error"),
         TOOL_RESULTS_CLIPPED: ("clipped", "offload_path"),
         OVERFLOW: ("prompt_tokens", "limit", "forced"),
         CONTINUED: ("stop_reason", "tokens", "window", "continuation"),

@@ -18,6 +18,7 @@ from ._frozen import thaw
 from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, current_chain
 from .bus import EventBus, Subscription
 from .compaction import Compactor
+from .compaction.breaker import SummarizerBreaker
 from .compaction.summary import ExtractiveSummarizer, Summarizer
 from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused, MailboxFull
 from .events import STOPPED, Event
@@ -309,16 +310,22 @@ class Runtime:
         return ref
 
     def _compactor(self, summarizer: Summarizer, plugins: tuple[Plugin, ...]) -> Compactor:
-        """An agent's compactor. When every attempt of a model summarizer (a provider) fails (an
-        error, a summary cut off or without its sections), the offline `ExtractiveSummarizer`
-        writes the summary (a `summarizer_fallback` event says so): a weak model never stops
-        compaction. A summarizer given as a callable is the caller's own code: no fallback."""
+        """An agent's compactor. When both attempts of a model summarizer (a provider) fail (an
+        error, a summary cut off or without its sections; the retry reads smaller chunks, and
+        the provider retries its own HTTP failures), the offline `ExtractiveSummarizer` writes
+        the summary (a `summarizer_fallback` event says so): a weak model never stops
+        compaction. A model that gave up in two compactions in a row is suspended (not asked)
+        for the next 4, then 8, 16, ... up to 64 compactions while it keeps failing (a
+        `summarizer_suspended` event; `SummarizerBreaker`). A summarizer given as a callable is
+        the caller's own code: retried as `Compactor` does by default, no fallback."""
         model = not callable(summarizer)
         last_resort = (ExtractiveSummarizer(),) if model else ()
         return Compactor(
             summarizer,
             plugins=plugins,
             fallbacks=last_resort,
+            retries=1 if model else 3,
+            breaker=SummarizerBreaker() if model else None,
             on_event=self.bus.publish,
             store=self.store,
             commit_journal=False,  # the agent commits the journal after it commits its state

@@ -1,6 +1,7 @@
 """Compaction: config, cutoff, summary and the `Compactor`."""
 
 from ..report import Compacted, CompactionReport, Skipped
+from .breaker import SummarizerBreaker
 from .compactor import Compactor, SummaryAttempt, default_should_retry
 from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold
 from .cutoff import Split, split_messages
@@ -16,6 +17,7 @@ __all__ = [
     "Skipped",
     "Split",
     "Summarizer",
+    "SummarizerBreaker",
     "SummaryAttempt",
     "Threshold",
     "default_should_retry",

@@ -34,6 +34,7 @@ from ..events import (
     PLUGIN_ERROR,
     SUMMARIZER_ATTEMPT,
     SUMMARIZER_FALLBACK,
+    SUMMARIZER_SUSPENDED,
     TOOL_RESULTS_CLIPPED,
     Event,
     EventSink,
@@ -52,6 +53,7 @@ from ..tokens import (
     estimate_text_tokens,
     estimate_tokens_from_messages,
 )
+from .breaker import SummarizerBreaker
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .finalize import USER_MESSAGES_KEY, Finalize, FinalizeContext, default_finalize, run_finalize
@@ -114,7 +116,11 @@ class Compactor:
     a trigger still fires, up to `max_extra_passes` more passes run with a halved keep rule;
     then `CompactionIncomplete` says so, carrying the compacted state. `summarizer_timeout`:
     seconds one summarizer attempt may take (all its chunks); past it the attempt fails with
-    `SummarizerTimeout` and is retried and failed over like any other (None: no bound).
+    `SummarizerTimeout` and is retried and failed over like any other (None: no bound). A
+    cut-off answer whose input cannot be cut smaller is not retried (the same request would be
+    cut off again). `breaker`: a `SummarizerBreaker`; with a fallback or a failover, a primary
+    summarizer that gave up in several compactions in a row is skipped for a while (a
+    `summarizer_suspended` event, then a `summarizer_fallback` event per skipped compaction).
 
     The journal: the evicted messages are written as an uncommitted attempt before the
     summarizer runs; `commit_journal` (the default) commits it when the compaction succeeds.
@@ -127,6 +133,7 @@ class Compactor:
         "_counted",
         "_store",
         "_store_key",
+        "breaker",
         "commit_journal",
         "failover",
         "fallbacks",
@@ -178,6 +185,7 @@ class Compactor:
         summarizer_window: int | None = None,
         store: str | os.PathLike[str] | Store | None = None,
         commit_journal: bool = True,
+        breaker: SummarizerBreaker | None = None,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"retries must be an integer >= 0, got {retries!r}")
@@ -253,6 +261,9 @@ class Compactor:
         self.store: Store | None = None if store is None else open_store(store)
         self._store_key: Path | None = None
         self.commit_journal = bool(commit_journal)
+        if breaker is not None and not isinstance(breaker, SummarizerBreaker):
+            raise ConfigError(f"breaker must be a SummarizerBreaker or None, got {breaker!r:.80}")
+        self.breaker = breaker
 
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin (kept in priority order)."""
@@ -793,8 +804,26 @@ class Compactor:
         """Retries, fallbacks, failover: the text, the summarizer that wrote it, attempts used.
         Every answer is bounded by `max_tokens`; a model's request fits `window`."""
         tries = _Tries(self, state, prompt, max_tokens, window)
-        result = await tries.run("primary", self.summarizer, messages, self.retries)
-        if result is None:
+        breaker = self.breaker if self.fallbacks or self.failover is not None else None
+        suspended: str | None = None
+        if breaker is not None and not breaker.admit():
+            result = None
+            suspended = (
+                f"{summarizer_name(self.summarizer)}: suspended after failing {breaker.failures} compactions "
+                f"in a row ({breaker.skipping} more skip it)"
+            )
+        else:
+            result = await tries.run("primary", self.summarizer, messages, self.retries)
+            if breaker is not None and breaker.record(result is not None):
+                self._emit(
+                    SUMMARIZER_SUSPENDED,
+                    state,
+                    summarizer=summarizer_name(self.summarizer),
+                    failures=breaker.failures,
+                    compactions=breaker.suspended_for,
+                    error=None if tries.last is None else _describe(tries.last),
+                )
+        if result is None and suspended is None:
             tries.primary_failed = tries.last
         for fallback in self.fallbacks:
             if result is not None:
@@ -819,14 +848,9 @@ class Compactor:
             last = tries.last
             why = "no summarizer was tried" if last is None else _describe(last)
             raise SummarizerError(f"every summarizer attempt failed ({tries.count} attempts); last: {why}")
-        if tries.primary_failed is not None:
-            self._emit(
-                SUMMARIZER_FALLBACK,
-                state,
-                summarizer=result[1],
-                attempts=tries.count,
-                error=_describe(tries.primary_failed),
-            )
+        if tries.primary_failed is not None or suspended is not None:
+            error = suspended if tries.primary_failed is None else _describe(tries.primary_failed)
+            self._emit(SUMMARIZER_FALLBACK, state, summarizer=result[1], attempts=tries.count, error=error)
         return result[0], result[1], tries.count
 
 
@@ -1047,9 +1071,12 @@ class _Tries:
             if attempt.truncated and error is None:
                 # Cut off: the next attempt reads smaller chunks (a shorter partial each time).
                 whole = whole or estimate_tokens_from_messages(messages)
-                smaller = (chunk or whole) // 2
-                if 1 <= smaller < (chunk or whole) and largest_message(messages) <= smaller * 2:
+                size = chunk or whole
+                smaller, largest = size // 2, largest_message(messages)
+                if 1 <= smaller < size and largest < size and largest <= smaller * 2:
                     chunk = smaller
+                else:
+                    return None  # no smaller input to give it: the same request would be cut off again
             if retry < retries and c.retry_backoff:
                 await trio.sleep(min(c.max_backoff, c.retry_backoff * 2**retry))
             retry += 1
