@@ -47,7 +47,8 @@ class Model:
     async def complete(self, request: ModelRequest) -> Message:
         self.requests.append(request)
         text, stop = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        return Message.assistant(text, usage=TokenUsage(input_tokens=1, output_tokens=1), metadata={STOP_REASON_KEY: stop})
+        usage = TokenUsage(input_tokens=1, output_tokens=1)
+        return Message.assistant(text, usage=usage, metadata={STOP_REASON_KEY: stop})
 
 
 def history(turns: int, start: int = 0) -> list[Message]:
