@@ -209,6 +209,14 @@ def retention_rows(p: Preset) -> list[Row]:
     return rows
 
 
+def _growth(curve: Sequence[Sequence[int]]) -> str:
+    """Bytes of RSS per agent, from the first tenth of the agents to the last (the resident
+    ones are in memory by then: what is left grows with the agents addressable)."""
+    if len(curve) < 2 or curve[-1][0] == curve[0][0]:
+        return "n/a"
+    return f"{(curve[-1][1] - curve[0][1]) / (curve[-1][0] - curve[0][0]):,.0f} B"
+
+
 def store_rows(p: Preset) -> list[Row]:
     f = bench_store.measure(
         p.store_records, p.store_queries, p.store_file_queries, p.store_compaction, p.store_agents, p.store_resident
@@ -229,7 +237,12 @@ def store_rows(p: Preset) -> list[Row]:
                 "< 2 GiB",
                 v["peak_rss"] < 2 * gib,
             ),
-            Row(b, f"  {name}: wall per agent", f"{v['per_agent_us'] / 1e3:,.2f} ms"),
+            Row(b, f"  {name}: RSS growth per agent", _growth(v.get("rss_curve", []))),
+            Row(
+                b,
+                f"  {name}: wall per agent ({v.get('concurrency', 1)} at a time)",
+                f"{v['per_agent_us'] / 1e3:,.2f} ms",
+            ),
             Row(
                 b,
                 f"  {name}: activation p50 / p99",

@@ -1,12 +1,14 @@
 """Stores: the file store against the PostgreSQL store, and virtual agents.
 
 Run: python -m benchmarks.bench_store [--records N] [--agents N] [--resident N] [--queries N]
+                                      [--file-queries N] [--compaction N] [--concurrency N]
 
 - search latency over one agent's journal of N records (p50/p99 per store);
 - one compaction of 10k messages with each store (the PostgreSQL one against the file one);
-- N named agents each prompted once, with at most R resident (virtual agents): wall time, peak
-  RSS, and the latency of activating a deactivated agent (p50/p99), per store. Each of these runs
-  in a fresh subprocess, so its peak RSS is its own.
+- N named agents each prompted once (`--concurrency` at a time), with at most R resident
+  (virtual agents): wall time, peak RSS, RSS as the agents grow (`rss_curve`), and the latency
+  of activating a deactivated agent (p50/p99), per store. Each of these runs in a fresh
+  subprocess, so its peak RSS is its own. `CMDC_BENCH_PROGRESS=1` prints progress to stderr.
 
 The PostgreSQL figures need a server: `CMDC_TEST_POSTGRES_URL` (`eval "$(scripts/pg_test.sh
 start)"`); each run uses a fresh database. Without one they are reported as skipped.
@@ -135,22 +137,37 @@ def current_rss() -> int:
         return 0
 
 
-async def virtual_agents(store_spec: str, agents: int, resident: int, sample: int) -> dict[str, Any]:
+async def virtual_agents(
+    store_spec: str, agents: int, resident: int, sample: int, concurrency: int = 64
+) -> dict[str, Any]:
+    """`agents` agents spawned and prompted once each, `concurrency` of them at a time (as
+    requests reach a server: a checkpoint write's wait overlaps the others' work)."""
     provider = Quick()
     t0 = time.perf_counter()
     curve: list[tuple[int, int]] = []  # (agents so far, RSS): what grows with the agents
     step = max(1, agents // 10)
+    progress = bool(os.environ.get("CMDC_BENCH_PROGRESS"))
     async with cmdc.open_runtime(store=store_spec, max_resident=resident, log_events=False) as rt:
-        refs = []
-        for i in range(agents):
-            ref = await rt.spawn(f"agent-{i:07d}", provider)
-            await ref.prompt("hello")
-            refs.append(ref)
-            if (i + 1) % step == 0:
-                curve.append((i + 1, current_rss()))
-                if os.environ.get("CMDC_BENCH_PROGRESS"):
-                    print(f"{i + 1} agents, {time.perf_counter() - t0:.0f} s, RSS {curve[-1][1] >> 20} MiB",
-                          file=sys.stderr, flush=True)
+        refs: list[cmdc.AgentRef] = []
+        limiter = trio.Semaphore(concurrency)
+
+        async def one(i: int) -> None:
+            try:
+                ref = await rt.spawn(f"agent-{i:07d}", provider)
+                await ref.prompt("hello")
+                refs.append(ref)
+            finally:
+                limiter.release()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(agents):
+                await limiter.acquire()
+                nursery.start_soon(one, i)
+                if (i + 1) % step == 0:
+                    curve.append((i + 1, current_rss()))
+                    if progress:
+                        rss = curve[-1][1] >> 20
+                        print(f"{i + 1} agents, {time.perf_counter() - t0:.0f} s, RSS {rss} MiB", file=sys.stderr)
         wall = time.perf_counter() - t0
         await trio.testing.wait_all_tasks_blocked()
         peak_resident = len(rt.resident)
@@ -169,6 +186,7 @@ async def virtual_agents(store_spec: str, agents: int, resident: int, sample: in
         "resident_after": peak_resident,
         "wall": wall,
         "per_agent_us": wall / agents * 1e6,
+        "concurrency": concurrency,
         "peak_rss": peak,
         "activation_p50": percentile(times, 0.5) if times else float("nan"),
         "activation_p99": percentile(times, 0.99) if times else float("nan"),
@@ -178,7 +196,9 @@ async def virtual_agents(store_spec: str, agents: int, resident: int, sample: in
     }
 
 
-def virtual_in_subprocess(store_spec: str, agents: int, resident: int, sample: int) -> dict[str, Any]:
+def virtual_in_subprocess(
+    store_spec: str, agents: int, resident: int, sample: int, concurrency: int = 64
+) -> dict[str, Any]:
     done = subprocess.run(
         [
             sys.executable,
@@ -189,6 +209,7 @@ def virtual_in_subprocess(store_spec: str, agents: int, resident: int, sample: i
             str(agents),
             str(resident),
             str(sample),
+            str(concurrency),
         ],
         capture_output=True,
         text=True,
@@ -203,14 +224,20 @@ def virtual_in_subprocess(store_spec: str, agents: int, resident: int, sample: i
 
 # -- the whole set ------------------------------------------------------------------------------------
 def measure(
-    records: int, queries: int, file_queries: int, compaction: int, agents: int, resident: int
+    records: int,
+    queries: int,
+    file_queries: int,
+    compaction: int,
+    agents: int,
+    resident: int,
+    concurrency: int = 64,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"records": records, "compaction_messages": compaction}
     base = postgres_base()
     with tempfile.TemporaryDirectory() as tmp:
         out["search_file"] = trio.run(search_latency, open_store(os.path.join(tmp, "s")), records, file_queries)
         out["compaction_file"] = trio.run(one_compaction, open_store(os.path.join(tmp, "c")), compaction)
-        out["virtual_file"] = virtual_in_subprocess(os.path.join(tmp, "v"), agents, resident, 200)
+        out["virtual_file"] = virtual_in_subprocess(os.path.join(tmp, "v"), agents, resident, 200, concurrency)
     if base is None:
         out["postgres"] = 'skipped: no server (eval "$(scripts/pg_test.sh start)" sets CMDC_TEST_POSTGRES_URL)'
         return out
@@ -219,7 +246,7 @@ def measure(
     with fresh_database(base) as url:
         out["compaction_postgres"] = trio.run(one_compaction, open_store(url), compaction)
     with fresh_database(base) as url:
-        out["virtual_postgres"] = virtual_in_subprocess(url, agents, resident, 200)
+        out["virtual_postgres"] = virtual_in_subprocess(url, agents, resident, 200, concurrency)
     return out
 
 
@@ -227,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_virtual":
         spec, agents, resident, sample = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
-        print(json.dumps(trio.run(virtual_agents, spec, agents, resident, sample)))
+        concurrency = int(argv[5]) if len(argv) > 5 else 64
+        print(json.dumps(trio.run(virtual_agents, spec, agents, resident, sample, concurrency)))
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_store")
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -236,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compaction", type=int, default=10_000)
     parser.add_argument("--agents", type=int, default=1_000_000)
     parser.add_argument("--resident", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=64, help="agents prompted at a time")
     args = parser.parse_args(argv)
-    result = measure(args.records, args.queries, args.file_queries, args.compaction, args.agents, args.resident)
+    result = measure(
+        args.records, args.queries, args.file_queries, args.compaction, args.agents, args.resident, args.concurrency
+    )
     print(json.dumps(result, indent=2))
     return 0
 

@@ -1,12 +1,10 @@
-"""Word search over journal records, in small bites.
+"""Word search over journal records, in small pieces.
 
-Scoring grows with the journal and with each record's size. It runs on the trio thread in
-bites of at most `BITE` seconds, with a checkpoint between two bites, so every other task of
-the run gets its turn in between and a cancel stops the search at once. (A worker thread would
-not bound the stall as well: it holds the GIL for the whole of any one C call, and on a busy
-machine the OS can preempt it while it holds the GIL, leaving the trio thread waiting.) Text is
-scanned in slices of `SLICE` characters, so no single call is long: a 50 MB record is many
-bites, not one.
+Scoring grows with the journal and with each record's size. Text is scanned in slices of
+`SLICE` characters, so no single call is long (a worker thread holds the GIL for the whole of
+any one C call): a 50 MB record is many calls, not one. The file store ranks in its worker
+thread (`rank`), over the records whose lines can match; `rank_in_bites` runs the same on the
+trio thread in bites of at most `BITE` seconds, with a checkpoint between two bites.
 """
 
 from __future__ import annotations
@@ -116,12 +114,3 @@ async def rank_in_bites(records: Sequence[JournalRecord], words: Sequence[str], 
     for _ in _rank_steps(records, words, limit, out):
         await trio.lowlevel.checkpoint()
     return out
-
-
-async def search_records(records: Sequence[JournalRecord], query: str, limit: int) -> list[JournalRecord]:
-    """The records holding words of the first `MAX_QUERY_CHARS` characters of `query` (at most
-    `MAX_QUERY_WORDS` of them), ranked in bites (`rank_in_bites`)."""
-    words = query_words(query[:MAX_QUERY_CHARS])
-    if not words:
-        return []
-    return await rank_in_bites(records, words, limit)

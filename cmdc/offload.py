@@ -46,7 +46,7 @@ import secrets
 import stat
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ import trio
 
 from ._check import integer, seconds
 from ._fs import atomic_write, fsync_dir, make_dirs, run_bounded, write_all
-from ._search import MAX_QUERY_CHARS, query_words, search_records
+from ._search import MAX_QUERY_CHARS, query_words, rank
 from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
 from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit
 from .message import Message
@@ -354,9 +354,37 @@ class _Scan:
     size: int
 
 
-def _scan(data: bytes, path: Path) -> _Scan:
+_SEQ_TAIL = b',"seq":'
+_LONG_LINE = 64 * 1024  # a search decodes a line this long rather than filter it in one call
+_ATTEMPTS_BYTES = b'"cmdc.attempts"'
+
+
+def _checked_seq(line: bytes) -> int | None:
+    """The record number of a message line whose checksum holds, without decoding its
+    message (the number is in the tail, after the message); None when anything is off."""
+    if len(line) <= _SUFFIX_LEN + len(_HEAD) or not line.startswith(_HEAD):
+        return None
+    m = _SUFFIX.fullmatch(line, len(line) - _SUFFIX_LEN)
+    if m is None or int(m[1], 16) != zlib.crc32(line[len(_HEAD) : -_SUFFIX_LEN]):
+        return None
+    i = line.rfind(_SEQ_TAIL, max(0, len(line) - 256))
+    if i < 0:
+        return None
+    j = i + len(_SEQ_TAIL)
+    k = j
+    while k < len(line) and 48 <= line[k] <= 57 and k - j < 19:
+        k += 1
+    return int(line[j:k]) if k > j else None
+
+
+def _scan(data: bytes, path: Path, wanted: Callable[[bytes], bool] | None = None) -> _Scan:
     """Every line of a journal: the visible records (committed, each message id once, at its
-    first committed record, in seq order) and what was skipped."""
+    first committed record, in seq order) and what was skipped.
+
+    `wanted`: when given, only the message lines it accepts are decoded (and can be records);
+    the others are checked (checksum, number) without decoding their message. Control lines
+    and summaries (which commit attempts) are always decoded, so what is visible is decided
+    as for a full scan."""
     lines: list[tuple[int, _Line]] = []
     damaged: list[Damage] = []
     offset, number, last_seq, journal = 0, 0, 0, None
@@ -365,6 +393,12 @@ def _scan(data: bytes, path: Path) -> _Scan:
         nl = data.index(b"\n", offset)
         number += 1
         line = data[offset:nl]
+        if wanted is not None and line.startswith(_HEAD) and _ATTEMPTS_BYTES not in line and not wanted(line):
+            seq = _checked_seq(line)
+            if seq is not None and seq > last_seq:
+                last_seq = seq
+                offset = nl + 1
+                continue  # a sound record the caller does not want; damage is decoded below
         try:
             decoded = _decode_line(line, f"{path}: line {number}")
             if decoded.kind == "message" and decoded.seq <= last_seq:
@@ -1092,21 +1126,24 @@ class OffloadStore:
         return scan.records
 
     def _scan_sync(self, path: Path) -> _Scan:
+        return _scan(self._read_sync(path), path)
+
+    @staticmethod
+    def _read_sync(path: Path) -> bytes:
         try:
             fd = os.open(path, _READ_FLAGS)
         except FileNotFoundError:
-            return _scan(b"", path)
+            return b""
         except OSError as exc:
             raise _offload_error(path, exc, "open") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             with open(fd, "rb", closefd=False) as f:
-                data = f.read()
+                return f.read()
         except OSError as exc:
             raise _offload_error(path, exc, "read") from exc
         finally:
             os.close(fd)
-        return _scan(data, path)
 
     async def read(self, agent_id: str) -> list[Message]:
         """Every committed offloaded message, in order, once."""
@@ -1118,13 +1155,40 @@ class OffloadStore:
 
     async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
         """Records matching words of `query` (case-insensitive), best first: most distinct
-        query words present, then most occurrences, then lowest seq. Scored on the trio thread
-        in 2 ms bites (`cmdc._search`); the query counts up to its first 64 distinct words."""
-        self.path_for(agent_id)
+        query words present, then most occurrences, then lowest seq; the query counts up to
+        its first 64 distinct words.
+
+        It runs in a worker thread and decodes only the lines that can match: every line's
+        checksum and number are checked, but a message is parsed and scored only when its
+        line holds one of the words (casefolded; a line that holds a word as a substring is
+        a candidate, the scoring then counts whole words). Which records are visible is
+        decided exactly as `records` decides it. A cancel returns at once (the thread, which
+        only reads, finishes on its own)."""
+        path = self.path_for(agent_id)
         integer(limit, "search limit")
-        if not query_words(query[:MAX_QUERY_CHARS]):
+        words = query_words(query[:MAX_QUERY_CHARS])
+        if not words:
             return []
-        return await search_records(await self.records(agent_id), query, limit)
+        hits, scan = await trio.to_thread.run_sync(self._search_sync, path, words, limit, abandon_on_cancel=True)
+        if scan.damaged:
+            self._emit(JOURNAL_DAMAGED, agent_id, path=str(path), damaged=len(scan.damaged), torn=scan.torn)
+        return hits
+
+    def _search_sync(self, path: Path, words: list[str], limit: int) -> tuple[list[JournalRecord], _Scan]:
+        data = self._read_sync(path)
+        ascii_words = [w.encode() for w in words if w.isascii()]
+
+        def wanted(line: bytes) -> bool:
+            if len(line) > _LONG_LINE:  # decoded and scored in slices, not lowered in one call
+                return True
+            if line.isascii():  # bytes.lower() is casefold for ASCII, and much cheaper
+                low = line.lower()
+                return any(w in low for w in ascii_words)
+            text = line.decode("utf-8", "replace").casefold()
+            return any(w in text for w in words)
+
+        scan = _scan(data, path, wanted)
+        return rank(scan.records, words, limit), scan
 
 
 def _last_line(pieces: list[bytes]) -> bytes:

@@ -685,3 +685,52 @@ async def test_a_stalled_disk_is_bounded_and_fails_the_journal(tmp_path: Path, m
     with pytest.raises(OffloadError, match="later appends are refused"):
         await store.append("a", users(1))
     release.set()
+
+
+async def test_search_decodes_only_candidates_and_agrees_with_a_full_scan(tmp_path: Path) -> None:
+    """The file store's search filters lines before decoding them; what it finds (and in
+    which order) is what ranking every visible record finds: commits, attempts never
+    committed, a summary that commits an earlier attempt, duplicates, damage, casefolding."""
+    from cmdc._search import query_words, rank
+    from cmdc.message import KIND_KEY, SUMMARY_KIND
+
+    store = OffloadStore(tmp_path)
+    texts = [
+        "Deploy the STAGING cluster",
+        "straße und Kelvin \u212a heat",  # casefolds to strasse / k
+        'quoted "needle" and back\\slash\nnewline\ttab',
+        "nothing to see",
+        "ünïcödé words: Ärger ÉCOLE",
+        "needle needle haystack",
+    ]
+    await store.append("a", [Message.user(t) for t in texts[:3]])
+    call = ToolCall(id="c1", name="kubectl_rollout", arguments={"target": "Staging-Needle"})
+    await store.append("a", [Message.assistant("", tool_calls=(call,))])
+    hidden = await store.append("a", [Message.user("needle never committed")], attempt=offload.new_attempt_id(),
+                                commit=False)
+    later = await store.append("a", [Message.user("needle committed by a summary")],
+                               attempt=offload.new_attempt_id(), commit=False)
+    tags = {KIND_KEY: SUMMARY_KIND, offload.ATTEMPTS_KEY: list(later.pending)}
+    summary = Message.user("summary: needle", metadata=tags)
+    await store.append("a", [summary, *[Message.user(t) for t in texts[3:]]])
+    assert hidden.pending
+    path = store.path_for("a")
+    lines = path.read_bytes().split(b"\n")
+    victim = next(i for i, line in enumerate(lines) if b"nothing to see" in line)
+    lines[victim] = lines[victim].replace(b"nothing", b"NOTHING")  # its checksum no longer holds
+    path.write_bytes(b"\n".join(lines))
+
+    records = await store.records("a")
+    assert "needle never committed" not in [r.message.text for r in records]
+    assert "needle committed by a summary" in [r.message.text for r in records]
+    queries = ["needle", "STAGING", "strasse", "STRASSE k", "kubectl_rollout", "staging needle", "ärger école",
+               "slash", "newline tab", "nothing", "absent", "needle haystack deploy", "c1"]
+    for query in queries:
+        for limit in (1, 3, 50):
+            expected = rank(records, query_words(query), limit)
+            assert await store.search("a", query, limit) == expected, (query, limit)
+    assert [r.message.text for r in await store.search("a", "needle", 2)] == [
+        "needle needle haystack",
+        'quoted "needle" and back\\slash\nnewline\ttab',
+    ]
+    assert await store.search("nobody", "needle") == []
