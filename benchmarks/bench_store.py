@@ -237,7 +237,8 @@ def measure(
     with tempfile.TemporaryDirectory() as tmp:
         out["search_file"] = trio.run(search_latency, open_store(os.path.join(tmp, "s")), records, file_queries)
         out["compaction_file"] = trio.run(one_compaction, open_store(os.path.join(tmp, "c")), compaction)
-        out["virtual_file"] = virtual_in_subprocess(os.path.join(tmp, "v"), agents, resident, 200, concurrency)
+        if agents:
+            out["virtual_file"] = virtual_in_subprocess(os.path.join(tmp, "v"), agents, resident, 200, concurrency)
     if base is None:
         out["postgres"] = 'skipped: no server (eval "$(scripts/pg_test.sh start)" sets CMDC_TEST_POSTGRES_URL)'
         return out
@@ -245,8 +246,9 @@ def measure(
         out["search_postgres"] = trio.run(search_latency, open_store(url), records, queries)
     with fresh_database(base) as url:
         out["compaction_postgres"] = trio.run(one_compaction, open_store(url), compaction)
-    with fresh_database(base) as url:
-        out["virtual_postgres"] = virtual_in_subprocess(url, agents, resident, 200, concurrency)
+    if agents:
+        with fresh_database(base) as url:
+            out["virtual_postgres"] = virtual_in_subprocess(url, agents, resident, 200, concurrency)
     return out
 
 
@@ -262,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=1_000)
     parser.add_argument("--file-queries", type=int, default=5)
     parser.add_argument("--compaction", type=int, default=10_000)
-    parser.add_argument("--agents", type=int, default=1_000_000)
+    parser.add_argument("--agents", type=int, default=1_000_000, help="0: no virtual-agents run")
     parser.add_argument("--resident", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=64, help="agents prompted at a time")
     args = parser.parse_args(argv)

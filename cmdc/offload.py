@@ -46,7 +46,7 @@ import secrets
 import stat
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -354,37 +354,56 @@ class _Scan:
     size: int
 
 
-_SEQ_TAIL = b',"seq":'
-_LONG_LINE = 64 * 1024  # a search decodes a line this long rather than filter it in one call
 _ATTEMPTS_BYTES = b'"cmdc.attempts"'
+_CONTROL_HEADS = (b'{"journal":', b'{"commit":', _ATTEMPTS_BYTES)  # lines a search always decodes
+_CHUNK = 1024 * 1024  # bytes a search filters at a time
+_LONG_LINE = 64 * 1024  # a non-ASCII line this long is decoded rather than casefolded whole
 
 
-def _checked_seq(line: bytes) -> int | None:
-    """The record number of a message line whose checksum holds, without decoding its
-    message (the number is in the tail, after the message); None when anything is off."""
-    if len(line) <= _SUFFIX_LEN + len(_HEAD) or not line.startswith(_HEAD):
-        return None
-    m = _SUFFIX.fullmatch(line, len(line) - _SUFFIX_LEN)
-    if m is None or int(m[1], 16) != zlib.crc32(line[len(_HEAD) : -_SUFFIX_LEN]):
-        return None
-    i = line.rfind(_SEQ_TAIL, max(0, len(line) - 256))
-    if i < 0:
-        return None
-    j = i + len(_SEQ_TAIL)
-    k = j
-    while k < len(line) and 48 <= line[k] <= 57 and k - j < 19:
-        k += 1
-    return int(line[j:k]) if k > j else None
+def _line_starts(data: bytes, start: int, needle: bytes, out: set[int]) -> None:
+    """Add to `out` the start (offset in the journal: `start` + ...) of each line of the
+    chunk `data` holding `needle`."""
+    i = data.find(needle)
+    while i >= 0:
+        out.add(start + data.rfind(b"\n", 0, i) + 1)
+        nl = data.find(b"\n", i)
+        i = data.find(needle, nl + 1) if nl >= 0 else -1
 
 
-def _scan(data: bytes, path: Path, wanted: Callable[[bytes], bool] | None = None) -> _Scan:
+def _search_lines(data: bytes, words: Sequence[str]) -> bytes:
+    """The complete lines of a journal a search must decode, in order: each line that holds
+    one of `words` (casefolded) as a substring, and every control line and summary (they
+    decide which attempts are committed). Filtered a chunk at a time with a few C calls each:
+    an ASCII chunk is lowered once and searched; a chunk with other text is casefolded line
+    by line."""
+    starts: set[int] = set()
+    ascii_words = [w.encode() for w in words if w.isascii()]
+    end = data.rfind(b"\n") + 1  # a torn last line is not a record
+    start = 0
+    while start < end:
+        stop = data.rfind(b"\n", start, min(end, start + _CHUNK)) + 1
+        if stop <= start:  # one line longer than a chunk
+            stop = data.index(b"\n", start) + 1
+        chunk = data[start:stop]
+        if chunk.isascii():  # bytes.lower() is casefold for ASCII text
+            low = chunk.lower()
+            for w in ascii_words:
+                _line_starts(low, start, w, starts)
+        else:
+            offset = start
+            for line in chunk.split(b"\n")[:-1]:
+                if len(line) > _LONG_LINE or any(w in line.decode("utf-8", "replace").casefold() for w in words):
+                    starts.add(offset)
+                offset += len(line) + 1
+        for head in _CONTROL_HEADS:
+            _line_starts(chunk, start, head, starts)
+        start = stop
+    return b"".join(data[i : data.index(b"\n", i) + 1] for i in sorted(starts))
+
+
+def _scan(data: bytes, path: Path) -> _Scan:
     """Every line of a journal: the visible records (committed, each message id once, at its
-    first committed record, in seq order) and what was skipped.
-
-    `wanted`: when given, only the message lines it accepts are decoded (and can be records);
-    the others are checked (checksum, number) without decoding their message. Control lines
-    and summaries (which commit attempts) are always decoded, so what is visible is decided
-    as for a full scan."""
+    first committed record, in seq order) and what was skipped."""
     lines: list[tuple[int, _Line]] = []
     damaged: list[Damage] = []
     offset, number, last_seq, journal = 0, 0, 0, None
@@ -393,12 +412,6 @@ def _scan(data: bytes, path: Path, wanted: Callable[[bytes], bool] | None = None
         nl = data.index(b"\n", offset)
         number += 1
         line = data[offset:nl]
-        if wanted is not None and line.startswith(_HEAD) and _ATTEMPTS_BYTES not in line and not wanted(line):
-            seq = _checked_seq(line)
-            if seq is not None and seq > last_seq:
-                last_seq = seq
-                offset = nl + 1
-                continue  # a sound record the caller does not want; damage is decoded below
         try:
             decoded = _decode_line(line, f"{path}: line {number}")
             if decoded.kind == "message" and decoded.seq <= last_seq:
@@ -1158,12 +1171,13 @@ class OffloadStore:
         query words present, then most occurrences, then lowest seq; the query counts up to
         its first 64 distinct words.
 
-        It runs in a worker thread and decodes only the lines that can match: every line's
-        checksum and number are checked, but a message is parsed and scored only when its
-        line holds one of the words (casefolded; a line that holds a word as a substring is
-        a candidate, the scoring then counts whole words). Which records are visible is
-        decided exactly as `records` decides it. A cancel returns at once (the thread, which
-        only reads, finishes on its own)."""
+        It runs in a worker thread and decodes only the lines that can match: a line is
+        parsed and scored only when it holds one of the words (casefolded, as a substring;
+        the scoring then counts whole words), besides the control lines and summaries that
+        decide which attempts are committed, so visibility is decided as `records` decides
+        it. (The one difference: a record's number is checked against the lines decoded, not
+        every line; only a hand-edited journal with valid checksums can tell.) A cancel
+        returns at once (the thread, which only reads, finishes on its own)."""
         path = self.path_for(agent_id)
         integer(limit, "search limit")
         words = query_words(query[:MAX_QUERY_CHARS])
@@ -1175,19 +1189,7 @@ class OffloadStore:
         return hits
 
     def _search_sync(self, path: Path, words: list[str], limit: int) -> tuple[list[JournalRecord], _Scan]:
-        data = self._read_sync(path)
-        ascii_words = [w.encode() for w in words if w.isascii()]
-
-        def wanted(line: bytes) -> bool:
-            if len(line) > _LONG_LINE:  # decoded and scored in slices, not lowered in one call
-                return True
-            if line.isascii():  # bytes.lower() is casefold for ASCII, and much cheaper
-                low = line.lower()
-                return any(w in low for w in ascii_words)
-            text = line.decode("utf-8", "replace").casefold()
-            return any(w in text for w in words)
-
-        scan = _scan(data, path, wanted)
+        scan = _scan(_search_lines(self._read_sync(path), words), path)
         return rank(scan.records, words, limit), scan
 
 

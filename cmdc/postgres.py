@@ -13,7 +13,12 @@
   neither duplicates nor renumbers anything, and a retry after a lost connection is safe.
 - **Search.** `body` (the text a person would search: content, tool names and arguments) feeds a
   generated `tsvector` column with a GIN index, queried with the `simple` configuration (no
-  stemming: the words match as the file store matches them); best first by `ts_rank`.
+  stemming: the words match as the file store matches them). The work is bounded whatever the
+  journal's size: at most `SEARCH_CANDIDATES` records holding every query word, then as many
+  holding any, are ranked by `ts_rank` (see `PostgresStore.search`).
+- **Loss and repair.** A state that names a journal the database no longer has (another id,
+  or fewer records) gets `JournalLost`, as with the file store, after a successor journal is
+  recorded (`cmdc_journals.follows`). `repair` moves damaged rows to `cmdc_damaged`.
 - **Checkpoints.** `cmdc_checkpoints` holds `State.to_json()` per agent. Saving a state also
   commits, in the same transaction, the journal attempts its summaries name: a compaction's
   batch and the state that points at it become visible together.
@@ -59,7 +64,7 @@ from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
 from .store import StoreReport
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
@@ -120,6 +125,15 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             moved_at double precision NOT NULL,
             PRIMARY KEY (agent_id, seq)
         )""",
+    ),
+    3: (
+        # the agent is a lexeme of its records' search vector (one no text can produce: it holds
+        # a space), so the GIN index finds one agent's matches without reading other agents' rows
+        "DROP INDEX cmdc_records_words",
+        "ALTER TABLE cmdc_records DROP COLUMN words",
+        "ALTER TABLE cmdc_records ADD COLUMN words tsvector GENERATED ALWAYS AS "
+        "(to_tsvector('simple', body) || array_to_tsvector(ARRAY['cmdc agent=' || agent_id])) STORED",
+        "CREATE INDEX cmdc_records_words ON cmdc_records USING gin (words)",
     ),
 }
 
@@ -604,7 +618,7 @@ class PostgresStore:
         "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
         "SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(r.words, q) AS rank FROM cmdc_records r "
         "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
-        "to_tsquery('simple', %s) q WHERE r.agent_id = %s AND r.words @@ q {extra}LIMIT %s"
+        "to_tsquery('simple', %s) q WHERE r.agent_id = %s AND r.words @@ (q && %s::tsquery) {extra}LIMIT %s"
         ") c ORDER BY c.rank DESC, c.seq LIMIT %s"
     )
 
@@ -613,14 +627,15 @@ class PostgresStore:
     ) -> list[Any]:
         cap = SEARCH_CANDIDATES
         with conn.transaction():
+            mine = f"'cmdc agent={agent_id}'"  # agent ids hold no quote or backslash
             found: list[Any] = conn.execute(
-                self._CANDIDATES.format(extra=""), (every, agent_id, cap, limit)
+                self._CANDIDATES.format(extra=""), (every, agent_id, mine, cap, limit)
             ).fetchall()
             if len(found) >= limit or every == some:
                 return found
             seen = [row[0] for row in found]
             more = conn.execute(
-                self._CANDIDATES.format(extra="AND NOT r.seq = ANY(%s) "), (some, agent_id, seen, cap, limit)
+                self._CANDIDATES.format(extra="AND NOT r.seq = ANY(%s) "), (some, agent_id, mine, seen, cap, limit)
             ).fetchall()
         return found + more[: limit - len(found)]
 

@@ -734,3 +734,19 @@ async def test_search_decodes_only_candidates_and_agrees_with_a_full_scan(tmp_pa
         'quoted "needle" and back\\slash\nnewline\ttab',
     ]
     assert await store.search("nobody", "needle") == []
+
+
+async def test_search_over_ascii_chunks_agrees_with_a_full_scan(tmp_path: Path) -> None:
+    from cmdc._search import query_words, rank
+
+    store = OffloadStore(tmp_path)
+    words = ["Alpha", "beta", "GAMMA", "delta_x", "eps1lon"]
+    batches = [[Message.user(f"{words[i % 5]} {words[(i * 3) % 5].upper()} n{i}") for i in range(j, j + 400)]
+               for j in range(0, 4000, 400)]
+    for b in batches[:-1]:
+        await store.append("b", b)
+    await store.append("b", batches[-1], attempt=offload.new_attempt_id(), commit=False)  # never committed
+    records = await store.records("b")
+    assert len(records) == 3600
+    for query in ["alpha", "BETA gamma", "delta_x", "n17", "n3999", "eps1lon alpha n5", "zzz"]:
+        assert await store.search("b", query, 7) == rank(records, query_words(query), 7), query

@@ -98,6 +98,20 @@ async def test_search_can_use_the_gin_index(pg: PostgresStore, postgres_url: str
         )
     assert "cmdc_records_words" in plan
     assert len(await pg.search("a1", "needle", limit=100)) == 10
+    # another agent's many matches are not read: the agent is a lexeme in the index
+    await pg.append("b2", [Message.user(f"needle {i}") for i in range(5000)])
+    sql(postgres_url, "ANALYZE cmdc_records")
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("SET enable_seqscan = off")
+        rows = conn.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF) SELECT seq FROM cmdc_records "
+            "WHERE words @@ (to_tsquery('simple', 'needle') && $$'cmdc agent=a1'$$::tsquery)"
+        ).fetchall()
+    plan = "\n".join(str(r[0]) for r in rows)
+    assert "Bitmap Index Scan on cmdc_records_words (actual" in plan and "rows=10 loops=1" in plan, plan
+    hits = await pg.search("a1", "needle", limit=100)
+    assert len(hits) == 10 and all(h.message.text.startswith("needle") for h in hits)
+    assert len(await pg.search("b2", "needle 7", limit=3)) == 3
 
 
 async def test_a_lost_connection_is_retried_without_loss_or_duplicates(pg: PostgresStore, postgres_url: str) -> None:
