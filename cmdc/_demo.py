@@ -23,6 +23,7 @@ temporary directory removed at the end.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ import tempfile
 import zlib
 from collections import deque
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
@@ -42,14 +44,15 @@ from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from .compaction.summary import Summarizer
 from .errors import CmdcError, ProviderError
 from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_END, TOOL_RESULTS_CLIPPED, Event
-from .message import PINNED_KEY, Message
+from .message import PINNED_KEY, Message, ToolCall
 from .offload import OffloadStore
-from .providers.base import Provider
+from .providers.base import ModelRequest, Provider
 from .providers.simulated import SimulatedModel
 from .runtime import open_runtime
 from .state import State
 from .tokens import estimate_message_tokens
 from .tools import Tool, tool
+from .tracing import UNTRACED, Span, Tracer
 
 ProviderName = Literal["simulated", "openai", "anthropic"]
 DisplayMode = Literal["auto", "live", "plain"]
@@ -149,6 +152,7 @@ class DemoOptions:
     summarizer: Literal["extractive", "model"] | None = None  # None: extractive offline, the model otherwise
     latency: float = 0.05
     display: DisplayMode = "auto"
+    trace: bool = False  # print the span tree of agent-1's session (OpenTelemetry's SDK)
 
     @property
     def trigger(self) -> int:
@@ -429,6 +433,7 @@ async def run_demo(
     progress = progress or sys.stderr
     if options.provider != "simulated":
         real_provider(options.provider, options.model)  # a missing key or extra fails before anything starts
+    traced = _Traced("agent-1") if options.trace else None  # so does a missing SDK
     temporary = options.offload_dir is None
     offload_dir = options.offload_dir or Path(tempfile.mkdtemp(prefix="cmdc-demo-"))
     model = "SimulatedModel" if options.provider == "simulated" else f"{options.provider} {options.model}"
@@ -443,7 +448,7 @@ async def run_demo(
     providers = [make_provider(options, i) for i in range(options.agents)]
     started = trio.current_time()
     try:
-        await _run(options, offload_dir, stats, providers, progress)
+        await _run(options, offload_dir, stats, providers, progress, traced)
     finally:
         for provider in providers:
             close = getattr(provider, "aclose", None)
@@ -460,6 +465,10 @@ async def run_demo(
         if temporary
         else f"journals in {offload_dir} (read one: cmdc history {offload_dir} agent-1)"
     )
+    if traced is not None:
+        print(file=out)
+        for line in traced.lines():
+            print(line, file=out)
     print(file=out)
     for line in [*final_table(stats, options), "", f"{elapsed:.1f} s; {where}", *lines]:
         print(line, file=out)
@@ -497,8 +506,61 @@ def verdict(stats: Sequence[AgentStats], options: DemoOptions) -> tuple[int, lis
     return (0 if not failed and not mostly and retained and checked else 1), lines
 
 
+class _Traced:
+    """`--trace`: one agent's turns, requests, tool calls and compactions as OpenTelemetry
+    spans in memory (the SDK's in-memory exporter), printed as a tree at the end. The other
+    agents are not traced."""
+
+    def __init__(self, agent: str) -> None:
+        try:
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+            from .otel import Tracing
+        except ImportError:
+            raise DemoError(
+                "--trace needs OpenTelemetry's SDK: pip install 'cmdc[otel]' opentelemetry-sdk"
+            ) from None
+        self.agent = agent
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracing = Tracing(tracer_provider=self.provider)
+
+    def turn(
+        self, agent: str, incoming: tuple[Message, ...], parent: contextvars.Context | None
+    ) -> AbstractContextManager[Span]:
+        return self.tracing.turn(agent, incoming, parent) if agent == self.agent else UNTRACED
+
+    def request(self, agent: str, provider: Provider, request: ModelRequest) -> AbstractContextManager[Span]:
+        return self.tracing.request(agent, provider, request) if agent == self.agent else UNTRACED
+
+    def tool(self, agent: str, call: ToolCall, tool: Tool | None) -> AbstractContextManager[Span]:
+        return self.tracing.tool(agent, call, tool) if agent == self.agent else UNTRACED
+
+    def compaction(
+        self, agent: str, reason: str, state: State, parent: contextvars.Context | None = None
+    ) -> AbstractContextManager[Span]:
+        return self.tracing.compaction(agent, reason, state, parent) if agent == self.agent else UNTRACED
+
+    def lines(self) -> list[str]:
+        from .otel import span_tree
+
+        spans = self.exporter.get_finished_spans()
+        self.provider.shutdown()
+        turns = sum(1 for s in spans if s.parent is None)
+        head = f"trace of {self.agent}: {turns} turns, {len(spans)} spans (OpenTelemetry, GenAI conventions)"
+        return [head, *span_tree(spans, agent=self.agent)]
+
+
 async def _run(
-    options: DemoOptions, offload_dir: Path, stats: list[AgentStats], providers: list[Provider], out: TextIO
+    options: DemoOptions,
+    offload_dir: Path,
+    stats: list[AgentStats],
+    providers: list[Provider],
+    out: TextIO,
+    traced: _Traced | None = None,
 ) -> None:
     """Run the agents, showing progress on `out`."""
     live = options.display == "live" or (options.display == "auto" and out.isatty())
@@ -514,7 +576,9 @@ async def _run(
     table = LiveTable(out) if live else None
     recent: deque[str] = deque(maxlen=3)
     with _warnings_into(recent if table is not None else None):
-        await _drive_all(options, offload_dir, stats, providers, out, table, recent, plans, config, tools, summarizer)
+        await _drive_all(
+            options, offload_dir, stats, providers, out, table, recent, plans, config, tools, summarizer, traced
+        )
 
 
 @contextlib.contextmanager
@@ -552,6 +616,7 @@ async def _drive_all(
     config: dict[str, Any],
     tools: list[Tool],
     summarizer: Summarizer | None,
+    tracing: Tracer | None = None,
 ) -> None:
     by_name = {s.name: s for s in stats}
 
@@ -596,7 +661,7 @@ async def _drive_all(
                     file=out,
                 )
 
-    async with open_runtime(log_events=False) as rt:
+    async with open_runtime(log_events=False, tracing=tracing) as rt:
         with rt.subscribe(buffer=100_000) as events:
 
             async def consume(task_status: trio.TaskStatus[trio.CancelScope]) -> None:

@@ -131,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
         "--latency", type=_seconds, default=0.05, help="seconds each simulated model call takes (default 0.05)"
     )
     demo.add_argument("--plain", action="store_true", help="plain event lines even on a terminal")
+    demo.add_argument(
+        "--trace",
+        action="store_true",
+        help="then print agent-1's session as an OpenTelemetry span tree (turns, model requests, tool calls, "
+        "compactions, with durations and figures); needs opentelemetry-sdk. Short runs read best: "
+        "--agents 1 --turns 6",
+    )
 
     compact = sub.add_parser(
         "compact",
@@ -294,6 +301,7 @@ def _demo(args: argparse.Namespace) -> int:
         summarizer=args.summarizer,
         latency=args.latency,
         display="plain" if args.plain else "auto",
+        trace=args.trace,
     )
     if args.window < MIN_WINDOW:
         raise UsageError(

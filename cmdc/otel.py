@@ -515,34 +515,43 @@ def describe_span(s: ReadableSpan) -> str:
     duration = ((s.end_time or 0) - (s.start_time or 0)) / 1e6
     figures: list[str] = []
     op = a.get("gen_ai.operation.name")
-    if "gen_ai.usage.input_tokens" in a:
-        figures.append(f"in {a['gen_ai.usage.input_tokens']:,} out {a.get('gen_ai.usage.output_tokens', 0):,} tokens")
     if op == "invoke_agent":
-        figures.append(f"{a.get('cmdc.turn.requests', 0)} requests, {a.get('cmdc.turn.tool_calls', 0)} tool calls")
+        counts = [
+            _count(a.get("cmdc.turn.requests", 0), "request"),
+            _count(a.get("cmdc.turn.tool_calls", 0), "tool call"),
+        ]
         if a.get("cmdc.turn.compactions"):
-            figures.append(f"{a['cmdc.turn.compactions']} compactions")
-    elif op == "chat":
-        reasons = a.get("gen_ai.response.finish_reasons")
-        if reasons:
-            figures.append(f"finish {','.join(reasons)}")
+            counts.append(_count(a["cmdc.turn.compactions"], "compaction"))
+        figures.append(", ".join(counts))
     elif op == "execute_tool":
-        figures.append(str(a.get("gen_ai.tool.call.id", "")))
+        figures.append(f"call {a.get('gen_ai.tool.call.id', '?')}")
     elif "cmdc.compaction.reason" in a:
         figures.append(str(a["cmdc.compaction.reason"]))
         if "cmdc.compaction.tokens_after" in a:
             figures.append(
                 f"{a['cmdc.compaction.tokens_before']:,} -> {a['cmdc.compaction.tokens_after']:,} tokens, "
-                f"{a['cmdc.compaction.evicted']} evicted (journal #{a['cmdc.compaction.journal.first_seq']}"
-                f"-{a['cmdc.compaction.journal.last_seq']}), {a['cmdc.compaction.summarizer_attempts']} summarizer "
-                f"attempt{'s' if a['cmdc.compaction.summarizer_attempts'] != 1 else ''}"
+                f"{a['cmdc.compaction.evicted']} evicted to journal #{a['cmdc.compaction.journal.first_seq']}"
+                f"-{a['cmdc.compaction.journal.last_seq']}, "
+                f"{_count(a['cmdc.compaction.summarizer_attempts'], 'summarizer attempt')}"
             )
         elif "cmdc.compaction.skipped" in a:
             figures.append(f"skipped: {a['cmdc.compaction.skipped']}")
+    if "gen_ai.usage.input_tokens" in a:
+        figures.append(f"in {a['gen_ai.usage.input_tokens']:,} out {a.get('gen_ai.usage.output_tokens', 0):,} tokens")
+    reasons = a.get("gen_ai.response.finish_reasons")
+    if op == "chat" and reasons:
+        figures.append(f"finish {','.join(reasons)}")
     error = a.get("error.type")
     if error is not None:
         figures.append(f"✗ {error}")
+    if "cmdc.overflow.prompt_tokens" in a and "cmdc.overflow.limit" in a:
+        figures.append(f"(prompt {a['cmdc.overflow.prompt_tokens']:,} tokens, window {a['cmdc.overflow.limit']:,})")
     detail = "  ".join(f for f in figures if f)
     return f"{s.name}  {_duration(duration)}" + (f"  {detail}" if detail else "")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _duration(ms: float) -> str:

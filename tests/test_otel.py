@@ -4,6 +4,7 @@ unless asked for; spans of cancelled work end with an error; a broken exporter b
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -416,3 +417,35 @@ async def test_hostile_options() -> None:
     with pytest.raises(ConfigError, match="tracing"):
         async with open_runtime(tracing=object()):  # type: ignore[arg-type]
             pass
+
+
+# -- cmdc demo --trace ----------------------------------------------------------------------------
+
+
+def test_demo_trace_prints_one_agents_span_tree(capsys: pytest.CaptureFixture[str]) -> None:
+    from cmdc.cli import main
+
+    argv = ["demo", "--trace", "--agents", "2", "--turns", "12", "--window", "3000", "--latency", "0", "--plain"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    start = out.index("trace of agent-1: 12 turns, ")
+    tree_lines = out[start:].split("\n\n", 1)[0].splitlines()[1:]
+    assert sum(1 for ln in tree_lines if ln.startswith("invoke_agent agent-1  ")) == 12
+    assert all(ln.startswith(("invoke_agent agent-1", "├─ ", "└─ ")) for ln in tree_lines)
+    assert "agent-2" not in "\n".join(tree_lines)  # one agent's session
+    assert any(ln.startswith("├─ chat simulated ") and "finish tool_calls" in ln for ln in tree_lines)
+    assert any("execute_tool read_file" in ln and "call sim_" in ln for ln in tree_lines)
+    compactions = [ln for ln in tree_lines if "compact agent-1" in ln]
+    assert compactions and all(
+        re.search(r"-> [\d,]+ tokens, \d+ evicted to journal #\d+-\d+", ln) for ln in compactions
+    )
+    assert re.search(r"\d+(\.\d+)? (ms|s)  ", tree_lines[0])  # durations
+    assert out.index("trace of agent-1") < out.index("agent      turns")  # before the final table
+
+
+def test_demo_trace_without_the_sdk(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cmdc.cli import main
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if it were not installed
+    assert main(["demo", "--trace", "--agents", "1", "--turns", "1"]) == 2
+    assert "opentelemetry-sdk" in capsys.readouterr().err

@@ -42,12 +42,13 @@ def run_block(code: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
 
 # Blocks that talk to real model endpoints (keys, servers): compiled only.
 NETWORK = {"Real model providers"}
+TRACES = "Traces (OpenTelemetry)"  # needs the otel extra and the SDK (both in dev): run
 
 
 def test_readme_blocks_are_all_accounted_for() -> None:
     headings = [_heading_of(i) for i in range(len(python_blocks()))]
     assert headings[:2] == ["Compacting a conversation", "Agents"]
-    assert set(headings) <= {"Compacting a conversation", "Agents", "Storage", *NETWORK}, headings
+    assert set(headings) <= {"Compacting a conversation", "Agents", "Storage", TRACES, *NETWORK}, headings
 
 
 def test_network_blocks_compile() -> None:
@@ -100,3 +101,18 @@ def test_every_offline_block_runs(index: int, tmp_path: Path) -> None:
         return  # run, with their promises checked, by the two tests above
     out = run_block(python_blocks()[index], tmp_path)
     assert out.returncode == 0, out.stderr
+
+
+def test_traces_example_prints_the_span_tree(tmp_path: Path) -> None:
+    """'Traces (OpenTelemetry)': the reply, then the turn's span with its request, tool call and
+    request under it, as the block after it shows."""
+    (index,) = [i for i in range(len(python_blocks())) if _heading_of(i) == TRACES]
+    out = run_block(python_blocks()[index], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "18 °C and cloudy."
+    assert re.fullmatch(r"invoke_agent assistant  \S+ m?s  2 requests, 1 tool call  in \d+ out \d+ tokens", lines[1])
+    assert lines[2].startswith("├─ chat scripted ") and lines[2].endswith("finish tool_calls")
+    assert lines[3].startswith("├─ execute_tool weather ") and lines[3].endswith("call call_1")
+    assert lines[4].startswith("└─ chat scripted ") and lines[4].endswith("finish stop")
+    assert len(lines) == 5 and out.stderr == ""
