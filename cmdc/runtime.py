@@ -72,6 +72,14 @@ class _Grants:
     accepts: tuple[str, ...] | None
 
 
+_NO_PENDING: list[Message] = []
+"""What a slot with nothing queued holds (shared, never appended to): a million deactivated
+agents do not keep a million empty lists."""
+
+
+_NO_GRANTS = _Grants(children=False, targets=None, accepts=None)
+
+
 class _Slot:
     """An addressable agent: what it takes to (re)start it, whether or not it is resident."""
 
@@ -104,7 +112,7 @@ class _Slot:
         self.summarizer = summarizer
         self.options = options
         self.ref: AgentRef | None = None
-        self.pending: list[Message] = []  # sent while not resident
+        self.pending: list[Message] = _NO_PENDING  # sent while not resident (a list of its own once any is)
         self.activating: trio.Event | None = None
         self.fresh = True  # nothing checkpointed in this life yet: it activates as a new State
 
@@ -247,6 +255,8 @@ class Runtime:
             targets=None if delegation is True else targets,
             accepts=_patterns("accepts", accepts),
         )
+        if grants == _NO_GRANTS:
+            grants = _NO_GRANTS  # one for every agent that has the defaults
         plugins = tuple(plugins)
         state = State(agent_id=name, config=config)
         fresh: State | None = state  # a state as good as saved
@@ -367,7 +377,7 @@ class Runtime:
         if agent.deactivating and not self._closed:
             # Deactivated: keep what it takes to activate it again, free the rest.
             slot.plugins = agent.plugins
-            slot.pending = agent.pending
+            slot.pending = agent.pending or _NO_PENDING
             slot.fresh = slot.fresh and not agent.checkpointed
             agent.ref._restarts = agent.restart_count
             agent.ref._agent = None
@@ -418,7 +428,8 @@ class Runtime:
                 if self._closed or ref._stopped:
                     continue
                 agent = self._make_agent(ref.name, slot, state, saved=state)
-                agent.pending, slot.pending = slot.pending, []
+                if slot.pending:
+                    agent.pending, slot.pending = slot.pending, _NO_PENDING
                 agent.restart_count = ref._restarts
                 self._agents[ref.name] = agent
                 self._nursery.start_soon(agent.main, name=ref.name)
@@ -519,6 +530,8 @@ class Runtime:
             raise AgentStopped(f"agent {ref.name!r} has stopped")
         if len(slot.pending) + len(messages) > slot.options.max_queued:
             raise MailboxFull(f"agent {ref.name!r}: {len(slot.pending)} messages already queued")
+        if slot.pending is _NO_PENDING:
+            slot.pending = []
         slot.pending.extend(messages)
 
     def queued_inactive(self, ref: AgentRef) -> list[Message]:

@@ -298,3 +298,43 @@ async def test_messages_sent_before_a_manual_compaction_reach_the_next_turn(tmp_
         await ref.prompt("what is the code?")
         texts = [m.text for m in (await ref.state()).messages]
         assert texts[-3:-1] == ["remember: the code is 42", "what is the code?"]
+
+
+async def test_a_deactivated_agent_keeps_only_a_few_hundred_bytes(tmp_path: Path) -> None:
+    """What stays in memory per addressable agent once it is deactivated is small and does not
+    grow with what it did (no State, no task, no mailbox, no per-agent empty list or grants):
+    a million agents fit."""
+    import gc
+    import tracemalloc
+
+    class Quick:
+        async def complete(self, request: ModelRequest) -> Message:
+            return Message.assistant("ok", usage=cmdc.TokenUsage(input_tokens=20, output_tokens=1))
+
+    provider = Quick()
+    async with open_runtime(store=str(tmp_path / "s"), max_resident=10, log_events=False) as rt:
+        names = [f"agent-{i:05d}" for i in range(400)]
+        refs = []
+
+        async def run(names: list[str]) -> None:
+            for name in names:
+                ref = await rt.spawn(name, provider)
+                await ref.prompt("hello " * 50)
+                refs.append(ref)
+            for name in rt.resident:  # none resident at either snapshot: what is left is per agent
+                await rt.deactivate(name)
+            await settle()
+
+        await run(names[:100])  # warm up: caches, the resident set at its bound
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            await run(names[100:])
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+        grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+        assert rt.resident == []
+        assert grown / 300 < 512, f"{grown / 300:.0f} bytes per deactivated agent"
