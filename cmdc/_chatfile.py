@@ -39,7 +39,7 @@ import orjson
 from ._frozen import thaw
 from ._fs import atomic_write
 from .compaction.finalize import USER_MESSAGES_HEADING, USER_MESSAGES_KEY
-from .errors import InvalidMessage
+from .errors import ChatFileError, InvalidMessage
 from .message import KIND_KEY, PINNED_KEY, SUMMARY_KIND, ImagePart, Message, Part, TextPart, ToolCall
 
 Format = Literal["jsonl", "json"]
@@ -55,23 +55,6 @@ _SUMMARY_HEAD = re.compile(r"\[Conversation summary #(\d+)\]")
 _HEADING = re.compile(r"^#{1,6}\s*(?:\d+[.)]\s*)?(.+?)\s*:?\s*$")
 _BOM = b"\xef\xbb\xbf"
 _CMDC_PREFIX = "cmdc."
-
-
-class ChatFileError(Exception):
-    """A conversation file that cannot be used: `where` is `path:line` or `path: [index]`."""
-
-    def __init__(self, path: Path, problem: str, *, line: int | None = None, index: int | None = None) -> None:
-        self.path = path
-        self.line = line
-        self.index = index
-        self.problem = problem
-        if line is not None:
-            where = f"{path}:{line}"
-        elif index is not None:
-            where = f"{path}: element [{index}]"
-        else:
-            where = str(path)
-        super().__init__(f"{where}: {problem}")
 
 
 @attrs.frozen

@@ -42,7 +42,7 @@ import trio
 from .agent import AgentRef
 from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from .compaction.summary import Summarizer
-from .errors import CmdcError, ProviderError
+from .errors import CmdcError, DemoError, ProviderError
 from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_END, TOOL_RESULTS_CLIPPED, Event
 from .message import PINNED_KEY, Message, ToolCall
 from .offload import OffloadStore
@@ -208,10 +208,6 @@ class AgentStats:
     @property
     def auto(self) -> int:
         return sum(1 for r in self.reports if r.reason == "auto")
-
-
-class DemoError(CmdcError):
-    """A demo that cannot start (a missing key, a missing extra); the message says what to do."""
 
 
 def make_provider(options: DemoOptions, index: int) -> Provider:

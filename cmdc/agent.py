@@ -37,6 +37,7 @@ from .errors import (
     ProviderError,
     RequestSkipped,
     StepLimitReached,
+    ToolArgumentsError,
     TurnAborted,
 )
 from .events import (
@@ -84,7 +85,7 @@ from .plugins import (
 from .providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY, ModelRequest, Provider
 from .report import Compacted, Skipped
 from .state import State
-from .tools import Tool, ToolArgumentsError
+from .tools import Tool
 from .tracing import UNTRACED, Span, Tracer
 
 if TYPE_CHECKING:

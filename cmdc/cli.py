@@ -23,7 +23,6 @@ import trio
 
 from ._chatfile import (
     ChatFile,
-    ChatFileError,
     agent_id_for,
     default_output,
     encode_chat,
@@ -32,12 +31,21 @@ from ._chatfile import (
     write_atomic,
 )
 from ._check import is_int
-from ._demo import MIN_WINDOW, DemoError, DemoOptions, real_provider, run_demo
+from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo
 from ._fs import stricter_mode
 from ._version import __version__
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
-from .errors import CmdcError, CompactionIncomplete, ConfigError, OffloadCorrupted, OffloadError
+from .errors import (
+    ChatFileError,
+    CmdcError,
+    CompactionIncomplete,
+    ConfigError,
+    DemoError,
+    OffloadCorrupted,
+    OffloadError,
+    UsageError,
+)
 from .events import JOURNAL_DAMAGED, Event
 from .message import Message
 from .offload import JournalRecord, JournalReport, OffloadStore
@@ -45,10 +53,6 @@ from .state import State, validate_agent_id
 from .store import Store, open_store
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
-
-
-class UsageError(Exception):
-    """A usage or input error: exit code 2, nothing written."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # names only: errors are layer 0 and import nothing at run time
+    from collections.abc import Sequence
+    from pathlib import Path
+
     from .report import CompactionReport
     from .state import State
 
@@ -101,6 +104,15 @@ class PluginAborted(CmdcError):
     """A plugin returned `Abort(reason)`: the turn ends with this error."""
 
 
+class PluginReturnError(CmdcError, TypeError):
+    """A hook returned a value that is not a valid subject for it (the fold reports it as an
+    event and skips the plugin)."""
+
+
+class InvalidPlugin(ConfigError, TypeError):
+    """Something given as a plugin does not subclass `cmdc.Plugin`."""
+
+
 class MailboxFull(CmdcError):
     """A `*_nowait` send found the agent's mailbox full."""
 
@@ -127,6 +139,19 @@ class RequestSkipped(CmdcError):
 
 class AgentNotFound(CmdcError):
     """No agent is registered under that name."""
+
+
+class ToolArgumentsError(CmdcError, ValueError):
+    """A model's tool arguments do not match the tool's schema; `errors` lists every problem."""
+
+    def __init__(self, errors: Sequence[str], tool: str | None = None) -> None:
+        self.errors = tuple(errors)
+        self.tool = tool
+        head = f"invalid arguments for tool {tool!r}" if tool else "invalid arguments"
+        super().__init__(f"{head}:\n" + "\n".join(f"- {e}" for e in self.errors))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.errors, self.tool))
 
 
 class DelegationRefused(CmdcError):
@@ -170,6 +195,31 @@ class CheckpointCorrupted(CheckpointError):
 class StoreUnavailable(OffloadError, CheckpointError):
     """A store's database could not be reached, after its bounded retries. Nothing was
     half-written: the operation happened whole or not at all, and repeating it is safe."""
+
+
+class ChatFileError(CmdcError):
+    """A conversation file that cannot be used: `where` is `path:line` or `path: [index]`."""
+
+    def __init__(self, path: Path, problem: str, *, line: int | None = None, index: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.index = index
+        self.problem = problem
+        if line is not None:
+            where = f"{path}:{line}"
+        elif index is not None:
+            where = f"{path}: element [{index}]"
+        else:
+            where = str(path)
+        super().__init__(f"{where}: {problem}")
+
+
+class UsageError(CmdcError):
+    """A usage or input error of the `cmdc` command: exit code 2, nothing written."""
+
+
+class DemoError(CmdcError):
+    """A demo that cannot start (a missing key, a missing extra); the message says what to do."""
 
 
 # -- HTTP providers ----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
 import attrs
 import trio
 
+from .errors import InvalidPlugin, PluginReturnError
 from .message import Message, ToolCall
 from .report import CompactionReport
 from .state import State
@@ -221,7 +222,7 @@ def sort_plugins(plugins: Iterable[Plugin]) -> tuple[Plugin, ...]:
     items = tuple(plugins)
     for p in items:
         if not isinstance(p, Plugin):
-            raise TypeError(f"plugins must subclass cmdc.Plugin, got {type(p).__name__}")
+            raise InvalidPlugin(f"plugins must subclass cmdc.Plugin, got {type(p).__name__}")
     return tuple(sorted(items, key=lambda p: p.priority))
 
 
@@ -232,10 +233,6 @@ class Folded(Generic[T]):
     value: T
     stop: Skip | Abort | None = None
     stopped_by: str | None = None
-
-
-class PluginReturnError(TypeError):
-    """A hook returned a value that is not a valid subject for it."""
 
 
 def check_result(hook: HookName, value: object, current: T) -> T:

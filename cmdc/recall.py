@@ -19,12 +19,12 @@ import orjson
 from ._check import integer
 from ._clip import clip
 from ._search import MAX_QUERY_CHARS
-from .errors import ConfigError
+from .errors import ConfigError, ToolArgumentsError
 from .message import Message
 from .offload import JournalRecord, OffloadStore
 from .store import Store
 from .tokens import estimate_text_tokens
-from .tools import Tool, ToolArgumentsError, tool
+from .tools import Tool, tool
 
 DEFAULT_RANGE = 20
 """How many records after `first` a read covers when `last` is not given."""

@@ -24,7 +24,8 @@ import trio
 
 from ._check import optional_seconds
 from ._frozen import freeze, freeze_mapping, thaw
-from .errors import CmdcError, ConfigError
+from .errors import ConfigError
+from .errors import ToolArgumentsError as ToolArgumentsError  # its old home: old imports keep working
 from .providers.base import ToolSchema
 
 ToolFn = Callable[..., Any]
@@ -32,19 +33,6 @@ ToolFn = Callable[..., Any]
 Converter = Callable[[Any], Any]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class ToolArgumentsError(CmdcError, ValueError):
-    """A model's tool arguments do not match the tool's schema; `errors` lists every problem."""
-
-    def __init__(self, errors: typing.Sequence[str], tool: str | None = None) -> None:
-        self.errors = tuple(errors)
-        self.tool = tool
-        head = f"invalid arguments for tool {tool!r}" if tool else "invalid arguments"
-        super().__init__(f"{head}:\n" + "\n".join(f"- {e}" for e in self.errors))
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.errors, self.tool))
 
 
 def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
