@@ -31,6 +31,7 @@ from .errors import (
     ConfigError,
     ContextOverflow,
     InvalidMessage,
+    LeaseLost,
     MailboxFull,
     OffloadError,
     PluginAborted,
@@ -799,6 +800,7 @@ class Agent:
                 self._emit(ERROR, error=repr(exc), during="deactivation")
                 self.leaving = False
                 request.reply.set(False)
+                self._check_lease(exc)
                 return
         if not self._idle_now():  # a request came while the state was saved
             self.leaving = False
@@ -826,6 +828,7 @@ class Agent:
             request.reply.fail(exc)
         except CmdcError as exc:
             request.reply.fail(exc)
+            self._check_lease(exc)
 
     async def _serve_prompt(self, request: _Prompt) -> None:
         self.current, self.aborted = request, False
@@ -845,6 +848,7 @@ class Agent:
                     request.reply.fail(exc)
                     self._emit(ERROR, error=repr(exc), during="turn")
                     await self._lifecycle("on_error", OnError(self.state, exc))
+                    self._check_lease(exc)
                     if not isinstance(exc, CmdcError):
                         raise _Crash(repr(exc)) from exc
                 else:
@@ -858,6 +862,14 @@ class Agent:
             self.turn_scope, self.current = None, None
             # Cancelled from outside (the runtime closing): the caller must not hang.
             request.reply.fail(AgentStopped(f"agent {self.name!r} stopped during the turn"))
+
+    def _check_lease(self, exc: BaseException) -> None:
+        """After `LeaseLost` (another runtime holds the name now), leave memory without saving:
+        the next call activates the agent again from the store, where the new owner wrote."""
+        if isinstance(exc, LeaseLost):
+            self.deactivating = True
+            self.checkpointed = True  # what it had is in the store, not a new State
+            raise _DeactivateNow
 
     # -- the turn -------------------------------------------------------------------------------
     async def _commit(self, state: State, *, took_pending: bool = True) -> None:

@@ -220,6 +220,21 @@ class UsageError(CmdcError):
 
 class DemoError(CmdcError):
     """A demo that cannot start (a missing key, a missing extra); the message says what to do."""
+class NameLeased(CmdcError):
+    """The agent's name is leased to another runtime (another process or node) that has it
+    active: this one may not activate it until that lease is released or expires."""
+
+
+class LeaseLost(OffloadError, CheckpointError):
+    """A write for an agent whose name lease this runtime no longer holds (it expired and
+    another runtime took the name, or it was broken): refused, so a stale owner never writes
+    over the new one. The agent leaves memory; the next call activates it again from the store."""
+
+
+class NodeLost(CmdcError):
+    """A cluster node died (or became unreachable) while it served this call. A turn that was
+    running there may or may not have committed: read the agent's state to know. The next call
+    on the agent activates it on another node from its last commit."""
 
 
 # -- HTTP providers ----------------------------------------------------------------------------

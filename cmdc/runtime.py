@@ -6,6 +6,8 @@ import contextlib
 import fnmatch
 import itertools
 import os
+import secrets
+import socket
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, NoReturn
@@ -27,7 +29,7 @@ from .plugins import Plugin
 from .providers.base import Provider
 from .recall import MIN_BUDGET, recall_tool
 from .state import State, validate_agent_id
-from .store import Checkpoints, FileCheckpoints, Store, open_store
+from .store import Checkpoints, FileCheckpoints, Leases, Store, open_store
 from .tools import Tool, tool
 from .tracing import Tracer
 
@@ -137,6 +139,8 @@ class Runtime:
         max_resident: int | None = None,
         store: Store | None = None,
         tracing: Tracer | None = None,
+        lease_ttl: float | None = None,
+        lease_owner: str | None = None,
     ) -> None:
         self._nursery = nursery
         self.tracing = tracing  # every agent's tracer (None: no tracing)
@@ -156,6 +160,12 @@ class Runtime:
         self._activations = 0
         self._deactivations = 0
         self._leaving: set[str] = set()  # asked to deactivate, not refused yet
+        # Name leases (open_runtime(lease_ttl=...)): the store's lease on every resident name.
+        self.lease_ttl = lease_ttl
+        self.lease_owner = lease_owner
+        self.lease_takeover: set[str] = set()  # owners known dead: their leases may be taken over
+        self._leases: Leases | None = store if lease_ttl is not None and isinstance(store, Leases) else None
+        self._leased: dict[str, int] = {}  # resident name -> its lease's fencing token
 
     @property
     def agents(self) -> list[str]:
@@ -257,6 +267,30 @@ class Runtime:
         )
         if grants == _NO_GRANTS:
             grants = _NO_GRANTS  # one for every agent that has the defaults
+        await self._lease(name)
+        try:
+            return await self._spawn_leased(
+                name, provider, instructions, tools, plugins, config, summarizer, resume, grants, options, recall
+            )
+        except BaseException:
+            if self.whereis(name) is None:
+                self._unlease(name)
+            raise
+
+    async def _spawn_leased(
+        self,
+        name: str,
+        provider: Provider,
+        instructions: str | None,
+        tools: Iterable[Tool],
+        plugins: Iterable[Plugin],
+        config: Mapping[str, Any] | None,
+        summarizer: Summarizer | None,
+        resume: bool | Literal["require"],
+        grants: _Grants,
+        options: AgentOptions,
+        recall: bool,
+    ) -> AgentRef:
         plugins = tuple(plugins)
         state = State(agent_id=name, config=config)
         fresh: State | None = state  # a state as good as saved
@@ -371,6 +405,7 @@ class Runtime:
     def _forget(self, agent: Agent) -> None:
         if self._agents.get(agent.name) is agent:
             del self._agents[agent.name]
+            self._unlease(agent.name)
         slot = self._slots.get(agent.name)
         if slot is None or slot.ref is not agent.ref:
             return
@@ -391,6 +426,51 @@ class Runtime:
     def _emit(self, name: str, kind: str, **data: Any) -> None:
         if self.bus.listening(name):
             self.bus.publish(Event(kind, name, data, trio.current_time()))
+
+    # -- name leases -------------------------------------------------------------------------------
+    async def _lease(self, name: str) -> None:
+        """Take the store's lease on `name` for this runtime (with leases on; else a no-op)."""
+        if self._leases is None:
+            return
+        assert self.lease_ttl is not None and self.lease_owner is not None
+        token = await self._leases.acquire_lease(
+            name, self.lease_owner, ttl=self.lease_ttl, takeover=tuple(self.lease_takeover)
+        )
+        self._leased[name] = token
+
+    def _unlease(self, name: str) -> None:
+        """Give the lease on `name` up, in the background (a later grant to this runtime is kept)."""
+        token = self._leased.pop(name, None)
+        if token is None or self._leases is None or self._closed:
+            return  # a closing runtime releases them all at once
+        leases, owner = self._leases, self.lease_owner
+        assert owner is not None
+
+        async def release() -> None:
+            with contextlib.suppress(CmdcError):  # unreleased, it expires
+                await leases.release_lease(name, owner, token)
+
+        self._nursery.start_soon(release)
+
+    async def _renew_leases(self) -> None:
+        """Renew this runtime's leases every third of their ttl. A lease found lost (it expired
+        and another runtime took the name) is forgotten: the agent's next write raises
+        `LeaseLost` and it leaves memory."""
+        assert self._leases is not None and self.lease_ttl is not None and self.lease_owner is not None
+        while True:
+            await trio.sleep(self.lease_ttl / 3)
+            if not self._leased:
+                continue
+            with contextlib.suppress(CmdcError):  # a store down: retried at the next round
+                kept = set(await self._leases.renew_leases(self.lease_owner, ttl=self.lease_ttl))
+                for name in [n for n in self._leased if n not in kept]:
+                    self._emit(name, "lease_lost")
+
+    async def _release_all(self) -> None:
+        if self._leases is not None and self.lease_owner is not None:
+            self._leased.clear()
+            with contextlib.suppress(CmdcError):
+                await self._leases.break_leases(self.lease_owner)
 
     # -- virtual agents -------------------------------------------------------------------------
     def _touch(self, agent: Agent) -> None:
@@ -416,15 +496,18 @@ class Runtime:
                 await slot.activating.wait()
                 continue
             slot.activating = trio.Event()
+            leased = False
             try:
                 assert self.checkpoints is not None  # virtual agents need a checkpoint store
-                if slot.fresh:  # never checkpointed in this life: a new State is what it had
+                await self._lease(ref.name)
+                leased = True
+                if slot.fresh and self._leases is None:  # never checkpointed in this life: a new State is what it had
                     state = State(agent_id=ref.name, config=slot.config)
-                else:
+                else:  # (with leases another runtime may have had it since: always the store's word)
                     loaded = await self.checkpoints.load(ref.name)
-                    if loaded is None:
+                    if loaded is None and not slot.fresh:
                         raise CheckpointError(f"agent {ref.name!r}: its checkpoint vanished while it was deactivated")
-                    state = loaded
+                    state = loaded if loaded is not None else State(agent_id=ref.name, config=slot.config)
                 if self._closed or ref._stopped:
                     continue
                 agent = self._make_agent(ref.name, slot, state, saved=state)
@@ -436,8 +519,11 @@ class Runtime:
                 self._activations += 1
                 self._emit(ref.name, "activated")
                 self._make_room()
+                leased = False  # the agent holds it now
                 return agent
             finally:
+                if leased:
+                    self._unlease(ref.name)
                 slot.activating.set()
                 slot.activating = None
 
@@ -729,6 +815,8 @@ async def open_runtime(
     max_resident: int | None = None,
     store: str | os.PathLike[str] | Store | None = None,
     tracing: Tracer | None = None,
+    lease_ttl: float | None = None,
+    lease_owner: str | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime owning a nursery of agents; leaving the block stops every agent, and any
     caller still waiting on one gets `AgentStopped`.
@@ -749,6 +837,16 @@ async def open_runtime(
 
     `tracing`: a tracer for every agent's turns, model requests, tool calls and compactions,
     such as `cmdc.otel.Tracing()` (OpenTelemetry, extra `otel`); None (the default): no tracing.
+
+    Name leases (`lease_ttl` seconds; they need a store with leases, as both shipped stores
+    are): every name this runtime makes resident is leased to it in the store first, so that
+    among all the runtimes (processes, machines) sharing the store, a name is active in at most
+    one. Activating a name another runtime holds raises `NameLeased`; leases are renewed every
+    `lease_ttl / 3` seconds, released when the agent leaves memory, and expire `lease_ttl`
+    seconds after their owner died (the file store's flock ends with its process instead). A
+    runtime whose lease was taken over cannot write for that agent any more (`LeaseLost`; the
+    agent leaves memory). `lease_owner`: this runtime's name in the leases (default: host, pid
+    and a random part).
     """
     deactivate_after = optional_seconds(deactivate_after, "deactivate_after")
     max_resident = optional_integer(max_resident, "max_resident")
@@ -763,12 +861,22 @@ async def open_runtime(
         raise ConfigError(f"tracing must be a tracer such as cmdc.otel.Tracing(), got {tracing!r:.80}")
     if store is not None and checkpoint_dir is not None:
         raise ConfigError("give store=... or checkpoint_dir=..., not both (a store holds the checkpoints too)")
+    lease_ttl = optional_seconds(lease_ttl, "lease_ttl")
+    if lease_owner is not None and (not isinstance(lease_owner, str) or not 1 <= len(lease_owner) <= 200):
+        raise ConfigError(f"lease_owner must be a string of 1 to 200 characters, got {lease_owner!r:.80}")
+    if lease_ttl is not None and store is None:
+        raise ConfigError("name leases (lease_ttl) need a store=... that has them (a directory or a postgresql:// URL)")
     bus = EventBus(log=log_events)
     chosen = None if store is None else open_store(store)
     checkpoints: Checkpoints | None = None if checkpoint_dir is None else FileCheckpoints(checkpoint_dir)
+    if lease_ttl is not None and not isinstance(chosen, Leases):
+        raise ConfigError(f"name leases (lease_ttl) need a store with leases; {chosen!r:.80} has none")
+    if lease_ttl is not None and lease_owner is None:
+        lease_owner = f"{socket.gethostname()[:100]}:{os.getpid()}:{secrets.token_hex(4)}"
     if chosen is not None:
         await chosen.start()
         checkpoints = chosen.checkpoints
+    runtime: Runtime | None = None
     try:
         async with trio.open_nursery() as nursery:
             runtime = Runtime(
@@ -779,9 +887,13 @@ async def open_runtime(
                 max_resident=max_resident,
                 store=chosen,
                 tracing=tracing,
+                lease_ttl=lease_ttl,
+                lease_owner=lease_owner,
             )
             if deactivate_after is not None:
                 nursery.start_soon(runtime._reap_idle, deactivate_after)
+            if runtime._leases is not None:
+                nursery.start_soon(runtime._renew_leases)
             try:
                 yield runtime
             finally:
@@ -795,6 +907,9 @@ async def open_runtime(
             raise
         _reraise(group.exceptions[0])
     finally:
+        if runtime is not None and runtime._leases is not None:  # every agent has ended: give the names up
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await runtime._release_all()
         if chosen is not None and chosen is not store:  # made here from a string: closed here
             with trio.CancelScope(shield=True):
                 await chosen.aclose()

@@ -40,8 +40,10 @@ against both stores shipped:
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -49,7 +51,7 @@ import attrs
 import trio
 
 from .checkpoint import CheckpointStore
-from .errors import ConfigError
+from .errors import ConfigError, NameLeased
 from .message import Message
 from .offload import AppendResult, JournalRecord, JournalReport, OffloadStore
 from .state import State, validate_agent_id
@@ -123,6 +125,36 @@ class Store(Protocol):
     async def transcript(self, agent_id: str) -> str: ...
 
 
+@runtime_checkable
+class Leases(Protocol):
+    """Cross-process name leases (optional: a store that has them lets `open_runtime(lease_ttl=...)`
+    keep a name active in at most one runtime among all that share the store).
+
+    - `acquire_lease(agent_id, owner, ttl=..., takeover=())` gives `owner` the name for `ttl`
+      seconds and returns its fencing token (a number that grows with every grant). It raises
+      `NameLeased` while another owner holds an unexpired lease, unless that owner is in
+      `takeover` (owners known to be dead). The same owner acquiring again gets a new token.
+    - While the store holds a lease, every write for that agent (journal append and commit,
+      checkpoint save and delete) checks, in the write's own transaction, that the lease is still
+      this owner's with this token, and raises `LeaseLost` otherwise: a stale owner whose lease
+      expired cannot write after losing it.
+    - `renew_leases(owner, ttl=...)` extends every lease `owner` holds here and returns the
+      names still held; `release_lease(agent_id, owner, token)` gives one up (only that grant:
+      a later grant to the same owner is kept); `break_leases(owner)` ends all of a dead
+      owner's leases at once and returns how many it ended.
+    """
+
+    async def acquire_lease(
+        self, agent_id: str, owner: str, *, ttl: float, takeover: Collection[str] = ()
+    ) -> int: ...
+
+    async def renew_leases(self, owner: str, *, ttl: float) -> list[str]: ...
+
+    async def release_lease(self, agent_id: str, owner: str, token: int) -> None: ...
+
+    async def break_leases(self, owner: str) -> int: ...
+
+
 class FileStore:
     """The file store: journals and checkpoints as files in one directory (the default).
 
@@ -135,6 +167,8 @@ class FileStore:
         self.root = Path(os.path.abspath(root))
         self.journal: OffloadStore = shared_store(self.root)
         self._checkpoints = FileCheckpoints(self.root, write_timeout=write_timeout)
+        self._leases: dict[str, tuple[str, int, int]] = {}  # agent -> (owner, token, locked fd)
+        self._tokens = itertools.count(1)
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.root)!r})"
@@ -183,6 +217,62 @@ class FileStore:
     async def transcript(self, agent_id: str) -> str:
         path = await self.journal.write_transcript(agent_id)
         return await trio.to_thread.run_sync(Path(path).read_text, "utf-8")
+
+
+    # -- leases: an exclusive flock on <dir>/<agent>.lease, held while the lease is -------------
+    # The kernel drops the lock when the holding process dies, so a lease cannot outlive its
+    # owner and needs no expiry (`ttl` is accepted and ignored) nor fencing; `break_leases` can
+    # end only this store's own locks. flock works between processes of one machine sharing the
+    # directory (not over most network file systems).
+    async def acquire_lease(self, agent_id: str, owner: str, *, ttl: float, takeover: Collection[str] = ()) -> int:
+        validate_agent_id(agent_id)
+        held = self._leases.get(agent_id)
+        if held is not None:
+            if held[0] != owner:
+                raise NameLeased(f"agent {agent_id!r} is leased to {held[0]!r} (in this process)")
+            token = next(self._tokens)
+            self._leases[agent_id] = (owner, token, held[2])
+            return token
+        path = self.root / f"{agent_id}.lease"
+
+        def lock() -> int:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+                os.close(fd)
+                raise NameLeased(f"agent {agent_id!r} is leased to {holder or 'another process'!r}") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, owner.encode()[:200], 0)
+            return fd
+
+        fd = await trio.to_thread.run_sync(lock)
+        if agent_id in self._leases:  # acquired meanwhile by this store: keep that one
+            os.close(fd)
+            return await self.acquire_lease(agent_id, owner, ttl=ttl, takeover=takeover)
+        token = next(self._tokens)
+        self._leases[agent_id] = (owner, token, fd)
+        return token
+
+    async def renew_leases(self, owner: str, *, ttl: float) -> list[str]:
+        return sorted(a for a, (o, _, _) in self._leases.items() if o == owner)
+
+    async def release_lease(self, agent_id: str, owner: str, token: int) -> None:
+        held = self._leases.get(agent_id)
+        if held is not None and held[:2] == (owner, token):
+            del self._leases[agent_id]
+            os.close(held[2])  # closing the descriptor drops the lock
+
+    async def break_leases(self, owner: str) -> int:
+        mine = [(a, t) for a, (o, t, _) in self._leases.items() if o == owner]
+        for agent_id, token in mine:
+            await self.release_lease(agent_id, owner, token)
+        return len(mine)
 
 
 def _store_report(agent_id: str, report: JournalReport) -> StoreReport:
@@ -238,4 +328,4 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
     raise ConfigError(f"store must be a directory, a postgresql:// URL or a store object, got {spec!r:.80}")
 
 
-__all__ = ["Checkpoints", "FileCheckpoints", "FileStore", "Store", "StoreReport", "open_store"]
+__all__ = ["Checkpoints", "FileCheckpoints", "FileStore", "Leases", "Store", "StoreReport", "open_store"]
