@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import attrs
 import trio
 
+from ._stores import shared_store
 from .checkpoint import CheckpointStore
 from .errors import ConfigError, NameLeased
 from .message import Message
@@ -162,8 +163,6 @@ class FileStore:
     same directory) and `CheckpointStore`."""
 
     def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
-        from .compaction.compactor import shared_store
-
         self.root = Path(os.path.abspath(root))
         self.journal: OffloadStore = shared_store(self.root)
         self._checkpoints = FileCheckpoints(self.root, write_timeout=write_timeout)

@@ -1,0 +1,160 @@
+"""The `Compactor`'s options: one frozen, validated attrs class, and the budgets they imply.
+
+Every option is checked when the class is built (a malformed value raises `ConfigError` naming
+the option and the value); `Compactor(...)` takes the same names as keywords.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from ..errors import ConfigError
+from ..events import EventSink
+from ..message import Message
+from ..store import Store, open_store
+from ..tokens import TokenCounter
+from .attempts import Failover, ShouldRetry, default_should_retry
+from .breaker import SummarizerBreaker
+from .config import CompactConfig
+from .finalize import Finalize, default_finalize
+from .summary import ExtractiveSummarizer, Summarizer
+
+SUMMARY_BUDGET = 20_000
+"""The default absolute cap on what one compaction inserts, in tokens (see `Compactor`)."""
+
+SUMMARY_FLOOR = 256
+"""No share of a small trigger or window takes the summary budget below this (tokens)."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(minimum: int, optional: bool = False) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if optional and value is None:
+            return
+        if not _is_int(value) or value < minimum:
+            tail = " or None" if optional else ""
+            raise ConfigError(f"{attribute.name} must be an integer >= {minimum}{tail}, got {value!r:.80}")
+
+    return check
+
+
+def _seconds(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ConfigError(f"{attribute.name} must be a number >= 0, got {value!r:.80}")
+
+
+def _timeout(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"{attribute.name} must be a positive number of seconds or None, got {value!r:.80}")
+
+
+def _callable(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not callable(value):
+        raise ConfigError(f"{attribute.name} must be callable, got {value!r:.80}")
+
+
+def _summarizer(value: Any, what: str) -> None:
+    if not (hasattr(value, "complete") or callable(value)):
+        raise ConfigError(f"a summarizer must be a provider or an async callable, got {value!r:.80} ({what})")
+
+
+def _primary(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    _summarizer(value, attribute.name)
+
+
+def _fallbacks(_: Any, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    for s in value:
+        _summarizer(s, attribute.name)
+
+
+def _breaker(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, SummarizerBreaker):
+        raise ConfigError(f"breaker must be a SummarizerBreaker or None, got {value!r:.80}")
+
+
+def _default_summarizer(value: Summarizer | None) -> Summarizer:
+    return ExtractiveSummarizer() if value is None else value
+
+
+def _default_finalize(value: Finalize | None) -> Finalize:
+    return default_finalize if value is None else value
+
+
+def _default_retry(value: ShouldRetry | None) -> ShouldRetry:
+    return default_should_retry if value is None else value
+
+
+def _store(value: str | os.PathLike[str] | Store | None) -> Store | None:
+    return None if value is None else open_store(value)
+
+
+def _sequence(value: Iterable[Summarizer]) -> tuple[Summarizer, ...]:
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        return tuple(value)
+    except TypeError:
+        raise ConfigError(f"fallbacks must be a sequence of summarizers, got {value!r:.80}") from None
+
+
+def _bool(value: object) -> bool:
+    return bool(value)
+
+
+@attrs.frozen(kw_only=True)
+class CompactorOptions:
+    """Everything a `Compactor` is configured with but its plugins (see `Compactor` for what
+    each option means). `attrs.evolve(options, ...)` checks the changed values again."""
+
+    summarizer: Summarizer = attrs.field(default=None, converter=_default_summarizer, validator=_primary)
+    fallbacks: tuple[Summarizer, ...] = attrs.field(default=(), converter=_sequence, validator=_fallbacks)
+    token_counter: TokenCounter | None = attrs.field(default=None, validator=_callable)
+    retries: int = attrs.field(default=3, validator=_count(0))
+    retry_backoff: float = attrs.field(default=0.5, validator=_seconds)
+    max_backoff: float = attrs.field(default=30.0, validator=_seconds)
+    should_retry: ShouldRetry = attrs.field(default=None, converter=_default_retry, validator=_callable)
+    failover: Failover | None = attrs.field(default=None, validator=_callable)
+    summarizer_input_tokens: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    finalize: Finalize = attrs.field(default=None, converter=_default_finalize, validator=_callable)
+    user_message_budget: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    user_message_filter: Callable[[Message], bool] | None = attrs.field(default=None, validator=_callable)
+    pin_task: bool = attrs.field(default=True, converter=_bool)
+    pin_budget: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    reduce_tokens: int | None = attrs.field(default=2_000, validator=_count(1, optional=True))
+    summary_budget: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    max_extra_passes: int = attrs.field(default=2, validator=_count(0))
+    on_event: EventSink | None = attrs.field(default=None, validator=_callable)
+    summarizer_timeout: float | None = attrs.field(default=300.0, validator=_timeout)
+    summarizer_window: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    store: Store | None = attrs.field(default=None, converter=_store)
+    commit_journal: bool = attrs.field(default=True, converter=_bool)
+    breaker: SummarizerBreaker | None = attrs.field(default=None, validator=_breaker)
+
+    def budgets(self, config: CompactConfig, window: int | None = None) -> tuple[int, int, int]:
+        """(summary budget, preserved user messages' budget, the summarizer's output limit), in
+        tokens, for `config` and a window the model reported (see `Compactor`)."""
+        cap = self.summary_budget if self.summary_budget is not None else SUMMARY_BUDGET
+        total = min(cap, max(SUMMARY_FLOOR, share(config, 4, cap, window)))
+        users = total * 2 // 3 if self.user_message_budget is None else min(self.user_message_budget, total * 3 // 4)
+        return total, users, max(1, total - users)
+
+    def pin_limit(self, config: CompactConfig, window: int | None = None) -> int:
+        """How many tokens the pins may take (default a quarter of the trigger or window)."""
+        return self.pin_budget if self.pin_budget is not None else share(config, 4, 20_000, window)
+
+
+def share(config: CompactConfig, divisor: int, fallback: int, window: int | None = None) -> int:
+    """A budget as a share of the smallest of the token trigger and the context windows known
+    (configured, or reported by the model), else `fallback`."""
+    bases = [b for b in (config.token_trigger, config.context_window, window) if b]
+    return max(1, min(bases) // divisor) if bases else fallback
