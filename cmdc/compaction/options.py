@@ -6,13 +6,14 @@ the option and the value); `Compactor(...)` takes the same names as keywords.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import attrs
 
+from .._check import function, integer, optional_integer, optional_seconds, seconds, validator
 from ..errors import ConfigError
 from ..events import EventSink
 from ..message import Message
@@ -31,36 +32,13 @@ SUMMARY_FLOOR = 256
 """No share of a small trigger or window takes the summary budget below this (tokens)."""
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _count(minimum: int, optional: bool = False) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if optional and value is None:
-            return
-        if not _is_int(value) or value < minimum:
-            tail = " or None" if optional else ""
-            raise ConfigError(f"{attribute.name} must be an integer >= {minimum}{tail}, got {value!r:.80}")
-
-    return check
-
-
-def _seconds(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ConfigError(f"{attribute.name} must be a number >= 0, got {value!r:.80}")
-
-
-def _timeout(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ConfigError(f"{attribute.name} must be a positive number of seconds or None, got {value!r:.80}")
+_count = partial(validator, integer, "{}")
+_optional_count = partial(validator, optional_integer, "{}")
 
 
 def _callable(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not callable(value):
-        raise ConfigError(f"{attribute.name} must be callable, got {value!r:.80}")
+    if value is not None:
+        function(value, attribute.name)
 
 
 def _summarizer(value: Any, what: str) -> None:
@@ -119,23 +97,23 @@ class CompactorOptions:
     summarizer: Summarizer = attrs.field(default=None, converter=_default_summarizer, validator=_primary)
     fallbacks: tuple[Summarizer, ...] = attrs.field(default=(), converter=_sequence, validator=_fallbacks)
     token_counter: TokenCounter | None = attrs.field(default=None, validator=_callable)
-    retries: int = attrs.field(default=3, validator=_count(0))
-    retry_backoff: float = attrs.field(default=0.5, validator=_seconds)
-    max_backoff: float = attrs.field(default=30.0, validator=_seconds)
+    retries: int = attrs.field(default=3, validator=_count(minimum=0))
+    retry_backoff: float = attrs.field(default=0.5, validator=validator(seconds, "{}", zero=True))
+    max_backoff: float = attrs.field(default=30.0, validator=validator(seconds, "{}", zero=True))
     should_retry: ShouldRetry = attrs.field(default=None, converter=_default_retry, validator=_callable)
     failover: Failover | None = attrs.field(default=None, validator=_callable)
-    summarizer_input_tokens: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    summarizer_input_tokens: int | None = attrs.field(default=None, validator=_optional_count())
     finalize: Finalize = attrs.field(default=None, converter=_default_finalize, validator=_callable)
-    user_message_budget: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    user_message_budget: int | None = attrs.field(default=None, validator=_optional_count())
     user_message_filter: Callable[[Message], bool] | None = attrs.field(default=None, validator=_callable)
     pin_task: bool = attrs.field(default=True, converter=_bool)
-    pin_budget: int | None = attrs.field(default=None, validator=_count(1, optional=True))
-    reduce_tokens: int | None = attrs.field(default=2_000, validator=_count(1, optional=True))
-    summary_budget: int | None = attrs.field(default=None, validator=_count(1, optional=True))
-    max_extra_passes: int = attrs.field(default=2, validator=_count(0))
+    pin_budget: int | None = attrs.field(default=None, validator=_optional_count())
+    reduce_tokens: int | None = attrs.field(default=2_000, validator=_optional_count())
+    summary_budget: int | None = attrs.field(default=None, validator=_optional_count())
+    max_extra_passes: int = attrs.field(default=2, validator=_count(minimum=0))
     on_event: EventSink | None = attrs.field(default=None, validator=_callable)
-    summarizer_timeout: float | None = attrs.field(default=300.0, validator=_timeout)
-    summarizer_window: int | None = attrs.field(default=None, validator=_count(1, optional=True))
+    summarizer_timeout: float | None = attrs.field(default=300.0, validator=validator(optional_seconds, "{}"))
+    summarizer_window: int | None = attrs.field(default=None, validator=_optional_count())
     store: Store | None = attrs.field(default=None, converter=_store)
     commit_journal: bool = attrs.field(default=True, converter=_bool)
     breaker: SummarizerBreaker | None = attrs.field(default=None, validator=_breaker)
