@@ -168,7 +168,9 @@ def test_a_session_gives_every_section_in_order() -> None:
 
     (step,) = items(text, "Next step")
     assert step.startswith("Wait for the result of lint (c4)")
-    assert step.endswith(CONSTRAINTS[9])
+    # the latest user message is quoted once, under All user messages, and referred to here
+    assert step.endswith("the latest user message (quoted under All user messages)")
+    assert text.count(CONSTRAINTS[9]) == 1
 
 
 def test_unanswered_user_messages_are_pending() -> None:
@@ -178,11 +180,10 @@ def test_unanswered_user_messages_are_pending() -> None:
         Message.user("And gzip the output."),
     ]
     text = ExtractiveSummarizer().summarize(msgs)
-    assert items(text, "Pending tasks") == [
-        "user request: Please also add a CSV header row.",
-        "user request: And gzip the output.",
-    ]
-    assert items(text, "Next step") == ["Answer the latest user request: And gzip the output."]
+    assert items(text, "Pending tasks") == ["unanswered: the latest 2 user messages (quoted under All user messages)"]
+    assert items(text, "Next step") == ["Answer the latest user message (quoted under All user messages)"]
+    assert items(text, "All user messages")[-2:] == ["Please also add a CSV header row.", "And gzip the output."]
+    assert text.count("And gzip the output.") == 1  # quoted once, referred to elsewhere
     assert items(text, "Current work") == ["Understood: InvoiceExporter, and docs in docs/billing/export.md."]
 
 
@@ -218,7 +219,8 @@ def test_folding_settles_pending_items() -> None:
         Message.user("Ship it."),
     ]
     second = summarizer.summarize([previous_summary(first, 10), *later])
-    assert items(second, "Pending tasks") == ["user request: Ship it."]
+    assert items(second, "Pending tasks") == ["unanswered: the latest user message (quoted under All user messages)"]
+    assert second.count("Ship it.") == 1
     # no new assistant text: the earlier current work is carried
     assert items(second, "Current work")[0] == "Now running the linter on src/api/routes.py."
 

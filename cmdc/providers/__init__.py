@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import ModelRequest, Provider, ToolSchema
+from .extractive import ExtractiveSummarizer
 from .scripted import ScriptedProvider
 from .simulated import SimulatedModel
 
 if TYPE_CHECKING:
-    from ..compaction.summary import ExtractiveSummarizer
     from ._http import ReplyLimits
     from .anthropic import AnthropicProvider
     from .openai import OpenAIProvider
@@ -45,8 +45,6 @@ def __getattr__(name: str) -> Any:
                 f"cmdc.providers.{name} needs the 'http' extra: pip install 'cmdc[http]' ({exc})"
             ) from exc
         value = getattr(module, name)
-    elif name == "ExtractiveSummarizer":
-        from ..compaction.summary import ExtractiveSummarizer as value
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
