@@ -66,9 +66,11 @@ from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
 from .store import StoreReport
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
+SEARCH_NARROW_BELOW = 50_000
+"""Journals with at most this many records are searched through their agent's index lexeme."""
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 _WORD = re.compile(r"\w+")
 T = TypeVar("T")
@@ -146,6 +148,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             expires_at timestamptz NOT NULL
         )""",
         "CREATE INDEX cmdc_leases_owner ON cmdc_leases (owner)",
+    ),
+    5: (
+        # new entries wait in the index's pending list, which every search reads whole: keep it
+        # short (256 kB, not the server's default, 4 MB) so a search right after a large append stays fast
+        "ALTER INDEX cmdc_records_words SET (gin_pending_list_limit = 256)",
     ),
 }
 
@@ -617,7 +624,9 @@ class PostgresStore:
         index gives the candidates, at most `SEARCH_CANDIDATES` records holding *every* query
         word, then (when those are fewer than `limit`) at most `SEARCH_CANDIDATES` more holding
         *any* of them; the candidates are ranked by PostgreSQL's `ts_rank` (more of the query's
-        words, and more often, rank higher), ties by the lowest seq. When more records match
+        words, and more often, rank higher), ties by the lowest seq. A journal of at most
+        `SEARCH_NARROW_BELOW` records is searched through its agent's lexeme in the index, so
+        other agents' matches are never read; a larger one by its words alone. When more records match
         than that, the ones ranked are those the index hands out first (about the oldest),
         not necessarily the best of all: a more specific query narrows it."""
         validate_agent_id(agent_id)
@@ -633,7 +642,7 @@ class PostgresStore:
         "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
         "SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(r.words, q) AS rank FROM cmdc_records r "
         "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
-        "to_tsquery('simple', %s) q WHERE r.agent_id = %s AND r.words @@ (q && %s::tsquery) {extra}LIMIT %s"
+        "to_tsquery('simple', %s) q WHERE r.agent_id = %s AND r.words @@ {match} {extra}LIMIT %s"
         ") c ORDER BY c.rank DESC, c.seq LIMIT %s"
     )
 
@@ -642,15 +651,25 @@ class PostgresStore:
     ) -> list[Any]:
         cap = SEARCH_CANDIDATES
         with conn.transaction():
-            mine = f"'cmdc agent={agent_id}'"  # agent ids hold no quote or backslash
+            row = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+            if row is None:
+                return []
+            # A small journal is searched through its agent's lexeme in the index: other agents'
+            # matches are never read, and the lexeme's own entries are few. A large one is
+            # searched by the words alone (its lexeme's entries would cost more to read than
+            # the other agents' matches the filter drops, which its own matches outnumber).
+            narrow = int(row[0]) <= SEARCH_NARROW_BELOW
+            match = "(q && %s::tsquery)" if narrow else "q"
+            mine = (f"'cmdc agent={agent_id}'",) if narrow else ()  # agent ids hold no quote or backslash
             found: list[Any] = conn.execute(
-                self._CANDIDATES.format(extra=""), (every, agent_id, mine, cap, limit)
+                self._CANDIDATES.format(match=match, extra=""), (every, agent_id, *mine, cap, limit)
             ).fetchall()
             if len(found) >= limit or every == some:
                 return found
-            seen = [row[0] for row in found]
+            seen = [r[0] for r in found]
             more = conn.execute(
-                self._CANDIDATES.format(extra="AND NOT r.seq = ANY(%s) "), (some, agent_id, mine, seen, cap, limit)
+                self._CANDIDATES.format(match=match, extra="AND NOT r.seq = ANY(%s) "),
+                (some, agent_id, *mine, seen, cap, limit),
             ).fetchall()
         return found + more[: limit - len(found)]
 

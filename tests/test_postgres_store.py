@@ -109,6 +109,10 @@ async def test_search_can_use_the_gin_index(pg: PostgresStore, postgres_url: str
         ).fetchall()
     plan = "\n".join(str(r[0]) for r in rows)
     assert "Bitmap Index Scan on cmdc_records_words (actual" in plan and "rows=10 loops=1" in plan, plan
+    # a search reads the index's pending list whole: it is kept short
+    assert sql(postgres_url, "SELECT reloptions FROM pg_class WHERE relname = 'cmdc_records_words'") == [
+        (["gin_pending_list_limit=256"],)
+    ]
     hits = await pg.search("a1", "needle", limit=100)
     assert len(hits) == 10 and all(h.message.text.startswith("needle") for h in hits)
     assert len(await pg.search("b2", "needle 7", limit=3)) == 3
