@@ -635,8 +635,14 @@ class PostgresStore:
         if not words:
             return []
         quoted = ["'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words]
-        rows = await self._run(self._search_sync, agent_id, " & ".join(quoted), " | ".join(quoted), limit)
-        return (await trio.to_thread.run_sync(self._decode, rows))[0]
+        found: list[JournalRecord] = await self._run(
+            self._search_decoded, agent_id, " & ".join(quoted), " | ".join(quoted), limit
+        )
+        return found
+
+    def _search_decoded(self, conn: psycopg.Connection[Any], *args: Any) -> list[JournalRecord]:
+        """`_search_sync` and the decoding of its few rows, in one worker thread's turn."""
+        return self._decode(self._search_sync(conn, *args))[0]
 
     _CANDIDATES = (
         "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
