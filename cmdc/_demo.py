@@ -540,6 +540,10 @@ class _Traced:
     ) -> AbstractContextManager[Span]:
         return self.tracing.compaction(agent, reason, state, parent) if agent == self.agent else UNTRACED
 
+    def event(self, event: Event) -> None:
+        if event.agent_id == self.agent:
+            self.tracing.event(event)
+
     def lines(self) -> list[str]:
         from .otel import span_tree
 

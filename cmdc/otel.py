@@ -18,7 +18,8 @@ and `server.port` (HTTP providers), `gen_ai.usage.input_tokens` / `output_tokens
 `cache_read.input_tokens` / `cache_creation.input_tokens` (per request, and summed on the
 turn), `gen_ai.response.finish_reasons`, `gen_ai.tool.name` / `call.id` / `type` /
 `description`, `error.type`; compactions carry `cmdc.compaction.*` (reason, tokens and messages
-before and after, evicted, the journal's record range, summarizer and its attempts, passes).
+before and after, evicted, the journal's record range, summarizer and its attempts, passes),
+and the compactor's events (each summarizer attempt, fallbacks) are span events on them.
 
 Privacy by default: no prompt, completion, tool argument or result text is recorded unless
 `include_content=True` (then `gen_ai.input.messages`, `gen_ai.output.messages`,
@@ -54,6 +55,15 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from ._check import flag, integer
 from ._version import __version__
 from .errors import ConfigError, ContextOverflow
+from .events import (
+    COMPACTION_FAILED,
+    COMPACTION_FALLBACK,
+    PINS_OVER_BUDGET,
+    SUMMARIZER_ATTEMPT,
+    SUMMARIZER_FALLBACK,
+    TOOL_RESULTS_CLIPPED,
+    Event,
+)
 from .message import Message, ToolCall
 from .providers.base import STOP_REASON_KEY, ModelRequest, Provider
 from .report import Compacted, CompactionReport, Skipped
@@ -77,6 +87,20 @@ CONTENT_ATTRIBUTES = frozenset(
     }
 )
 """The attributes that carry conversation text: recorded only with `include_content=True`."""
+
+SPAN_EVENTS = frozenset(
+    {
+        SUMMARIZER_ATTEMPT,
+        SUMMARIZER_FALLBACK,
+        COMPACTION_FALLBACK,
+        COMPACTION_FAILED,
+        PINS_OVER_BUDGET,
+        TOOL_RESULTS_CLIPPED,
+    }
+)
+"""The compactor's event kinds added to the current span (a compaction's, or a turn's for
+clipped tool results) as span events, with their figures as `cmdc.*` attributes. Their `error`
+texts (which may quote a model's answer) only with `include_content=True`."""
 
 
 @attrs.define
@@ -171,6 +195,21 @@ class Tracing:
         }
         parent_context = None if parent is None else parent.run(otel_context.get_current)
         return self._span(f"compact {agent}", SpanKind.INTERNAL, attributes, _Compaction, state, parent_context)
+
+    def event(self, event: Event) -> None:
+        if event.kind not in SPAN_EVENTS:
+            return
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        attributes: dict[str, Any] = {}
+        for key, value in event.data.items():
+            if key == "error" and not self.include_content:
+                continue
+            if isinstance(value, (str, bool, int, float)):
+                attributes[f"cmdc.{key}"] = self.content(value) if isinstance(value, str) else value
+        with contextlib.suppress(Exception):
+            span.add_event(event.kind, attributes)
 
     # -- the span's life ------------------------------------------------------------------------------
     @contextlib.contextmanager

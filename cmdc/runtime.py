@@ -370,10 +370,16 @@ class Runtime:
             fallbacks=last_resort,
             retries=1 if model else 3,
             breaker=SummarizerBreaker() if model else None,
-            on_event=self.bus.publish,
+            on_event=self.bus.publish if self.tracing is None else self._publish_traced,
             store=self.store,
             commit_journal=False,  # the agent commits the journal after it commits its state
         )
+
+    def _publish_traced(self, event: Event) -> None:
+        """A compactor's event, to the bus and to the tracer (its current span notes it)."""
+        self.bus.publish(event)
+        if self.tracing is not None:
+            self.tracing.event(event)
 
     def _make_agent(
         self, name: str, slot: _Slot, state: State, compactor: Compactor | None = None, saved: State | None = None
@@ -856,7 +862,7 @@ async def open_runtime(
             "store=... or checkpoint_dir=..."
         )
     if tracing is not None and not all(
-        callable(getattr(tracing, m, None)) for m in ("turn", "request", "tool", "compaction")
+        callable(getattr(tracing, m, None)) for m in ("turn", "request", "tool", "compaction", "event")
     ):
         raise ConfigError(f"tracing must be a tracer such as cmdc.otel.Tracing(), got {tracing!r:.80}")
     if store is not None and checkpoint_dir is not None:

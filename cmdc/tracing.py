@@ -24,6 +24,7 @@ import contextvars
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from .events import Event
 from .message import Message, ToolCall
 from .providers.base import ModelRequest, Provider
 from .report import Compacted, Skipped
@@ -60,6 +61,11 @@ class Tracer(Protocol):
         self, agent: str, reason: str, state: State, parent: contextvars.Context | None = None
     ) -> AbstractContextManager[Span]:
         """One compaction (`auto`, `forced` or `manual`) of `state`."""
+        ...
+
+    def event(self, event: Event) -> None:
+        """An event of an agent's compactor (a summarizer attempt, a fallback, clipped tool
+        results), emitted in the agent's task: the span current there may note it."""
         ...
 
 

@@ -193,6 +193,9 @@ async def test_session_tree_shape_and_attributes(tmp_path: Path) -> None:
     )
     assert k["cmdc.compaction.summarizer_attempts"] >= 1 and k["cmdc.compaction.summarizer"]
     assert k["cmdc.compaction.journal.path"].endswith("lead.jsonl")
+    attempts = [e for e in compact.events if e.name == "summarizer_attempt"]  # the compactor's events
+    assert attempts and dict(attempts[-1].attributes or {})["cmdc.ok"] is True
+    assert len(attempts) == k["cmdc.compaction.summarizer_attempts"]
     assert retry.name == "chat family-model-1" and retry.status.status_code is StatusCode.UNSET
     assert attrs_of(two)["cmdc.turn.requests"] == 2 and attrs_of(two)["cmdc.turn.compactions"] == 1
 
@@ -419,6 +422,35 @@ async def test_hostile_options() -> None:
             pass
 
 
+async def test_failed_summarizer_attempts_are_span_events(tmp_path: Path) -> None:
+    """A summarizer that fails once, then answers: two attempt events on the compaction span;
+    the failure's text only with include_content."""
+    for content in (False, True):
+        provider, exporter = recorder()
+        calls = 0
+
+        async def flaky(messages: Sequence[Message], instruction: str) -> str:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("SECRET-ERROR from the summarizer")
+            return "the summary"
+
+        tracing = cmdc.otel.Tracing(tracer_provider=provider, include_content=content)
+        async with open_runtime(log_events=False, tracing=tracing) as rt:
+            agent = await rt.spawn(
+                "a1", ScriptedProvider(["one" + PADDING, "two" + PADDING]), config=config(tmp_path), summarizer=flaky
+            )
+            await agent.prompt("first")
+            await agent.prompt("second")
+            assert isinstance(await agent.compact(), cmdc.Compacted)
+        (compact,) = [s for s in exporter.get_finished_spans() if s.name == "compact a1"]
+        events = [dict(e.attributes or {}) for e in compact.events if e.name == "summarizer_attempt"]
+        assert [e["cmdc.ok"] for e in events] == [False, True]
+        assert ("SECRET-ERROR" in str(events[0].get("cmdc.error"))) is content
+        assert attrs_of(compact)["cmdc.compaction.summarizer_attempts"] == 2
+
+
 # -- cmdc demo --trace ----------------------------------------------------------------------------
 
 
@@ -449,3 +481,19 @@ def test_demo_trace_without_the_sdk(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if it were not installed
     assert main(["demo", "--trace", "--agents", "1", "--turns", "1"]) == 2
     assert "opentelemetry-sdk" in capsys.readouterr().err
+
+
+def test_bench_otel_prints_its_figures() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_otel", "--turns", "3", "--runs", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("cost per turn")
+    labels = ("off (no tracing=)", "no-op provider", "SDK, in-memory exporter", "SDK + include_content")
+    for label, line in zip(labels, lines[1:], strict=True):
+        assert line.strip().startswith(label) and "µs" in line
