@@ -844,8 +844,10 @@ class OffloadStore:
             first = self._peek_next_seq(path, journal)
             return AppendResult(path, first, first - 1, 0, journal.journal, attempt)
         ids = [m.id for m in batch]
-        if len(set(ids)) != len(ids):  # a message repeated within the batch: written once
+        in_batch = set(ids)
+        if len(in_batch) != len(ids):  # a message repeated within the batch: written once
             batch = tuple(dict(zip(ids, batch, strict=True)).values())
+            ids = [m.id for m in batch]
         doing = "open"
         try:
             fd = self._open_locked(path)
@@ -855,40 +857,19 @@ class OffloadStore:
             doing = "check the end of"
             self._check_tail(fd, path, journal, agent_id, events)
             head, jid = self._expect(fd, path, journal, agent_id, expect, events)
-            seqs: list[int] = []
-            fresh: list[Message] = []
             pending = {attempt}
-            # An uncommitted attempt's records are reused only by a retry of its compaction that
-            # holds every one of them: committing the retry commits the whole attempt.
-            in_batch = {m.id for m in batch}
-            partial = {
-                k[2]
-                for i, k in journal.known.items()
-                if k[2] is not None and k[2] not in journal.committed and i not in in_batch
-            }
-            for m in batch:
-                known = journal.known.get(m.id)
-                if (
-                    known is not None
-                    and known[1] == m.json_crc()
-                    and (
-                        known[2] is None
-                        or known[2] in journal.committed
-                        or (known[3] == compaction and known[2] not in partial)
-                    )
-                ):
-                    seqs.append(known[0])
-                    if known[2] is not None and known[2] not in journal.committed:
-                        pending.add(known[2])
-                else:
-                    seqs.append(-1)
-                    fresh.append(m)
             first = journal.seq + 1
-            next_seq = first
-            for i, s in enumerate(seqs):
-                if s < 0:
-                    seqs[i] = next_seq
-                    next_seq += 1
+            if in_batch.isdisjoint(journal.known):  # the common case: every message is new
+                fresh: Sequence[Message] = batch
+                seqs = list(range(first, first + len(batch)))
+                next_seq = first + len(batch)
+            else:
+                fresh, seqs = self._reused(journal, batch, in_batch, compaction, pending)
+                next_seq = first
+                for i, s in enumerate(seqs):
+                    if s < 0:
+                        seqs[i] = next_seq
+                        next_seq += 1
             if not fresh:
                 pending.discard(attempt)
             ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
@@ -923,18 +904,59 @@ class OffloadStore:
             journal.size, journal.last = size + written, _last_line(pieces)
             journal.journal, journal.seq = jid, high
             journal.expected = (jid, high)
-            for m, s in zip(batch, seqs, strict=True):
-                if m.id not in journal.known or journal.known[m.id][0] != s:
-                    journal.known[m.id] = (s, m.json_crc(), attempt, compaction)
+            known = journal.known
+            if fresh is batch:
+                rows = zip(ids, batch, seqs, strict=True)
+                known.update({i: (s, m.json_crc(), attempt, compaction) for i, m, s in rows})
+            else:
+                for m, s in zip(batch, seqs, strict=True):
+                    if m.id not in known or known[m.id][0] != s:
+                        known[m.id] = (s, m.json_crc(), attempt, compaction)
             if commit and ordered:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)
             left = () if commit else ordered
-            return AppendResult(path, min(seqs), max(seqs), len(fresh), jid, attempt, left, tuple(seqs))
+            low, top = (first, next_seq - 1) if fresh is batch else (min(seqs), max(seqs))
+            return AppendResult(path, low, top, len(fresh), jid, attempt, left, tuple(seqs))
         except OSError as exc:
             raise _offload_error(path, exc, doing) from exc
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _reused(
+        journal: _Journal, batch: tuple[Message, ...], in_batch: set[str], compaction: int, pending: set[str]
+    ) -> tuple[list[Message], list[int]]:
+        """For a batch holding messages the journal has: (the messages to write, the record
+        number of each message of the batch, -1 where it gets a new one); the uncommitted
+        attempts whose records it reuses are added to `pending`. An uncommitted attempt's
+        records are reused only by a retry of its compaction that holds every one of them:
+        committing the retry commits the whole attempt."""
+        partial = {
+            k[2]
+            for i, k in journal.known.items()
+            if k[2] is not None and k[2] not in journal.committed and i not in in_batch
+        }
+        seqs: list[int] = []
+        fresh: list[Message] = []
+        for m in batch:
+            known = journal.known.get(m.id)
+            if (
+                known is not None
+                and known[1] == m.json_crc()
+                and (
+                    known[2] is None
+                    or known[2] in journal.committed
+                    or (known[3] == compaction and known[2] not in partial)
+                )
+            ):
+                seqs.append(known[0])
+                if known[2] is not None and known[2] not in journal.committed:
+                    pending.add(known[2])
+            else:
+                seqs.append(-1)
+                fresh.append(m)
+        return fresh, seqs
 
     @staticmethod
     def _prune(journal: _Journal, kept: Sequence[str]) -> None:

@@ -1,18 +1,28 @@
-"""Compaction: config, cutoff, summary and the `Compactor`."""
+"""Compaction: the `Compactor` and its parts.
+
+`config` (the settings in `state.config`), `cutoff` (the pure split), `options` (the
+Compactor's validated options and budgets), `attempts` (retries, fallbacks, failover),
+`breaker` (suspending a failing summarizer), `summary` (calling a summarizer, the summary
+message), `finalize` (what replaces the evicted messages), `clip` (what a compaction clips),
+`caches` (process-wide caches) and `compactor` (the API and the pipeline's stages).
+"""
 
 from ..report import Compacted, CompactionReport, Skipped
 from .breaker import SummarizerBreaker
 from .compactor import Compactor, SummaryAttempt, default_should_retry
 from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold
 from .cutoff import Split, split_messages
+from .options import SUMMARY_BUDGET, CompactorOptions
 from .summary import ExtractiveSummarizer, Summarizer, render_transcript
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
+    "SUMMARY_BUDGET",
     "CompactConfig",
     "Compacted",
     "CompactionReport",
     "Compactor",
+    "CompactorOptions",
     "ExtractiveSummarizer",
     "Skipped",
     "Split",

@@ -91,8 +91,47 @@ def _bool(value: object) -> bool:
 
 @attrs.frozen(kw_only=True)
 class CompactorOptions:
-    """Everything a `Compactor` is configured with but its plugins (see `Compactor` for what
-    each option means). `attrs.evolve(options, ...)` checks the changed values again."""
+    """Everything a `Compactor` is configured with but its plugins, checked when built
+    (`attrs.evolve(options, ...)` checks the changed values again).
+
+    `summarizer`: a provider or an async callable `(messages, instruction) -> str`; None means
+    the offline `ExtractiveSummarizer`. `retries`: extra attempts per summarizer, with
+    exponential backoff from `retry_backoff` seconds (at most `max_backoff`). `should_retry`:
+    sees each `SummaryAttempt` (its answer or its error) and says whether it is unusable; by
+    default (`default_should_retry`) an error, an empty answer, an answer cut off by its output
+    limit (stop reason `length` / `max_tokens`) and one lacking the sections its prompt asked for
+    are (an empty answer is never accepted); a cut-off answer is retried with smaller chunks.
+    `fallbacks`: summarizers tried in order, with the same retries, when the primary
+    gives up (a `summarizer_fallback` event says so when one of them writes the summary).
+    `failover`: a callable (sync or async) that gets the last `SummaryAttempt` and returns
+    `(summarizer, messages)` to try next, or None to stop; it is called at most
+    `retries + 1` times, after the fallbacks. `summarizer_input_tokens`: past this many estimated tokens the
+    evicted messages are summarized in chunks, rolled forward. `summarizer_window`: the
+    summarizing model's context window (default: the agent's `context_window`, or the window
+    an overflow reported); a model summarizer's request is sized so that its input plus the
+    summary's output budget fits it, in chunks otherwise. `token_counter`: a per-message
+    counter (a real tokenizer) replacing the default estimate. `on_event`: receives `Event`s.
+
+    What survives: `finalize` turns the summary into the messages that replace the evicted
+    ones (default: `default_finalize`, which puts the real user messages, newest first within
+    `user_message_budget` tokens — default two thirds of the summary budget, at most three
+    quarters — into the summary,
+    `user_message_filter` choosing which count). `pin_task` keeps the session's first user
+    message verbatim; pins (the task, `cmdc.pinned` messages) are kept within `pin_budget`
+    tokens (default a quarter of the token trigger), past which the oldest are summarized
+    with an event. `reduce_tokens`: tool results and tool-call arguments longer than this are
+    clipped, with a pointer to the journal, in what the summarizer reads. After compacting, if
+    a trigger still fires, up to `max_extra_passes` more passes run with a halved keep rule;
+    then `CompactionIncomplete` says so, carrying the compacted state. `summarizer_timeout`:
+    seconds one summarizer attempt may take (all its chunks); past it the attempt fails with
+    `SummarizerTimeout` and is retried and failed over like any other (None: no bound). A
+    cut-off answer whose input cannot be cut smaller is not retried (the same request would be
+    cut off again). `breaker`: a `SummarizerBreaker`; with a fallback or a failover, a primary
+    summarizer that gave up in several compactions in a row is skipped for a while (a
+    `summarizer_suspended` event, then a `summarizer_fallback` event per skipped compaction).
+    `store`: where every agent's journal goes (a directory, a `postgresql://` URL or a store
+    object; None: each state's `compact_offload_dir`). `commit_journal`: see `Compactor`.
+    """
 
     summarizer: Summarizer = attrs.field(default=None, converter=_default_summarizer, validator=_primary)
     fallbacks: tuple[Summarizer, ...] = attrs.field(default=(), converter=_sequence, validator=_fallbacks)
