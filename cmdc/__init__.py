@@ -125,3 +125,15 @@ __all__ = [
     "validate_agent_id",
     "__version__",
 ]
+
+_OPTIONAL_MODULES = frozenset({"otel"})
+"""Submodules on optional extras, imported on first use (`cmdc.otel`): `import cmdc` never
+imports their dependencies."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _OPTIONAL_MODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

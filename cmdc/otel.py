@@ -48,9 +48,13 @@ from urllib.parse import urlsplit
 import attrs
 import orjson
 import trio
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(f"cmdc.otel needs the otel extra: pip install 'cmdc[otel]' ({exc})") from exc
 
 from ._check import flag, integer
 from ._version import __version__

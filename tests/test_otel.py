@@ -497,3 +497,15 @@ def test_bench_otel_prints_its_figures() -> None:
     labels = ("off (no tracing=)", "no-op provider", "SDK, in-memory exporter", "SDK + include_content")
     for label, line in zip(labels, lines[1:], strict=True):
         assert line.strip().startswith(label) and "µs" in line
+
+
+def test_cmdc_otel_on_first_use_and_without_the_extra() -> None:
+    """`cmdc.otel` works after a plain `import cmdc`; without opentelemetry it says which extra."""
+    code = "import cmdc\nassert 'cmdc.otel' not in __import__('sys').modules\nprint(cmdc.otel.Tracing.__name__)\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "Tracing\n", out.stderr
+    blocked = "import sys\nsys.modules['opentelemetry'] = None\nimport cmdc\ncmdc.otel\n"
+    out = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "pip install 'cmdc[otel]'" in out.stderr
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        cmdc.no_such_thing  # type: ignore[attr-defined]  # noqa: B018
