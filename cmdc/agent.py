@@ -83,10 +83,10 @@ from .plugins import (
     fold,
     sort_plugins,
 )
-from .providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY, ModelRequest, Provider
+from .providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY, ModelRequest, Provider, ToolSchema
 from .report import Compacted, Skipped
 from .state import State
-from .tools import Tool
+from .tools import Tool, ToolSet
 from .tracing import UNTRACED, Span, Tracer
 
 if TYPE_CHECKING:
@@ -529,7 +529,9 @@ class Agent:
         "_done_event",
         "_receive",
         "_schemas",
+        "_seen",
         "_send",
+        "_tools",
         "aborted",
         "activated",
         "bus",
@@ -549,6 +551,7 @@ class Agent:
         "on_active",
         "on_exit",
         "options",
+        "own_tools",
         "pending",
         "plugins",
         "provider",
@@ -558,7 +561,7 @@ class Agent:
         "saved",
         "serving",
         "state",
-        "tools",
+        "toolsets",
         "tracer",
         "turn_scope",
     )
@@ -570,7 +573,7 @@ class Agent:
         state: State,
         provider: Provider,
         compactor: Compactor,
-        tools: Iterable[Tool],
+        tools: Iterable[Tool | ToolSet],
         plugins: Iterable[Plugin],
         options: AgentOptions,
         bus: EventBus,
@@ -599,14 +602,21 @@ class Agent:
         self.compactor = compactor
         self.question = _KeepTheQuestion()
         compactor.add_plugin(self.question)
-        self.tools: dict[str, Tool] = {}
+        self.own_tools: dict[str, Tool] = {}
+        toolsets: list[ToolSet] = []
         for t in tools:
+            if isinstance(t, ToolSet):
+                toolsets.append(t)
+                continue
             if not isinstance(t, Tool):
                 raise ConfigError(f"tools must be cmdc Tool values (use @cmdc.tool), got {t!r:.80}")
-            if t.name in self.tools:
+            if t.name in self.own_tools:
                 raise ConfigError(f"two tools are named {t.name!r}")
-            self.tools[t.name] = t
-        self._schemas = tuple(t.schema for t in self.tools.values())
+            self.own_tools[t.name] = t
+        self.toolsets = tuple(toolsets)
+        self._seen: tuple[int, ...] = ()  # the toolsets' versions the view below was built from
+        self._tools = self.own_tools
+        self._schemas = tuple(t.schema for t in self.own_tools.values())
         self.plugins = sort_plugins(plugins)
         self.options = options
         self.bus = bus
@@ -995,7 +1005,7 @@ class Agent:
         whole first); then the overflow reaches the caller with its figures."""
         forced, clipped = 0, False
         while True:
-            request = ModelRequest(state.messages, self._schemas, self.options.max_output_tokens)
+            request = ModelRequest(state.messages, self.tool_schemas, self.options.max_output_tokens)
             self._emit(REQUEST, messages=len(state.messages), tokens=state.token_usage)
             t0 = trio.current_time()
             try:
@@ -1100,6 +1110,27 @@ class Agent:
             self.state = folded.value
 
     # -- tools ----------------------------------------------------------------------------------
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The tools by name: its own, then those its tool sets (MCP servers) list now (a name
+        already taken keeps its first tool)."""
+        if self.toolsets:
+            versions = tuple(ts.version for ts in self.toolsets)
+            if versions != self._seen:
+                merged = dict(self.own_tools)
+                for ts in self.toolsets:
+                    for name, t in ts.tools.items():
+                        merged.setdefault(name, t)
+                self._tools, self._seen = merged, versions
+                self._schemas = tuple(t.schema for t in merged.values())
+        return self._tools
+
+    @property
+    def tool_schemas(self) -> tuple[ToolSchema, ...]:
+        """What the model is told of the tools, in the order of `tools`."""
+        self.tools  # noqa: B018  # rebuilds both views when a tool set changed
+        return self._schemas
+
     async def _run_tools(self, state: State, reply: Message) -> list[Message]:
         calls, limit = reply.tool_calls, self.options.max_parallel_tools
         results: list[Message | None] = [None] * len(calls)

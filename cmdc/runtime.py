@@ -30,7 +30,7 @@ from .providers.base import Provider
 from .recall import MIN_BUDGET, recall_tool
 from .state import State, validate_agent_id
 from .store import Checkpoints, FileCheckpoints, Leases, Store, open_store
-from .tools import Tool, tool
+from .tools import Tool, ToolSet, ToolSource, tool
 from .tracing import Tracer
 
 DEFAULT_RECALL_BUDGET = 2_000
@@ -101,7 +101,7 @@ class _Slot:
     def __init__(
         self,
         provider: Provider,
-        tools: tuple[Tool, ...],
+        tools: tuple[Tool | ToolSet, ...],
         plugins: tuple[Plugin, ...],
         config: Mapping[str, Any] | None,
         summarizer: Summarizer | None,
@@ -166,6 +166,8 @@ class Runtime:
         self.lease_takeover: set[str] = set()  # owners known dead: their leases may be taken over
         self._leases: Leases | None = store if lease_ttl is not None and isinstance(store, Leases) else None
         self._leased: dict[str, int] = {}  # resident name -> its lease's fencing token
+        self._sources: dict[ToolSource, ToolSet] = {}  # started tool sources (MCP servers), by source
+        self._sources_lock = trio.Lock()
 
     @property
     def agents(self) -> list[str]:
@@ -209,7 +211,7 @@ class Runtime:
         provider: Provider,
         *,
         instructions: str | None = None,
-        tools: Iterable[Tool] = (),
+        tools: Iterable[Tool | ToolSource | ToolSet] = (),
         plugins: Iterable[Plugin] = (),
         config: Mapping[str, Any] | None = None,
         summarizer: Summarizer | None = None,
@@ -282,7 +284,7 @@ class Runtime:
         name: str,
         provider: Provider,
         instructions: str | None,
-        tools: Iterable[Tool],
+        tools: Iterable[Tool | ToolSource | ToolSet],
         plugins: Iterable[Plugin],
         config: Mapping[str, Any] | None,
         summarizer: Summarizer | None,
@@ -315,16 +317,16 @@ class Runtime:
             state, fresh = state.evolve(config={**state.config, "context_window": window}), None
         compactor = self._compactor(summarizer if summarizer is not None else provider, plugins)
         compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
-        tools = tuple(tools)
+        given = await self._live_tools(tools)
         if recall:
-            if any(isinstance(t, Tool) and t.name == "recall" for t in tools):
+            if any(isinstance(t, Tool) and t.name == "recall" for t in given):
                 raise ConfigError("recall=True adds a tool named 'recall', but one of the given tools has that name")
             settings = compactor.compact_config(state)
             budget = _recall_budget(settings.context_window or getattr(provider, "context_window", None))
-            tools += (recall_tool(compactor.store_for(settings), name, budget_tokens=budget),)
+            given += (recall_tool(compactor.store_for(settings), name, budget_tokens=budget),)
         if grants.children:
-            tools = (*tools, _delegate_tool(self, name, grants.targets))
-        slot = _Slot(provider, tools, plugins, config, summarizer, options)
+            given = (*given, _delegate_tool(self, name, grants.targets))
+        slot = _Slot(provider, given, plugins, config, summarizer, options)
         # A new State is what it had (activation rebuilds it) only when none was loaded: a
         # resumed state is as good as saved, but activation must read it back.
         slot.fresh = fresh is state and saved is None
@@ -352,6 +354,38 @@ class Runtime:
             raise
         self._make_room()
         return ref
+
+    async def _live_tools(self, tools: Iterable[Tool | ToolSource | ToolSet]) -> tuple[Tool | ToolSet, ...]:
+        """`Tool` values as they are, tool sources (MCP servers) as the `ToolSet` they serve:
+        each source is started once, in the runtime's nursery, at the first spawn that names it,
+        and stops with the runtime. Two tools of one name (a server's tool named like another
+        tool) are a `ConfigError`."""
+        out: list[Tool | ToolSet] = []
+        for t in tools:
+            if isinstance(t, (Tool, ToolSet)):
+                out.append(t)
+            elif isinstance(t, ToolSource):
+                async with self._sources_lock:
+                    if self._closed:
+                        raise AgentStopped("the runtime is closed")
+                    live = self._sources.get(t)
+                    if live is None:
+                        live = await self._nursery.start(t.serve)
+                        self._sources[t] = live
+                out.append(live)
+            else:
+                raise ConfigError(f"tools must be cmdc Tool values (use @cmdc.tool) or tool sources, got {t!r:.80}")
+        seen: dict[str, str] = {}
+        for item in out:
+            for name in item.tools if isinstance(item, ToolSet) else (item.name,):
+                where = f"tool set {item.name!r}" if isinstance(item, ToolSet) else "the tools given"
+                if name in seen:
+                    raise ConfigError(
+                        f"two tools are named {name!r} (in {seen[name]} and in {where}); "
+                        "give an MCP server a prefix (cmdc.mcp.stdio(..., prefix='x_'))"
+                    )
+                seen[name] = where
+        return tuple(out)
 
     def _compactor(self, summarizer: Summarizer, plugins: tuple[Plugin, ...]) -> Compactor:
         """An agent's compactor. When both attempts of a model summarizer (a provider) fail (an
@@ -778,7 +812,7 @@ def _delegate_tool(runtime: Runtime, parent: str, targets: tuple[str, ...] | Non
             child = await runtime.spawn(
                 name,
                 me.provider,
-                tools=[t for t in me.tools.values() if t.name not in ("delegate", "recall")],
+                tools=[*(t for t in me.own_tools.values() if t.name not in ("delegate", "recall")), *me.toolsets],
                 config=me.state.config,
                 summarizer=me.compactor.summarizer,
                 options=attrs.evolve(me.options, restart="temporary"),

@@ -3,6 +3,8 @@
 `@tool` builds a `Tool` from a typed function (`async def`, or a plain `def`, which runs in a
 worker thread); `tool_from_schema` takes a hand-written
 schema. `validate_arguments` is the small JSON-schema validator both use on a model's arguments.
+A `ToolSource` (an MCP server, see `cmdc.mcp`) is started by the runtime and serves a `ToolSet`
+whose tools may change while agents use them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import types
 import typing
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Union, overload
+from typing import Any, Literal, Protocol, Union, overload, runtime_checkable
 
 import attrs
 import orjson
@@ -439,6 +441,49 @@ def tool(
     if fn is None:
         return lambda f: _build(f, name, description, timeout)
     return _build(fn, name, description, timeout)
+
+
+class ToolSet:
+    """A live set of tools from outside (an MCP server's), served by a started `ToolSource`.
+
+    `tools` is the current listing by name; `version` grows with every change, so an agent
+    rebuilds its view only when the set changed. `error` says why the source stopped serving,
+    when it did (its tools then answer the model with that error)."""
+
+    __slots__ = ("_tools", "error", "name", "version")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._tools: dict[str, Tool] = {}
+        self.version = 0
+        self.error: str | None = None
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        return types.MappingProxyType(self._tools)
+
+    def replace(self, tools: typing.Iterable[Tool]) -> None:
+        """The new listing (a later tool with a name already taken is dropped)."""
+        fresh: dict[str, Tool] = {}
+        for t in tools:
+            fresh.setdefault(t.name, t)
+        self._tools = fresh
+        self.version += 1
+
+    def __repr__(self) -> str:
+        return f"<ToolSet {self.name!r}: {len(self._tools)} tools, version {self.version}>"
+
+
+@runtime_checkable
+class ToolSource(Protocol):
+    """Something `spawn(tools=[...])` takes besides `Tool` values: a server of tools the runtime
+    starts in its own nursery (once per runtime, shared by the agents given it) and stops when
+    it closes. `serve` reports its `ToolSet` through `task_status` once its tools are listed
+    (raising before that fails the spawn), then runs until cancelled and never raises."""
+
+    name: str
+
+    async def serve(self, *, task_status: trio.TaskStatus[ToolSet] = trio.TASK_STATUS_IGNORED) -> None: ...
 
 
 def tool_from_schema(name: str, description: str, parameters: Mapping[str, Any], fn: ToolFn) -> Tool:

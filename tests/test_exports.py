@@ -116,8 +116,16 @@ def test_the_promised_shapes() -> None:
         assert {"model", "base_url", "api_key"} <= set(params)
 
 
-@pytest.mark.xfail(strict=True, reason="cmdc.ray and cmdc.mcp are in the contract, not built yet")
-def test_the_cluster_and_mcp_faces() -> None:
+@pytest.mark.xfail(strict=True, reason="cmdc.ray is in the contract, not built yet")
+def test_the_cluster_face() -> None:
     ray = importlib.import_module("cmdc.ray")
+    assert callable(ray.open_cluster)
+
+
+def test_the_mcp_face() -> None:
+    """`cmdc.mcp.stdio(command, *args)` makes a tool source `spawn(tools=[...])` takes."""
     mcp = importlib.import_module("cmdc.mcp")
-    assert callable(ray.open_cluster) and callable(mcp.stdio)
+    tools = importlib.import_module("cmdc.tools")
+    server = mcp.stdio("npx", "-y", "@modelcontextprotocol/server-everything")
+    assert isinstance(server, tools.ToolSource)
+    assert callable(mcp.http) and callable(mcp.in_process)

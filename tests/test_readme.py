@@ -48,7 +48,8 @@ TRACES = "Traces (OpenTelemetry)"  # needs the otel extra and the SDK (both in d
 def test_readme_blocks_are_all_accounted_for() -> None:
     headings = [_heading_of(i) for i in range(len(python_blocks()))]
     assert headings[:2] == ["Compacting a conversation", "Agents"]
-    assert set(headings) <= {"Compacting a conversation", "Agents", "Storage", TRACES, *NETWORK}, headings
+    offline = {"Compacting a conversation", "Agents", "Storage", TRACES, "Tools from MCP servers"}
+    assert set(headings) <= offline | NETWORK, headings
 
 
 def test_network_blocks_compile() -> None:
@@ -91,6 +92,18 @@ def test_agents_example_compacts_and_keeps_serving(tmp_path: Path) -> None:
     assert len(tools) >= 20 and all(ln.endswith(": ok") for ln in tools), tools
     assert {"tool read_file: ok", "tool recall: ok"} <= set(tools)
     assert out.stderr == ""  # a library is quiet: only the program's own prints, on stdout
+
+
+def test_mcp_example_calls_both_servers(tmp_path: Path) -> None:
+    """'Tools from MCP servers': a child-process server and an in-process one, both called."""
+    pytest.importorskip("mcp_server_time", reason="pip install mcp-server-time (in the dev extra)")
+    [index] = [i for i in range(len(python_blocks())) if _heading_of(i) == "Tools from MCP servers"]
+    out = run_block(python_blocks()[index], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "offered: ['convert_time', 'get_current_time', 'word_count']"
+    assert '"timezone": "Asia/Tokyo"' in lines[1] and lines[2] == "4"
+    assert out.stderr == ""  # quiet: the server's stderr is kept for error messages, not printed
 
 
 @pytest.mark.parametrize("index", range(len(python_blocks())))

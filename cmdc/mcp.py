@@ -1,0 +1,372 @@
+"""Tools from MCP servers (extra `mcp`, on the official `mcp` SDK).
+
+    async with cmdc.open_runtime() as rt:
+        everything = cmdc.mcp.stdio("npx", "-y", "@modelcontextprotocol/server-everything")
+        agent = await rt.spawn("a1", provider, tools=[read_file, everything])
+
+`stdio(command, *args)` runs a server as a child process, `http(url)` reaches one over
+streamable HTTP, `in_process(server)` serves an `mcp.server.mcpserver.MCPServer` (the SDK's
+FastMCP: plain Python functions) in this process. Each is a `ToolSource`: the runtime starts it
+in its own nursery at the first spawn that names it (the server's tools are listed before
+`spawn` returns; a server that cannot start fails the spawn), shares it between the agents
+given it, and stops it when the runtime closes: a child process is ended (stdin closed, then
+SIGTERM, then SIGKILL to its process group, each wait bounded) and reaped, never orphaned.
+
+The server's tools become cmdc `Tool` values: their JSON schemas are the parameters the model
+sees and the arguments are checked against them, and a call runs under the agent's tool timeout
+and fan-out bound like any tool. When the server says its tools changed (`tools/list_changed`),
+they are listed again and the agent's next request offers the new set. A tool error, a server
+that failed or died, a call past its timeout: each is a tool result the model can read
+(`is_error`), never an exception in the agent. Results are text: media and binary resources are
+named, not pasted; a result over `max_result_bytes` is clipped in the middle.
+
+The SDK is written on anyio, which runs on trio's own event loop (its trio backend): no asyncio
+loop, no thread; cancelling a call cancels its request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import attrs
+import mcp_types
+import orjson
+import trio
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.lowlevel import Server as LowLevelServer
+from mcp.server.mcpserver import MCPServer
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from ._clip import clip
+from .errors import CmdcError, ConfigError
+from .events import Event, log_event, logging_enabled
+from .tools import Tool, ToolSet
+
+__all__ = ["MCPServerError", "MCPToolError", "MCPTools", "http", "in_process", "stdio"]
+
+MAX_TOOLS = 512
+"""Tools listed from one server beyond this many are dropped (a hostile or broken server)."""
+MAX_DESCRIPTION_BYTES = 4096
+MAX_SCHEMA_BYTES = 64 * 1024
+STDERR_TAIL_BYTES = 4096
+_SAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class MCPServerError(CmdcError):
+    """An MCP server could not start, or failed or died while a call was in flight."""
+
+
+class MCPToolError(CmdcError):
+    """An MCP tool answered with an error (its text is what the model reads)."""
+
+
+def _positive(name: str) -> Any:
+    def check(_inst: object, _attr: object, value: object) -> None:
+        if value is None and name == "timeout":
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ConfigError(f"{name} must be a positive number, got {value!r}")
+
+    return check
+
+
+def _prefix(_inst: object, _attr: object, value: object) -> None:
+    if not isinstance(value, str) or _SAFE.search(value) or len(value) > 32:
+        raise ConfigError(f"prefix must be at most 32 letters, digits, '_' or '-', got {value!r}")
+
+
+@attrs.frozen(eq=False)  # hashed by identity: the runtime starts each one once
+class MCPTools:
+    """An MCP server as a source of tools (`spawn(tools=[...])`). Made by `stdio`, `http` and
+    `in_process`; see the module docstring."""
+
+    name: str
+    target: StdioServerParameters | str | MCPServer | LowLevelServer[Any] = attrs.field(repr=False)
+    prefix: str = attrs.field(default="", validator=_prefix)
+    timeout: float | None = attrs.field(default=None, validator=_positive("timeout"))
+    connect_timeout: float = attrs.field(default=30.0, validator=_positive("connect_timeout"))
+    max_result_bytes: int = attrs.field(default=256 * 1024, validator=_positive("max_result_bytes"))
+    headers: Mapping[str, str] | None = attrs.field(default=None, repr=False)
+    stderr: TextIO | None = attrs.field(default=None, repr=False)
+
+    async def serve(self, *, task_status: trio.TaskStatus[ToolSet] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the server, list its tools, report them through `task_status`, then keep them
+        current until cancelled. Before its tools are listed a failure raises `MCPServerError`;
+        after, it is only recorded (`ToolSet.error`, and each call says so)."""
+        live = ToolSet(self.name)
+        tail = bytearray()  # the end of the server's stderr, for error messages
+        started = False
+        # The start's deadline is a scope around the whole connection (a scope left while the
+        # client it was entered around is still open would corrupt trio's scope stack).
+        try:
+            with trio.CancelScope(deadline=trio.current_time() + self.connect_timeout) as scope:
+                async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
+                    errlog = self._stderr_pipe(nursery, stack, tail)
+                    changed_send, changed_receive = trio.open_memory_channel[None](1)
+
+                    async def on_message(message: Any) -> None:
+                        if isinstance(message, mcp_types.ToolListChangedNotification):
+                            with contextlib.suppress(trio.WouldBlock):  # one pending refresh is enough
+                                changed_send.send_nowait(None)
+
+                    client = Client(self._transport(errlog), cache=None, message_handler=on_message)
+                    # Its exit stops a child process; the SDK shields that and bounds each wait (a
+                    # scope of ours around it would cross the client's own task group).
+                    await stack.enter_async_context(client)
+                    if errlog is not None and errlog is not self.stderr:
+                        errlog.close()  # the child has its own copy
+                    live.replace(await self._list(client, live, tail))
+                    scope.deadline = math.inf
+                    caps = client.server_capabilities.tools
+                    if caps is not None and caps.list_changed and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                        nursery.start_soon(self._listen, client, changed_send)
+                    nursery.start_soon(self._relist, client, live, tail, changed_receive)
+                    started = True
+                    task_status.started(live)
+                    await trio.sleep_forever()
+            if not started:  # the deadline passed
+                why = f"no answer within {self.connect_timeout} s"
+                raise MCPServerError(f"MCP server {self.name!r} did not start: {why}{_stderr_note(tail)}")
+        except MCPServerError:
+            raise
+        except Exception as exc:
+            why = _why(exc)
+            if not started:
+                raise MCPServerError(f"MCP server {self.name!r} did not start: {why}{_stderr_note(tail)}") from exc
+            live.error = f"MCP server {self.name!r} stopped: {why}{_stderr_note(tail)}"
+            _log("mcp_server_failed", self.name, error=live.error)
+
+    # -- connecting -------------------------------------------------------------------------
+    def _stderr_pipe(self, nursery: trio.Nursery, stack: contextlib.AsyncExitStack, tail: bytearray) -> TextIO | None:
+        """For a child process: its stderr, either the one given or a pipe whose last bytes are
+        kept for error messages (drained, so a chatty server never blocks on it)."""
+        if not isinstance(self.target, StdioServerParameters):
+            return None
+        if self.stderr is not None:
+            return self.stderr
+        read_fd, write_fd = os.pipe()
+        errlog = os.fdopen(write_fd, "w")
+        stack.callback(errlog.close)
+        nursery.start_soon(_keep_tail, trio.lowlevel.FdStream(read_fd), tail)
+        return errlog
+
+    def _transport(self, errlog: TextIO | None) -> Any:
+        target = self.target
+        if isinstance(target, StdioServerParameters):
+            return stdio_client(target, errlog=errlog) if errlog is not None else stdio_client(target)
+        if isinstance(target, str):
+            http_client = create_mcp_http_client(headers=dict(self.headers or {}))
+            return streamable_http_client(target, http_client=http_client)
+        return target
+
+    async def _listen(self, client: Client, changed: trio.MemorySendChannel[None]) -> None:
+        """A 2026-era server announces list changes on a `subscriptions/listen` stream."""
+        with contextlib.suppress(Exception):  # a stream that fails leaves the listing as it was
+            async with client.listen(tools_list_changed=True) as subscription:
+                async for _event in subscription:
+                    with contextlib.suppress(trio.WouldBlock):
+                        changed.send_nowait(None)
+
+    async def _relist(
+        self, client: Client, live: ToolSet, tail: bytearray, changed: trio.MemoryReceiveChannel[None]
+    ) -> None:
+        async for _ in changed:
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    tools = await self._list(client, live, tail)
+            except Exception as exc:  # keep the listing it had; a dead server's calls say so
+                _log("mcp_tools_list_failed", self.name, error=_why(exc))
+                continue
+            live.replace(tools)
+            _log("mcp_tools_changed", self.name, tools=len(tools))
+
+    # -- tools --------------------------------------------------------------------------------
+    async def _list(self, client: Client, live: ToolSet, tail: bytearray) -> list[Tool]:
+        specs: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        for _page in range(64):  # a paginator that never ends cannot hang the listing
+            page = await client.list_tools(cursor=cursor)
+            specs.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None or len(specs) >= MAX_TOOLS:
+                break
+        tools: list[Tool] = []
+        names: set[str] = set()
+        for spec in specs[:MAX_TOOLS]:
+            made = self._tool(client, live, tail, spec, names)
+            if made is not None:
+                names.add(made.name)
+                tools.append(made)
+        return tools
+
+    def _tool(
+        self, client: Client, live: ToolSet, tail: bytearray, spec: mcp_types.Tool, taken: set[str]
+    ) -> Tool | None:
+        """The cmdc tool for one listed MCP tool, or None (logged) when it cannot be one: a
+        schema that is not a JSON object schema, too large, or a name taken after cleaning."""
+        name = _SAFE.sub("_", f"{self.prefix}{spec.name}")[:64]
+        schema = spec.input_schema
+        try:
+            size = len(orjson.dumps(schema))
+        except TypeError:
+            size = MAX_SCHEMA_BYTES + 1
+        if name in taken or size > MAX_SCHEMA_BYTES:
+            why = "name taken" if name in taken else "schema too large"
+            _log("mcp_tool_dropped", self.name, tool=spec.name, reason=why)
+            return None
+        remote = spec.name
+        server = self.name
+        max_bytes = self.max_result_bytes
+
+        async def call(**arguments: Any) -> str:
+            if live.error is not None:
+                raise MCPServerError(f"{live.error}{_stderr_note(tail)}")
+            try:
+                result = await client.call_tool(remote, arguments)
+            except MCPError as exc:
+                if exc.code == mcp_types.CONNECTION_CLOSED and exc.message == "Connection closed":
+                    live.error = f"MCP server {server!r} is not running: its connection closed (it exited or crashed)"
+                    raise MCPServerError(f"{live.error}{_stderr_note(tail)}") from None
+                # the server refused the request (unknown tool, bad parameters, its own failure)
+                raise MCPToolError(f"MCP server {server!r} refused the call: {exc.message}") from None
+            except Exception as exc:  # the connection failed: a dead or broken server
+                raise MCPServerError(f"MCP server {server!r} failed: {_why(exc)}{_stderr_note(tail)}") from None
+            text = render_result(result, max_bytes)
+            if result.is_error:
+                raise MCPToolError(text or "the tool reported an error without text")
+            return text
+
+        description = clip(spec.description or spec.title or "", MAX_DESCRIPTION_BYTES, keep="head")
+        try:
+            return Tool(name, description, dict(schema), call, timeout=self.timeout)
+        except ConfigError as exc:
+            _log("mcp_tool_dropped", self.name, tool=spec.name, reason=str(exc))
+            return None
+
+
+def render_result(result: mcp_types.CallToolResult, max_bytes: int) -> str:
+    """A tool result as text: text blocks as they are, media and binary resources named (never
+    pasted as base64), structured content as JSON when there is no text; clipped to `max_bytes`."""
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, mcp_types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, (mcp_types.ImageContent, mcp_types.AudioContent)):
+            parts.append(f"[{block.type}: {block.mime_type}, {len(block.data) * 3 // 4} bytes, not shown]")
+        elif isinstance(block, mcp_types.ResourceLink):
+            about = f" ({block.description})" if block.description else ""
+            parts.append(f"[resource link: {block.uri} {block.name}{about}]")
+        elif isinstance(block, mcp_types.EmbeddedResource):
+            res = block.resource
+            if isinstance(res, mcp_types.TextResourceContents):
+                parts.append(f"[resource {res.uri}]\n{res.text}")
+            else:
+                mime = res.mime_type or "binary"
+                parts.append(f"[resource {res.uri}: {mime}, {len(res.blob) * 3 // 4} bytes, not shown]")
+    if not parts and result.structured_content is not None:
+        parts.append(orjson.dumps(result.structured_content, option=orjson.OPT_NON_STR_KEYS).decode())
+    return clip("\n".join(parts), max_bytes, note=" of the MCP tool's result")
+
+
+# -- making one ---------------------------------------------------------------------------------
+
+
+def stdio(
+    command: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    prefix: str = "",
+    timeout: float | None = None,
+    connect_timeout: float = 30.0,
+    max_result_bytes: int = 256 * 1024,
+    stderr: TextIO | None = None,
+) -> MCPTools:
+    """An MCP server run as a child process speaking over its stdin and stdout.
+
+    `env`: variables added to the small safe environment the SDK passes (HOME, PATH, ...).
+    `prefix`: put before each tool's name (two servers with a tool of one name need one).
+    `timeout`: seconds per call (None: the agent's `tool_timeout`); `connect_timeout`: for
+    the start and each listing. `stderr`: where the server's stderr goes (a file with a file
+    descriptor); by default it is drained and its last lines are quoted in error messages."""
+    if not isinstance(command, str) or not command or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"stdio() takes a command and string arguments, got {command!r} {args!r:.80}")
+    params = StdioServerParameters(
+        command=command, args=list(args), env=None if env is None else dict(env), cwd=None if cwd is None else str(cwd)
+    )
+    label = name or os.path.basename(args[-1] if command in ("npx", "uvx") and args else command)
+    return MCPTools(label, params, prefix, timeout, connect_timeout, max_result_bytes, None, stderr)
+
+
+def http(
+    url: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    name: str | None = None,
+    prefix: str = "",
+    timeout: float | None = None,
+    connect_timeout: float = 30.0,
+    max_result_bytes: int = 256 * 1024,
+) -> MCPTools:
+    """An MCP server reached over streamable HTTP at `url` (`headers`: sent with each request,
+    for example an `Authorization`)."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"http() takes an http:// or https:// URL, got {url!r:.80}")
+    return MCPTools(name or url, url, prefix, timeout, connect_timeout, max_result_bytes, headers)
+
+
+def in_process(
+    server: MCPServer | LowLevelServer[Any],
+    *,
+    name: str | None = None,
+    prefix: str = "",
+    timeout: float | None = None,
+    max_result_bytes: int = 256 * 1024,
+) -> MCPTools:
+    """An MCP server object served in this process: `MCPServer` (the SDK's FastMCP, whose plain
+    `def` tools run in worker threads) or a low-level `Server`."""
+    if not isinstance(server, (MCPServer, LowLevelServer)):
+        raise ConfigError(f"in_process() takes an mcp MCPServer or Server, got {server!r:.80}")
+    label = name or str(getattr(server, "name", "in-process"))
+    return MCPTools(label, server, prefix, timeout, 30.0, max_result_bytes)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+async def _keep_tail(stream: trio.lowlevel.FdStream, tail: bytearray) -> None:
+    async with stream:
+        with contextlib.suppress(trio.ClosedResourceError, OSError):
+            while chunk := await stream.receive_some(65536):
+                tail.extend(chunk)
+                del tail[:-STDERR_TAIL_BYTES]
+
+
+def _stderr_note(tail: bytearray) -> str:
+    text = " | ".join(line.strip() for line in bytes(tail).decode("utf-8", "replace").splitlines() if line.strip())
+    return f" (its stderr ends: {text[-600:]})" if text else ""
+
+
+def _why(exc: BaseException) -> str:
+    """A readable reason: the innermost exceptions of a group, their types and messages."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_why(e) for e in exc.exceptions[:3])
+    if isinstance(exc, trio.TooSlowError):
+        return "it did not answer in time"
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+def _log(kind: str, server: str, **data: Any) -> None:
+    if logging_enabled():
+        log_event(Event(kind, f"mcp:{server}", {"server": server, **data}, trio.current_time()))
+
