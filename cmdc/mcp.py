@@ -45,6 +45,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from ._check import integer, optional_seconds, seconds, validator
 from ._clip import clip
 from .errors import CmdcError, ConfigError
 from .events import Event, log_event, logging_enabled
@@ -68,16 +69,6 @@ class MCPToolError(CmdcError):
     """An MCP tool answered with an error (its text is what the model reads)."""
 
 
-def _positive(name: str) -> Any:
-    def check(_inst: object, _attr: object, value: object) -> None:
-        if value is None and name == "timeout":
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ConfigError(f"{name} must be a positive number, got {value!r}")
-
-    return check
-
-
 def _prefix(_inst: object, _attr: object, value: object) -> None:
     if not isinstance(value, str) or _SAFE.search(value) or len(value) > 32:
         raise ConfigError(f"prefix must be at most 32 letters, digits, '_' or '-', got {value!r}")
@@ -91,9 +82,9 @@ class MCPTools:
     name: str
     target: StdioServerParameters | str | MCPServer | LowLevelServer[Any] = attrs.field(repr=False)
     prefix: str = attrs.field(default="", validator=_prefix)
-    timeout: float | None = attrs.field(default=None, validator=_positive("timeout"))
-    connect_timeout: float = attrs.field(default=30.0, validator=_positive("connect_timeout"))
-    max_result_bytes: int = attrs.field(default=256 * 1024, validator=_positive("max_result_bytes"))
+    timeout: float | None = attrs.field(default=None, validator=validator(optional_seconds, "{}"))
+    connect_timeout: float = attrs.field(default=30.0, validator=validator(seconds, "{}"))
+    max_result_bytes: int = attrs.field(default=256 * 1024, validator=validator(integer, "{}", minimum=256))
     headers: Mapping[str, str] | None = attrs.field(default=None, repr=False)
     stderr: TextIO | None = attrs.field(default=None, repr=False)
 
@@ -299,7 +290,7 @@ def stdio(
     the start and each listing. `stderr`: where the server's stderr goes (a file with a file
     descriptor); by default it is drained and its last lines are quoted in error messages."""
     if not isinstance(command, str) or not command or not all(isinstance(a, str) for a in args):
-        raise ConfigError(f"stdio() takes a command and string arguments, got {command!r} {args!r:.80}")
+        raise ConfigError(f"stdio() takes a command and string arguments, got {command!r:.80} {args!r:.80}")
     params = StdioServerParameters(
         command=command, args=list(args), env=None if env is None else dict(env), cwd=None if cwd is None else str(cwd)
     )

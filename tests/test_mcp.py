@@ -330,13 +330,27 @@ async def test_server_processes_end_with_the_runtime(npm_bin: Any) -> None:
 
 
 async def test_a_cancelled_runtime_still_stops_its_servers(npm_bin: Any) -> None:
+    """The runtime's block is cancelled while a call is in the server's hands: the server is
+    still stopped and reaped."""
     everything = cmdc.mcp.stdio(npm_bin("mcp-server-everything"))
     provider = ScriptedProvider([call("trigger-long-running-operation", {"duration": 30, "steps": 30}), "done"])
-    with trio.move_on_after(2):
+    pids: list[int] = []
+    with trio.CancelScope() as scope:
         async with cmdc.open_runtime(log_events=False) as rt:
             agent = await rt.spawn("a1", provider, tools=[everything])
             pids = child_pids("mcp-server-everything")
-            await agent.prompt("go")  # cancelled mid-call by the deadline
+
+            async def cancel_mid_call(sub: Any) -> None:
+                async for event in sub:
+                    if event.kind == TOOL_START:
+                        await trio.sleep(0.3)
+                        scope.cancel()
+
+            with rt.subscribe("a1") as sub:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(cancel_mid_call, sub)
+                    await agent.prompt("go")
+    assert scope.cancelled_caught
     assert len(pids) == 1 and not alive(pids[0])
 
 
