@@ -344,3 +344,12 @@ class QuotaExceeded(HTTPProviderError):
 class BadRequest(HTTPProviderError):
     """The endpoint refused the request for a reason other than its length (a malformed field,
     an invalid tool schema, a string above a size limit, an unknown model). Never retried."""
+
+
+class MCPServerError(CmdcError):
+    """An MCP server (`cmdc.mcp`) could not start, or failed or died while a call was in flight."""
+
+
+class MCPToolError(CmdcError):
+    """An MCP tool answered with an error, or its server refused the call (its text is what the
+    model reads)."""

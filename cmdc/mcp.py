@@ -47,7 +47,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ._check import integer, optional_seconds, seconds, validator
 from ._clip import clip
-from .errors import CmdcError, ConfigError
+from .errors import ConfigError, MCPServerError, MCPToolError
 from .events import Event, log_event, logging_enabled
 from .tools import Tool, ToolSet
 
@@ -59,14 +59,6 @@ MAX_DESCRIPTION_BYTES = 4096
 MAX_SCHEMA_BYTES = 64 * 1024
 STDERR_TAIL_BYTES = 4096
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
-
-
-class MCPServerError(CmdcError):
-    """An MCP server could not start, or failed or died while a call was in flight."""
-
-
-class MCPToolError(CmdcError):
-    """An MCP tool answered with an error (its text is what the model reads)."""
 
 
 def _prefix(_inst: object, _attr: object, value: object) -> None:
