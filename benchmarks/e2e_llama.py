@@ -36,8 +36,12 @@ Api = Literal["openai", "anthropic"]
 Mode = Literal["auto", "overflow"]
 
 WINDOW = 2048
-REPLY_TOKENS = 96
+REPLY_TOKENS = 64
 """Each answer's output limit: long enough to say something, short enough for a slow machine."""
+CALL_SECONDS = 240.0
+"""The bound on one HTTP request; one provider call, its retries included, gets twice that.
+Loose on purpose: on an idle 2-core machine a request takes a second or two, but on one shared
+by several test runs the server reads prompts at under 10 tokens/s."""
 TURN_SECONDS = 900.0
 """The bound on one turn (its requests, retries and compactions)."""
 
@@ -124,15 +128,33 @@ class RunResult:
         return not self.lost and not self.unknown
 
 
-def provider(url: str, api: Api, stream: bool, max_output_tokens: int = REPLY_TOKENS) -> Any:
-    """A provider for the server at `url` (no key: the server asks for none)."""
+def provider(url: str, api: Api, stream: bool, max_output_tokens: int = REPLY_TOKENS, **extra: Any) -> Any:
+    """A provider for the server at `url` (no key: the server asks for none); `extra`: more
+    keywords for `OpenAIProvider` (such as `extra_body`)."""
     if api == "openai":
         return OpenAIProvider(
-            "smollm2", base_url=f"{url}/v1", api_key="", stream=stream, max_output_tokens=max_output_tokens, timeout=120
+            "smollm2",
+            base_url=f"{url}/v1",
+            api_key="",
+            stream=stream,
+            max_output_tokens=max_output_tokens,
+            timeout=CALL_SECONDS,
+            deadline=2 * CALL_SECONDS,
+            **extra,
         )
     return AnthropicProvider(
-        "smollm2", base_url=url, api_key="", stream=stream, max_output_tokens=max_output_tokens, timeout=120
+        "smollm2",
+        base_url=url,
+        api_key="",
+        stream=stream,
+        max_output_tokens=max_output_tokens,
+        timeout=CALL_SECONDS,
+        deadline=2 * CALL_SECONDS,
     )
+
+
+def run_name(api: Api, stream: bool, mode: Mode) -> str:
+    return f"{api}-{'stream' if stream else 'plain'}-{mode}"
 
 
 def config(mode: Mode, offload_dir: Path) -> dict[str, Any]:
@@ -157,7 +179,7 @@ async def run_agent(
     url: str, *, api: Api, stream: bool, mode: Mode, turns: int, offload_dir: Path, name: str | None = None
 ) -> RunResult:
     """One agent of `turns` turns against the server at `url`; every turn bounded by `TURN_SECONDS`."""
-    name = name or f"{api}-{'stream' if stream else 'plain'}-{mode}"
+    name = name or run_name(api, stream, mode)
     model = provider(url, api, stream)
     events: list[Event] = []
     seen: dict[str, cmdc.Message] = {}

@@ -2,16 +2,17 @@
 it and stopped by PID at the end. Without a cached server the tests are skipped with the command
 that gets one; `CMDC_E2E=require` (CI) makes that a failure, `CMDC_E2E=0` skips them anyway.
 
-The agent runs (20+ turns each, many minutes on a small machine: a compaction whose model
-summaries are refused costs four summarizer requests before the offline fallback) are `long`:
-they run only with `CMDC_E2E=long`, so neither the everyday `python -m pytest` nor CI waits
-for them; `python -m benchmarks.e2e_llama` runs them and prints the table."""
+The agent runs (four agents of 20 turns, a few minutes in all on an idle 2-core machine, many
+more on a busy one) run with `CMDC_E2E=require` (CI) or `CMDC_E2E=long`, not in an everyday
+`python -m pytest`; the session ends with their table (turns, compactions, summaries, seconds
+per turn). `python -m benchmarks.e2e_llama` prints the same table for longer runs."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -38,11 +39,20 @@ def llama() -> Iterator[llama_server.LlamaServer]:
 
 @pytest.fixture
 def long_run(request: pytest.FixtureRequest) -> llama_server.LlamaServer:
-    """The server, for a test that takes minutes: skipped unless `CMDC_E2E=long`."""
-    if os.environ.get("CMDC_E2E") != "long":
-        pytest.skip("a 20-turn agent run takes minutes: CMDC_E2E=long python -m pytest tests/e2e")
+    """The server, for a test that takes minutes: skipped unless `CMDC_E2E` is `require` or `long`."""
+    if os.environ.get("CMDC_E2E") not in ("require", "long"):
+        pytest.skip("a 20-turn agent run takes a minute or more: CMDC_E2E=long python -m pytest tests/e2e")
     server: llama_server.LlamaServer = request.getfixturevalue("llama")
     return server
+
+
+_runs: list[Any] = []
+
+
+@pytest.fixture
+def run_table() -> list[Any]:
+    """Where an agent run puts its `benchmarks.e2e_llama.RunResult`: the session prints them."""
+    return _runs
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -52,6 +62,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _runs:
+        from benchmarks.e2e_llama import table
+
+        terminalreporter.write_line("e2e agent runs (SmolLM2-135M, 2,048-token window):")
+        for line in table(_runs).splitlines():
+            terminalreporter.write_line("  " + line)
     if _timing["tests"]:
         terminalreporter.write_line(
             f"e2e: {_timing['tests']} tests against llama-server in {_timing['seconds']:.0f} s "

@@ -62,6 +62,11 @@ CMAKE_OPTIONS = (
     "-DBUILD_SHARED_LIBS=OFF",
 )
 CONTEXT = 2048
+MAX_PREDICT = 256
+"""The server's own cap on the tokens of one answer (`-n`), whatever a request asks: every
+generation is bounded (a summary's output limit in a 2,048 window is ~125 tokens)."""
+TEMPLATE = Path(__file__).with_name("smollm2-tools.jinja")
+"""SmolLM2's chat template with tools (see the file): the same prompts without tools."""
 FETCH_COMMAND = "python -m tests.e2e.llama_server fetch"
 SERVER_ENV = "CMDC_LLAMA_SERVER"
 MODEL_ENV = "CMDC_LLAMA_MODEL"
@@ -239,7 +244,7 @@ def free_port() -> int:
 
 class LlamaServer:
     """One `llama-server` process on 127.0.0.1 and a free port (`-c context -np 1 -t threads
-    --jinja --no-webui`): `start()` returns once
+    -n MAX_PREDICT --jinja [--chat-template-file template] --no-webui`): `start()` returns once
     `/health` answers 200, `stop()` ends it by its PID (SIGTERM, then SIGKILL). Its output goes
     to `log_path`. Use it as a context manager."""
 
@@ -251,8 +256,9 @@ class LlamaServer:
         context: int = CONTEXT,
         threads: int | None = None,
         ready_timeout: float = 180.0,
+        template: Path | None = None,
     ) -> None:
-        self.binary, self.model, self.context = binary, model, context
+        self.binary, self.model, self.context, self.template = binary, model, context, template
         self.threads = threads or default_threads()
         self.ready_timeout = ready_timeout
         self.port = 0
@@ -273,7 +279,9 @@ class LlamaServer:
             "-c", str(self.context),
             "-np", "1",
             "-t", str(self.threads),
+            "-n", str(MAX_PREDICT),
             "--jinja",
+            *(("--chat-template-file", str(self.template)) if self.template else ()),
             "--no-webui",
         ]  # fmt: skip
 
@@ -352,7 +360,8 @@ def cached_server(context: int = CONTEXT) -> LlamaServer:
         raise RuntimeError(why)
     binary, model = server_binary(), model_file()
     assert binary is not None and model is not None
-    return LlamaServer(binary, model, context=context)
+    # SmolLM2's template with tools, unless CMDC_LLAMA_MODEL names another model (its own template)
+    return LlamaServer(binary, model, context=context, template=None if os.environ.get(MODEL_ENV) else TEMPLATE)
 
 
 def main(argv: list[str] | None = None) -> int:
