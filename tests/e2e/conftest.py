@@ -18,7 +18,12 @@ import pytest
 
 from tests.e2e import llama_server
 
-_timing = {"seconds": 0.0, "tests": 0, "started": 0.0}
+_timing = {"seconds": 0.0, "tests": 0, "started": 0.0, "cpu": 0.0}
+_server: list[llama_server.LlamaServer] = []
+
+
+def _threads() -> int:
+    return _server[0].threads if _server else 0
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +39,9 @@ def llama() -> Iterator[llama_server.LlamaServer]:
     started = time.monotonic()
     with llama_server.cached_server() as server:
         _timing["started"] = time.monotonic() - started
+        _server.append(server)
         yield server
+    _timing["cpu"] = server.used_cpu or 0.0
 
 
 @pytest.fixture
@@ -71,5 +78,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _timing["tests"]:
         terminalreporter.write_line(
             f"e2e: {_timing['tests']} tests against llama-server in {_timing['seconds']:.0f} s "
-            f"(server start {_timing['started']:.1f} s)"
+            f"(server start {_timing['started']:.1f} s, server CPU {_timing['cpu']:.0f} s with {_threads()} threads)"
         )

@@ -263,6 +263,7 @@ class LlamaServer:
         self.ready_timeout = ready_timeout
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.used_cpu: float | None = None  # the CPU seconds the server had used when stopped
         self.log_path = Path(tempfile.gettempdir()) / f"cmdc-llama-server-{os.getpid()}.log"
 
     @property
@@ -334,7 +335,19 @@ class LlamaServer:
         except OSError:
             return ""
 
+    def cpu_seconds(self) -> float | None:
+        """The CPU time the running server has used (user + system, from /proc; None elsewhere):
+        on a busy machine a fairer figure of the work done than the wall clock."""
+        if self.process is None:
+            return None
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
     def stop(self) -> None:
+        self.used_cpu = self.cpu_seconds()
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
