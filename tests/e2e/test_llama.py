@@ -89,9 +89,9 @@ async def test_an_agent_of_twenty_turns_compacts_and_loses_nothing(
     assert all(text.strip() for text in result.replies)
     if mode == "auto":
         assert result.auto >= 1
-    else:
+    else:  # only the server's limits compact: a "too long" error, or a reply cut off by the full window
         assert result.auto == 0
-        assert result.forced >= 1 and result.overflows >= 1
+        assert result.forced >= 1 and result.overflows + result.continued >= 1
     # Every compaction has a summary: the model's, or the offline fallback's when it was refused.
     assert result.accepted + result.fallen_back >= result.auto + result.forced
     assert result.journal_ok, (result.lost, result.unknown)
