@@ -116,10 +116,16 @@ def test_the_promised_shapes() -> None:
         assert {"model", "base_url", "api_key"} <= set(params)
 
 
-@pytest.mark.xfail(strict=True, reason="cmdc.ray is in the contract, not built yet")
 def test_the_cluster_face() -> None:
+    pytest.importorskip("ray", reason="cmdc.ray needs the ray extra")
     ray = importlib.import_module("cmdc.ray")
     assert callable(ray.open_cluster)
+    params = inspect.signature(ray.open_cluster).parameters
+    assert {"address", "store"} <= set(params)
+    for method in ("spawn", "get", "whereis", "subscribe"):
+        assert callable(getattr(ray.ClusterRuntime, method))
+    for method in ("prompt", "send", "state", "compact", "stop", "ping", "abort"):
+        assert inspect.iscoroutinefunction(getattr(ray.ClusterAgentRef, method))
 
 
 def test_the_mcp_face() -> None:

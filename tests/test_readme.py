@@ -41,7 +41,7 @@ def run_block(code: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
 
 
 # Blocks that talk to real model endpoints (keys, servers): compiled only.
-NETWORK = {"Real model providers"}
+NETWORK = {"Real model providers", "Running on a Ray cluster"}  # (a Ray cluster and a database: tests/test_ray.py)
 TRACES = "Traces (OpenTelemetry)"  # needs the otel extra and the SDK (both in dev): run
 
 

@@ -1,0 +1,880 @@
+"""cmdc agents on a Ray cluster (extra `ray`): `async with cmdc.ray.open_cluster(...) as rt`.
+
+The cluster runtime has the face of `open_runtime`'s (`spawn`, `get`/`whereis`, `agents`,
+`subscribe`; handles with `prompt`, `send`, `state`, `compact`, `ping`, `abort`, `stop`,
+`queued`, `clear_queued`), and its agents live in Ray actors:
+
+- **Nodes.** One node actor per Ray node (pinned to it), each hosting an ordinary cmdc runtime
+  (`open_runtime` on trio, in a thread of its own) with virtual agents and name leases on the
+  shared store. Ray is the engine: placement of the node actors, their calls, failure detection.
+- **Placement by name.** An agent lives on the node that rendezvous hashing picks for its name
+  among the live nodes; the node activates it from the store on its first call (`spawn` with
+  `resume=True` in its runtime). When a node dies only its own agents move.
+- **One place at a time.** Every resident name is leased in the store to its node's runtime
+  (`open_runtime(lease_ttl=...)`): a second activation elsewhere gets `NameLeased` (it waits
+  out the lease, then takes it), and a node whose lease was broken cannot write any more
+  (`LeaseLost`, by the lease's fencing token).
+- **Failure.** A call that finds its node dead (`RayActorError`) marks the node dead, kills its
+  actor and breaks its leases in the store (after which nothing it still does can commit), and
+  drops it from the placement: the next call activates its agents on another node from their
+  last commit. A read (`state`, `ping`, `queued`) is retried there at once. A turn that was in
+  flight is settled from the store: if its user message is in the agent's committed state, the
+  caller gets the committed reply (the turn finished before the crash); otherwise it gets
+  `NodeLost`, and the turn never will commit (fencing), so retrying it is the caller's call (it
+  is not retried here: its tools may have acted). Messages queued with `send` and not yet taken
+  by a committed turn live in the node's memory and die with it. An acknowledged turn (its
+  reply returned) is committed in the store before the reply leaves the node: never lost.
+
+The bridge between Ray and trio is here alone: Ray calls into a node's trio thread through
+`trio.from_thread.run`, and trio code awaits an `ObjectRef` through its future's done-callback
+(`trio_token.run_sync_soon`), never blocking the trio thread. The spawn specs (provider, tools,
+plugins, ...) travel to every node through Ray's object store and are kept in each node's
+memory and in the caller's: the registry of names lives in the process that opened the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import ray
+import ray.exceptions
+import trio
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ._check import optional_integer, optional_seconds
+from .agent import AgentOptions, current_chain
+from .compaction import Compacted, Skipped
+from .compaction.summary import Summarizer
+from .errors import (
+    AgentNotFound,
+    AgentStopped,
+    CmdcError,
+    ConfigError,
+    DelegationRefused,
+    NameLeased,
+    NodeLost,
+)
+from .events import Event
+from .message import Message
+from .plugins import Plugin
+from .providers.base import Provider
+from .runtime import Runtime, open_runtime
+from .state import State, validate_agent_id
+from .store import Leases, Store, open_store
+from .tools import Tool, tool
+
+_DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+_READS = frozenset({"state", "ping", "queued"})  # retried on another node after a node died
+
+
+# -- the bridge --------------------------------------------------------------------------------
+async def _await_ref(ref: Any) -> Any:
+    """The value of a Ray `ObjectRef`, awaited from trio without blocking its thread: Ray's
+    future wakes the trio task through the run's token. Cancelling the wait does not cancel the
+    remote call (the caller decides what to do about it)."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+
+    def wake(_future: object) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(done.set)
+
+    future = ref.future()
+    future.add_done_callback(wake)
+    await done.wait()
+    return future.result()
+
+
+def _unwrap(answer: tuple[bool, Any]) -> Any:
+    ok, value = answer
+    if not ok:
+        raise value
+    return value
+
+
+@attrs.frozen
+class _Spec:
+    """What it takes to start an agent on any node."""
+
+    provider: Provider
+    instructions: str | None
+    tools: tuple[Tool, ...]
+    plugins: tuple[Plugin, ...]
+    config: Mapping[str, Any] | None
+    summarizer: Summarizer | None
+    options: AgentOptions
+    recall: bool
+    targets: tuple[str, ...] | None  # whom it may delegate to (None: nobody)
+    accepts: tuple[str, ...] | None  # whose delegated tasks it takes (None: nobody's)
+
+
+def _patterns(what: str, value: object) -> tuple[str, ...] | None:
+    if value is False or value is None:
+        return None
+    if value is True:
+        return ("*",)
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, Iterable):
+        raise ConfigError(f"{what} must be a bool, an agent name or pattern, or a list of them, got {value!r:.80}")
+    out = tuple(names)
+    for p in out:
+        if not isinstance(p, str) or not p or len(p) > 256:
+            raise ConfigError(f"{what}: every entry must be an agent name or pattern (a string), got {p!r:.80}")
+    return out
+
+
+def _matches(name: str, patterns: tuple[str, ...] | None) -> bool:
+    return patterns is not None and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _place(name: str, nodes: Sequence[str]) -> str:
+    """Rendezvous hashing: the node whose hash with the name is highest (a node's death moves
+    only its own names)."""
+    if not nodes:
+        raise NodeLost("no cluster node is alive")
+    return max(nodes, key=lambda n: hashlib.blake2b(f"{n}\x00{name}".encode(), digest_size=8).digest())
+
+
+# -- the node actor: a cmdc runtime on trio in a thread of a Ray actor ------------------------
+class _Host:
+    """What a node actor holds: a cmdc runtime on trio in a thread of its own. The actor's
+    methods (called by Ray in its threads) run coroutines here on that trio thread."""
+
+    def __init__(self, key: str, store: str, options: dict[str, Any]) -> None:
+        self.key = key
+        self.owner = f"ray:{key}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._store_spec = store
+        self._options = options
+        self._specs: dict[str, _Spec] = {}
+        self._nodes: dict[str, Any] = {}  # key -> actor handle (the live nodes, as last told)
+        self._dead: set[str] = set()
+        self._starting: dict[str, trio.Event] = {}
+        self._subs: dict[str, Any] = {}
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self.rt: Runtime | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._closing: trio.Event | None = None
+        self._thread = threading.Thread(target=self._thread_main, name=f"cmdc-node-{key}", daemon=True)
+        self._thread.start()
+        self._ready.wait(120)
+        if self._failed is not None:
+            raise self._failed
+        if self._token is None:
+            raise CmdcError(f"cluster node {key}: its runtime did not start within 120 s")
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:
+            self._failed = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        async with open_runtime(
+            store=self._store_spec,
+            lease_ttl=self._options["lease_ttl"],
+            lease_owner=self.owner,
+            max_resident=self._options["max_resident"],
+            deactivate_after=self._options["deactivate_after"],
+            log_events=False,
+        ) as rt:
+            self.rt = rt
+            self._closing = trio.Event()
+            self._token = trio.lowlevel.current_trio_token()
+            self._ready.set()
+            await self._closing.wait()
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
+        try:
+            return True, trio.from_thread.run(fn, *args, trio_token=self._token)
+        except BaseException as exc:  # goes back to the caller as itself
+            return False, exc
+
+    # -- what the caller (or another node) asks --------------------------------------------------
+    def info(self) -> tuple[str, str]:
+        return self.key, self.owner
+
+    def set_nodes(self, nodes: dict[str, Any], dead: dict[str, str]) -> None:
+        """The live nodes (key -> handle) and the owners of dead ones (key -> owner): their
+        leases may be taken over without waiting for them to expire."""
+        self._nodes = dict(nodes)
+        self._dead |= set(dead)
+        if self.rt is not None:
+            self.rt.lease_takeover |= set(dead.values())
+
+    def register(self, name: str, spec: _Spec) -> None:
+        self._specs[name] = spec
+
+    def forget(self, name: str) -> tuple[bool, Any]:
+        self._specs.pop(name, None)
+        return self._run(self._forget, name)
+
+    def call(
+        self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str | None
+    ) -> tuple[bool, Any]:
+        return self._run(self._call, name, op, args, chain, sender)
+
+    def subscribe(self, sub: str, agent: str | None, buffer: int) -> None:
+        assert self.rt is not None and self._token is not None
+        rt = self.rt
+        self._subs[sub] = trio.from_thread.run_sync(lambda: rt.subscribe(agent, buffer=buffer), trio_token=self._token)
+
+    def poll(self, sub: str, wait: float) -> tuple[bool, Any]:
+        return self._run(self._poll, sub, wait)
+
+    def unsubscribe(self, sub: str) -> None:
+        s = self._subs.pop(sub, None)
+        if s is not None and self._token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(s.close, trio_token=self._token)
+
+    def stats(self) -> dict[str, int]:
+        return {} if self.rt is None else {**self.rt.stats, "specs": len(self._specs)}
+
+    def close(self) -> None:
+        token, closing = self._token, self._closing
+        if token is not None and closing is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(closing.set, trio_token=token)
+        self._thread.join(30)
+
+    # -- on the trio thread ----------------------------------------------------------------------
+    async def _poll(self, sub: str, wait: float) -> list[Event] | None:
+        s = self._subs.get(sub)
+        if s is None:
+            return None
+        out: list[Event] = []
+        with trio.move_on_after(wait):
+            try:
+                out.append(await s.receive())
+            except trio.EndOfChannel:
+                return None
+        while True:  # and whatever else is buffered
+            try:
+                out.append(s.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                return out
+
+    async def _forget(self, name: str) -> None:
+        assert self.rt is not None
+        ref = self.rt.whereis(name)
+        if ref is not None:
+            await ref.stop()
+
+    async def _local(self, name: str, fresh: bool = False) -> Any:
+        """The agent in this node's runtime, spawned (activated from the store) if need be."""
+        assert self.rt is not None
+        while True:
+            ref = self.rt.whereis(name)
+            if ref is not None:
+                return ref
+            starting = self._starting.get(name)
+            if starting is not None:
+                await starting.wait()
+                continue
+            spec = self._specs.get(name)
+            if spec is None:
+                raise AgentNotFound(f"no agent of the cluster is called {name!r}")
+            self._starting[name] = trio.Event()
+            try:
+                if fresh and self.rt.checkpoints is not None:
+                    await self.rt.checkpoints.delete(name)  # a new agent: no earlier life's state
+                tools = spec.tools
+                if spec.targets is not None:
+                    tools = (*tools, _cluster_delegate(self, name, spec.targets, spec.options.max_delegation_depth))
+                return await self.rt.spawn(
+                    name,
+                    spec.provider,
+                    instructions=spec.instructions,
+                    tools=tools,
+                    plugins=spec.plugins,
+                    config=spec.config,
+                    summarizer=spec.summarizer,
+                    options=spec.options,
+                    recall=spec.recall,
+                    resume=not fresh,
+                )
+            finally:
+                self._starting.pop(name).set()
+
+    async def _call(
+        self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str | None
+    ) -> Any:
+        if sender is not None:  # a delegated task: the target must accept it
+            spec = self._specs.get(name)
+            if spec is None:
+                raise DelegationRefused(f"no agent of the cluster is called {name!r}")
+            if not _matches(sender, spec.accepts):
+                raise DelegationRefused(f"agent {name!r} does not accept delegated tasks from {sender!r}")
+        ttl = self._options["lease_ttl"]
+        with trio.fail_after(ttl * 2 + 30):  # a lease held elsewhere expires within ttl
+            while True:
+                try:
+                    return await self._op(name, op, args, chain)
+                except NameLeased:
+                    # Another node holds the name: it is being moved (a dead node's lease
+                    # not yet broken, or expiring). Nothing ran here: wait and try again.
+                    await trio.sleep(0.2)
+
+    async def _op(self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...]) -> Any:
+        if op == "spawn":
+            await self._local(name, fresh=bool(args[0]))
+            return None
+        if op in ("stop", "abort") and self.rt is not None and self.rt.whereis(name) is None:
+            return None  # not here: nothing to stop or abort
+        ref = await self._local(name)
+        token = current_chain.set(chain)
+        try:
+            if op == "prompt":
+                return await ref.prompt(args[0])
+            if op == "send":
+                return await ref.send(args[0])
+            if op == "state":
+                return await ref.state()
+            if op == "compact":
+                return await ref.compact(args[0])
+            if op == "ping":
+                return await ref.ping()
+            if op == "queued":
+                return ref.queued()
+            if op == "clear_queued":
+                return ref.clear_queued()
+            if op == "abort":
+                return ref.abort()
+            if op == "stop":
+                return await ref.stop()
+        finally:
+            current_chain.reset(token)
+        raise ConfigError(f"unknown cluster operation {op!r}")
+
+    async def call_agent(self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str) -> Any:
+        """A call from one of this node's agents to an agent of the cluster (delegation)."""
+        live = [k for k in self._nodes if k not in self._dead]
+        key = _place(name, live)
+        if key == self.key:
+            return await self._call(name, op, args, chain, sender)
+        try:
+            answer = await _await_ref(self._nodes[key].call.remote(name, op, args, chain, sender))
+        except _DEAD:
+            self._dead.add(key)
+            raise NodeLost(f"cluster node {key} died while agent {name!r} worked on a delegated task") from None
+        return _unwrap(answer)
+
+
+class Node:
+    """One node of the cluster (a Ray actor, pinned to a Ray node, threaded: `max_concurrency`
+    calls at once). Its methods are all synchronous (an `async def` would make Ray run the actor
+    on asyncio): each runs a coroutine on the node's trio thread and returns `(ok, value)`."""
+
+    def __init__(self, key: str, store: str, options: dict[str, Any]) -> None:
+        self._host = _Host(key, store, options)
+
+    def info(self) -> tuple[str, str]:
+        return self._host.info()
+
+    def set_nodes(self, nodes: dict[str, Any], dead: dict[str, str]) -> None:
+        self._host.set_nodes(nodes, dead)
+
+    def register(self, name: str, spec: _Spec) -> None:
+        self._host.register(name, spec)
+
+    def forget(self, name: str) -> tuple[bool, Any]:
+        return self._host.forget(name)
+
+    def call(
+        self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str | None
+    ) -> tuple[bool, Any]:
+        return self._host.call(name, op, args, chain, sender)
+
+    def subscribe(self, sub: str, agent: str | None, buffer: int) -> None:
+        self._host.subscribe(sub, agent, buffer)
+
+    def poll(self, sub: str, wait: float) -> tuple[bool, Any]:
+        return self._host.poll(sub, wait)
+
+    def unsubscribe(self, sub: str) -> None:
+        self._host.unsubscribe(sub)
+
+    def stats(self) -> dict[str, int]:
+        return self._host.stats()
+
+    def close(self) -> None:
+        self._host.close()
+
+
+def _cluster_delegate(node: _Host, parent: str, targets: tuple[str, ...], depth: int) -> Tool:
+    async def delegate(task: str, agent: str) -> str:
+        """Hand a task to another agent of the cluster and return its final answer.
+
+        Args:
+            task: What the other agent should do, with everything it needs to know.
+            agent: The name of the agent to hand it to (one you were allowed to delegate to).
+        """
+        chain = current_chain.get()
+        if not _matches(agent, targets):
+            raise DelegationRefused(
+                f"agent {parent!r} may not delegate to {agent!r}; it may delegate to: {', '.join(targets)}"
+            )
+        if agent in chain:
+            raise DelegationRefused(
+                f"delegation refused: {agent!r} is already waiting on this task ({' -> '.join(chain)}); "
+                "handing it this task would deadlock both. Do the task yourself."
+            )
+        if len(chain) >= depth:
+            raise DelegationRefused(f"delegation depth limit ({depth}) reached: {' -> '.join(chain)}")
+        reply: Message = await node.call_agent(agent, "prompt", (task,), chain, parent)
+        return reply.text
+
+    made = tool(delegate, name="delegate")
+    if any(c in t for t in targets for c in "*?["):
+        return made
+    from ._frozen import thaw
+
+    parameters = thaw(made.parameters)
+    parameters["properties"]["agent"]["enum"] = list(targets)
+    return attrs.evolve(made, parameters=parameters)
+
+
+# -- the caller's side -----------------------------------------------------------------------
+@attrs.define
+class _NodeRef:
+    key: str
+    owner: str
+    handle: Any
+
+
+class ClusterAgentRef:
+    """The handle of an agent of the cluster: the methods of `AgentRef`, over Ray."""
+
+    __slots__ = ("_cluster", "_stopped", "name")
+
+    def __init__(self, cluster: ClusterRuntime, name: str) -> None:
+        self._cluster = cluster
+        self.name = name
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        return f"<ClusterAgentRef {self.name!r}>"
+
+    async def _op(self, op: str, *args: Any) -> Any:
+        if self._stopped:
+            raise AgentStopped(f"agent {self.name!r} has stopped")
+        return await self._cluster._invoke(self.name, op, args)
+
+    async def prompt(self, content: str | Message | Sequence[Message]) -> Message:
+        """Run a turn on the agent's node; return the final reply (committed in the store).
+        `NodeLost` if the node died during the turn and the turn did not commit."""
+        messages = _as_messages(content)
+        try:
+            reply: Message = await self._op("prompt", messages)
+        except NodeLost:
+            settled = await self._cluster._settle(self.name, messages)
+            if settled is None:
+                raise
+            return settled
+        return reply
+
+    async def send(self, content: str | Message | Sequence[Message]) -> None:
+        """Queue user message(s) for the next turn (in the node's memory until that turn commits)."""
+        await self._op("send", _as_messages(content))
+
+    async def state(self) -> State:
+        state: State = await self._op("state")
+        return state
+
+    async def compact(self, instruction: str | None = None) -> Compacted | Skipped:
+        outcome: Compacted | Skipped = await self._op("compact", instruction)
+        return outcome
+
+    async def ping(self) -> None:
+        await self._op("ping")
+
+    async def queued(self) -> tuple[Message, ...]:
+        queued: tuple[Message, ...] = await self._op("queued")
+        return queued
+
+    async def clear_queued(self) -> tuple[Message, ...]:
+        dropped: tuple[Message, ...] = await self._op("clear_queued")
+        return dropped
+
+    async def abort(self) -> None:
+        """Cancel the running turn, if any (its caller gets `TurnAborted`)."""
+        await self._op("abort")
+
+    async def stop(self) -> None:
+        """Stop the agent for good (its checkpoint and journal stay in the store)."""
+        if not self._stopped:
+            await self._cluster._stop(self)
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped
+
+
+def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, ...]:
+    if isinstance(content, str):
+        return (Message.user(content),)
+    if isinstance(content, Message):
+        return (content,)
+    if isinstance(content, (list, tuple)) and content and all(isinstance(m, Message) for m in content):
+        return tuple(content)
+    raise ConfigError(f"a prompt must be text, a Message or a non-empty list of Messages, got {content!r:.80}")
+
+
+class ClusterSubscription:
+    """Events of one agent (or all) from every node: `async with rt.subscribe(...) as sub:
+    async for e in sub` (`async with` returns once every node has registered it, so no event
+    after that is missed; a plain `with` starts receiving a few milliseconds later)."""
+
+    def __init__(self, cluster: ClusterRuntime, agent: str | None, buffer: int) -> None:
+        self.agent = agent
+        self._cluster = cluster
+        self._id = secrets.token_hex(8)
+        self._send, self._receive = trio.open_memory_channel[Event](buffer)
+        self._scope = trio.CancelScope()
+        self.dropped = 0
+        self._registered = 0
+        self._ready = trio.Event()
+        cluster._nursery.start_soon(self._pump)
+
+    async def started(self) -> None:
+        """Wait until every live node has registered the subscription."""
+        await self._ready.wait()
+
+    async def _pump(self) -> None:
+        with self._scope, self._send:
+            async with trio.open_nursery() as nursery:
+                nodes = list(self._cluster._nodes.values())
+                for node in nodes:
+                    nursery.start_soon(self._poll_node, node, len(nodes))
+
+    async def _poll_node(self, node: _NodeRef, nodes: int) -> None:
+        try:
+            buffer = self._receive.statistics().max_buffer_size
+            await _await_ref(node.handle.subscribe.remote(self._id, self.agent, buffer))
+        except _DEAD:
+            pass
+        finally:
+            self._registered += 1
+            if self._registered == nodes:
+                self._ready.set()
+        with contextlib.suppress(*_DEAD):
+            try:
+                while True:
+                    events = _unwrap(await _await_ref(node.handle.poll.remote(self._id, 1.0)))
+                    if events is None:
+                        return
+                    for e in events:
+                        try:
+                            self._send.send_nowait(e)
+                        except trio.WouldBlock:
+                            self.dropped += 1
+            finally:
+                node.handle.unsubscribe.remote(self._id)
+
+    async def receive(self) -> Event:
+        return await self._receive.receive()
+
+    def __aiter__(self) -> ClusterSubscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._scope.cancel()
+        self._receive.close()
+
+    def __enter__(self) -> ClusterSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ClusterSubscription:
+        await self.started()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ClusterRuntime:
+    """The runtime `open_cluster` gives: the face of `open_runtime`'s, agents on Ray nodes."""
+
+    def __init__(self, nursery: trio.Nursery, store: Store, options: dict[str, Any]) -> None:
+        self._nursery = nursery
+        self.store = store
+        self._options = options
+        self._nodes: dict[str, _NodeRef] = {}
+        self._dead: dict[str, str] = {}  # key -> owner of the nodes known dead
+        self._refs: dict[str, ClusterAgentRef] = {}
+        self._closed = False
+        self.node_deaths = 0
+
+    @property
+    def nodes(self) -> list[str]:
+        """The live nodes' keys."""
+        return list(self._nodes)
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self._refs)
+
+    def whereis(self, name: str) -> ClusterAgentRef | None:
+        return self._refs.get(name)
+
+    def get(self, name: str) -> ClusterAgentRef:
+        ref = self._refs.get(name)
+        if ref is None:
+            raise AgentNotFound(f"no running agent is called {name!r}")
+        return ref
+
+    def node_of(self, name: str) -> str:
+        """The key of the node the agent is placed on now."""
+        return _place(name, list(self._nodes))
+
+    def subscribe(self, agent: str | None = None, *, buffer: int = 256) -> ClusterSubscription:
+        return ClusterSubscription(self, agent, buffer)
+
+    async def spawn(
+        self,
+        name: str,
+        provider: Provider,
+        *,
+        instructions: str | None = None,
+        tools: Iterable[Tool] = (),
+        plugins: Iterable[Plugin] = (),
+        config: Mapping[str, Any] | None = None,
+        summarizer: Summarizer | None = None,
+        resume: bool | Literal["require"] = False,
+        delegation: bool | str | Iterable[str] = False,
+        accepts: bool | str | Iterable[str] = False,
+        recall: bool = False,
+        options: AgentOptions | None = None,
+        **option_values: Any,
+    ) -> ClusterAgentRef:
+        """Start an agent on its node (as `Runtime.spawn`); it is ready when this returns.
+        `delegation`: the agents of the cluster it may hand tasks to (names or patterns;
+        `True`: any that accepts); temporary children are not available on a cluster."""
+        if self._closed:
+            raise AgentStopped("the cluster runtime is closed")
+        validate_agent_id(name)
+        if name in self._refs:
+            raise ConfigError(f"an agent called {name!r} is already running")
+        if resume not in (False, True, "require"):
+            raise ConfigError(f"resume must be False, True or 'require', got {resume!r}")
+        if options is None:
+            options = AgentOptions(**option_values)
+        elif option_values:
+            options = attrs.evolve(options, **option_values)
+        if resume == "require" and await self.store.checkpoints.load(name) is None:
+            raise AgentNotFound(f"resume='require': no checkpoint of an agent called {name!r}")
+        spec = _Spec(
+            provider,
+            instructions,
+            tuple(tools),
+            tuple(plugins),
+            config,
+            summarizer,
+            options,
+            recall,
+            _patterns("delegation", delegation),
+            _patterns("accepts", accepts),
+        )
+        ref = ClusterAgentRef(self, name)
+        self._refs[name] = ref
+        try:
+            stored = ray.put(spec)
+            await self._each_node(lambda node: node.handle.register.remote(name, stored))
+            await self._invoke(name, "spawn", (not resume,))
+        except BaseException:
+            self._refs.pop(name, None)
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await self._each_node(lambda node: node.handle.forget.remote(name))
+            raise
+        return ref
+
+    async def _each_node(self, call: Callable[[_NodeRef], Any]) -> None:
+        async def one(node: _NodeRef) -> None:
+            try:
+                answer = await _await_ref(call(node))
+            except _DEAD:
+                await self._node_died(node)
+                return
+            if isinstance(answer, tuple) and len(answer) == 2 and answer[0] is False:
+                raise answer[1]
+
+        async with trio.open_nursery() as nursery:
+            for node in list(self._nodes.values()):
+                nursery.start_soon(one, node)
+
+    async def _invoke(self, name: str, op: str, args: tuple[Any, ...]) -> Any:
+        while True:
+            key = _place(name, list(self._nodes))
+            node = self._nodes[key]
+            try:
+                answer = await _await_ref(node.handle.call.remote(name, op, args, (), None))
+            except trio.Cancelled:
+                if op in ("prompt", "compact"):  # cancelling the call cancels the turn, as on one machine
+                    node.handle.call.remote(name, "abort", (), (), None)
+                raise
+            except _DEAD:
+                await self._node_died(node)
+                if op in _READS or op == "spawn":
+                    continue
+                raise NodeLost(f"cluster node {key} died while it served {op} for agent {name!r}") from None
+            return _unwrap(answer)
+
+    async def _node_died(self, node: _NodeRef) -> None:
+        """Take a dead node out: kill its actor, break its leases (nothing it still does can
+        commit after this), tell the other nodes."""
+        if self._nodes.pop(node.key, None) is None:
+            return
+        self.node_deaths += 1
+        self._dead[node.key] = node.owner
+        with contextlib.suppress(Exception):
+            ray.kill(node.handle, no_restart=True)
+        with trio.CancelScope(shield=True):
+            assert isinstance(self.store, Leases)
+            await self.store.break_leases(node.owner)
+            nodes = {k: n.handle for k, n in self._nodes.items()}
+            for other in list(self._nodes.values()):
+                other.handle.set_nodes.remote(nodes, dict(self._dead))
+
+    async def _settle(self, name: str, messages: tuple[Message, ...]) -> Message | None:
+        """After `NodeLost` on a turn: its committed reply if the turn committed before the node
+        died (its user message is in the checkpoint), else None. The dead node's leases are
+        broken by now, so a turn not committed yet never will be."""
+        state = await self.store.checkpoints.load(name)
+        if state is None:
+            return None
+        ids = {m.id for m in messages}
+        at = next((i for i, m in enumerate(state.messages) if m.id in ids), None)
+        if at is None:
+            return None
+        reply = None
+        for m in state.messages[at + 1 :]:
+            if m.role == "user" and m.id not in ids:
+                break
+            if m.role == "assistant":
+                reply = m
+        return reply
+
+    async def _stop(self, ref: ClusterAgentRef) -> None:
+        await self._invoke(ref.name, "stop", ())
+        ref._stopped = True
+        self._refs.pop(ref.name, None)
+        await self._each_node(lambda node: node.handle.forget.remote(ref.name))
+
+    async def stats(self) -> dict[str, dict[str, int]]:
+        """Each live node's runtime counters (agents, resident, activations, ...)."""
+        out: dict[str, dict[str, int]] = {}
+        for key, node in list(self._nodes.items()):
+            with contextlib.suppress(*_DEAD):
+                out[key] = await _await_ref(node.handle.stats.remote())
+        return out
+
+
+@asynccontextmanager
+async def open_cluster(
+    address: str | None = None,
+    *,
+    store: str | os.PathLike[str],
+    nodes: int | None = None,
+    lease_ttl: float = 10.0,
+    max_resident: int | None = 10_000,
+    deactivate_after: float | None = None,
+    max_concurrency: int = 256,
+) -> AsyncIterator[ClusterRuntime]:
+    """A cluster runtime over Ray (see the module docstring).
+
+    `address`: as `ray.init` takes it (None starts a local Ray unless one is connected already;
+    `"auto"` or `"ray://..."`/`"host:port"` joins a cluster). `store`: where every journal and
+    checkpoint goes, shared by all nodes: a `postgresql://` URL (or, on one machine only, a
+    directory). `nodes`: how many Ray nodes to use (default: all alive when opening), one node
+    actor each. `lease_ttl`: seconds a node's lease on a name outlives the node if nobody breaks
+    it. `max_resident`/`deactivate_after`: each node's virtual-agent bounds. `max_concurrency`:
+    calls a node serves at once (each holds one of its Ray threads).
+    Leaving the block stops every agent (their state is in the store) and the node actors;
+    a Ray started here is shut down.
+    """
+    lease = optional_seconds(lease_ttl, "lease_ttl")
+    if lease is None:
+        raise ConfigError("lease_ttl must be a positive number of seconds")
+    count = optional_integer(nodes, "nodes")
+    concurrency = optional_integer(max_concurrency, "max_concurrency")
+    options = {
+        "lease_ttl": lease,
+        "max_resident": optional_integer(max_resident, "max_resident"),
+        "deactivate_after": optional_seconds(deactivate_after, "deactivate_after"),
+    }
+    if not isinstance(store, (str, os.PathLike)):
+        raise ConfigError(f"store must be a postgresql:// URL or a directory every node can reach, got {store!r:.80}")
+    spec = os.fspath(store)
+    if "://" not in spec:
+        spec = await trio.to_thread.run_sync(os.path.abspath, spec)
+    made = open_store(spec)
+    await made.start()
+    started = False
+    actors: list[_NodeRef] = []
+    try:
+        if not ray.is_initialized():
+            await trio.to_thread.run_sync(lambda: ray.init(address=address, log_to_driver=False))
+            started = True
+        alive = [n for n in await trio.to_thread.run_sync(ray.nodes) if n.get("Alive")]
+        alive.sort(key=lambda n: n["NodeID"])
+        if count is not None:
+            if count > len(alive):
+                raise ConfigError(f"nodes={count}, but the Ray cluster has {len(alive)} alive")
+            alive = alive[:count]
+        remote_node = ray.remote(Node)
+        for n in alive:
+            key = n["NodeID"][:12]
+            handle = remote_node.options(
+                num_cpus=0,
+                max_concurrency=concurrency,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+            ).remote(key, spec, options)
+            actors.append(_NodeRef(key, "", handle))
+        for node in actors:
+            node.key, node.owner = await _await_ref(node.handle.info.remote())
+        handles = {n.key: n.handle for n in actors}
+        for node in actors:
+            await _await_ref(node.handle.set_nodes.remote(handles, {}))
+        async with trio.open_nursery() as nursery:
+            rt = ClusterRuntime(nursery, made, options)
+            rt._nodes = {n.key: n for n in actors}
+            try:
+                yield rt
+            finally:
+                rt._closed = True
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            for node in actors:
+                with contextlib.suppress(Exception):
+                    await _await_ref(node.handle.close.remote())
+                with contextlib.suppress(Exception):
+                    ray.kill(node.handle, no_restart=True)
+            if started:
+                await trio.to_thread.run_sync(ray.shutdown)
+            await made.aclose()
+
+
+__all__ = ["ClusterAgentRef", "ClusterRuntime", "ClusterSubscription", "Node", "open_cluster"]
