@@ -73,7 +73,8 @@ from .store import Leases, Store, open_store
 from .tools import Tool, tool
 
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-_READS = frozenset({"state", "ping", "queued"})  # retried on another node after a node died
+# Retried on another node after a node died: reads, and what is done anyway once a node is gone.
+_RETRIED = frozenset({"state", "ping", "queued", "spawn", "stop", "abort"})
 
 
 # -- the bridge --------------------------------------------------------------------------------
@@ -735,7 +736,7 @@ class ClusterRuntime:
                 raise
             except _DEAD:
                 await self._node_died(node)
-                if op in _READS or op == "spawn":
+                if op in _RETRIED:
                     continue
                 raise NodeLost(f"cluster node {key} died while it served {op} for agent {name!r}") from None
             return _unwrap(answer)
@@ -788,6 +789,11 @@ class ClusterRuntime:
             with contextlib.suppress(*_DEAD):
                 out[key] = await _await_ref(node.handle.stats.remote())
         return out
+
+
+async def _close_node(node: _NodeRef) -> None:
+    with contextlib.suppress(Exception):
+        await _await_ref(node.handle.close.remote())
 
 
 @asynccontextmanager
@@ -867,9 +873,11 @@ async def open_cluster(
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
+            with trio.move_on_after(60):  # a node that does not answer is killed below
+                async with trio.open_nursery() as nursery:
+                    for node in actors:
+                        nursery.start_soon(_close_node, node)
             for node in actors:
-                with contextlib.suppress(Exception):
-                    await _await_ref(node.handle.close.remote())
                 with contextlib.suppress(Exception):
                     ray.kill(node.handle, no_restart=True)
             if started:
