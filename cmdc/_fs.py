@@ -8,12 +8,12 @@ import math
 import os
 import secrets
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
-import trio.testing
 
 T = TypeVar("T")
 
@@ -111,15 +111,49 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+_WATCHERS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("cmdc_fs_watchers")
+
+
 async def run_bounded(fn: Callable[..., T], *args: Any, limit: float) -> T:
     """Run the blocking `fn(*args)` in a worker thread. A caller's cancellation does not cut it
     short (a write is never left half done: the caller waits for it), but the wait is bounded:
     past `limit` seconds `trio.TooSlowError` is raised and the thread is left to finish alone.
-    Under an autojumping mock clock (tests) virtual time leaps while a thread works, so there
-    the wait is not bounded."""
-    clock = trio.lowlevel.current_clock()
-    if isinstance(clock, trio.testing.MockClock) and clock.autojump_threshold != math.inf:
-        limit = math.inf
-    with trio.CancelScope(shield=True), trio.fail_after(limit):
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-    raise AssertionError("unreachable: the scopes above never swallow an exception")  # pragma: no cover
+
+    The bound is real time, kept by a second worker thread, whatever clock the trio run uses:
+    a stalled disk is a real-world event, and a test's virtual clock (which may leap while a
+    thread works) never trips it."""
+    finished = threading.Event()
+
+    def work() -> T:
+        try:
+            return fn(*args)
+        finally:
+            finished.set()
+
+    try:
+        watchers = _WATCHERS.get()
+    except LookupError:  # one per run, apart from trio's default limiter: a watcher never waits for a token
+        watchers = trio.CapacityLimiter(math.inf)
+        _WATCHERS.set(watchers)
+    timeout = None if math.isinf(limit) else limit
+    stalled = trio.CancelScope()
+
+    async def watch() -> None:
+        if not await trio.to_thread.run_sync(finished.wait, timeout, limiter=watchers):
+            stalled.cancel()
+
+    failure: Exception | None = None
+    with trio.CancelScope(shield=True):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            try:
+                with stalled:
+                    result = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+            except Exception as exc:  # raised below as itself, not inside the nursery's group
+                failure = exc
+            # the watcher returns as soon as the work is done: no thread is left behind
+    if failure is not None:
+        raise failure
+    if stalled.cancelled_caught:
+        raise trio.TooSlowError
+    return result

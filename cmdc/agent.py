@@ -264,7 +264,6 @@ class Host(Protocol):
 
     async def stop_inactive(self, ref: AgentRef) -> None: ...
 
-    def prompt_inactive(self, ref: AgentRef, request: _Prompt) -> None: ...
 
     def send_inactive(self, ref: AgentRef, messages: tuple[Message, ...]) -> None: ...
 
@@ -366,16 +365,6 @@ class AgentRef:
             self._host.send_inactive(self, messages)
             return
         self._require(agent).enqueue_nowait(_Send(messages))
-
-    def prompt_nowait(self, content: str | Message | Sequence[Message]) -> _Reply:
-        """Queue a turn or raise `MailboxFull`; `await reply.wait()` for the answer."""
-        request = _prompt(content)
-        agent = self._resident()
-        if agent is None and self._host is not None and not self._stopped:
-            self._host.prompt_inactive(self, request)  # activated in the background
-            return request.reply
-        self._require(agent).enqueue_nowait(request)
-        return request.reply
 
     def _check_system(self, messages: Sequence[Message]) -> None:
         agent = self._resident()

@@ -17,7 +17,7 @@ import trio
 
 from ._check import choice, is_int, optional_integer, optional_seconds, text
 from ._frozen import thaw
-from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Prompt, _Reply, current_chain
+from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Reply, current_chain
 from .bus import EventBus, Subscription
 from .compaction import Compactor
 from .compaction.breaker import SummarizerBreaker
@@ -637,18 +637,6 @@ class Runtime:
                 self.bus.end_agent(ref.name)  # as when a resident agent stops
                 return
         await ref.stop()
-
-    def prompt_inactive(self, ref: AgentRef, request: _Prompt) -> None:
-        async def deliver() -> None:
-            try:
-                agent = await self.activate(ref)
-                await agent.enqueue(request)
-            except BaseException as exc:
-                request.reply.fail(exc if isinstance(exc, Exception) else AgentStopped(f"agent {ref.name!r} stopped"))
-                if not isinstance(exc, Exception):
-                    raise
-
-        self._nursery.start_soon(deliver)
 
     def send_inactive(self, ref: AgentRef, messages: tuple[Message, ...]) -> None:
         slot = self._slots.get(ref.name)

@@ -278,3 +278,28 @@ async def test_a_stalled_save_is_bounded_and_later_saves_are_refused(
     release.set()
     with pytest.raises(ConfigError, match="write_timeout"):
         CheckpointStore(tmp_path, write_timeout=0)
+
+
+async def test_the_write_bound_is_real_time_under_a_virtual_clock(tmp_path: Path, autojump_clock: Any) -> None:
+    # The autojumping clock leaps while the worker thread writes: a bound kept on the trio
+    # clock would trip at once. It is kept in real time, with no special case for test clocks.
+    import threading
+
+    store = CheckpointStore(tmp_path, write_timeout=5)
+    state = State(agent_id="a", messages=(Message.user("hi"),))
+    for _ in range(3):
+        assert await store.save(state)
+    assert await store.load("a") == state
+
+    from cmdc._fs import run_bounded
+
+    release = threading.Event()
+    with pytest.raises(trio.TooSlowError):
+        await run_bounded(release.wait, 10, limit=0.1)  # 0.1 s of real time
+    release.set()
+    with pytest.raises(OSError, match="disk on fire"):  # the worker's error comes out as itself
+
+        def broken() -> None:
+            raise OSError("disk on fire")
+
+        await run_bounded(broken, limit=5)

@@ -237,13 +237,12 @@ async def test_a_request_racing_a_deactivation_wins(tmp_path: Path) -> None:
         assert (await ref.prompt("two")).text == "echo 3: two"
 
 
-async def test_prompt_nowait_and_cancelled_activation(tmp_path: Path) -> None:
+async def test_a_caller_cancelled_during_an_activation(tmp_path: Path) -> None:
     async with open_runtime(checkpoint_dir=tmp_path / "ck", max_resident=10, log_events=False) as rt:
         ref = await rt.spawn("a", echo_model(), config=cfg(tmp_path))
         await ref.prompt("one")
         assert await rt.deactivate("a")
-        reply = ref.prompt_nowait("two")  # activates in the background
-        assert (await reply.wait()).text == "echo 2: two"
+        assert (await ref.prompt("two")).text == "echo 2: two"
         assert await rt.deactivate("a")
         with trio.CancelScope() as scope:  # a caller cancelled during the activation
             scope.cancel()
