@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+from fakes import Recorder
 from helpers import asst, check_pairs, res
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,18 +42,6 @@ from cmdc.compaction.compactor import SummaryAttempt, default_should_retry
 from cmdc.compaction.config import Threshold
 from cmdc.providers import ModelRequest
 from cmdc.synthetic import conversation
-
-
-class Recorder:
-    """A summarizer that records its inputs and answers with a fixed text."""
-
-    def __init__(self, answer: str = "the summary") -> None:
-        self.calls: list[tuple[list[Message], str]] = []
-        self.answer = answer
-
-    async def __call__(self, messages: Sequence[Message], instruction: str) -> str:
-        self.calls.append((list(messages), instruction))
-        return self.answer
 
 
 def make_state(tmp_path: Path, messages: Sequence[Message], **config: Any) -> State:

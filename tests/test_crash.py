@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+from fakes import add
 from faultfs import journal_lines, summary_ranges
 from helpers import check_pairs
 
@@ -35,7 +36,6 @@ from cmdc import (
     State,
     ToolCall,
     open_runtime,
-    tool,
 )
 from cmdc.checkpoint import CheckpointStore
 from cmdc.errors import TurnAborted
@@ -245,13 +245,6 @@ async def test_cancel_force_compact_at_every_step(
             break
     print("compact sweep:", cancelled)
     assert cancelled["before the append"] >= 1 and cancelled["after the append"] >= 5, cancelled
-
-
-@tool
-async def add(a: int, b: int) -> int:
-    """Add two integers."""
-    await trio.lowlevel.checkpoint()
-    return a + b
 
 
 class Adder:

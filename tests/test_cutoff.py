@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from cutoff_oracle import oracle_split
 from helpers import asst, check_pairs, res
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference_cutoff import reference_split
 
-from cmdc import Message, State, split_messages
+from cmdc import Message, State, estimate_message_tokens, split_messages
 from cmdc.compaction.config import Threshold
 from cmdc.message import PINNED_KEY
 
@@ -80,7 +80,9 @@ def test_only_a_summary_is_not_worth_evicting() -> None:
 
 
 @st.composite
-def conversations(draw: st.DrawFn) -> list[Message]:
+def conversations(draw: st.DrawFn, orphans: bool = False) -> list[Message]:
+    """Conversations with pins, parallel calls answered in any order or not at all, and (with
+    `orphans`) results whose call is not in the conversation."""
     ms: list[Message] = [Message.system("s") for _ in range(draw(st.integers(0, 2)))]
     n_calls = 0
     for _ in range(draw(st.integers(0, 25))):
@@ -95,7 +97,12 @@ def conversations(draw: st.DrawFn) -> list[Message]:
         else:
             ids = [f"c{n_calls + i}" for i in range(draw(st.integers(1, 4)))]
             n_calls += len(ids)
-            ms.append(asst(*ids))
+            call = asst(*ids)
+            if draw(st.integers(0, 15)) == 0:
+                call = call.evolve(metadata={PINNED_KEY: True})
+            ms.append(call)
+            if orphans and draw(st.integers(0, 10)) == 0:
+                ms.append(Message.tool_result("orphan", "a result whose call is not in the conversation"))
             answered = draw(st.lists(st.sampled_from(ids), unique=True))  # any order, any subset
             for cid in answered:
                 if draw(st.booleans()):
@@ -144,16 +151,58 @@ def test_split_properties(ms: list[Message], keep: Threshold) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(conversations(), keeps, st.data())
-def test_indexed_split_matches_the_plain_scan(ms: list[Message], keep: Threshold, data: st.DataObject) -> None:
-    pinned_ids = data.draw(st.sets(st.sampled_from([m.id for m in ms]))) if ms and data.draw(st.booleans()) else set()
-    expected = reference_split(ms, keep, context_window=2000, pinned_ids=pinned_ids)
+@given(conversations(orphans=True), keeps, st.data())
+def test_split_matches_the_oracle_written_from_the_rules(
+    ms: list[Message], keep: Threshold, data: st.DataObject
+) -> None:
+    ids = [m.id for m in ms]
+    pinned_ids = data.draw(st.sets(st.sampled_from(ids))) if ids and data.draw(st.booleans()) else set()
+    unpinned_ids = data.draw(st.sets(st.sampled_from(ids))) if ids and data.draw(st.booleans()) else set()
+    # small counts make a suffix land exactly on the budget often (the boundary is `<=`)
+    count = data.draw(st.sampled_from([estimate_message_tokens, lambda m: 1, lambda m: len(m.text) % 7]))
+    if count is not estimate_message_tokens and keep.mode == "tokens":
+        keep = Threshold("tokens", data.draw(st.integers(1, 40)))
+    expected = oracle_split(
+        ms, (keep.mode, keep.value), context_window=2000, count=count, pinned_ids=pinned_ids, unpinned_ids=unpinned_ids
+    )
     state = State(agent_id="p")
     for m in ms:  # the index as append keeps it, message by message
         state = state.append(m)
     for index in (None, state.call_index):
-        got = split_messages(ms, keep, context_window=2000, pinned_ids=pinned_ids, index=index)
-        assert (got.pinned, got.evicted, got.kept) == (expected.pinned, expected.evicted, expected.kept)
+        got = split_messages(
+            ms, keep, context_window=2000, count=count, pinned_ids=pinned_ids, unpinned_ids=unpinned_ids, index=index
+        )
+        assert (got.pinned, got.evicted, got.kept) == expected
         held = {m.id for m in got.held}
         tail = [m for m in got.kept if m.id not in held]
         assert held <= {m.id for m in got.kept} and (not tail or ms[len(ms) - len(tail) :] == tail)
+
+
+def test_the_oracle_on_the_rules_by_hand() -> None:
+    # the oracle itself, on cases worked out from DESIGN.md alone
+    system, u1, call, r_a, u2, r_b, u3 = (
+        Message.system("s"),
+        Message.user("u1"),
+        asst("A", "B"),
+        res("A"),
+        Message.user("u2"),
+        res("B"),
+        Message.user("u3"),
+    )
+    ms = [system, u1, call, r_a, u2, r_b, u3]
+    # keep 3 cuts between r_a and u2: the call's group straddles it, so the cut moves to the call
+    assert oracle_split(ms, ("messages", 3)) == ((system,), (u1,), (call, r_a, u2, r_b, u3))
+    # keep 1: the group lies wholly before the cut, evicted with its results
+    assert oracle_split(ms, ("messages", 1)) == ((system,), (u1, call, r_a, u2, r_b), (u3,))
+    # a pin on one result holds the whole group back, from anywhere before the cut
+    assert oracle_split(ms, ("messages", 1), pinned_ids={r_b.id}) == ((system,), (u1, u2), (call, r_a, r_b, u3))
+    assert oracle_split(ms, ("messages", 1), pinned_ids={r_b.id}, unpinned_ids={r_b.id})[2] == (u3,)
+    # a pending call is held back with the results it has
+    pending = [u1, asst("C", "D"), res("C"), u2, u3]
+    assert oracle_split(pending, ("messages", 1)) == ((), (u1, u2), (pending[1], pending[2], u3))
+    # by tokens: the longest suffix within the budget, and always the last message
+    big = [Message.user("x" * 400), Message.user("y" * 400), Message.user("z" * 4000)]
+    assert oracle_split(big, ("tokens", 10))[2] == (big[2],)
+    assert oracle_split(big, ("tokens", 10_000))[1] == ()
+    # only system messages: nothing to cut
+    assert oracle_split([system], ("messages", 1)) == ((system,), (), ())

@@ -18,6 +18,7 @@ import httpx
 import orjson
 import pytest
 import trio
+from fakes import sse
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -441,10 +442,6 @@ def replaced(value: Any, path: tuple[Any, ...], new: Any, delete: bool) -> Any:
     return copy
 
 
-def sse(events: list[Any]) -> bytes:
-    return b"".join(b"data: " + (e if isinstance(e, bytes) else orjson.dumps(e)) + b"\n\n" for e in events)
-
-
 @st.composite
 def http_bodies(draw: st.DrawFn, body: Callable[[], dict[str, Any]]) -> tuple[int, bytes, bool]:
     stream = draw(st.booleans())
@@ -464,7 +461,7 @@ def http_bodies(draw: st.DrawFn, body: Callable[[], dict[str, Any]]) -> tuple[in
         data = orjson.dumps(draw(json_like.filter(_plain)))
     if stream:
         pieces = draw(st.lists(st.one_of(st.just(data), json_like.filter(_plain).map(orjson.dumps)), max_size=4))
-        data = sse(pieces) + draw(st.sampled_from([b"", b"data: [DONE]\n\n", b'data: {"trunc']))
+        data = sse(*pieces) + draw(st.sampled_from([b"", b"data: [DONE]\n\n", b'data: {"trunc']))
     return status, data, stream
 
 
@@ -508,7 +505,7 @@ def _openai_chunks(choices: Any = None, tool_calls: Any = None) -> bytes:
         delta["tool_calls"] = tool_calls
     chunk = {"id": "c", "choices": choices if choices is not None else [{"index": 0, "delta": delta}]}
     done = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-    return sse([chunk, done]) + b"data: [DONE]\n\n"
+    return sse(chunk, done) + b"data: [DONE]\n\n"
 
 
 def _tool_calls_true() -> dict[str, Any]:

@@ -29,7 +29,8 @@ from cmdc.errors import (
     RateLimited,
 )
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider, ToolSchema
-from cmdc.providers._http import CONTEXT_EXCEEDED_KEY, INVALID_ARGUMENTS_KEY, OUTPUT_REDUCED_KEY, STOP_REASON_KEY
+from cmdc.providers._http import INVALID_ARGUMENTS_KEY, OUTPUT_REDUCED_KEY
+from cmdc.providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY
 
 # -- a scripted endpoint ---------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import Recorder
 from helpers import res
 
 from benchmarks.retention import CONSTRAINTS, run_session, table
@@ -36,15 +37,8 @@ from cmdc.message import PINNED_KEY
 from cmdc.providers import ScriptedProvider, SimulatedModel
 from cmdc.synthetic import conversation
 
-
-class Recorder:
-    def __init__(self, answer: str = "## All user messages\n- (filled by cmdc)\n## Current work\nediting") -> None:
-        self.calls: list[list[Message]] = []
-        self.answer = answer
-
-    async def __call__(self, messages: Sequence[Message], instruction: str) -> str:
-        self.calls.append(list(messages))
-        return self.answer
+SECTIONS = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
+"""A summary with the sections cmdc fills in."""
 
 
 def state_of(tmp_path: Path, messages: Sequence[Message], **config: Any) -> State:
@@ -60,7 +54,7 @@ async def test_retention_probes(tmp_path: Path) -> None:
 
 
 async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_path: Path) -> None:
-    compactor = Compactor(Recorder(), user_message_budget=160, pin_task=False)
+    compactor = Compactor(Recorder(SECTIONS), user_message_budget=160, pin_task=False)
     msgs = [Message.user(f"user message number {i} " + "x" * 200) for i in range(6)] + [Message.assistant("a")]
     first = await compactor.force_compact(state_of(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(first, Compacted)
@@ -72,7 +66,7 @@ async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_
     assert all(f"user message number {i}" not in summary.text for i in range(3))
     # at the second compaction, the earlier ones come from the previous summary, not lost
     more = first.state.append(Message.user("a later question"), Message.assistant("b"))
-    second = await Compactor(Recorder(), user_message_budget=1_000, pin_task=False).force_compact(
+    second = await Compactor(Recorder(SECTIONS), user_message_budget=1_000, pin_task=False).force_compact(
         more.evolve(config={**more.config, "compact_keep": ("messages", 1)})
     )
     assert isinstance(second, Compacted)
@@ -102,7 +96,7 @@ async def test_the_task_stays_verbatim_and_pins_have_a_budget(tmp_path: Path) ->
     pins = [Message.user(f"pinned fact {i} " + "p" * 400, metadata={PINNED_KEY: True}) for i in range(3)]
     msgs = [task, *[m for p in pins for m in (p, Message.assistant("ok"))], Message.user("now"), Message.assistant("x")]
     events: list[Event] = []
-    compactor = Compactor(Recorder(), pin_budget=150, on_event=events.append)
+    compactor = Compactor(Recorder(SECTIONS), pin_budget=150, on_event=events.append)
     result = await compactor.force_compact(state_of(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(result, Compacted)
     ids = {m.id for m in result.state.messages}
@@ -130,7 +124,7 @@ async def test_finalizers(tmp_path: Path) -> None:
     ]
     msgs = [Message.user("task"), *skill_calls, Message.user("go on"), Message.assistant("x")]
     custom = finalizer(default_summary, preserve_skills(max_skills=5, max_tokens=5_000, max_total=25_000))
-    result = await Compactor(Recorder(), finalize=custom, pin_task=False).force_compact(
+    result = await Compactor(Recorder(SECTIONS), finalize=custom, pin_task=False).force_compact(
         state_of(tmp_path, msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
@@ -145,7 +139,7 @@ async def test_finalizers(tmp_path: Path) -> None:
         seen.append(ctx)
         return [*default_finalize(ctx), Message.user("and a reminder")]  # the default, reused
 
-    result = await Compactor(Recorder(), finalize=wrap, pin_task=False).force_compact(
+    result = await Compactor(Recorder(SECTIONS), finalize=wrap, pin_task=False).force_compact(
         state_of(tmp_path / "b", msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
@@ -157,7 +151,7 @@ async def test_finalizers(tmp_path: Path) -> None:
 
     state = state_of(tmp_path / "c", msgs, compact_keep=("messages", 1))
     with pytest.raises(CompactionError, match="bad finalizer"):
-        await Compactor(Recorder(), finalize=broken).force_compact(state)
+        await Compactor(Recorder(SECTIONS), finalize=broken).force_compact(state)
 
 
 async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: Path) -> None:
@@ -169,12 +163,12 @@ async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: 
         Message.user("next"),
         Message.assistant("done"),
     ]
-    summarizer = Recorder()
+    summarizer = Recorder(SECTIONS)
     result = await Compactor(summarizer, reduce_tokens=500).force_compact(
         state_of(tmp_path, msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
-    seen = {m.id: m for m in summarizer.calls[0]}
+    seen = {m.id: m for m in summarizer.calls[0][0]}
     assert "more bytes clipped" in seen[msgs[2].id].text and len(seen[msgs[2].id].text) < 3_000
     assert "more bytes clipped" in seen[msgs[1].id].tool_calls[0].arguments["body"]
     journal = {m.id: m for m in await OffloadStore(tmp_path).read("r")}
@@ -184,14 +178,14 @@ async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: 
 async def test_the_check_after_compacting_ends(tmp_path: Path) -> None:
     msgs = [m for i in range(120) for m in (Message.user(f"q{i} " + "y" * 400), Message.assistant("a"))]
     config = {"compact_trigger": ("tokens", 2_000), "compact_keep": ("messages", 160)}
-    summarizer = Recorder()
+    summarizer = Recorder(SECTIONS)
     with pytest.raises(CompactionIncomplete) as info:
         await Compactor(summarizer, pin_task=False).maybe_compact(state_of(tmp_path, msgs, **config))
     assert len(summarizer.calls) == 3  # the first pass and at most two more
     assert info.value.report.passes == 3 and info.value.state.compactions == 3
     assert "still over" in str(info.value)
     # a keep rule that is only a little too generous: the second pass is enough
-    ok = await Compactor(Recorder(), pin_task=False).maybe_compact(
+    ok = await Compactor(Recorder(SECTIONS), pin_task=False).maybe_compact(
         state_of(tmp_path / "b", msgs, compact_trigger=("tokens", 8_000), compact_keep=("messages", 160))
     )
     assert isinstance(ok, Compacted) and ok.report.passes == 2
@@ -201,15 +195,15 @@ async def test_the_check_after_compacting_ends(tmp_path: Path) -> None:
 
 
 async def test_every_summarizer_input_after_the_first_holds_the_previous_summary(tmp_path: Path) -> None:
-    summarizer = Recorder()
+    summarizer = Recorder(SECTIONS)
     compactor = Compactor(summarizer)
     state = state_of(tmp_path, conversation(30), compact_keep=("messages", 4))
     for round_no in range(4):
         result = await compactor.force_compact(state)
         assert isinstance(result, Compacted)
         state = result.state.append(*conversation(20, seed=round_no + 1, system=False))
-    for call in summarizer.calls[1:]:
-        assert call[0].is_summary
+    for messages, _ in summarizer.calls[1:]:
+        assert messages[0].is_summary
 
 
 async def test_an_agent_clips_a_huge_tail_and_retries_once(tmp_path: Path) -> None:
