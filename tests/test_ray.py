@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from cmdc import Message, NodeLost, open_runtime
+from cmdc import ConfigError, Message, NodeLost, open_runtime
 from cmdc.errors import DelegationRefused
 from cmdc.providers import ScriptedProvider, SimulatedModel
 
@@ -57,6 +57,9 @@ def cluster() -> Iterator[Cluster]:
         made.shutdown()
 
 
+PAD = " " + " ".join(f"word{i}" for i in range(400))
+
+
 def model(**kw: Any) -> SimulatedModel:
     return SimulatedModel(tool_probability=0, reply_chars=40, **kw)
 
@@ -69,6 +72,17 @@ async def test_spawn_and_talk_to_agents_across_three_nodes(cluster: Cluster, pos
             refs = [await rt.spawn(n, model(), instructions="You are terse.") for n in names]
             assert {rt.node_of(n) for n in names} == set(rt.nodes)  # spread over every node
             assert rt.get("agent-3") is refs[3] and rt.whereis("nobody") is None
+            for bad in ("../x", "", "a/b", ".hidden", "x" * 200):
+                with pytest.raises(ConfigError):
+                    await rt.spawn(bad, model())
+            with pytest.raises(ConfigError, match="already running"):
+                await rt.spawn("agent-3", model())
+            with pytest.raises(ConfigError):
+                await rt.spawn("fresh", model(), resume="maybe")  # type: ignore[arg-type]
+            with pytest.raises(cmdc.AgentNotFound):
+                await rt.spawn("fresh", model(), resume="require")
+            with pytest.raises(cmdc.AgentNotFound):
+                rt.get("fresh")
             async with rt.subscribe("agent-0") as sub:
                 for ref in refs:
                     reply = await ref.prompt(f"hello {ref.name}")
@@ -106,6 +120,19 @@ async def test_spawn_and_talk_to_agents_across_three_nodes(cluster: Cluster, pos
             assert len((await again.state()).messages) == len((await refs[2].state()).messages)
             stats = await rt.stats()
             assert sum(s["resident"] for s in stats.values()) == 13
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"lease_ttl": 0}, {"lease_ttl": float("inf")}, {"nodes": 0}, {"max_concurrency": 0}, {"max_resident": -1},
+     {"deactivate_after": True}, {"store": object()}, {"store": 5}],
+)
+async def test_hostile_options_are_refused_before_anything_starts(options: dict[str, Any], tmp_path: Path) -> None:
+    kwargs: dict[str, Any] = {"store": str(tmp_path / "store"), **options}
+    with pytest.raises(ConfigError):
+        async with cmdc.ray.open_cluster(**kwargs):
+            pass
+    assert not (tmp_path / "store").exists()
 
 
 def pick_names(rt: Any, prefix: str) -> tuple[str, str]:
@@ -188,19 +215,21 @@ async def test_a_node_killed_mid_turn(cluster: Cluster, postgres_url: str) -> No
             victim_key = next(k for k in rt.nodes if k != head)
             victim = next(n for n in cluster.worker_nodes if n.node_id[:12] == victim_key)
             names = [f"k{i}" for i in range(40)]
-            refs = {n: await rt.spawn(n, model(latency=3.0)) for n in names}
+            # long prompts and a low trigger: the turns after the crash compact, on the new nodes
+            config = {"compact_trigger": ("messages", 3), "compact_keep": ("messages", 1)}
+            refs = {n: await rt.spawn(n, model(latency=3.0), config=config) for n in names}
             doomed = [n for n in names if rt.node_of(n) == victim_key]
             safe = [n for n in names if rt.node_of(n) != victim_key]
             assert doomed and safe
             # one committed turn each (acknowledged: must survive the crash)
             async with trio.open_nursery() as nursery:
                 for ref in refs.values():
-                    nursery.start_soon(ref.prompt, "first")
+                    nursery.start_soon(ref.prompt, "first" + PAD)
             outcomes: dict[str, Any] = {}
 
             async def second(name: str) -> None:
                 try:
-                    outcomes[name] = await refs[name].prompt("second")
+                    outcomes[name] = await refs[name].prompt("second" + PAD)
                 except NodeLost as exc:
                     outcomes[name] = exc
 
@@ -217,15 +246,30 @@ async def test_a_node_killed_mid_turn(cluster: Cluster, postgres_url: str) -> No
             for name in doomed:
                 # the next call activates the agent on a live node from its last commit
                 state = await refs[name].state()
-                users = [m.text for m in state.messages if m.role == "user"]
+                users = [m.text.split()[0] for m in state.messages if m.role == "user"]
                 assert users == (["first"] if name in lost else ["first", "second"])
-                reply = await refs[name].prompt("third")
-                assert "third" in reply.text
+                assert await rt.store.read(name) == [] or name not in lost  # an uncommitted batch is invisible
+
+            async def third(name: str) -> None:
+                assert "third" in (await refs[name].prompt("third" + PAD)).text
+
+            async with trio.open_nursery() as nursery:
+                for name in names:
+                    nursery.start_soon(third, name)
+            compacted = 0
+            for name in names:
+                # journal + live context: every message once, every user message that committed
+                state = await refs[name].state()
+                live = [m for m in state.messages if m.metadata.get("cmdc.kind") != "summary"]
+                journal = [m for m in await rt.store.read(name) if m.metadata.get("cmdc.kind") != "summary"]
+                everything = [*journal, *live]
+                assert len({m.id for m in everything}) == len(everything)
+                users = [m.text.split()[0] for m in everything if m.role == "user"]
+                expected = ["first", "third"] if name in lost else ["first", "second", "third"]
+                assert sorted(users) == sorted(expected), (name, users)  # (the first task may stay pinned)
+                compacted += bool(state.compactions and journal)
                 report = await rt.store.verify(name)
                 assert report.clean
-            for name in names:
-                state = await refs[name].state()
-                users = [m.text for m in state.messages if m.role == "user"]
-                assert users[0] == "first" and users.count("first") == 1
+            assert compacted  # journals were written, across the crash, and read back exactly once
         cluster.add_node(num_cpus=1)  # back to three nodes for any later test
         cluster.wait_for_nodes()
