@@ -126,8 +126,8 @@ __all__ = [
     "__version__",
 ]
 
-_OPTIONAL_MODULES = frozenset({"otel"})
-"""Submodules on optional extras, imported on first use (`cmdc.otel`): `import cmdc` never
+_OPTIONAL_MODULES = frozenset({"mcp", "otel"})
+"""Submodules on optional extras, imported on first use (`cmdc.mcp`, `cmdc.otel`): `import cmdc` never
 imports their dependencies."""
 
 

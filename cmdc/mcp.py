@@ -34,16 +34,20 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 import attrs
-import mcp_types
 import orjson
 import trio
-from mcp import Client, MCPError, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.server.lowlevel import Server as LowLevelServer
-from mcp.server.mcpserver import MCPServer
-from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+try:
+    import mcp_types
+    from mcp import Client, MCPError, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.server.lowlevel import Server as LowLevelServer
+    from mcp.server.mcpserver import MCPServer
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(f"cmdc.mcp needs the mcp extra: pip install 'cmdc[mcp]' ({exc})") from exc
 
 from ._check import integer, optional_seconds, seconds, validator
 from ._clip import clip
@@ -95,8 +99,10 @@ class MCPTools:
                     errlog = self._stderr_pipe(nursery, stack, tail)
                     changed_send, changed_receive = trio.open_memory_channel[None](1)
 
+                    listening = False  # a 2026-era stream, whose events the session also tees here
+
                     async def on_message(message: Any) -> None:
-                        if isinstance(message, mcp_types.ToolListChangedNotification):
+                        if isinstance(message, mcp_types.ToolListChangedNotification) and not listening:
                             with contextlib.suppress(trio.WouldBlock):  # one pending refresh is enough
                                 changed_send.send_nowait(None)
 
@@ -110,6 +116,7 @@ class MCPTools:
                     scope.deadline = math.inf
                     caps = client.server_capabilities.tools
                     if caps is not None and caps.list_changed and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                        listening = True
                         nursery.start_soon(self._listen, client, changed_send)
                     nursery.start_soon(self._relist, client, live, tail, changed_receive)
                     started = True

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import attrs
 import pytest
@@ -135,3 +138,15 @@ def test_the_mcp_face() -> None:
     server = mcp.stdio("npx", "-y", "@modelcontextprotocol/server-everything")
     assert isinstance(server, tools.ToolSource)
     assert callable(mcp.http) and callable(mcp.in_process)
+
+
+def test_mcp_is_imported_on_first_use_only() -> None:
+    """`import cmdc` never imports the SDK; `cmdc.mcp` after a plain `import cmdc` does."""
+    code = (
+        "import sys, cmdc\n"
+        "assert 'mcp' not in sys.modules and 'cmdc.mcp' not in sys.modules\n"
+        "assert callable(cmdc.mcp.stdio) and 'mcp' in sys.modules\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

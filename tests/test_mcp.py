@@ -11,6 +11,7 @@ Everything here runs under trio (pytest-trio): the SDK's anyio code on trio's ev
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -179,6 +180,17 @@ async def test_list_changed_reaches_the_next_request() -> None:
     assert "late" not in {s.name for s in provider.requests[0].tools}
     assert "late" in {s.name for s in provider.requests[2].tools}
     assert [m.content for m in state.messages if m.role == "tool"] == ["grown", "late result"]
+
+
+async def test_tool_list_changes_are_logged_where_logging_is_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="cmdc")
+    async with cmdc.open_runtime() as rt:
+        provider = ScriptedProvider([call("grow", {}), "done"])
+        agent = await rt.spawn("a1", provider, tools=[cmdc.mcp.in_process(demo_server())])
+        await agent.prompt("go")
+        await eventually(lambda: any("mcp_tools_changed" in r.getMessage() for r in caplog.records))
+    [line] = [r.getMessage() for r in caplog.records if "mcp_tools_changed" in r.getMessage()]
+    assert "agent=mcp:demo" in line and "tools=5" in line
 
 
 async def test_a_large_result_is_clipped() -> None:
