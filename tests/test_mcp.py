@@ -11,7 +11,6 @@ Everything here runs under trio (pytest-trio): the SDK's anyio code on trio's ev
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -182,15 +181,17 @@ async def test_list_changed_reaches_the_next_request() -> None:
     assert [m.content for m in state.messages if m.role == "tool"] == ["grown", "late result"]
 
 
-async def test_tool_list_changes_are_logged_where_logging_is_on(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="cmdc")
-    async with cmdc.open_runtime() as rt:
+async def test_tool_list_changes_are_logged_where_logging_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    logged: list[Any] = []
+    monkeypatch.setattr(cmdc.mcp, "logging_enabled", lambda: True)
+    monkeypatch.setattr(cmdc.mcp, "log_event", logged.append)
+    async with cmdc.open_runtime(log_events=False) as rt:
         provider = ScriptedProvider([call("grow", {}), "done"])
         agent = await rt.spawn("a1", provider, tools=[cmdc.mcp.in_process(demo_server())])
         await agent.prompt("go")
-        await eventually(lambda: any("mcp_tools_changed" in r.getMessage() for r in caplog.records))
-    [line] = [r.getMessage() for r in caplog.records if "mcp_tools_changed" in r.getMessage()]
-    assert "agent=mcp:demo" in line and "tools=5" in line
+        await eventually(lambda: any(e.kind == "mcp_tools_changed" for e in logged))
+    [event] = [e for e in logged if e.kind == "mcp_tools_changed"]  # re-listed once
+    assert event.agent_id == "mcp:demo" and event.data["tools"] == 5
 
 
 async def test_a_large_result_is_clipped() -> None:
