@@ -573,7 +573,13 @@ class ClusterSubscription:
         with contextlib.suppress(*_DEAD):
             try:
                 while True:
-                    events = _unwrap(await _await_ref(node.handle.poll.remote(self._id, 1.0)))
+                    try:
+                        events = _unwrap(await _await_ref(node.handle.poll.remote(self._id, 1.0)))
+                    except _DEAD:
+                        raise
+                    except Exception:  # a batch Ray could not carry (an event it cannot pickle)
+                        self.dropped += 1
+                        continue
                     if events is None:
                         return
                     for e in events:
