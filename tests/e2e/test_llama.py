@@ -111,10 +111,16 @@ class ToolFirst:
     is in. Everything else (the request, the parsing of the call, the tool's run) is cmdc's."""
 
     def __init__(self, url: str, stream: bool) -> None:
+        # Greedy decoding: sampled, the grammar still lets the model ramble inside the argument
+        # string until its output limit (seen once in ~10 runs, a call cut off on `length`).
         self.calling = e2e_llama.provider(
-            url, "openai", stream, extra_body={"tool_choice": "required", "parallel_tool_calls": False}
+            url,
+            "openai",
+            stream,
+            max_output_tokens=128,
+            extra_body={"tool_choice": "required", "parallel_tool_calls": False, "temperature": 0},
         )
-        self.answering = e2e_llama.provider(url, "openai", stream, extra_body={"tool_choice": "none"})
+        self.answering = e2e_llama.provider(url, "openai", stream, extra_body={"tool_choice": "none", "temperature": 0})
 
     async def complete(self, request: ModelRequest) -> Message:
         model = self.calling if request.messages[-1].role == "user" else self.answering
