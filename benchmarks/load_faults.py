@@ -17,6 +17,10 @@ state has its result, its summary's compaction number is its count and the recor
 on disk, the after_compact hook saw at least as many compactions as the state counts, and its
 state and journal hold only its own messages, every acknowledged turn's prompt among them.
 
+Then the stall check (`--recall-records`, 0 skips it): one agent recalls over a journal of that
+many records while a neighbour answers pings; the longest scheduling stall every agent would see
+is printed against its target (< 50 ms; see `benchmarks/recall_stall.py`).
+
 Printed: turns per second, and per turn the runtime's overhead: the turn's wall time minus the
 time spent inside the provider and the tools (under this load that includes waiting for the one
 trio thread the agents share), and the runtime's CPU time (the trio-thread time of the agent's
@@ -43,6 +47,7 @@ import trio
 import trio.lowlevel
 
 import cmdc
+from benchmarks import recall_stall
 from cmdc import (
     AfterCompact,
     CmdcError,
@@ -408,6 +413,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trigger", type=int, default=2_000, help="compaction token trigger (a turn adds ~250)")
     parser.add_argument("--dir", type=Path, default=None, help="keep the journals here (default: a temp dir)")
+    parser.add_argument(
+        "--recall-records", type=int, default=5_000, help="then: the stall check's journal size (0: skip it)"
+    )
+    parser.add_argument("--recall-big-mb", type=int, default=0, help="the stall check: add one record of this many MB")
     args = parser.parse_args(argv)
     figures = run(
         args.agents,
@@ -418,7 +427,12 @@ def main(argv: list[str] | None = None) -> None:
         trigger=args.trigger,
         directory=args.dir,
     )
-    sys.exit(1 if figures["failures"] else 0)
+    missed = False
+    if args.recall_records > 0:
+        print("\nstall check: one agent recalls over a large journal while a neighbour answers pings")
+        stall = recall_stall.run(args.recall_records, args.recall_big_mb, args.seed)
+        missed = not stall["answered"]
+    sys.exit(1 if figures["failures"] or missed else 0)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,8 @@ class AgentOptions:
       queued messages it took (a `queued_dropped` event; the error says how many), so they
       never poison later turns; an aborted or cancelled turn leaves them queued.
       `AgentRef.queued()` shows them, `AgentRef.clear_queued()` drops them.
+    - `summarizer_timeout`: seconds one summarizer attempt may take before it counts as failed
+      (retried, then failed over like any failed attempt: `SummarizerTimeout`); None: no bound.
     """
 
     max_steps: int = attrs.field(default=25, validator=_positive)
@@ -170,6 +172,7 @@ class AgentOptions:
     max_children: int = attrs.field(default=8, validator=_positive)
     max_continuations: int = attrs.field(default=2, validator=_non_negative)
     max_queued: int = attrs.field(default=256, validator=_positive)
+    summarizer_timeout: float | None = attrs.field(default=300.0, validator=validator(optional_seconds, _OPTION))
 
 
 class _Reply:

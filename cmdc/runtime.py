@@ -315,7 +315,7 @@ class Runtime:
             # A `fraction` needs the model's window: the provider knows it (written into the
             # config, so a checkpoint keeps it).
             state, fresh = state.evolve(config={**state.config, "context_window": window}), None
-        compactor = self._compactor(summarizer if summarizer is not None else provider, plugins)
+        compactor = self._compactor(summarizer if summarizer is not None else provider, plugins, options)
         compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
         given = await self._live_tools(tools)
         if recall:
@@ -387,7 +387,7 @@ class Runtime:
                 seen[name] = where
         return tuple(out)
 
-    def _compactor(self, summarizer: Summarizer, plugins: tuple[Plugin, ...]) -> Compactor:
+    def _compactor(self, summarizer: Summarizer, plugins: tuple[Plugin, ...], options: AgentOptions) -> Compactor:
         """An agent's compactor. When both attempts of a model summarizer (a provider) fail (an
         error, a summary cut off or without its sections; the retry reads smaller chunks, and
         the provider retries its own HTTP failures), the offline `ExtractiveSummarizer` writes
@@ -407,6 +407,7 @@ class Runtime:
             on_event=self.bus.publish if self.tracing is None else self._publish_traced,
             store=self.store,
             commit_journal=False,  # the agent commits the journal after it commits its state
+            summarizer_timeout=options.summarizer_timeout,
         )
 
     def _publish_traced(self, event: Event) -> None:
@@ -420,7 +421,7 @@ class Runtime:
     ) -> Agent:
         if compactor is None:
             summarizer = slot.summarizer if slot.summarizer is not None else slot.provider
-            compactor = self._compactor(summarizer, slot.plugins)
+            compactor = self._compactor(summarizer, slot.plugins, slot.options)
         agent = Agent(
             name=name,
             state=state,

@@ -274,6 +274,47 @@ async def test_an_agent_whose_summarizer_hangs_keeps_working(tmp_path: Path, aut
         assert (await agent.state()).compactions == 0
 
 
+async def test_spawn_sets_the_summarizer_timeout_of_an_agents_model_summarizer(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    class Hanging:
+        """A model summarizer (a provider) that never answers."""
+
+        calls = 0
+
+        async def complete(self, request: ModelRequest) -> Message:
+            Hanging.calls += 1
+            await trio.sleep_forever()
+            raise AssertionError
+
+    async with open_runtime(log_events=False) as rt:
+        with rt.subscribe("a") as events:
+            agent = await rt.spawn(
+                "a",
+                ScriptedProvider(["ok"], cycle=True),
+                config=config(tmp_path, compact_trigger=("messages", 3), compact_keep=("messages", 2)),
+                summarizer=Hanging(),
+                summarizer_timeout=7,
+            )
+            t0 = trio.current_time()
+            for i in range(4):
+                assert (await agent.prompt(f"turn {i}: " + "a long request in many words " * 40)).text == "ok"
+            # the model's attempts each gave up after 7 s (retried), then the offline summarizer wrote it
+            state = await agent.state()
+            assert state.compactions >= 1 and Hanging.calls >= 1
+            assert trio.current_time() - t0 < 300  # the default timeout (300 s) was not the one used
+            kinds = []
+            while True:
+                try:
+                    kinds.append(events.receive_nowait().kind)
+                except trio.WouldBlock:
+                    break
+            assert "summarizer_fallback" in kinds
+        with pytest.raises(ConfigError, match="summarizer_timeout"):
+            await rt.spawn("b", ScriptedProvider(["ok"]), summarizer_timeout=-1)
+        await neighbour_answers(rt, tmp_path)
+
+
 # -- bounded fan-out -------------------------------------------------------------------------------
 
 
