@@ -35,7 +35,6 @@ memory and in the caller's: the registry of names lives in the process that open
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import hashlib
 import os
 import secrets
@@ -67,7 +66,7 @@ from .events import Event
 from .message import Message
 from .plugins import Plugin
 from .providers.base import Provider
-from .runtime import Runtime, open_runtime
+from .runtime import Runtime, _matches, _patterns, open_runtime
 from .state import State, validate_agent_id
 from .store import Leases, Store, open_store
 from .tools import Tool, tool
@@ -116,25 +115,6 @@ class _Spec:
     recall: bool
     targets: tuple[str, ...] | None  # whom it may delegate to (None: nobody)
     accepts: tuple[str, ...] | None  # whose delegated tasks it takes (None: nobody's)
-
-
-def _patterns(what: str, value: object) -> tuple[str, ...] | None:
-    if value is False or value is None:
-        return None
-    if value is True:
-        return ("*",)
-    names = (value,) if isinstance(value, str) else value
-    if not isinstance(names, Iterable):
-        raise ConfigError(f"{what} must be a bool, an agent name or pattern, or a list of them, got {value!r:.80}")
-    out = tuple(names)
-    for p in out:
-        if not isinstance(p, str) or not p or len(p) > 256:
-            raise ConfigError(f"{what}: every entry must be an agent name or pattern (a string), got {p!r:.80}")
-    return out
-
-
-def _matches(name: str, patterns: tuple[str, ...] | None) -> bool:
-    return patterns is not None and any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def _place(name: str, nodes: Sequence[str]) -> str:

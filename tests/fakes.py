@@ -1,4 +1,5 @@
-"""Fakes shared by the tests: a recording summarizer, a tool, and an SSE body builder."""
+"""Fakes shared by the tests: a recording summarizer, a scripted summarizing model, a tool, and an
+SSE body builder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,24 @@ from typing import Any
 import orjson
 import trio
 
-from cmdc import Message, tool
+from cmdc import Message, TokenUsage, tool
+from cmdc.providers import ModelRequest
+from cmdc.providers.base import STOP_REASON_KEY
+
+SECTIONS = [
+    "Primary request and intent",
+    "Key concepts",
+    "Files and code",
+    "Errors and fixes",
+    "All user messages",
+    "Pending tasks",
+    "Current work",
+    "Next step",
+]
+"""The sections the default summary prompt asks for (written here from the prompt, not read
+from the code that checks them)."""
+STRUCTURED = "\n".join(f"## {name}\n- noted" for name in SECTIONS)
+"""A summary with every section."""
 
 
 class Recorder:
@@ -21,6 +39,21 @@ class Recorder:
     async def __call__(self, messages: Sequence[Message], instruction: str) -> str:
         self.calls.append((list(messages), instruction))
         return self.answer
+
+
+class ScriptedSummaryModel:
+    """A summarizing model (a provider) that answers `(text, stop reason)` pairs in order (the
+    last one repeats) and records every request."""
+
+    def __init__(self, *answers: tuple[str, str]) -> None:
+        self.answers = list(answers)
+        self.requests: list[ModelRequest] = []
+
+    async def complete(self, request: ModelRequest) -> Message:
+        self.requests.append(request)
+        text, stop = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        usage = TokenUsage(input_tokens=1, output_tokens=1)
+        return Message.assistant(text, usage=usage, metadata={STOP_REASON_KEY: stop})
 
 
 @tool

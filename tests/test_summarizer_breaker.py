@@ -14,41 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import STRUCTURED, ScriptedSummaryModel
 
 import cmdc
-from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message, State, TokenUsage
+from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message, State
 from cmdc.compaction import ExtractiveSummarizer, SummarizerBreaker
 from cmdc.events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, SUMMARIZER_SUSPENDED, Event
-from cmdc.providers import ModelRequest
-from cmdc.providers.base import STOP_REASON_KEY
 
-SECTIONS = [
-    "Primary request and intent",
-    "Key concepts",
-    "Files and code",
-    "Errors and fixes",
-    "All user messages",
-    "Pending tasks",
-    "Current work",
-    "Next step",
-]
-STRUCTURED = "\n".join(f"## {name}\n- noted" for name in SECTIONS)
 OFF_TASK = ("You are correct, when using gunicorn you should set the timeout.", "stop")
 GOOD = (STRUCTURED, "stop")
-
-
-class Model:
-    """A summarizing model that answers from a script (the last answer repeats)."""
-
-    def __init__(self, *answers: tuple[str, str]) -> None:
-        self.answers = list(answers)
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> Message:
-        self.requests.append(request)
-        text, stop = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        usage = TokenUsage(input_tokens=1, output_tokens=1)
-        return Message.assistant(text, usage=usage, metadata={STOP_REASON_KEY: stop})
 
 
 def history(turns: int, start: int = 0) -> list[Message]:
@@ -96,7 +70,7 @@ def test_the_compactor_checks_its_breaker(bad: Any) -> None:
 
 
 async def test_a_failing_model_is_skipped_then_tried_again(tmp_path: Path) -> None:
-    model = Model(OFF_TASK)
+    model = ScriptedSummaryModel(OFF_TASK)
     events: list[Event] = []
     compactor = Compactor(
         model,
@@ -127,7 +101,7 @@ async def test_a_failing_model_is_skipped_then_tried_again(tmp_path: Path) -> No
 
 
 async def test_a_model_that_recovers_is_used_again(tmp_path: Path) -> None:
-    model = Model(OFF_TASK, OFF_TASK, GOOD)
+    model = ScriptedSummaryModel(OFF_TASK, OFF_TASK, GOOD)
     compactor = Compactor(
         model, fallbacks=[ExtractiveSummarizer()], retries=0, breaker=SummarizerBreaker(threshold=2, cooldown=1)
     )
@@ -142,7 +116,7 @@ async def test_a_model_that_recovers_is_used_again(tmp_path: Path) -> None:
 
 
 async def test_without_a_fallback_the_model_is_always_asked(tmp_path: Path) -> None:
-    model = Model(OFF_TASK)
+    model = ScriptedSummaryModel(OFF_TASK)
     compactor = Compactor(model, retries=0, breaker=SummarizerBreaker(threshold=1, cooldown=5))
     for n in range(3):
         with pytest.raises(CompactionError, match="lacks the sections"):
@@ -151,7 +125,7 @@ async def test_without_a_fallback_the_model_is_always_asked(tmp_path: Path) -> N
 
 
 async def test_a_cut_off_answer_with_no_smaller_input_is_not_asked_again(tmp_path: Path) -> None:
-    model = Model((STRUCTURED[:50], "length"))
+    model = ScriptedSummaryModel((STRUCTURED[:50], "length"))
     events: list[Event] = []
     cfg = {"compact_offload_dir": str(tmp_path), "compact_keep": ("messages", 1)}
     # One message to summarize: no chunk can be smaller than it.
@@ -165,7 +139,7 @@ async def test_a_cut_off_answer_with_no_smaller_input_is_not_asked_again(tmp_pat
 
 
 async def test_an_agents_model_summarizer_gets_one_retry_and_a_breaker(tmp_path: Path) -> None:
-    summarizer = Model(OFF_TASK)
+    summarizer = ScriptedSummaryModel(OFF_TASK)
     chat = cmdc.providers.ScriptedProvider(["ok"], cycle=True)
     config = {"compact_offload_dir": str(tmp_path), "compact_keep": ("messages", 2), "compact_trigger": ("messages", 6)}
     async with cmdc.open_runtime(log_events=False) as rt:

@@ -15,44 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import SECTIONS, STRUCTURED, ScriptedSummaryModel
 
 import cmdc
-from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message, State, TokenUsage
+from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message, State
 from cmdc.compaction.compactor import SummaryAttempt, default_should_retry
 from cmdc.compaction.config import DEFAULT_SUMMARY_PROMPT
 from cmdc.compaction.summary import missing_sections
 from cmdc.events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, Event
-from cmdc.providers import ModelRequest
-from cmdc.providers.base import STOP_REASON_KEY
 from cmdc.tokens import estimate_tokens_from_messages
 
-SECTIONS = [
-    "Primary request and intent",
-    "Key concepts",
-    "Files and code",
-    "Errors and fixes",
-    "All user messages",
-    "Pending tasks",
-    "Current work",
-    "Next step",
-]
-STRUCTURED = "\n".join(f"## {name}\n- noted" for name in SECTIONS)
 WINDOW = 2_048
-
-
-class Model:
-    """A summarizing model: answers in order (the last repeats), each with a stop reason;
-    records every request."""
-
-    def __init__(self, *answers: tuple[str, str]) -> None:
-        self.answers = list(answers)
-        self.requests: list[ModelRequest] = []
-
-    async def complete(self, request: ModelRequest) -> Message:
-        self.requests.append(request)
-        text, stop = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        usage = TokenUsage(input_tokens=1, output_tokens=1)
-        return Message.assistant(text, usage=usage, metadata={STOP_REASON_KEY: stop})
 
 
 def history(turns: int, words: int = 120) -> list[Message]:
@@ -69,7 +42,7 @@ def state_of(tmp_path: Path, messages: list[Message], **config: Any) -> State:
 
 
 async def test_every_model_request_fits_the_window_with_its_output_budget(tmp_path: Path) -> None:
-    model = Model((STRUCTURED, "stop"))
+    model = ScriptedSummaryModel((STRUCTURED, "stop"))
     state = state_of(tmp_path, history(20), context_window=WINDOW, compact_trigger=("tokens", 1_000_000))
     assert state.token_usage > 3 * WINDOW  # far more than one request can hold
     result = await Compactor(model, pin_task=False).force_compact(state)
@@ -81,7 +54,7 @@ async def test_every_model_request_fits_the_window_with_its_output_budget(tmp_pa
 
 
 async def test_the_summarizers_own_window_wins(tmp_path: Path) -> None:
-    model = Model((STRUCTURED, "stop"))
+    model = ScriptedSummaryModel((STRUCTURED, "stop"))
     state = state_of(tmp_path, history(6), context_window=100_000, compact_trigger=("tokens", 1_000_000))
     result = await Compactor(model, pin_task=False, summarizer_window=1_024).force_compact(state)
     assert isinstance(result, Compacted) and len(model.requests) > 1
@@ -90,7 +63,7 @@ async def test_the_summarizers_own_window_wins(tmp_path: Path) -> None:
 
 
 async def test_without_a_known_window_the_request_is_whole(tmp_path: Path) -> None:
-    model = Model((STRUCTURED, "stop"))
+    model = ScriptedSummaryModel((STRUCTURED, "stop"))
     result = await Compactor(model, pin_task=False).force_compact(state_of(tmp_path, history(6)))
     assert isinstance(result, Compacted) and len(model.requests) == 1
 
@@ -103,7 +76,7 @@ def test_summarizer_window_is_checked(bad: Any) -> None:
 
 @pytest.mark.parametrize("stop", ["length", "max_tokens"])
 async def test_a_cut_off_summary_is_refused_and_retried_with_smaller_chunks(tmp_path: Path, stop: str) -> None:
-    model = Model((STRUCTURED[:60], stop), (STRUCTURED, "stop"))
+    model = ScriptedSummaryModel((STRUCTURED[:60], stop), (STRUCTURED, "stop"))
     events: list[Event] = []
     state = state_of(tmp_path, history(6))
     result = await Compactor(model, pin_task=False, retry_backoff=0, on_event=events.append).force_compact(state)
@@ -119,7 +92,8 @@ async def test_a_cut_off_summary_is_refused_and_retried_with_smaller_chunks(tmp_
 
 
 async def test_an_off_task_answer_is_refused(tmp_path: Path) -> None:
-    model = Model(("You are correct, when using gunicorn you should set the timeout.", "stop"), (STRUCTURED, "stop"))
+    off_task = "You are correct, when using gunicorn you should set the timeout."
+    model = ScriptedSummaryModel((off_task, "stop"), (STRUCTURED, "stop"))
     events: list[Event] = []
     state = state_of(tmp_path, history(6))
     result = await Compactor(model, pin_task=False, retry_backoff=0, on_event=events.append).force_compact(state)
@@ -129,14 +103,14 @@ async def test_an_off_task_answer_is_refused(tmp_path: Path) -> None:
 
 
 async def test_a_bare_compactor_still_fails_when_every_attempt_is_refused(tmp_path: Path) -> None:
-    model = Model(("Sure! Here is some text.", "stop"))
+    model = ScriptedSummaryModel(("Sure! Here is some text.", "stop"))
     state = state_of(tmp_path, history(6))
     with pytest.raises(CompactionError, match="lacks the sections"):
         await Compactor(model, pin_task=False, retries=1, retry_backoff=0).force_compact(state)
 
 
 async def test_an_agent_falls_back_to_the_extractive_summarizer(tmp_path: Path) -> None:
-    summarizer = Model(("truncated mid-sent", "length"))
+    summarizer = ScriptedSummaryModel(("truncated mid-sent", "length"))
     chat = cmdc.providers.ScriptedProvider(["ok"], cycle=True)
     config = {"compact_offload_dir": str(tmp_path), "compact_keep": ("messages", 2), "compact_trigger": ("messages", 8)}
     async with cmdc.open_runtime(log_events=False) as rt:
