@@ -60,16 +60,23 @@ def time_server() -> cmdc.mcp.MCPTools:
 
 
 def child_pids(marker: str) -> list[int]:
-    """This process's children whose command line contains `marker`."""
+    """This process's children whose command line contains `marker`.
+
+    Found by scanning every process's parent pid: `/proc/self/task/*/children` races with
+    threads that end while it is read and is missing on kernels built without it.
+    """
+    me = os.getpid()
     pids: list[int] = []
-    for task in Path("/proc/self/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if marker in cmdline:
-                pids.append(int(pid))
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and marker in cmdline:
+            pids.append(int(entry.name))
     return pids
 
 
