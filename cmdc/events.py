@@ -48,6 +48,13 @@ JOURNAL_REPAIRED = "journal_repaired"
 STOPPED = "stopped"  # an agent stopped for good; its subscriptions end after this event
 USAGE_REFUSED = "usage_refused"  # a reply's usage figures were implausible: dropped, the size is estimated
 TOOL_CALLS_REFUSED = "tool_calls_refused"  # a reply asked for more tool calls than run per step
+ACTIVATED = "activated"  # a virtual agent came back into memory from its checkpoint
+DEACTIVATED = "deactivated"  # a virtual agent left memory (its state is in the store)
+LEASE_LOST = "lease_lost"  # another runtime took the agent's name lease
+MCP_SERVER_FAILED = "mcp_server_failed"
+MCP_TOOLS_LIST_FAILED = "mcp_tools_list_failed"
+MCP_TOOLS_CHANGED = "mcp_tools_changed"
+MCP_TOOL_DROPPED = "mcp_tool_dropped"
 
 LEVELS: Mapping[str, int] = MappingProxyType(
     {
@@ -57,6 +64,8 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         RESPONSE: logging.DEBUG,
         TOOL_START: logging.DEBUG,
         TOOL_END: logging.DEBUG,
+        ACTIVATED: logging.DEBUG,
+        DEACTIVATED: logging.DEBUG,
         SUMMARIZER_ATTEMPT: logging.DEBUG,
         SUMMARIZER_FALLBACK: logging.WARNING,
         SUMMARIZER_SUSPENDED: logging.WARNING,
@@ -69,6 +78,7 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         CONTINUED: logging.INFO,
         RETRY: logging.INFO,
         STOPPED: logging.INFO,
+        MCP_TOOLS_CHANGED: logging.INFO,
         RESTART: logging.WARNING,
         COMPACTION_FAILED: logging.WARNING,
         ERROR: logging.WARNING,
@@ -81,6 +91,10 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         JOURNAL_LOST: logging.WARNING,
         JOURNAL_DAMAGED: logging.WARNING,
         JOURNAL_REPAIRED: logging.WARNING,
+        LEASE_LOST: logging.WARNING,
+        MCP_SERVER_FAILED: logging.WARNING,
+        MCP_TOOLS_LIST_FAILED: logging.WARNING,
+        MCP_TOOL_DROPPED: logging.WARNING,
     }
 )
 """The log level of each kind (an unknown kind logs at INFO)."""
@@ -117,6 +131,13 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         JOURNAL_LOST: ("path", "expected", "found", "why"),
         JOURNAL_DAMAGED: ("path", "damaged", "torn"),
         JOURNAL_REPAIRED: ("path", "moved", "lines"),
+        ACTIVATED: (),
+        DEACTIVATED: (),
+        LEASE_LOST: (),
+        MCP_SERVER_FAILED: ("server", "error"),
+        MCP_TOOLS_LIST_FAILED: ("server", "error"),
+        MCP_TOOLS_CHANGED: ("server", "tools"),
+        MCP_TOOL_DROPPED: ("server", "tool", "reason"),
     }
 )
 """The data keys of each kind: an event of a known kind always carries exactly these (a key its

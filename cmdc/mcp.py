@@ -52,7 +52,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from ._check import integer, optional_seconds, seconds, validator
 from ._clip import clip
 from .errors import ConfigError, MCPServerError, MCPToolError
-from .events import Event, log_event, logging_enabled
+from .events import (
+    MCP_SERVER_FAILED,
+    MCP_TOOL_DROPPED,
+    MCP_TOOLS_CHANGED,
+    MCP_TOOLS_LIST_FAILED,
+    Event,
+    log_event,
+    logging_enabled,
+)
 from .tools import Tool, ToolSet
 
 __all__ = ["MCPServerError", "MCPToolError", "MCPTools", "http", "in_process", "stdio"]
@@ -132,7 +140,7 @@ class MCPTools:
             if not started:
                 raise MCPServerError(f"MCP server {self.name!r} did not start: {why}{_stderr_note(tail)}") from exc
             live.error = f"MCP server {self.name!r} stopped: {why}{_stderr_note(tail)}"
-            _log("mcp_server_failed", self.name, error=live.error)
+            _log(MCP_SERVER_FAILED, self.name, error=live.error)
 
     # -- connecting -------------------------------------------------------------------------
     def _stderr_pipe(self, nursery: trio.Nursery, stack: contextlib.AsyncExitStack, tail: bytearray) -> TextIO | None:
@@ -173,10 +181,10 @@ class MCPTools:
                 with trio.fail_after(self.connect_timeout):
                     tools = await self._list(client, live, tail)
             except Exception as exc:  # keep the listing it had; a dead server's calls say so
-                _log("mcp_tools_list_failed", self.name, error=_why(exc))
+                _log(MCP_TOOLS_LIST_FAILED, self.name, error=_why(exc))
                 continue
             live.replace(tools)
-            _log("mcp_tools_changed", self.name, tools=len(tools))
+            _log(MCP_TOOLS_CHANGED, self.name, tools=len(tools))
 
     # -- tools --------------------------------------------------------------------------------
     async def _list(self, client: Client, live: ToolSet, tail: bytearray) -> list[Tool]:
@@ -210,7 +218,7 @@ class MCPTools:
             size = MAX_SCHEMA_BYTES + 1
         if name in taken or size > MAX_SCHEMA_BYTES:
             why = "name taken" if name in taken else "schema too large"
-            _log("mcp_tool_dropped", self.name, tool=spec.name, reason=why)
+            _log(MCP_TOOL_DROPPED, self.name, tool=spec.name, reason=why)
             return None
         remote = spec.name
         server = self.name
@@ -238,7 +246,7 @@ class MCPTools:
         try:
             return Tool(name, description, dict(schema), call, timeout=self.timeout)
         except ConfigError as exc:
-            _log("mcp_tool_dropped", self.name, tool=spec.name, reason=str(exc))
+            _log(MCP_TOOL_DROPPED, self.name, tool=spec.name, reason=str(exc))
             return None
 
 

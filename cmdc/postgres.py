@@ -48,7 +48,7 @@ import psycopg
 import psycopg_pool
 import trio
 
-from ._check import integer, seconds
+from ._check import integer, is_number, seconds
 from ._fs import run_bounded
 from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
 from .errors import (
@@ -896,7 +896,7 @@ def _check_owner(owner: object) -> str:
 
 
 def _check_ttl(ttl: object) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 86_400:
+    if not is_number(ttl) or not 0 < ttl <= 86_400:
         raise ConfigError(f"a lease ttl must be a positive number of seconds (at most a day), got {ttl!r}")
     return float(ttl)
 

@@ -23,7 +23,7 @@ from .compaction import Compactor
 from .compaction.breaker import SummarizerBreaker
 from .compaction.summary import ExtractiveSummarizer, Summarizer
 from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused, MailboxFull
-from .events import STOPPED, Event
+from .events import ACTIVATED, DEACTIVATED, LEASE_LOST, STOPPED, Event
 from .message import Message
 from .plugins import Plugin
 from .providers.base import Provider
@@ -458,7 +458,7 @@ class Runtime:
             agent.ref._restarts = agent.restart_count
             agent.ref._agent = None
             self._deactivations += 1
-            self._emit(agent.name, "deactivated")
+            self._emit(agent.name, DEACTIVATED)
         else:
             del self._slots[agent.name]
             self._grants.pop(agent.name, None)
@@ -505,7 +505,7 @@ class Runtime:
             with contextlib.suppress(CmdcError):  # a store down: retried at the next round
                 kept = set(await self._leases.renew_leases(self.lease_owner, ttl=self.lease_ttl))
                 for name in [n for n in self._leased if n not in kept]:
-                    self._emit(name, "lease_lost")
+                    self._emit(name, LEASE_LOST)
 
     async def _release_all(self) -> None:
         if self._leases is not None and self.lease_owner is not None:
@@ -558,7 +558,7 @@ class Runtime:
                 self._agents[ref.name] = agent
                 self._nursery.start_soon(agent.main, name=ref.name)
                 self._activations += 1
-                self._emit(ref.name, "activated")
+                self._emit(ref.name, ACTIVATED)
                 self._make_room()
                 leased = False  # the agent holds it now
                 return agent

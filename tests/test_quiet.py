@@ -185,9 +185,10 @@ def test_no_event_is_emitted_with_a_bare_string_kind() -> None:
             if not isinstance(node, ast.Call):
                 continue
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in ("_emit", "Event") and node.args:
-                first = node.args[0]
-                assert not isinstance(first, ast.Constant), f"{path.name}:{node.lineno}: a bare event kind"
+            if name in ("_emit", "_log", "Event"):  # the kind is the first or second argument
+                for arg in node.args[:2]:
+                    bare = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                    assert not bare, f"{path.name}:{node.lineno}: a bare event kind"
 
 
 def test_an_event_always_carries_its_kinds_keys() -> None:

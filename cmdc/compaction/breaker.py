@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import attrs
 
-from ..errors import ConfigError
+from .._check import integer, validator
 
-
-def _at_least_one(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{attribute.name} must be an integer >= 1, got {value!r:.80}")
+_at_least_one = validator(integer, "{}")
 
 
 @attrs.define

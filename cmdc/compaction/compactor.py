@@ -17,6 +17,7 @@ from typing import Any, Generic, Literal, TypeVar
 import attrs
 import trio
 
+from .._check import is_int, optional_integer
 from .._stores import _STORES, shared_store
 from ..errors import (
     CompactionAborted,
@@ -216,7 +217,7 @@ class Compactor:
         if counter is None:
             return estimate_message_tokens(message)
         n = counter(message)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if not is_int(n) or n < 0:
             raise ConfigError(f"token_counter returned {n!r} for message {message.id}; expected an int >= 0")
         return n
 
@@ -289,8 +290,7 @@ class Compactor:
             raise ConfigError(f"reason must be 'auto', 'forced' or 'manual', got {reason!r}")
         if instruction is not None and not isinstance(instruction, str):
             raise ConfigError(f"instruction must be a string, got {type(instruction).__name__}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ConfigError(f"window must be an integer >= 1, got {window!r}")
+        optional_integer(window, "window")
         return await self._compact(state, reason, instruction, window)
 
     async def clip_tail(self, state: State) -> State | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from .._check import integer, is_int
 from ..errors import ConfigError
 
 DEFAULT_TRIGGER: tuple[str, int] = ("tokens", 170_000)
@@ -104,9 +105,7 @@ class CompactConfig:
 def _context_window(value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"config key 'context_window' must be an integer >= 1, got {value!r}")
-    return value
+    return integer(value, "config key 'context_window'")
 
 
 def _triggers(value: object, window: int | None) -> tuple[Threshold, ...]:
@@ -126,11 +125,11 @@ def _rule(key: str, value: object, modes: tuple[str, ...], window: int | None) -
     if mode not in modes:
         raise ConfigError(f"config key {key!r}: unknown mode {mode!r} in {value!r}; expected one of {list(modes)}")
     if mode == "fraction":
-        if isinstance(number, bool) or not isinstance(number, float) or not 0.0 < number <= 1.0:
+        if not isinstance(number, float) or not 0.0 < number <= 1.0:  # a float: 1 is a count
             raise ConfigError(f"config key {key!r}: a fraction must be a float in (0, 1], got {number!r}")
         if window is None:
             raise ConfigError(f"config key {key!r}: {value!r} needs 'context_window' to be set")
-    elif isinstance(number, bool) or not isinstance(number, int) or number < 1:
+    elif not is_int(number) or number < 1:
         raise ConfigError(f"config key {key!r}: a {mode} count must be an integer >= 1, got {number!r}")
     return Threshold(mode, number)
 

@@ -12,8 +12,8 @@ import attrs
 import orjson
 import trio
 
+from .._check import integer
 from .._clip import clip, clip_line, utf8_len
-from ..errors import ConfigError
 from ..message import Message, TokenUsage, ToolCall
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 from .base import ModelRequest
@@ -412,9 +412,7 @@ class ExtractiveSummarizer:
     name = "extractive"
 
     def __init__(self, max_chars: int = 6_000) -> None:
-        if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 500:
-            raise ConfigError(f"max_chars must be an integer >= 500, got {max_chars!r:.80}")
-        self.max_chars = max_chars
+        self.max_chars = integer(max_chars, "max_chars", minimum=500)
 
     async def __call__(self, messages: Sequence[Message], instruction: str) -> str:
         reading = _read(messages, self.max_chars)
