@@ -10,6 +10,7 @@ import pytest
 import structlog
 import trio
 import trio.testing
+from fakes import drain
 from structlog.testing import capture_logs
 
 from cmdc.bus import EVENTS_DROPPED, EventBus, Subscription
@@ -19,15 +20,6 @@ from cmdc.events import Event
 
 def ev(kind: str, agent: str | None = "a", **data: Any) -> Event:
     return Event(kind, agent_id=agent, data=data)
-
-
-def drain(sub: Subscription) -> list[Event]:
-    out: list[Event] = []
-    while True:
-        try:
-            out.append(sub.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return out
 
 
 @pytest.fixture

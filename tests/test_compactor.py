@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import trio
-from fakes import Recorder
+from fakes import Recorder, make_state
 from helpers import asst, check_pairs, res
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,19 +38,19 @@ from cmdc import (
     TokenUsage,
 )
 from cmdc import tokens as tokens_mod
-from cmdc.compaction.compactor import SummaryAttempt, default_should_retry
+from cmdc.compaction import SummaryAttempt, default_should_retry
 from cmdc.compaction.config import Threshold
 from cmdc.providers import ModelRequest
 from cmdc.synthetic import conversation
 
 
-def make_state(tmp_path: Path, messages: Sequence[Message], **config: Any) -> State:
-    cfg = {"compact_offload_dir": str(tmp_path / "offload"), "compact_keep": ("messages", 4), **config}
-    return State(agent_id="a1", messages=messages, config=cfg)
+def state_in(tmp_path: Path, messages: Sequence[Message], **config: Any) -> State:
+    """`make_state` with this file's defaults: the journal in tmp_path/offload, four kept."""
+    return make_state(tmp_path / "offload", messages, **{"compact_keep": ("messages", 4), **config})
 
 
 async def test_below_threshold_is_skipped(tmp_path: Path) -> None:
-    state = make_state(tmp_path, conversation(20))
+    state = state_in(tmp_path, conversation(20))
     result = await Compactor(Recorder()).maybe_compact(state)
     assert isinstance(result, Skipped) and result.state is state
     assert not (tmp_path / "offload").exists()
@@ -58,7 +58,7 @@ async def test_below_threshold_is_skipped(tmp_path: Path) -> None:
 
 async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> None:
     msgs = conversation(60)
-    state = make_state(tmp_path, msgs, compact_trigger=("messages", 50))
+    state = state_in(tmp_path, msgs, compact_trigger=("messages", 50))
     events: list[Event] = []
     summarizer = Recorder()
     result = await Compactor(summarizer, on_event=events.append).maybe_compact(state)
@@ -90,21 +90,21 @@ async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> Non
 
 async def test_usage_baseline_triggers_even_when_the_estimate_is_small(tmp_path: Path) -> None:
     msgs = [Message.user("hi"), Message.assistant("ok", usage=TokenUsage(input_tokens=10_000, output_tokens=1))]
-    state = make_state(tmp_path, msgs, compact_trigger=("tokens", 10_000))
+    state = state_in(tmp_path, msgs, compact_trigger=("tokens", 10_000))
     assert tokens_mod.estimate_tokens_from_messages(msgs) < 100
     assert Compactor().should_compact(state)
-    assert not Compactor().should_compact(make_state(tmp_path, msgs, compact_trigger=("tokens", 10_002)))
+    assert not Compactor().should_compact(state_in(tmp_path, msgs, compact_trigger=("tokens", 10_002)))
 
 
 async def test_triggers_any_one_fires(tmp_path: Path) -> None:
-    state = make_state(
+    state = state_in(
         tmp_path,
         conversation(30),
         context_window=10**9,
         compact_trigger=[("tokens", 10**8), ("fraction", 0.5), ("messages", 30)],
     )
     assert Compactor().should_compact(state)
-    state = make_state(
+    state = state_in(
         tmp_path, conversation(29), context_window=10**9, compact_trigger=[("tokens", 10**8), ("messages", 30)]
     )
     assert not Compactor().should_compact(state)
@@ -153,7 +153,7 @@ def test_should_compact_cost_does_not_grow_with_history(monkeypatch: pytest.Monk
 
 
 async def test_custom_token_counter_drives_the_trigger(tmp_path: Path) -> None:
-    state = make_state(tmp_path, [Message.user("a"), Message.user("b")], compact_trigger=("tokens", 1000))
+    state = state_in(tmp_path, [Message.user("a"), Message.user("b")], compact_trigger=("tokens", 1000))
     assert not Compactor().should_compact(state)
     assert Compactor(token_counter=lambda m: 500).should_compact(state)
 
@@ -161,7 +161,7 @@ async def test_custom_token_counter_drives_the_trigger(tmp_path: Path) -> None:
 async def test_chained_compaction_sees_the_previous_summary(tmp_path: Path) -> None:
     summarizer = Recorder()
     compactor = Compactor(summarizer)
-    state = make_state(tmp_path, conversation(40))
+    state = state_in(tmp_path, conversation(40))
     first = await compactor.force_compact(state)
     assert isinstance(first, Compacted)
     state2 = first.state.append(*conversation(30, seed=9, system=False))
@@ -181,14 +181,14 @@ async def test_chained_compaction_sees_the_previous_summary(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("answer", ["", "   \n"])
 async def test_empty_summary_fails_and_changes_nothing(tmp_path: Path, answer: str) -> None:
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     with pytest.raises(CompactionError, match="empty"):
         await Compactor(Recorder(answer), retries=1, retry_backoff=0).force_compact(state)
-    assert state == make_state(tmp_path, state.messages)
+    assert state == state_in(tmp_path, state.messages)
 
 
 async def test_raising_summarizer_fails_then_a_retry_duplicates_nothing(tmp_path: Path) -> None:
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     before = state.to_json()
 
     async def broken(messages: Sequence[Message], instruction: str) -> str:
@@ -220,7 +220,7 @@ async def test_offload_failure_changes_nothing_and_skips_the_summarizer(tmp_path
 
 
 async def test_disk_full_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     real_write = os.write
 
     def full(fd: int, data: bytes) -> int:
@@ -238,7 +238,7 @@ async def test_disk_full_changes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 async def test_retries_then_failover(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     tries = 0
 
     async def flaky(messages: Sequence[Message], instruction: str) -> str:
@@ -259,7 +259,7 @@ async def test_retries_then_failover(tmp_path: Path, autojump_clock: trio.abc.Cl
 
 
 async def test_every_summarizer_failing_raises(tmp_path: Path) -> None:
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     compactor = Compactor(Recorder(""), fallbacks=[Recorder(""), Recorder("")], retries=0, retry_backoff=0)
     with pytest.raises(CompactionError, match="3 attempts"):
         await compactor.force_compact(state)
@@ -276,7 +276,7 @@ async def test_a_provider_can_summarize(tmp_path: Path) -> None:
             seen.append(request)
             return Message.assistant("provider summary", usage=TokenUsage(input_tokens=5, output_tokens=2))
 
-    state = make_state(
+    state = state_in(
         tmp_path,
         [Message.user("read src/app.py"), asst("c1"), res("c1", "contents " * 300), Message.user("now")],
         compact_keep=("messages", 1),
@@ -291,7 +291,7 @@ async def test_a_provider_can_summarize(tmp_path: Path) -> None:
 async def test_large_input_is_summarized_in_rolling_chunks(tmp_path: Path) -> None:
     msgs = conversation(200)
     summarizer = Recorder("partial")
-    state = make_state(tmp_path, msgs)
+    state = state_in(tmp_path, msgs)
     result = await Compactor(summarizer, summarizer_input_tokens=2_000).force_compact(state)
     assert isinstance(result, Compacted)
     assert len(summarizer.calls) > 3
@@ -312,7 +312,7 @@ async def test_summarizer_overflow_halves_the_chunks(tmp_path: Path) -> None:
             raise ContextOverflow(prompt_tokens=size, limit=3_000)
         return "ok"
 
-    state = make_state(tmp_path, conversation(200))
+    state = state_in(tmp_path, conversation(200))
     result = await Compactor(small_window, retries=5, retry_backoff=0).force_compact(state)
     assert isinstance(result, Compacted) and max(sizes) > 3_000
 
@@ -342,7 +342,7 @@ class Reinject(Plugin):
 
 async def test_before_compact_skip(tmp_path: Path) -> None:
     events: list[Event] = []
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     result = await Compactor(Recorder(), plugins=[SkipAll()], on_event=events.append).force_compact(state)
     assert isinstance(result, Skipped) and result.skipped_by == "SkipAll" and result.reason == "not now"
     assert events[-1].kind == "compaction_skipped" and events[-1].data["skipped_by"] == "SkipAll"
@@ -355,12 +355,12 @@ async def test_before_compact_abort(tmp_path: Path) -> None:
             return Abort("forbidden")
 
     with pytest.raises(CompactionAborted, match="forbidden"):
-        await Compactor(plugins=[Stop()]).force_compact(make_state(tmp_path, conversation(30)))
+        await Compactor(plugins=[Stop()]).force_compact(state_in(tmp_path, conversation(30)))
 
 
 async def test_raising_plugins_are_reported_and_skipped(tmp_path: Path) -> None:
     events: list[Event] = []
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     result = await Compactor(Recorder(), plugins=[Raising(), Reinject()], on_event=events.append).force_compact(state)
     assert isinstance(result, Compacted)
     errors = [e.data for e in events if e.kind == "plugin_error"]
@@ -388,7 +388,7 @@ async def test_before_compact_can_evict_less_and_pairs_are_reclosed(tmp_path: Pa
             # drop "keep me" and only the result of B: B's call must stay with it
             return [m for m in ctx.evicted if m.text != "keep me" and m.tool_call_id != "B"]
 
-    state = make_state(tmp_path, msgs, compact_keep=("messages", 1))
+    state = state_in(tmp_path, msgs, compact_keep=("messages", 1))
     result = await Compactor(Recorder(), plugins=[KeepSome()], pin_task=False).force_compact(state)
     assert isinstance(result, Compacted)
     kept = result.state.messages[1:]
@@ -408,7 +408,7 @@ async def test_a_bad_plugin_return_is_ignored(tmp_path: Path) -> None:
 
     events: list[Event] = []
     result = await Compactor(Recorder(), plugins=[Bad()], on_event=events.append).force_compact(
-        make_state(tmp_path, conversation(30))
+        state_in(tmp_path, conversation(30))
     )
     assert isinstance(result, Compacted)
     assert any(e.kind == "plugin_error" and "subset" in e.data["error"] for e in events)
@@ -423,7 +423,7 @@ async def test_a_hanging_plugin_times_out(tmp_path: Path, autojump_clock: trio.a
 
     events: list[Event] = []
     result = await Compactor(Recorder(), plugins=[Hang()], on_event=events.append).force_compact(
-        make_state(tmp_path, conversation(30))
+        state_in(tmp_path, conversation(30))
     )
     assert isinstance(result, Compacted)
     assert any(e.kind == "plugin_error" and "TooSlow" in e.data["error"] for e in events)
@@ -437,7 +437,7 @@ async def test_cancelled_compaction_leaves_the_state_alone(tmp_path: Path) -> No
         await trio.sleep_forever()
         return ""
 
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     before = state.to_json()
     with trio.move_on_after(5) as scope:
         async with trio.open_nursery() as nursery:
@@ -453,7 +453,7 @@ async def test_cancelled_compaction_leaves_the_state_alone(tmp_path: Path) -> No
 
 
 async def test_nothing_to_evict_is_skipped(tmp_path: Path) -> None:
-    state = make_state(tmp_path, [Message.system("s"), Message.user("only")])
+    state = state_in(tmp_path, [Message.system("s"), Message.user("only")])
     result = await Compactor().force_compact(state)
     assert isinstance(result, Skipped) and "nothing" in result.reason
 
@@ -467,7 +467,7 @@ async def test_extractive_default_summarizer(tmp_path: Path) -> None:
         Message.user("also run tests"),
         Message.user("thanks"),
     ]
-    result = await Compactor(pin_task=False).force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
+    result = await Compactor(pin_task=False).force_compact(state_in(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(result, Compacted)
     text = result.state.messages[0].text
     for needle in ("Fix ticket ABC-123", "ABC-123", "src/app.py", "also run tests", "I patched", "KeyError"):
@@ -535,7 +535,7 @@ async def test_should_retry_sees_unusable_answers(tmp_path: Path, autojump_clock
         seen.append(attempt)
         return attempt.error is not None or "##" not in (attempt.answer or "")
 
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     result = await Compactor(model, should_retry=needs_sections).force_compact(state)
     assert isinstance(result, Compacted)
     summary = next(m for m in result.state.messages if m.is_summary)
@@ -559,7 +559,7 @@ async def test_failover_callable_gets_the_last_attempt(tmp_path: Path, autojump_
         return big_model, list(last.messages)  # the same input, a model with a larger window
 
     events: list[Event] = []
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     compactor = Compactor(primary, retries=1, retry_backoff=1.0, failover=failover, on_event=events.append)
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted)
@@ -574,7 +574,7 @@ async def test_when_every_summarizer_fails_nothing_changes(tmp_path: Path) -> No
     async def broken(messages: Sequence[Message], instruction: str) -> str:
         raise ConnectionError("down")
 
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     before = state.to_json()
     compactor = Compactor(broken, fallbacks=[broken], failover=lambda last: None, retries=1, retry_backoff=0)
     with pytest.raises(CompactionError, match="4 attempts"):
@@ -595,7 +595,7 @@ async def test_a_predicate_can_stop_retrying_an_error(tmp_path: Path) -> None:
             return False  # never retry an auth error: move on to the fallback
         return default_should_retry(attempt)
 
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     compactor = Compactor(auth_broken, fallbacks=[Recorder("backup")], should_retry=retry_transient, retries=5)
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted) and tries == 1 and result.report.attempts == 2
@@ -605,7 +605,7 @@ async def test_a_broken_failover_is_a_summarizer_error(tmp_path: Path) -> None:
     async def down(messages: Sequence[Message], instruction: str) -> str:
         raise ConnectionError("down")
 
-    state = make_state(tmp_path, conversation(30))
+    state = state_in(tmp_path, conversation(30))
     for failover in (lambda last: 1 / 0, lambda last: "not a pair"):
         compactor = Compactor(down, failover=failover, retries=0)
         with pytest.raises(SummarizerError, match="failover callable failed"):

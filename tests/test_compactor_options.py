@@ -8,8 +8,8 @@ import attrs
 import pytest
 
 from cmdc import Compactor, ConfigError, Message, State
+from cmdc.compaction import CompactorOptions
 from cmdc.compaction.attempts import default_should_retry
-from cmdc.compaction.compactor import CompactorOptions
 from cmdc.compaction.finalize import default_finalize
 from cmdc.providers import ExtractiveSummarizer
 

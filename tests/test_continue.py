@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import drain
 
 import cmdc
 from cmdc import ConfigError, Message, TokenUsage
@@ -54,9 +55,7 @@ async def run(
                 await agent.send([Message.user(f"earlier question {i}: {words}"), Message.assistant(f"answer {words}")])
             reply = await agent.prompt("explain the deployment")
             state = await agent.state()
-            events = []
-            while sub._events:
-                events.append(sub.receive_nowait())
+            events = drain(sub)
     return reply, state, events, model
 
 

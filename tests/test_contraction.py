@@ -326,7 +326,7 @@ def test_force_compact_is_a_contraction(
 
 
 def test_answer_marker_is_recognized() -> None:
-    from cmdc.compaction.compactor import SummaryAttempt
+    from cmdc.compaction import SummaryAttempt
 
     clipped = ANSWER_MARKER.format(omitted=10, note="")
     assert SummaryAttempt(1, "s", "primary", "x" + clipped, None).clipped

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
-from fakes import add
+from fakes import Adder, add
 from faultfs import journal_lines, summary_ranges
 from helpers import check_pairs
 
@@ -39,7 +39,6 @@ from cmdc import (
 )
 from cmdc.checkpoint import CheckpointStore
 from cmdc.errors import TurnAborted
-from cmdc.providers import ModelRequest
 
 AGENT = "a1"
 
@@ -245,16 +244,6 @@ async def test_cancel_force_compact_at_every_step(
             break
     print("compact sweep:", cancelled)
     assert cancelled["before the append"] >= 1 and cancelled["after the append"] >= 5, cancelled
-
-
-class Adder:
-    async def complete(self, request: ModelRequest) -> Message:
-        await trio.lowlevel.checkpoint()
-        last = request.messages[-1]
-        if last.role == "user":
-            call = ToolCall(id=f"q{len(request.messages)}", name="add", arguments={"a": 2, "b": 3})
-            return Message.assistant("", tool_calls=(call,))
-        return Message.assistant(f"answer: {last.text}")
 
 
 async def test_cancel_turn_at_every_step(tmp_path: Path, stepper: Stepper, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -119,6 +119,131 @@ def test_the_promised_shapes() -> None:
         assert {"model", "base_url", "api_key"} <= set(params)
 
 
+def params(f: object) -> set[str]:
+    return set(inspect.signature(f).parameters)  # type: ignore[arg-type]
+
+
+def test_the_promised_signatures() -> None:
+    """The call forms DESIGN.md writes out, by parameter name (a rename breaks a keyword call)."""
+    assert {"text", "tool_calls", "usage"} <= params(cmdc.Message.assistant)
+    assert {"call_id", "content", "is_error"} <= params(cmdc.Message.tool_result)
+    assert inspect.signature(cmdc.Message.tool_result).parameters["is_error"].default is False
+    assert {"input_tokens", "output_tokens", "total_tokens"} <= {f.name for f in attrs.fields(cmdc.TokenUsage)}
+    assert {"id", "name", "arguments"} <= {f.name for f in attrs.fields(cmdc.ToolCall)}
+    assert {"agent_id", "messages", "config"} <= params(cmdc.State)
+    assert {"summarizer", "plugins", "token_counter"} <= params(cmdc.Compactor)
+    assert {"instruction"} <= params(cmdc.Compactor.force_compact)
+    assert "compaction" in params(cmdc.OffloadStore.append)
+    assert inspect.signature(cmdc.OffloadStore.search).parameters["limit"].default == 10
+    assert "store" in params(cmdc.open_runtime)
+    for method in ("send", "prompt", "state", "stop", "compact"):
+        assert inspect.iscoroutinefunction(getattr(cmdc.AgentRef, method)), method
+    for method in ("send_nowait", "abort", "add_plugin"):
+        assert callable(getattr(cmdc.AgentRef, method)), method
+    assert issubclass(cmdc.MailboxFull, cmdc.CmdcError) and issubclass(cmdc.AgentNotFound, cmdc.CmdcError)
+    assert issubclass(cmdc.ProviderError, cmdc.CmdcError)
+    report = {f.name for f in attrs.fields(cmdc.CompactionReport)}
+    assert {"summary_tokens", "attempts", "duration"} <= report  # summary size, attempts, duration
+    providers = importlib.import_module("cmdc.providers")
+    assert {"messages", "tools"} <= params(providers.ModelRequest)
+    assert "replies" in params(providers.ScriptedProvider)
+    assert "context_window" in params(providers.SimulatedModel)
+
+
+def test_the_plugin_hooks() -> None:
+    """Every hook DESIGN.md names is a coroutine on `Plugin` taking its context; `priority` orders."""
+    hooks = {
+        "on_start": cmdc.OnStart,
+        "before_request": cmdc.BeforeRequest,
+        "after_response": cmdc.AfterResponse,
+        "before_tool": cmdc.BeforeTool,
+        "after_tool": cmdc.AfterTool,
+        "before_compact": cmdc.BeforeCompact,
+        "after_compact": cmdc.AfterCompact,
+        "on_error": cmdc.OnError,
+        "on_stop": cmdc.OnStop,
+    }
+    for hook, context in hooks.items():
+        method = getattr(cmdc.Plugin, hook)
+        assert inspect.iscoroutinefunction(method), hook
+        assert params(method) == {"self", "ctx"}, hook
+        assert attrs.has(context) and attrs.fields(context)[0].name == "state", context
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            object.__new__(context).__setattr__("state", None)
+    assert isinstance(cmdc.Plugin.priority, int)
+    assert {f.name for f in attrs.fields(cmdc.Skip)} == {"reason"} == {f.name for f in attrs.fields(cmdc.Abort)}
+
+
+def test_the_promised_values() -> None:
+    """Values behave as the contract writes: ids, roles, a summary's mark, the JSON round trip,
+    the config keys with their defaults, a malformed value named."""
+    call = cmdc.ToolCall(id="c1", name="search", arguments={"q": "x"})
+    usage = cmdc.TokenUsage(input_tokens=3, output_tokens=2, total_tokens=5)
+    messages = (
+        cmdc.Message.system("s"),
+        cmdc.Message.user("u"),
+        cmdc.Message.assistant("a", tool_calls=(call,), usage=usage),
+        cmdc.Message.tool_result("c1", "r"),
+    )
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    assert len({m.id for m in messages}) == 4 and all(isinstance(m.id, str) and m.id for m in messages)
+    assert messages[2].tool_calls == (call,) and messages[3].tool_call_id == "c1"
+    with pytest.raises(TypeError):
+        messages[1].metadata["x"] = 1  # type: ignore[index]
+    state = cmdc.State(agent_id="a1", messages=messages, config={"compact_keep": ("messages", 3)})
+    state = state.append(cmdc.Message.user("more"))
+    assert state.compactions == 0 and state.token_usage > 0
+    assert cmdc.State.from_json(state.to_json()) == state
+    assert cmdc.State.from_json(state.to_json()).config["compact_keep"] == ("messages", 3)
+    config = cmdc.Compactor().compact_config(cmdc.State(agent_id="a1"))
+    assert config == cmdc.CompactConfig.from_mapping({})
+    assert cmdc.Compactor().compact_config(state) == cmdc.CompactConfig.from_mapping(
+        {
+            "compact_trigger": ("tokens", 170_000),
+            "compact_keep": ("messages", 3),
+            "compact_offload_dir": ".cmdc/conversation_history",
+        }
+    )
+    for key, bad in (
+        ("compact_trigger", ("tokens", 0)),
+        ("compact_keep", ("fraction", 0.5)),
+        ("context_window", True),
+        ("compact_summary_prompt", 5),
+    ):
+        with pytest.raises(cmdc.ConfigError, match=key):
+            cmdc.CompactConfig.from_mapping({key: bad})
+    assert cmdc.estimate_tokens_from_messages(messages) > 0
+
+
+async def test_a_compaction_as_the_contract_shows_it(tmp_path: Path) -> None:
+    """`match` on the outcome, the summary's mark, the journal read back in order, once."""
+    config = {"compact_offload_dir": str(tmp_path), "compact_keep": ("messages", 2)}
+    words = "about the deployment and its rollback plan " * 8
+    history = [cmdc.Message.user(f"question {i}: {words}") for i in range(8)]
+    state = cmdc.State(agent_id="a1", messages=history, config=config)
+    compactor = cmdc.Compactor(summarizer=cmdc.ExtractiveSummarizer())
+    assert not compactor.should_compact(state) and compactor.estimate_tokens(state) == state.token_usage
+    match await compactor.force_compact(state):
+        case cmdc.Compacted(state=new, report=report):
+            assert report.reason == "forced" and report.evicted == len(history) - 3  # the task is pinned
+        case cmdc.Skipped(reason=reason):
+            pytest.fail(f"skipped: {reason}")
+    summary = next(m for m in new.messages if m.role == "user" and m.metadata.get("cmdc.kind") == "summary")
+    assert new.messages[0] == history[0] and new.messages[-2:] == tuple(history[-2:])
+    assert summary.id not in {m.id for m in history}
+    journal = await cmdc.OffloadStore(tmp_path).read("a1")
+    assert [m.id for m in journal] == [m.id for m in history[1 : 1 + report.evicted]]
+    assert isinstance(await compactor.maybe_compact(new), cmdc.Skipped)
+
+
+def test_version_on_the_command_line() -> None:
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-m", "cmdc", "--version"], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and cmdc.__version__ in out.stdout
+
+
 def test_the_cluster_face() -> None:
     pytest.importorskip("ray", reason="cmdc.ray needs the ray extra")
     ray = importlib.import_module("cmdc.ray")

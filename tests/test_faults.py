@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from fakes import new_process
 from faultfs import EACCES, EIO, ENOSPC, FaultFS, journal_lines, restored, summary_ranges
 from helpers import check_pairs
 
@@ -35,7 +36,6 @@ from cmdc import (
     tool,
 )
 from cmdc.checkpoint import CheckpointStore
-from cmdc.compaction.compactor import _STORES
 from cmdc.errors import CheckpointCorrupted, CheckpointError
 from cmdc.providers import ScriptedProvider
 
@@ -102,12 +102,6 @@ async def compact(compactor: Compactor, state: State, ledger: Ledger, root: Path
 
 async def reader_ids(directory: Path) -> list[str]:
     return [m.id for m in await OffloadStore(directory).read(AGENT)]
-
-
-def new_process() -> None:
-    """As a restarted process would: no shared store remembers any journal (the compactors
-    made after this get new stores)."""
-    _STORES.clear()
 
 
 # -- the journal, through the Compactor -------------------------------------------------------

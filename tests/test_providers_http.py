@@ -15,6 +15,7 @@ import httpx
 import orjson
 import pytest
 import trio
+from fakes import sse
 
 import cmdc
 from cmdc import ConfigError, ContextOverflow, ImagePart, Message, ProviderError, TextPart, TokenUsage, ToolCall
@@ -29,8 +30,7 @@ from cmdc.errors import (
     RateLimited,
 )
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider, ToolSchema
-from cmdc.providers._http import INVALID_ARGUMENTS_KEY, OUTPUT_REDUCED_KEY
-from cmdc.providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY
+from cmdc.providers.base import CONTEXT_EXCEEDED_KEY, INVALID_ARGUMENTS_KEY, OUTPUT_REDUCED_KEY, STOP_REASON_KEY
 
 # -- a scripted endpoint ---------------------------------------------------------------------------
 
@@ -70,16 +70,6 @@ class Endpoint:
 
     def bodies(self) -> list[dict[str, Any]]:
         return [orjson.loads(r.content) for r in self.requests]
-
-
-def sse(*events: Any, event_names: bool = False) -> bytes:
-    """An SSE body: dicts become `data: <json>`, strings are sent as data verbatim."""
-    out = []
-    for e in events:
-        data = e if isinstance(e, str) else orjson.dumps(e).decode()
-        name = f"event: {e['type']}\n" if event_names and isinstance(e, dict) else ""
-        out.append(f"{name}data: {data}\n\n")
-    return "".join(out).encode()
 
 
 SSE = {"content-type": "text/event-stream"}

@@ -3,12 +3,11 @@ after compacting, clipping the tail on overflow."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import Recorder
+from fakes import Recorder, make_state
 from helpers import res
 
 from benchmarks.retention import CONSTRAINTS, run_session, table
@@ -19,7 +18,6 @@ from cmdc import (
     Event,
     Message,
     OffloadStore,
-    State,
     ToolCall,
     open_runtime,
     tool,
@@ -41,10 +39,6 @@ SECTIONS = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
 """A summary with the sections cmdc fills in."""
 
 
-def state_of(tmp_path: Path, messages: Sequence[Message], **config: Any) -> State:
-    return State(agent_id="r", messages=messages, config={"compact_offload_dir": str(tmp_path), **config})
-
-
 async def test_retention_probes(tmp_path: Path) -> None:
     checks = await run_session(str(tmp_path))
     assert len(checks) >= 5, table(checks)
@@ -56,7 +50,7 @@ async def test_retention_probes(tmp_path: Path) -> None:
 async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_path: Path) -> None:
     compactor = Compactor(Recorder(SECTIONS), user_message_budget=160, pin_task=False)
     msgs = [Message.user(f"user message number {i} " + "x" * 200) for i in range(6)] + [Message.assistant("a")]
-    first = await compactor.force_compact(state_of(tmp_path, msgs, compact_keep=("messages", 1)))
+    first = await compactor.force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(first, Compacted)
     summary = first.state.messages[0]
     kept = summary.metadata[USER_MESSAGES_KEY]
@@ -84,7 +78,7 @@ async def test_user_message_filter_and_scratchpad(tmp_path: Path) -> None:
         Message.user("last"),
         Message.assistant("a"),
     ]
-    result = await compactor.force_compact(state_of(tmp_path, msgs, compact_keep=("messages", 1)))
+    result = await compactor.force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(result, Compacted)
     text = result.state.messages[0].text
     assert "thinking out loud" not in text and "paraphrased" not in text
@@ -97,14 +91,14 @@ async def test_the_task_stays_verbatim_and_pins_have_a_budget(tmp_path: Path) ->
     msgs = [task, *[m for p in pins for m in (p, Message.assistant("ok"))], Message.user("now"), Message.assistant("x")]
     events: list[Event] = []
     compactor = Compactor(Recorder(SECTIONS), pin_budget=150, on_event=events.append)
-    result = await compactor.force_compact(state_of(tmp_path, msgs, compact_keep=("messages", 1)))
+    result = await compactor.force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(result, Compacted)
     ids = {m.id for m in result.state.messages}
     assert task.id in ids  # the task survives verbatim
     assert pins[0].id not in ids and pins[1].id not in ids and pins[2].id in ids  # oldest pins go first
     over = [e for e in events if e.kind == "pins_over_budget"]
     assert over and over[0].data["unpinned"] == (pins[0].id, pins[1].id)
-    offloaded = {m.id for m in await OffloadStore(tmp_path).read("r")}
+    offloaded = {m.id for m in await OffloadStore(tmp_path).read("a1")}
     assert {pins[0].id, pins[1].id} <= offloaded  # summarized, never silently dropped
 
 
@@ -125,7 +119,7 @@ async def test_finalizers(tmp_path: Path) -> None:
     msgs = [Message.user("task"), *skill_calls, Message.user("go on"), Message.assistant("x")]
     custom = finalizer(default_summary, preserve_skills(max_skills=5, max_tokens=5_000, max_total=25_000))
     result = await Compactor(Recorder(SECTIONS), finalize=custom, pin_task=False).force_compact(
-        state_of(tmp_path, msgs, compact_keep=("messages", 1))
+        make_state(tmp_path, msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
     summary, *skills, last = result.state.messages
@@ -140,16 +134,16 @@ async def test_finalizers(tmp_path: Path) -> None:
         return [*default_finalize(ctx), Message.user("and a reminder")]  # the default, reused
 
     result = await Compactor(Recorder(SECTIONS), finalize=wrap, pin_task=False).force_compact(
-        state_of(tmp_path / "b", msgs, compact_keep=("messages", 1))
+        make_state(tmp_path / "b", msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
     assert result.state.messages[0].is_summary and result.state.messages[1].text == "and a reminder"
-    assert seen[0].compaction == 1 and seen[0].offload_path.endswith("r.jsonl")
+    assert seen[0].compaction == 1 and seen[0].offload_path.endswith("a1.jsonl")
 
     def broken(ctx: FinalizeContext) -> list[Message]:
         raise ValueError("bad finalizer")
 
-    state = state_of(tmp_path / "c", msgs, compact_keep=("messages", 1))
+    state = make_state(tmp_path / "c", msgs, compact_keep=("messages", 1))
     with pytest.raises(CompactionError, match="bad finalizer"):
         await Compactor(Recorder(SECTIONS), finalize=broken).force_compact(state)
 
@@ -165,13 +159,13 @@ async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: 
     ]
     summarizer = Recorder(SECTIONS)
     result = await Compactor(summarizer, reduce_tokens=500).force_compact(
-        state_of(tmp_path, msgs, compact_keep=("messages", 1))
+        make_state(tmp_path, msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
     seen = {m.id: m for m in summarizer.calls[0][0]}
     assert "more bytes clipped" in seen[msgs[2].id].text and len(seen[msgs[2].id].text) < 3_000
     assert "more bytes clipped" in seen[msgs[1].id].tool_calls[0].arguments["body"]
-    journal = {m.id: m for m in await OffloadStore(tmp_path).read("r")}
+    journal = {m.id: m for m in await OffloadStore(tmp_path).read("a1")}
     assert journal[msgs[2].id].text == big and journal[msgs[1].id].tool_calls[0].arguments["body"] == big
 
 
@@ -180,13 +174,13 @@ async def test_the_check_after_compacting_ends(tmp_path: Path) -> None:
     config = {"compact_trigger": ("tokens", 2_000), "compact_keep": ("messages", 160)}
     summarizer = Recorder(SECTIONS)
     with pytest.raises(CompactionIncomplete) as info:
-        await Compactor(summarizer, pin_task=False).maybe_compact(state_of(tmp_path, msgs, **config))
+        await Compactor(summarizer, pin_task=False).maybe_compact(make_state(tmp_path, msgs, **config))
     assert len(summarizer.calls) == 3  # the first pass and at most two more
     assert info.value.report.passes == 3 and info.value.state.compactions == 3
     assert "still over" in str(info.value)
     # a keep rule that is only a little too generous: the second pass is enough
     ok = await Compactor(Recorder(SECTIONS), pin_task=False).maybe_compact(
-        state_of(tmp_path / "b", msgs, compact_trigger=("tokens", 8_000), compact_keep=("messages", 160))
+        make_state(tmp_path / "b", msgs, compact_trigger=("tokens", 8_000), compact_keep=("messages", 160))
     )
     assert isinstance(ok, Compacted) and ok.report.passes == 2
     # the first pass evicts 80, the second 81: the first summary and 80 more
@@ -197,7 +191,7 @@ async def test_the_check_after_compacting_ends(tmp_path: Path) -> None:
 async def test_every_summarizer_input_after_the_first_holds_the_previous_summary(tmp_path: Path) -> None:
     summarizer = Recorder(SECTIONS)
     compactor = Compactor(summarizer)
-    state = state_of(tmp_path, conversation(30), compact_keep=("messages", 4))
+    state = make_state(tmp_path, conversation(30), compact_keep=("messages", 4))
     for round_no in range(4):
         result = await compactor.force_compact(state)
         assert isinstance(result, Compacted)

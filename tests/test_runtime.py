@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.lowlevel
+from fakes import Adder, add, drain
 
-import cmdc
 from cmdc import (
     AfterCompact,
     AgentStopped,
@@ -33,50 +32,9 @@ from cmdc.agent import current_chain
 from cmdc.errors import StepLimitReached, TurnAborted
 from cmdc.providers import ModelRequest, ScriptedProvider, SimulatedModel
 
-_THINKING = "I will add the two numbers with the add tool, then report the sum. " * 4
-
-
-class Adder:
-    """A deterministic model: asks for `add` on a user message, answers with the tool's
-    result, and summarizes when asked to."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def complete(self, request: ModelRequest) -> Message:
-        self.calls += 1
-        usage = TokenUsage(input_tokens=cmdc.estimate_tokens_from_messages(request.messages), output_tokens=5)
-        if request.metadata.get("cmdc.purpose") == "summarize":
-            return Message.assistant("summary of earlier turns", usage=usage)
-        last = request.messages[-1]
-        if last.role == "user":
-            asked = next(m for m in reversed(request.messages) if len(re.findall(r"\d+", m.text)) >= 2)
-            a, b = map(int, re.findall(r"\d+", asked.text)[-2:])
-            call = ToolCall(id=f"c{self.calls}", name="add", arguments={"a": a, "b": b})
-            # some words with the call, so that a summary of old turns is smaller than they are
-            return Message.assistant(_THINKING, tool_calls=(call,), usage=usage)
-        return Message.assistant(f"answer: {last.text}", usage=usage)
-
-
-@tool
-async def add(a: int, b: int) -> int:
-    """Add two integers."""
-    await trio.lowlevel.checkpoint()
-    return a + b
-
 
 def config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {"compact_offload_dir": str(tmp_path / "offload"), **extra}
-
-
-def drain(sub: Any) -> list[cmdc.Event]:
-    """Every event already delivered to a subscription."""
-    out = []
-    while True:
-        try:
-            out.append(sub.receive_nowait())
-        except trio.WouldBlock:
-            return out
 
 
 class TaskCounter(trio.abc.Instrument):
@@ -203,15 +161,18 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
     entered = trio.Event()
 
     class SlowSummaries(Adder):
+        slow = True
+
         async def complete(self, request: ModelRequest) -> Message:
-            if request.metadata.get("cmdc.purpose") == "summarize":
+            if self.slow and request.metadata.get("cmdc.purpose") == "summarize":
                 entered.set()
                 await trio.sleep(10)
             return await super().complete(request)
 
     cfg = config(tmp_path, compact_trigger=("messages", 6), compact_keep=("messages", 2))
     async with open_runtime(log_events=False) as rt:
-        agent = await rt.spawn("slow", SlowSummaries(), tools=[add], config=cfg)
+        model = SlowSummaries()
+        agent = await rt.spawn("slow", model, tools=[add], config=cfg)
         await agent.prompt("1 + 1")
         before = await agent.state()
         with trio.move_on_after(30) as scope:
@@ -226,8 +187,7 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
         assert cancelled.messages[-1].role == "tool"  # a whole step: the call with its result
         journal = await OffloadStore(tmp_path / "offload").verify("slow")  # written ahead, never committed
         assert journal.uncommitted > 0 and journal.records == 0 and journal.clean
-        rt._agents["slow"].provider = Adder()
-        rt._agents["slow"].compactor.summarizer = Adder()
+        model.slow = False  # the agent's provider is its summarizer
         reply = await agent.prompt("3 + 4")  # the next prompt is served normally
         assert reply.text == "answer: 7"
         after = await agent.state()
@@ -413,10 +373,14 @@ async def test_tools_errors_are_results_the_model_can_read(tmp_path: Path, autoj
 
 
 async def test_mailbox_abort_stop_and_runtime_exit(tmp_path: Path, autojump_clock: Any) -> None:
-    gate = trio.Event()
+    gate, gate2 = trio.Event(), trio.Event()
+    never: list[bool] = []  # set: the model waits for gate2, which never opens
 
     async def waiting(request: ModelRequest) -> Message:
         await gate.wait()
+        if never:
+            await gate2.wait()
+            return Message.assistant("never")
         return Message.assistant("ok")
 
     async with open_runtime(log_events=False) as rt:
@@ -441,13 +405,7 @@ async def test_mailbox_abort_stop_and_runtime_exit(tmp_path: Path, autojump_cloc
         assert reply.text == "ok"
         assert [m.text for m in (await agent.state()).messages] == ["queued", "second", "ok"]
 
-        gate2 = trio.Event()
-
-        async def slow(request: ModelRequest) -> Message:
-            await gate2.wait()
-            return Message.assistant("never")
-
-        rt._agents["m"].provider = ScriptedProvider([slow])
+        never.append(True)
 
         async def abort_soon() -> None:
             await trio.sleep(1)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import STRUCTURED, ScriptedSummaryModel
+from fakes import STRUCTURED, ScriptedSummaryModel, drain
 
 import cmdc
 from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message, State
@@ -148,9 +148,7 @@ async def test_an_agents_model_summarizer_gets_one_retry_and_a_breaker(tmp_path:
             for i in range(11):
                 await agent.prompt(f"question {i}: " + "word " * 30)
             state = await agent.state()
-            events = []
-            while sub._events:
-                events.append(sub.receive_nowait())
+            events = drain(sub)
     compactions = [e for e in events if e.kind == "compaction_end"]
     assert state.compactions == len(compactions) == 8
     # Compactions 1-2 ask the model twice each (one retry), 3-6 skip it, 7 tries it again

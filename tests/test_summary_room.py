@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import SECTIONS, STRUCTURED, ScriptedSummaryModel
+from fakes import SECTIONS, STRUCTURED, ScriptedSummaryModel, drain, make_state
 
 import cmdc
-from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message, State
-from cmdc.compaction.compactor import SummaryAttempt, default_should_retry
+from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message
+from cmdc.compaction import SummaryAttempt, default_should_retry
 from cmdc.compaction.config import DEFAULT_SUMMARY_PROMPT
 from cmdc.compaction.summary import missing_sections
 from cmdc.events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, Event
@@ -36,14 +36,15 @@ def history(turns: int, words: int = 120) -> list[Message]:
     return out
 
 
-def state_of(tmp_path: Path, messages: list[Message], **config: Any) -> State:
-    cfg = {"compact_offload_dir": str(tmp_path), "compact_keep": ("messages", 2), **config}
-    return State(agent_id="a1", messages=messages, config=cfg)
-
-
 async def test_every_model_request_fits_the_window_with_its_output_budget(tmp_path: Path) -> None:
     model = ScriptedSummaryModel((STRUCTURED, "stop"))
-    state = state_of(tmp_path, history(20), context_window=WINDOW, compact_trigger=("tokens", 1_000_000))
+    state = make_state(
+        tmp_path,
+        history(20),
+        compact_keep=("messages", 2),
+        context_window=WINDOW,
+        compact_trigger=("tokens", 1_000_000),
+    )
     assert state.token_usage > 3 * WINDOW  # far more than one request can hold
     result = await Compactor(model, pin_task=False).force_compact(state)
     assert isinstance(result, Compacted)
@@ -55,7 +56,13 @@ async def test_every_model_request_fits_the_window_with_its_output_budget(tmp_pa
 
 async def test_the_summarizers_own_window_wins(tmp_path: Path) -> None:
     model = ScriptedSummaryModel((STRUCTURED, "stop"))
-    state = state_of(tmp_path, history(6), context_window=100_000, compact_trigger=("tokens", 1_000_000))
+    state = make_state(
+        tmp_path,
+        history(6),
+        compact_keep=("messages", 2),
+        context_window=100_000,
+        compact_trigger=("tokens", 1_000_000),
+    )
     result = await Compactor(model, pin_task=False, summarizer_window=1_024).force_compact(state)
     assert isinstance(result, Compacted) and len(model.requests) > 1
     for request in model.requests:
@@ -64,7 +71,9 @@ async def test_the_summarizers_own_window_wins(tmp_path: Path) -> None:
 
 async def test_without_a_known_window_the_request_is_whole(tmp_path: Path) -> None:
     model = ScriptedSummaryModel((STRUCTURED, "stop"))
-    result = await Compactor(model, pin_task=False).force_compact(state_of(tmp_path, history(6)))
+    result = await Compactor(model, pin_task=False).force_compact(
+        make_state(tmp_path, history(6), compact_keep=("messages", 2))
+    )
     assert isinstance(result, Compacted) and len(model.requests) == 1
 
 
@@ -78,7 +87,7 @@ def test_summarizer_window_is_checked(bad: Any) -> None:
 async def test_a_cut_off_summary_is_refused_and_retried_with_smaller_chunks(tmp_path: Path, stop: str) -> None:
     model = ScriptedSummaryModel((STRUCTURED[:60], stop), (STRUCTURED, "stop"))
     events: list[Event] = []
-    state = state_of(tmp_path, history(6))
+    state = make_state(tmp_path, history(6), compact_keep=("messages", 2))
     result = await Compactor(model, pin_task=False, retry_backoff=0, on_event=events.append).force_compact(state)
     assert isinstance(result, Compacted)
     summary = next(m for m in result.state.messages if m.is_summary)
@@ -95,7 +104,7 @@ async def test_an_off_task_answer_is_refused(tmp_path: Path) -> None:
     off_task = "You are correct, when using gunicorn you should set the timeout."
     model = ScriptedSummaryModel((off_task, "stop"), (STRUCTURED, "stop"))
     events: list[Event] = []
-    state = state_of(tmp_path, history(6))
+    state = make_state(tmp_path, history(6), compact_keep=("messages", 2))
     result = await Compactor(model, pin_task=False, retry_backoff=0, on_event=events.append).force_compact(state)
     assert isinstance(result, Compacted)
     errors = [e.data["error"] for e in events if e.kind == SUMMARIZER_ATTEMPT and not e.data["ok"]]
@@ -104,7 +113,7 @@ async def test_an_off_task_answer_is_refused(tmp_path: Path) -> None:
 
 async def test_a_bare_compactor_still_fails_when_every_attempt_is_refused(tmp_path: Path) -> None:
     model = ScriptedSummaryModel(("Sure! Here is some text.", "stop"))
-    state = state_of(tmp_path, history(6))
+    state = make_state(tmp_path, history(6), compact_keep=("messages", 2))
     with pytest.raises(CompactionError, match="lacks the sections"):
         await Compactor(model, pin_task=False, retries=1, retry_backoff=0).force_compact(state)
 
@@ -120,9 +129,7 @@ async def test_an_agent_falls_back_to_the_extractive_summarizer(tmp_path: Path) 
                 await agent.send(m)
             await agent.prompt("go on")
             state = await agent.state()
-            events = []
-            while sub._events:
-                events.append(sub.receive_nowait())
+            events = drain(sub)
     assert state.compactions == 1
     summary = next(m for m in state.messages if m.is_summary)
     assert "## Primary request and intent" in summary.text  # the extractive summarizer's sections

@@ -53,15 +53,8 @@ from ..errors import (
     TooManyToolCalls,
 )
 from ..message import ImagePart, Message, ToolCall
-from .base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY
+from .base import CONTEXT_EXCEEDED_KEY, INVALID_ARGUMENTS_KEY, OUTPUT_REDUCED_KEY, STOP_REASON_KEY
 from .overflow import classify, retryable
-
-# Reply metadata keys the HTTP providers set (and CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY from .base).
-INVALID_ARGUMENTS_KEY = "cmdc.invalid_tool_arguments"
-"""{call id: raw text} for tool calls whose arguments were not a JSON object (delivered with
-arguments `{}`, so the tool's validation answers the model with a readable error)."""
-OUTPUT_REDUCED_KEY = "cmdc.output_limit_reduced_to"
-"""The lowered output limit a reply was produced with after an `OutputBudgetOverflow`."""
 
 MAX_RETRY_AFTER = 60.0
 """A server asking to wait longer than this (seconds) is not retried: the classified error

@@ -19,6 +19,11 @@ STOP_REASON_KEY = "cmdc.stop_reason"
 """The provider's own finish / stop reason (`stop`, `tool_calls`, `length`, `end_turn`,
 `max_tokens`, ...): `length` / `max_tokens` mean the reply stopped on its output limit or on a
 full window, not because it was finished."""
+INVALID_ARGUMENTS_KEY = "cmdc.invalid_tool_arguments"
+"""{call id: raw text} for tool calls whose arguments were not a JSON object (delivered with
+arguments `{}`, so the tool's validation answers the model with a readable error)."""
+OUTPUT_REDUCED_KEY = "cmdc.output_limit_reduced_to"
+"""The lowered output limit a reply was produced with after an `OutputBudgetOverflow`."""
 
 
 def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:

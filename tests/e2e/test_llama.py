@@ -25,8 +25,9 @@ from benchmarks.e2e_llama import Api, Mode
 from cmdc import ContextOverflow, Message, tool
 from cmdc.events import TOOL_END, Event
 from cmdc.providers import ModelRequest
-from cmdc.providers._http import STOP_REASON_KEY
+from cmdc.providers.base import STOP_REASON_KEY
 from tests.e2e.llama_server import CONTEXT, LlamaServer
+from tests.fakes import drain
 
 pytestmark = pytest.mark.e2e
 
@@ -147,8 +148,7 @@ async def test_a_tool_round_trip(llama: LlamaServer, tmp_path: Path, stream: boo
             with rt.subscribe("weather", buffer=1_000) as sub:
                 with trio.fail_after(CALL_SECONDS * 2):
                     reply = await agent.prompt("What is the weather in Paris?")
-                while sub._events:
-                    events.append(sub.receive_nowait())
+                events += drain(sub)
             state = await agent.state()
     finally:
         await model.aclose()
