@@ -18,7 +18,9 @@ at once). A summary message carries the attempts it depends on, so a committed b
 an earlier summary also makes that summary's attempts visible. Readers key records by message
 id: each committed message is seen once, at its first committed record (its stable address).
 Appending a message the writer already knows in this journal (same id, same content) reuses
-its record. Lines written by an older cmdc (no attempt) count as committed.
+its record; a writer knows the end of the file, and, when the caller's state is behind the
+journal (`expect.seq` below its highest number), every record numbered after the state's.
+Lines written by an older cmdc (no attempt) count as committed.
 
 **Identity.** The first line names the journal (`journal`); every record repeats the id, so the
 last line of the file says which journal it is. A state carries `JournalRef(journal, seq)`.
@@ -26,7 +28,9 @@ Before appending, the writer checks the end of the file (its content, not only i
 journal that vanished, was replaced or was truncated below what the state (or this store)
 expects raises `JournalLost` after a link line is written durably (`follows` the lost journal,
 numbering on past everything handed out): the retry then writes its whole batch, and no record
-number is ever reused.
+number is ever reused. A journal whose link lines lead back to the expected one (directly or
+through other successors) is its successor: that loss was recorded already, by this process or
+by one before a restart, and is not reported again.
 
 **Damage.** A damaged line (checksum, shape, broken JSON) is skipped by readers, counted and
 reported as an event; a torn or damaged tail is moved to `<agent_id>.jsonl.damaged` by the next
@@ -70,6 +74,7 @@ _SUFFIX_LEN = 18  # len(',"crc":"xxxxxxxx"}')
 _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
 _HEAD = b'{"message":'
 _HEADS = (_HEAD, b'{"journal":', b'{"commit":')
+_ID_HEAD = b'{"message":{"id":"'  # how a message line starts (cmdc writes the id first)
 _ID = re.compile(r"[jk][0-9a-f]{16}")
 _LEGACY_KEYS = frozenset({"seq", "compaction", "ts", "message", "crc"})
 _MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
@@ -187,12 +192,11 @@ class _Journal:
     last: bytes = b""
     journal: str | None = None  # the journal's id
     seq: int = 0  # the highest record number given out in it
-    follows: str | None = None  # when the last line is a link: the journal it takes over from
+    parents: dict[str, str | None] = attrs.field(factory=dict)  # journal -> the one it follows (link lines)
     known: dict[str, tuple[int, int, str | None, int]] = attrs.field(
         factory=dict
     )  # id -> seq, crc, attempt, compaction
     committed: set[str] = attrs.field(factory=set)
-    successors: dict[str, str] = attrs.field(factory=dict)  # lost journal -> the one that took over
     expected: tuple[str, int] | None = None  # (journal, highest record number) this store last wrote
 
     def forget_file(self) -> None:
@@ -489,6 +493,31 @@ def _lines_back(fd: int, end: int) -> Iterator[tuple[int, bytes]]:
         hi = start
 
 
+def _find_head(fd: int, end: int, journal: str) -> _Line | None:
+    """The link line that starts `journal` (searched back from `end`, a chunk at a time; a
+    line starts after a newline, and no newline is ever inside one), or None."""
+    needle = b'\n{"journal":"%s"' % journal.encode()
+    pos, carry = end, b""
+    while pos > 0:
+        n = min(_CHUNK, pos)
+        pos -= n
+        buf = (b"\n" if pos == 0 else b"") + _pread_exact(fd, n, pos) + carry
+        base = pos - (1 if pos == 0 else 0)  # the file offset of buf[0]
+        i = buf.rfind(needle)
+        while i >= 0:
+            start = base + i + 1
+            line = os.pread(fd, 4096, start).split(b"\n", 1)[0]
+            try:
+                decoded = _decode_line(line, f"byte {start}")
+            except OffloadCorrupted:
+                decoded = None
+            if decoded is not None and decoded.kind == "journal" and decoded.journal == journal:
+                return decoded
+            i = buf.rfind(needle, 0, i)
+        carry = buf[: len(needle) - 1]
+    return None
+
+
 def _last_newline(fd: int, size: int) -> int:
     """The offset just past the last newline before `size` (0 if there is none)."""
     pos = size
@@ -738,8 +767,11 @@ class OffloadStore:
                 continue
             if identity is None:
                 identity, last = decoded, line + b"\n"
-            if decoded.kind == "journal" and decoded is not identity:
-                break
+            if decoded.kind == "journal":
+                assert decoded.journal is not None
+                journal.parents[decoded.journal] = decoded.follows
+                if decoded is not identity:  # the head of the journal the file ends with
+                    break
             if decoded.kind == "commit":
                 committed.update(decoded.attempts)
                 commit_seen = True
@@ -763,7 +795,7 @@ class OffloadStore:
         prior_journal = journal.journal
         journal.inode, journal.size, journal.last = inode, size, last
         if identity is None:  # an empty file
-            journal.journal, journal.follows = None, None
+            journal.journal = None
             journal.known, journal.committed = {}, set()
             if not same_file:
                 journal.seq = 0 if prior_journal is None else journal.seq
@@ -773,7 +805,6 @@ class OffloadStore:
         if identity.journal != prior_journal:
             journal.seq = 0
         journal.journal = identity.journal
-        journal.follows = identity.follows if identity.kind == "journal" else None
         journal.seq = max(journal.seq, identity.seq)
         journal.known.update(known)
         journal.committed |= committed
@@ -795,10 +826,9 @@ class OffloadStore:
                 return _link(jid, None, agent_id, journal.seq), jid
             return b"", found
         why = ""
-        ok_ids = {exp_id, journal.successors.get(exp_id)}
         if found is None:
             why = "vanished" if journal.size == 0 else "replaced by a journal with no identity"
-        elif found not in ok_ids and journal.follows != exp_id:
+        elif found != exp_id and not self._follows(fd, journal, found, exp_id):
             why = f"replaced by journal {found}"
         elif found == exp_id and journal.seq < exp_seq:
             why = f"truncated: it ends at record {journal.seq}, the state names records up to {exp_seq}"
@@ -816,9 +846,9 @@ class OffloadStore:
         os.fsync(fd)
         if size == 0:
             fsync_dir(path.parent)
-        journal.journal, journal.seq, journal.follows = successor, seq, exp_id
+        journal.journal, journal.seq = successor, seq
         journal.known, journal.committed = {}, set()
-        journal.successors[exp_id] = successor
+        journal.parents[successor] = exp_id
         journal.expected = None
         journal.size, journal.last = size + len(line), line
         journal.inode = _inode(fd)
@@ -827,6 +857,26 @@ class OffloadStore:
         )
         events.append((JOURNAL_LOST, {"path": str(path), "expected": exp_id, "found": found, "why": why}))
         raise JournalLost(message, expected=exp_id, found=found, expected_seq=exp_seq, found_seq=lost_seq, why=why)
+
+    @staticmethod
+    def _follows(fd: int, journal: _Journal, found: str, lost: str) -> bool:
+        """Whether journal `found` took over from `lost`, directly or through other successors:
+        the loss was recorded durably (by this store or by another process before a restart)
+        and is not reported again. Each journal's link line is learned from the end of the
+        file, else found once by a search back through it."""
+        seen: set[str] = set()
+        while found not in seen:
+            seen.add(found)
+            if found not in journal.parents:
+                head = _find_head(fd, journal.size, found)
+                journal.parents[found] = None if head is None else head.follows
+            parent = journal.parents[found]
+            if parent is None:
+                return False
+            if parent == lost:
+                return True
+            found = parent
+        return False
 
     def _append_sync(
         self,
@@ -857,6 +907,13 @@ class OffloadStore:
             doing = "check the end of"
             self._check_tail(fd, path, journal, agent_id, events)
             head, jid = self._expect(fd, path, journal, agent_id, expect, events)
+            if expect is not None and journal.seq > expect.seq and not head:
+                # The journal holds records the caller's state has not seen (a retry after an
+                # abandoned attempt, a state resumed from an older checkpoint): some messages of
+                # the batch may be among them, further back than the end this store has read.
+                unknown = in_batch.difference(journal.known)
+                if unknown:
+                    self._learn_since(fd, path, journal, expect.seq, unknown)
             pending = {attempt}
             first = journal.seq + 1
             if in_batch.isdisjoint(journal.known):  # the common case: every message is new
@@ -922,6 +979,42 @@ class OffloadStore:
             raise _offload_error(path, exc, doing) from exc
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _learn_since(fd: int, path: Path, journal: _Journal, since: int, wanted: set[str]) -> None:
+        """Learn the records of the `wanted` messages numbered after `since`, and the commits
+        after them, reading back from the end (only the lines of wanted messages are decoded)."""
+        learned: dict[str, tuple[int, int, str | None, int]] = {}
+        committed: set[str] = set()
+        left = len(wanted)
+        for offset, line in _lines_back(fd, journal.size):
+            if line.startswith(_HEAD):
+                k = line.rfind(b',"seq":') + 7
+                try:
+                    seq = int(line[k : line.find(b",", k)])
+                except ValueError:
+                    continue  # damaged: readers skip it too
+                if seq <= since:
+                    break
+                if line.startswith(_ID_HEAD):
+                    end = line.find(b'"', len(_ID_HEAD))
+                    if line[len(_ID_HEAD) : end].decode("utf-8", "replace") not in wanted:
+                        continue
+                try:
+                    r = _decode_record(line, f"{path}: byte {offset}")
+                except OffloadCorrupted:
+                    continue
+                if r.message.id in wanted and r.attempt is not None:
+                    left -= r.message.id not in learned
+                    learned[r.message.id] = (r.seq, r.message.json_crc(), r.attempt, r.compaction)
+                    if not left:
+                        break
+            elif line.startswith(_HEADS[2]):
+                with contextlib.suppress(OffloadCorrupted):
+                    committed.update(_decode_line(line, f"{path}: byte {offset}").attempts)
+        for mid, rec in learned.items():
+            journal.known.setdefault(mid, rec)
+        journal.committed |= committed
 
     @staticmethod
     def _reused(

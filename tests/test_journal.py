@@ -316,6 +316,59 @@ async def test_a_truncated_journal_is_detected_and_numbers_go_on(tmp_path: Path)
         await OffloadStore(tmp_path).append(AGENT, [Message.user("x")], expect=ref)
 
 
+async def test_a_chain_of_recorded_losses_is_followed_after_a_restart(tmp_path: Path) -> None:
+    """j1 vanished (j2 follows it), then j2 was found truncated (j3 follows j2): a restarted
+    writer whose state still names j1 goes on in j3 without reporting a loss again."""
+    store = OffloadStore(tmp_path)
+    first = await store.append(AGENT, [Message.user("one")])
+    j1 = JournalRef(first.journal, first.last_seq)
+    (tmp_path / f"{AGENT}.jsonl").unlink()
+    with pytest.raises(JournalLost):
+        await store.append(AGENT, [Message.user("two")], expect=j1)
+    second = await store.append(AGENT, [Message.user("two")], expect=j1)
+    with pytest.raises(JournalLost, match="truncated"):
+        await store.append(AGENT, [Message.user("three")], expect=JournalRef(second.journal, 50))
+    third = await store.append(AGENT, [Message.user("three")], expect=JournalRef(second.journal, 50))
+    assert len({first.journal, second.journal, third.journal}) == 3 and third.seqs == (51,)
+    restarted = OffloadStore(tmp_path)
+    later = await restarted.append(AGENT, [Message.user("four")], expect=j1)
+    assert later.journal == third.journal and later.seqs == (52,)
+    heads = [ln for ln in (tmp_path / f"{AGENT}.jsonl").read_bytes().split(b"\n") if ln.startswith(b'{"journal"')]
+    assert len(heads) == 2  # j2 and j3: no third loss recorded
+    # a journal id the file never held is not taken for a successor
+    with pytest.raises(JournalLost, match="replaced"):
+        await OffloadStore(tmp_path).append(AGENT, [Message.user("five")], expect=JournalRef("j0123456789abcdef", 1))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 40, 64 * 1024])
+def test_find_head_across_chunk_boundaries(tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search for a journal's link line finds it wherever the reads cut the file, at its
+    start too, and not inside a record that merely mentions it."""
+    import cmdc.offload as offload
+
+    monkeypatch.setattr(offload, "_CHUNK", chunk)
+    a, b = "j" + "a" * 16, "j" + "b" * 16
+    decoy = Message.user(f'{{"journal":"{b}","follows":null}}', metadata={"journal": b})
+    lines = [
+        offload._link(a, None, AGENT, 0),
+        b"".join(offload._record_pieces(1, 1, 0.0, [decoy], "k" + "1" * 16, a)),
+        offload._link(b, a, AGENT, 1),
+        b"".join(offload._record_pieces(2, 1, 0.0, [Message.user("x")], "k" + "2" * 16, b)),
+    ]
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b"".join(lines))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = path.stat().st_size
+        head_a, head_b = offload._find_head(fd, size, a), offload._find_head(fd, size, b)
+        assert head_a is not None and head_a.follows is None
+        assert head_b is not None and head_b.follows == a
+        assert offload._find_head(fd, size, "j" + "c" * 16) is None
+        assert offload._find_head(fd, len(lines[0]) + len(lines[1]), b) is None  # only before `end`
+    finally:
+        os.close(fd)
+
+
 async def test_chdir_by_a_tool_does_not_split_the_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     home.mkdir()

@@ -156,6 +156,46 @@ class Journal(RuleBasedStateMachine):
             assert self.numbers[r.seq] == r.message.id
 
 
+class _Draw:
+    """A stand-in for hypothesis' `data` in the plain regression tests: draws what it is given."""
+
+    def __init__(self, *values: Any) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: Any) -> Any:
+        return self.values.pop(0)
+
+
+def test_a_restarted_writer_knows_the_successor_of_a_lost_journal() -> None:
+    """Found by the state machine: append_new, commit, delete_directory, append_new x2, restart,
+    commit x2, append_committed_again. The restarted store did not know that the journal the
+    file ends with follows the deleted one (its link line is not the last line), so the commit
+    reported a second, false loss (a second successor), and the next append of a committed
+    message gave it another number (2, then 4)."""
+    m = Journal()
+    try:
+        m.append_new(1, 0)
+        m.commit()
+        m.delete_directory()
+        m.append_new(1, 0)  # JournalLost (the directory is gone), then the retry goes on
+        m.append_new(1, 0)
+        assert m.lost_reported == 1
+        m.restart()
+        m.commit()
+        assert m.lost_reported == 1, "a loss recorded before the restart was reported again"
+        assert not m.pending  # the commit went through
+        m.readers_see_each_committed_message_once_at_its_number()
+        m.append_committed_again(_Draw(sorted(m.addresses)))
+        m.readers_see_each_committed_message_once_at_its_number()
+        m.commit()
+        m.readers_see_each_committed_message_once_at_its_number()
+        lines = (m.dir / f"{AGENT}.jsonl").read_bytes().split(b"\n")
+        heads = [line for line in lines if line.startswith(b'{"journal"')]
+        assert len(heads) == 1  # one successor journal, no false one
+    finally:
+        m.teardown()
+
+
 Journal.TestCase.settings = settings(
     max_examples=25, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

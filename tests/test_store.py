@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from cmdc import Compacted, Compactor, ConfigError, Message, State, ToolCall, open_runtime
+from cmdc import Compacted, Compactor, ConfigError, Message, OffloadStore, State, ToolCall, open_runtime
 from cmdc.errors import CheckpointError, InvalidMessage, JournalLost, OffloadError
 from cmdc.offload import JournalRef, new_attempt_id
 from cmdc.providers import ModelRequest, ScriptedProvider
@@ -146,6 +146,48 @@ async def test_a_lost_journal_raises_journal_lost_then_goes_on_without_reusing_n
     assert await store.records("a3") == []
     # a state that names no journal yet expects nothing
     assert (await store.append("a4", batch(1), expect=JournalRef(None, 0))).first_seq == 1
+
+
+async def reopened(store: Store) -> Store:
+    """The same store as a new process opens it: nothing remembered in memory."""
+    if isinstance(store, FileStore):
+        fresh = FileStore(store.root)
+        fresh.journal = OffloadStore(store.root)  # not the process's shared one
+        return fresh
+    again = open_store(store.url)  # type: ignore[attr-defined]
+    await again.start()
+    return again
+
+
+async def test_a_recorded_loss_is_not_reported_again_after_a_restart(store: Store) -> None:
+    """A state naming a lost journal whose loss was recorded (its successor follows it) goes on
+    in the successor, in this process and after a restart, however many records follow the
+    link; a committed message appended again keeps its number."""
+    first = await store.append("a1", batch(2), compaction=1)
+    lost = JournalRef("jdeadbeefdeadbeef", 2)
+    xs = batch(2, "x")
+    with pytest.raises(JournalLost):
+        await store.append("a1", xs, compaction=2, expect=lost)
+    retry = await store.append("a1", xs, compaction=2, expect=lost, commit=False)
+    assert retry.journal not in (None, first.journal, lost.journal) and retry.seqs == (3, 4)
+    # a large committed batch after the link: a restarted writer reads only the end of a file
+    big = [Message.user(f"bulk {i} " + "b" * 2_000) for i in range(800)]
+    await store.append("a1", big, compaction=2, expect=lost)
+    again = await reopened(store)
+    try:
+        # the state still names the lost journal (its retry was never committed): no new loss
+        assert await again.commit("a1", retry.pending, expect=lost) is True
+        records = {r.message.id: r.seq for r in await again.records("a1")}
+        assert [records.get(m.id) for m in xs] == [3, 4]
+        same = await again.append("a1", [*xs, big[0]], compaction=3, expect=lost)
+        assert same.written == 0 and same.seqs == (3, 4, 5)
+        later = await again.append("a1", batch(1, "y"), compaction=3, expect=JournalRef(retry.journal, 804))
+        assert later.written == 1 and later.seqs == (805,) and later.journal == retry.journal
+    finally:
+        if again is not store:
+            await again.aclose()
+    ids = [r.message.id for r in await store.records("a1")]
+    assert len(ids) == len(set(ids)) == 2 + 2 + 800 + 1
 
 
 async def test_the_compactor_checks_the_journal_with_every_store(store: Store) -> None:
