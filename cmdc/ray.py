@@ -66,7 +66,7 @@ from .events import Event
 from .message import Message
 from .plugins import Plugin
 from .providers.base import Provider
-from .runtime import Runtime, _matches, _patterns, open_runtime
+from .runtime import Runtime, _matches, _naming_targets, _patterns, open_runtime
 from .state import State, validate_agent_id
 from .store import Leases, Store, open_store
 from .tools import Tool, tool
@@ -113,7 +113,7 @@ class _Spec:
     summarizer: Summarizer | None
     options: AgentOptions
     recall: bool
-    targets: tuple[str, ...] | None  # whom it may delegate to (None: nobody)
+    targets: tuple[str, ...] | None  # agents it may delegate to besides its children (None: no delegate)
     accepts: tuple[str, ...] | None  # whose delegated tasks it takes (None: nobody's)
 
 
@@ -395,36 +395,38 @@ class Node:
 
 
 def _cluster_delegate(node: _Host, parent: str, targets: tuple[str, ...], depth: int) -> Tool:
-    async def delegate(task: str, agent: str) -> str:
-        """Hand a task to another agent of the cluster and return its final answer.
+    async def delegate(task: str, agent: str | None = None) -> str:
+        """Hand a task to another agent and return its final answer.
 
         Args:
             task: What the other agent should do, with everything it needs to know.
-            agent: The name of the agent to hand it to (one you were allowed to delegate to).
+            agent: The name of an agent of the cluster you were allowed to delegate to; leave it
+                out to have a temporary child agent do it.
         """
         chain = current_chain.get()
+        if len(chain) >= depth:
+            raise DelegationRefused(f"delegation depth limit ({depth}) reached: {' -> '.join(chain)}")
+        if agent is None:
+            # A temporary child lives and ends within its parent's turn: on the parent's node,
+            # in that node's runtime (leased and journaled in the shared store like any agent).
+            if node.rt is None:
+                raise AgentStopped(f"agent {parent!r}: its cluster node is closing")
+            return await node.rt.run_child(parent, task)
         if not _matches(agent, targets):
+            allowed = ", ".join(targets) if targets else "none"
             raise DelegationRefused(
-                f"agent {parent!r} may not delegate to {agent!r}; it may delegate to: {', '.join(targets)}"
+                f"agent {parent!r} may not delegate to {agent!r}: it may delegate to its own temporary "
+                f"children (leave out 'agent') and to these agents: {allowed}"
             )
         if agent in chain:
             raise DelegationRefused(
                 f"delegation refused: {agent!r} is already waiting on this task ({' -> '.join(chain)}); "
                 "handing it this task would deadlock both. Do the task yourself."
             )
-        if len(chain) >= depth:
-            raise DelegationRefused(f"delegation depth limit ({depth}) reached: {' -> '.join(chain)}")
         reply: Message = await node.call_agent(agent, "prompt", (task,), chain, parent)
         return reply.text
 
-    made = tool(delegate, name="delegate")
-    if any(c in t for t in targets for c in "*?["):
-        return made
-    from ._frozen import thaw
-
-    parameters = thaw(made.parameters)
-    parameters["properties"]["agent"]["enum"] = list(targets)
-    return attrs.evolve(made, parameters=parameters)
+    return _naming_targets(tool(delegate, name="delegate"), targets or None)
 
 
 # -- the caller's side -----------------------------------------------------------------------
@@ -656,8 +658,9 @@ class ClusterRuntime:
         **option_values: Any,
     ) -> ClusterAgentRef:
         """Start an agent on its node (as `Runtime.spawn`); it is ready when this returns.
-        `delegation`: the agents of the cluster it may hand tasks to (names or patterns;
-        `True`: any that accepts); temporary children are not available on a cluster."""
+        `delegation` as on one machine: `True` gives it temporary children of its own (they
+        run on its node, within its turn); agent names or patterns also let it hand tasks to
+        those agents of the cluster (on any node) that `accepts` it."""
         if self._closed:
             raise AgentStopped("the cluster runtime is closed")
         validate_agent_id(name)
@@ -680,7 +683,7 @@ class ClusterRuntime:
             summarizer,
             options,
             recall,
-            _patterns("delegation", delegation),
+            () if delegation is True else _patterns("delegation", delegation),
             _patterns("accepts", accepts),
         )
         ref = ClusterAgentRef(self, name)

@@ -154,6 +154,7 @@ class Runtime:
         self._slots: dict[str, _Slot] = {}  # every addressable agent
         self._grants: dict[str, _Grants] = {}
         self._children = itertools.count(1)
+        self._child_token = secrets.token_hex(6)  # in every child's name: unique across runtimes
         self._live_children: dict[str, int] = {}  # agent -> its temporary children running now
         self._waits: dict[str, list[str]] = {}  # the wait-for graph: agent -> agents it waits on
         self._closed = False
@@ -660,7 +661,41 @@ class Runtime:
         slot.plugins = (*slot.plugins, plugin)
 
     def child_name(self, parent: str) -> str:
-        return f"{parent[:100]}.child{next(self._children)}"
+        """A name for a new temporary child of `parent`: `parent.childN-TOKEN`, where TOKEN is
+        random per runtime (48 bits): another runtime (a later process, another cluster node, the
+        same parent activated again elsewhere) never hands out the same name, so a child never
+        appends to an earlier child's journal."""
+        return f"{parent[:96]}.child{next(self._children)}-{self._child_token}"
+
+    async def run_child(self, parent: str, task: str) -> str:
+        """Run `task` on a new temporary child of the resident agent `parent` (its provider,
+        tools, config, summarizer and options; children of its own; it accepts its parent's
+        tasks only) and return the child's final answer. The child is stopped, and its
+        checkpoint deleted, when this returns or is cancelled (its journal stays)."""
+        me = self._agents.get(parent)
+        if me is None:
+            raise AgentStopped(f"agent {parent!r} is not running")
+        with self.child_slot(parent, me.options.max_children):
+            name = self.child_name(parent)
+            child = await self.spawn(
+                name,
+                me.provider,
+                tools=[*(t for t in me.own_tools.values() if t.name not in ("delegate", "recall")), *me.toolsets],
+                config=me.state.config,
+                summarizer=me.compactor.summarizer,
+                options=attrs.evolve(me.options, restart="temporary"),
+                delegation=True,  # children of its own, and no named agent
+                accepts=(parent,),  # its parent's tasks only
+            )
+            try:
+                with self.waiting(parent, name):
+                    return (await child.prompt(task)).text
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    await child.stop()
+                    if self.checkpoints is not None:  # a temporary child leaves no checkpoint behind
+                        with contextlib.suppress(CmdcError):
+                            await self.checkpoints.delete(name)
 
     # -- who may talk to whom ----------------------------------------------------------------
     def check_delegation(self, sender: str, target: str) -> AgentRef:
@@ -796,27 +831,7 @@ def _delegate_tool(runtime: Runtime, parent: str, targets: tuple[str, ...] | Non
             target = runtime.check_delegation(parent, agent)
             with runtime.waiting(parent, agent):
                 return (await target.prompt(task)).text
-        with runtime.child_slot(parent, me.options.max_children):
-            name = runtime.child_name(parent)
-            child = await runtime.spawn(
-                name,
-                me.provider,
-                tools=[*(t for t in me.own_tools.values() if t.name not in ("delegate", "recall")), *me.toolsets],
-                config=me.state.config,
-                summarizer=me.compactor.summarizer,
-                options=attrs.evolve(me.options, restart="temporary"),
-                delegation=True,  # children of its own, and no named agent
-                accepts=(parent,),  # its parent's tasks only
-            )
-            try:
-                with runtime.waiting(parent, name):
-                    return (await child.prompt(task)).text
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(10):
-                    await child.stop()
-                    if runtime.checkpoints is not None:  # a temporary child leaves no checkpoint behind
-                        with contextlib.suppress(CmdcError):
-                            await runtime.checkpoints.delete(name)
+        return await runtime.run_child(parent, task)
 
     return _naming_targets(tool(delegate, name="delegate"), targets)
 

@@ -9,6 +9,7 @@ CI), which makes a missing ray a failure."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,9 +162,38 @@ async def test_delegation_across_nodes(cluster: Cluster, postgres_url: str) -> N
             # a worker that does not accept the sender refuses, and the boss sees why
             other, _ = pick_names(rt, "o")
             refused = ScriptedProvider.tool_call("delegate", {"task": "x", "agent": worker})
-            o = await rt.spawn(other, ScriptedProvider([refused, lambda r: r.messages[-1].text]), delegation=True)
+            o = await rt.spawn(other, ScriptedProvider([refused, lambda r: r.messages[-1].text]), delegation="*")
             answer = await o.prompt("try")
             assert "does not accept" in answer.text
+            # delegation=True (as on one machine): temporary children, on the parent's node; a
+            # child that fails, or one too many, is an error result the parent's model reads
+            child_call = ScriptedProvider.tool_call("delegate", {"task": "say hi"})
+            parent_model = ScriptedProvider(
+                [child_call, "hi from the child", lambda r: f"child: {r.messages[-1].text}"], cycle=True
+            )
+            async with rt.subscribe() as sub:
+                p = await rt.spawn("parent", parent_model, delegation=True)
+                for _ in range(2):
+                    assert (await p.prompt("delegate it")).text == "child: hi from the child"
+                children: list[str] = []
+                with trio.move_on_after(10):
+                    async for event in sub:
+                        who = event.agent_id or ""
+                        if who.startswith("parent.child") and who not in children:
+                            children.append(who)
+                        if len(children) == 2:
+                            break
+            assert len(children) == 2 and all(re.fullmatch(r"parent\.child[12]-[0-9a-f]{12}", c) for c in children)
+            assert rt.agents.count("parent") == 1 and not any(".child" in a for a in rt.agents)
+            for child in children:  # a temporary child leaves no checkpoint behind
+                assert await rt.store.checkpoints.load(child) is None
+            # the parent may not name agents it was not granted; children count against the depth
+            named = ScriptedProvider.tool_call("delegate", {"task": "x", "agent": worker})
+            lone = await rt.spawn("lone", ScriptedProvider([named, lambda r: r.messages[-1].text]), delegation=True)
+            assert "may not delegate" in (await lone.prompt("try")).text
+            none_allowed = ScriptedProvider([child_call, lambda r: r.messages[-1].text])
+            capped = await rt.spawn("capped", none_allowed, delegation=True, max_delegation_depth=1)
+            assert "depth limit" in (await capped.prompt("try")).text
             # a target outside the grant is refused on the delegating side
             with pytest.raises(DelegationRefused):
                 await cmdc.ray._cluster_delegate(None, "x", ("w1*",), 4).run({"task": "t", "agent": "w2"})  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +316,31 @@ async def test_delegation(tmp_path: Path) -> None:
         reply = await parent.prompt("please delegate")
         assert "error=True" in reply.text and "child model down" in reply.text
         assert parent.running and rt.agents == ["parent"]
+
+
+async def test_temporary_children_names_never_repeat_across_runtimes(tmp_path: Path) -> None:
+    """The child counter restarts in every runtime (a later process, another cluster node): a
+    random token per runtime in the name keeps a new child off an earlier child's journal."""
+    seen: list[str] = []
+
+    async def model(request: ModelRequest) -> Message:
+        me = current_chain.get()[-1]
+        last = request.messages[-1]
+        if me != "parent":
+            seen.append(me)
+            return Message.assistant("done")
+        if last.role == "user":
+            return Message.assistant("", tool_calls=(ToolCall(id="d", name="delegate", arguments={"task": "t"}),))
+        return Message.assistant(last.text)
+
+    for _ in range(2):  # the same parent, resumed from the same store, in two runtimes
+        async with open_runtime(store=str(tmp_path / "store"), log_events=False) as rt:
+            parent = await rt.spawn("parent", ScriptedProvider([model], cycle=True), delegation=True, resume=True)
+            for _ in range(2):
+                assert (await parent.prompt("go")).text == "done"
+    assert len(seen) == 4 and len(set(seen)) == 4, seen
+    assert all(re.fullmatch(r"parent\.child[12]-[0-9a-f]{12}", n) for n in seen), seen
+    assert seen[0].split("-")[1] == seen[1].split("-")[1] != seen[2].split("-")[1]  # one token per runtime
 
 
 async def test_delegation_by_name_and_depth(tmp_path: Path) -> None:
