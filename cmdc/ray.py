@@ -61,6 +61,7 @@ from .errors import (
     DelegationRefused,
     NameLeased,
     NodeLost,
+    TurnAborted,
 )
 from .events import Event
 from .message import Message
@@ -115,14 +116,19 @@ class _Spec:
     recall: bool
     targets: tuple[str, ...] | None  # agents it may delegate to besides its children (None: no delegate)
     accepts: tuple[str, ...] | None  # whose delegated tasks it takes (None: nobody's)
+    gen: int = 0  # the newest node (by join number) when it was spawned: see _place
 
 
-def _place(name: str, nodes: Sequence[str]) -> str:
-    """Rendezvous hashing: the node whose hash with the name is highest (a node's death moves
-    only its own names)."""
+def _place(name: str, nodes: Mapping[str, int], gen: int) -> str:
+    """The node of an agent: rendezvous hashing of its name over the live nodes (key -> join
+    number) that had joined when it was spawned (join number <= `gen`), or over all live nodes
+    if none of those is left. So a node's death moves only its own agents, and a node that joins
+    later takes a share of the agents spawned after it joined and moves none of the others (an
+    agent moving between two live nodes would wait out its lease and strand its queue)."""
     if not nodes:
         raise NodeLost("no cluster node is alive")
-    return max(nodes, key=lambda n: hashlib.blake2b(f"{n}\x00{name}".encode(), digest_size=8).digest())
+    eligible = [k for k, seq in nodes.items() if seq <= gen] or list(nodes)
+    return max(eligible, key=lambda n: hashlib.blake2b(f"{n}\x00{name}".encode(), digest_size=8).digest())
 
 
 # -- the node actor: a cmdc runtime on trio in a thread of a Ray actor ------------------------
@@ -137,6 +143,7 @@ class _Host:
         self._options = options
         self._specs: dict[str, _Spec] = {}
         self._nodes: dict[str, Any] = {}  # key -> actor handle (the live nodes, as last told)
+        self._seqs: dict[str, int] = {}  # key -> join number, of the live nodes
         self._dead: set[str] = set()
         self._starting: dict[str, trio.Event] = {}
         self._subs: dict[str, Any] = {}
@@ -186,16 +193,20 @@ class _Host:
     def info(self) -> tuple[str, str]:
         return self.key, self.owner
 
-    def set_nodes(self, nodes: dict[str, Any], dead: dict[str, str]) -> None:
-        """The live nodes (key -> handle) and the owners of dead ones (key -> owner): their
-        leases may be taken over without waiting for them to expire."""
-        self._nodes = dict(nodes)
+    def set_nodes(self, nodes: dict[str, tuple[Any, int]], dead: dict[str, str]) -> None:
+        """The live nodes (key -> handle, join number) and the owners of dead ones (key ->
+        owner): their leases may be taken over without waiting for them to expire."""
+        self._nodes = {k: h for k, (h, _) in nodes.items()}
+        self._seqs = {k: seq for k, (_, seq) in nodes.items()}
         self._dead |= set(dead)
         if self.rt is not None:
             self.rt.lease_takeover |= set(dead.values())
 
     def register(self, name: str, spec: _Spec) -> None:
         self._specs[name] = spec
+
+    def register_many(self, specs: dict[str, _Spec]) -> None:
+        self._specs.update(specs)
 
     def forget(self, name: str) -> tuple[bool, Any]:
         self._specs.pop(name, None)
@@ -341,8 +352,9 @@ class _Host:
 
     async def call_agent(self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str) -> Any:
         """A call from one of this node's agents to an agent of the cluster (delegation)."""
-        live = [k for k in self._nodes if k not in self._dead]
-        key = _place(name, live)
+        live = {k: seq for k, seq in self._seqs.items() if k in self._nodes and k not in self._dead}
+        spec = self._specs.get(name)
+        key = _place(name, live, max(live.values(), default=0) if spec is None else spec.gen)
         if key == self.key:
             return await self._call(name, op, args, chain, sender)
         try:
@@ -364,11 +376,14 @@ class Node:
     def info(self) -> tuple[str, str]:
         return self._host.info()
 
-    def set_nodes(self, nodes: dict[str, Any], dead: dict[str, str]) -> None:
+    def set_nodes(self, nodes: dict[str, tuple[Any, int]], dead: dict[str, str]) -> None:
         self._host.set_nodes(nodes, dead)
 
     def register(self, name: str, spec: _Spec) -> None:
         self._host.register(name, spec)
+
+    def register_many(self, specs: dict[str, _Spec]) -> None:
+        self._host.register_many(specs)
 
     def forget(self, name: str) -> tuple[bool, Any]:
         return self._host.forget(name)
@@ -435,17 +450,24 @@ class _NodeRef:
     key: str
     owner: str
     handle: Any
+    seq: int = 0  # join number: 0, 1, ... in the order nodes joined the cluster runtime
+    node_id: str = ""  # the Ray node it is pinned to
 
 
 class ClusterAgentRef:
     """The handle of an agent of the cluster: the methods of `AgentRef`, over Ray."""
 
-    __slots__ = ("_cluster", "_stopped", "name")
+    __slots__ = ("_acked", "_cluster", "_held", "_stopped", "_where", "name")
 
     def __init__(self, cluster: ClusterRuntime, name: str) -> None:
         self._cluster = cluster
         self.name = name
         self._stopped = False
+        # Messages sent to the agent and not known to be committed (id -> message), and which
+        # of them `send` acknowledged: if the agent's node dies they are queued on its new node.
+        self._held: dict[str, Message] = {}
+        self._where: dict[str, str] = {}  # id -> the node it was queued on
+        self._acked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<ClusterAgentRef {self.name!r}>"
@@ -459,18 +481,49 @@ class ClusterAgentRef:
         """Run a turn on the agent's node; return the final reply (committed in the store).
         `NodeLost` if the node died during the turn and the turn did not commit."""
         messages = _as_messages(content)
+        taken = [mid for mid in self._held if mid in self._acked]  # queued before this turn: it takes them
         try:
             reply: Message = await self._op("prompt", messages)
         except NodeLost:
             settled = await self._cluster._settle(self.name, messages)
             if settled is None:
                 raise
+            self._release(taken)
             return settled
+        except (TurnAborted, trio.Cancelled):  # an aborted or cancelled turn leaves them queued
+            raise
+        except CmdcError:  # a failed turn dropped them (its error says so), as on one machine
+            self._release(taken)
+            raise
+        self._release(taken)
         return reply
 
+    def _release(self, ids: Iterable[str]) -> None:
+        for mid in ids:
+            self._held.pop(mid, None)
+            self._where.pop(mid, None)
+            self._acked.discard(mid)
+
     async def send(self, content: str | Message | Sequence[Message]) -> None:
-        """Queue user message(s) for the next turn (in the node's memory until that turn commits)."""
-        await self._op("send", _as_messages(content))
+        """Queue user message(s) for the agent's next turn. When this returns they are queued on
+        the agent's node, and this handle holds them until a turn commits them: if the node
+        dies first, they are queued again on the agent's new node (those in neither its
+        checkpoint nor its journal), in order, before any later call on it is served."""
+        messages = _as_messages(content)
+        ids = [m.id for m in messages]
+        if len(set(ids)) != len(ids) or any(mid in self._held for mid in ids):
+            raise ConfigError(f"agent {self.name!r}: these messages are queued already (a message id is sent once)")
+        if self._stopped:
+            raise AgentStopped(f"agent {self.name!r} has stopped")
+        key = self._cluster.node_of(self.name)  # where _invoke sends them (no wait in between)
+        self._held.update((m.id, m) for m in messages)
+        self._where.update((mid, key) for mid in ids)
+        try:
+            await self._op("send", messages)
+        except BaseException:
+            self._release(ids)
+            raise
+        self._acked.update(ids)
 
     async def state(self) -> State:
         state: State = await self._op("state")
@@ -489,6 +542,7 @@ class ClusterAgentRef:
 
     async def clear_queued(self) -> tuple[Message, ...]:
         dropped: tuple[Message, ...] = await self._op("clear_queued")
+        self._release(m.id for m in dropped)
         return dropped
 
     async def abort(self) -> None:
@@ -605,11 +659,25 @@ class ClusterSubscription:
 class ClusterRuntime:
     """The runtime `open_cluster` gives: the face of `open_runtime`'s, agents on Ray nodes."""
 
-    def __init__(self, nursery: trio.Nursery, store: Store, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        store: Store,
+        store_spec: str,
+        options: dict[str, Any],
+        concurrency: int,
+        started: list[_NodeRef],
+    ) -> None:
         self._nursery = nursery
         self.store = store
+        self._store_spec = store_spec
         self._options = options
-        self._nodes: dict[str, _NodeRef] = {}
+        self._concurrency = concurrency
+        self._started = started  # every node actor started, live or not (closed at the end)
+        self._nodes: dict[str, _NodeRef] = {n.key: n for n in started}
+        self._specs: dict[str, _Spec] = {}  # the spawn specs of the running agents
+        self._joining = trio.Lock()
+        self._settling: dict[str, trio.Event] = {}  # dead node -> set once its queues are moved
         self._dead: dict[str, str] = {}  # key -> owner of the nodes known dead
         self._refs: dict[str, ClusterAgentRef] = {}
         self._closed = False
@@ -635,7 +703,54 @@ class ClusterRuntime:
 
     def node_of(self, name: str) -> str:
         """The key of the node the agent is placed on now."""
-        return _place(name, list(self._nodes))
+        spec = self._specs.get(name)
+        return _place(name, self._live(), self._gen() if spec is None else spec.gen)
+
+    def _live(self) -> dict[str, int]:
+        return {k: n.seq for k, n in self._nodes.items()}
+
+    def _gen(self) -> int:
+        return max((n.seq for n in self._nodes.values()), default=0)
+
+    def _node_table(self) -> dict[str, tuple[Any, int]]:
+        return {k: (n.handle, n.seq) for k, n in self._nodes.items()}
+
+    async def add_nodes(self) -> list[str]:
+        """Start a node actor on every alive Ray node that has none yet (a node that joined the
+        Ray cluster after `open_cluster`); return their keys. Agents spawned from now on are
+        placed over them too; agents already placed stay where they are. `open_cluster` does
+        this every `discover_every` seconds unless it was given `nodes=`."""
+        async with self._joining:
+            if self._closed:
+                return []
+            known = {n.node_id for n in self._started}
+            alive = [n for n in await trio.to_thread.run_sync(ray.nodes) if n.get("Alive")]
+            fresh = sorted(n["NodeID"] for n in alive if n["NodeID"] not in known)
+            added: list[str] = []
+            for node_id in fresh:
+                node = _start_node(node_id, self._store_spec, self._options, self._concurrency)
+                node.seq = max((n.seq for n in self._started), default=-1) + 1
+                self._started.append(node)
+                try:
+                    node.key, node.owner = await _await_ref(node.handle.info.remote())
+                    self._nodes[node.key] = node  # spawns from now on register with it too ...
+                    await _await_ref(node.handle.set_nodes.remote(self._node_table(), dict(self._dead)))
+                    await _await_ref(node.handle.register_many.remote(dict(self._specs)))  # ... and these before
+                except _DEAD:
+                    await self._node_died(node)
+                    continue
+                added.append(node.key)
+            if added:
+                table, dead = self._node_table(), dict(self._dead)
+                for node in list(self._nodes.values()):
+                    node.handle.set_nodes.remote(table, dead)
+            return added
+
+    async def _discover(self, every: float) -> None:
+        while True:
+            await trio.sleep(every)
+            with contextlib.suppress(Exception):  # a GCS hiccup: try again next time
+                await self.add_nodes()
 
     def subscribe(self, agent: str | None = None, *, buffer: int = 256) -> ClusterSubscription:
         return ClusterSubscription(self, agent, buffer)
@@ -686,14 +801,17 @@ class ClusterRuntime:
             () if delegation is True else _patterns("delegation", delegation),
             _patterns("accepts", accepts),
         )
+        spec = attrs.evolve(spec, gen=self._gen())
         ref = ClusterAgentRef(self, name)
         self._refs[name] = ref
+        self._specs[name] = spec
         try:
             stored = ray.put(spec)
             await self._each_node(lambda node: node.handle.register.remote(name, stored))
             await self._invoke(name, "spawn", (not resume,))
         except BaseException:
             self._refs.pop(name, None)
+            self._specs.pop(name, None)
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self._each_node(lambda node: node.handle.forget.remote(name))
             raise
@@ -715,7 +833,7 @@ class ClusterRuntime:
 
     async def _invoke(self, name: str, op: str, args: tuple[Any, ...]) -> Any:
         while True:
-            key = _place(name, list(self._nodes))
+            key = self.node_of(name)
             node = self._nodes[key]
             try:
                 answer = await _await_ref(node.handle.call.remote(name, op, args, (), None))
@@ -727,14 +845,61 @@ class ClusterRuntime:
                 await self._node_died(node)
                 if op in _RETRIED:
                     continue
+                if op == "send":  # its messages are held by the caller's handle: queued again
+                    ref = self._refs.get(name)
+                    if ref is not None:
+                        await self._requeue(ref)
+                    return None
                 raise NodeLost(f"cluster node {key} died while it served {op} for agent {name!r}") from None
             return _unwrap(answer)
 
     async def _node_died(self, node: _NodeRef) -> None:
         """Take a dead node out: kill its actor, break its leases (nothing it still does can
-        commit after this), tell the other nodes."""
-        if self._nodes.pop(node.key, None) is None:
+        commit after this), tell the other nodes, and queue again on their new nodes the
+        messages sent to its agents that no committed turn took. Returns once that is done
+        (also to a caller that found the node dead after another one did)."""
+        if node.key not in self._nodes:
+            settling = self._settling.get(node.key)
+            if settling is not None:
+                await settling.wait()
             return
+        self._settling[node.key] = settling = trio.Event()
+        affected = [r for r in self._refs.values() if node.key in r._where.values()]
+        try:
+            self._nodes.pop(node.key)
+            await self._take_out(node)
+            with trio.CancelScope(shield=True):
+                async with trio.open_nursery() as nursery:
+                    for ref in affected:
+                        nursery.start_soon(self._requeue, ref)
+        finally:
+            settling.set()
+
+    async def _requeue(self, ref: ClusterAgentRef) -> None:
+        """Queue again, on the agent's new node, the messages sent to it on nodes now dead that
+        are in neither its checkpoint nor its journal (a dead node's leases are broken before
+        this: nothing can commit there any more). Each message is marked with its new node
+        before any wait, so two of these never queue one message twice."""
+        if not [mid for mid, key in ref._where.items() if key not in self._nodes]:
+            return
+        try:
+            state = await self.store.checkpoints.load(ref.name)
+            committed = {m.id for m in (state.messages if state is not None else ())}
+            committed |= {m.id for m in await self.store.read(ref.name)}
+        except CmdcError:
+            committed = set()  # the store is down: better twice than never (ids tell them apart)
+        stale = [mid for mid, key in ref._where.items() if key not in self._nodes]  # again: after the wait
+        ref._release(mid for mid in stale if mid in committed)
+        missing = tuple(ref._held[mid] for mid in stale if mid in ref._held)
+        if not missing or ref._stopped:
+            return
+        key = self.node_of(ref.name)
+        for m in missing:
+            ref._where[m.id] = key
+        with contextlib.suppress(CmdcError):  # e.g. every node gone: the handle keeps them
+            await self._invoke(ref.name, "send", (missing,))
+
+    async def _take_out(self, node: _NodeRef) -> None:
         self.node_deaths += 1
         self._dead[node.key] = node.owner
         with contextlib.suppress(Exception):
@@ -742,9 +907,9 @@ class ClusterRuntime:
         with trio.CancelScope(shield=True):
             assert isinstance(self.store, Leases)
             await self.store.break_leases(node.owner)
-            nodes = {k: n.handle for k, n in self._nodes.items()}
+            table = self._node_table()
             for other in list(self._nodes.values()):
-                other.handle.set_nodes.remote(nodes, dict(self._dead))
+                other.handle.set_nodes.remote(table, dict(self._dead))
 
     async def _settle(self, name: str, messages: tuple[Message, ...]) -> Message | None:
         """After `NodeLost` on a turn: its committed reply if the turn committed before the node
@@ -768,7 +933,9 @@ class ClusterRuntime:
     async def _stop(self, ref: ClusterAgentRef) -> None:
         await self._invoke(ref.name, "stop", ())
         ref._stopped = True
+        ref._release(list(ref._held))
         self._refs.pop(ref.name, None)
+        self._specs.pop(ref.name, None)
         await self._each_node(lambda node: node.handle.forget.remote(ref.name))
 
     async def stats(self) -> dict[str, dict[str, int]]:
@@ -778,6 +945,21 @@ class ClusterRuntime:
             with contextlib.suppress(*_DEAD):
                 out[key] = await _await_ref(node.handle.stats.remote())
         return out
+
+
+def _start_node(node_id: str, store: str, options: dict[str, Any], concurrency: int) -> _NodeRef:
+    """A node actor pinned to the Ray node `node_id` (its key and owner come from `info`)."""
+    handle = (
+        ray.remote(Node)
+        .options(
+            num_cpus=0,
+            max_concurrency=concurrency,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        )
+        .remote(node_id[:12], store, options)
+    )
+    return _NodeRef(node_id[:12], "", handle, node_id=node_id)
 
 
 async def _close_node(node: _NodeRef) -> None:
@@ -795,6 +977,7 @@ async def open_cluster(
     max_resident: int | None = 10_000,
     deactivate_after: float | None = None,
     max_concurrency: int = 256,
+    discover_every: float | None = 5.0,
 ) -> AsyncIterator[ClusterRuntime]:
     """A cluster runtime over Ray (see the module docstring).
 
@@ -804,7 +987,10 @@ async def open_cluster(
     directory). `nodes`: how many Ray nodes to use (default: all alive when opening), one node
     actor each. `lease_ttl`: seconds a node's lease on a name outlives the node if nobody breaks
     it. `max_resident`/`deactivate_after`: each node's virtual-agent bounds. `max_concurrency`:
-    calls a node serves at once (each holds one of its Ray threads).
+    calls a node serves at once (each holds one of its Ray threads). `discover_every`: seconds
+    between looks for Ray nodes that joined later (each gets a node actor and a share of the
+    agents spawned after it joined; `rt.add_nodes()` looks at once); None, or `nodes=` given:
+    the nodes of the start only.
     Leaving the block stops every agent (their state is in the store) and the node actors;
     a Ray started here is shut down.
     """
@@ -813,6 +999,7 @@ async def open_cluster(
         raise ConfigError("lease_ttl must be a positive number of seconds")
     count = optional_integer(nodes, "nodes")
     concurrency = optional_integer(max_concurrency, "max_concurrency")
+    discover = optional_seconds(discover_every, "discover_every")
     options = {
         "lease_ttl": lease,
         "max_resident": optional_integer(max_resident, "max_resident"),
@@ -837,24 +1024,18 @@ async def open_cluster(
             if count > len(alive):
                 raise ConfigError(f"nodes={count}, but the Ray cluster has {len(alive)} alive")
             alive = alive[:count]
-        remote_node = ray.remote(Node)
-        for n in alive:
-            key = n["NodeID"][:12]
-            handle = remote_node.options(
-                num_cpus=0,
-                max_concurrency=concurrency,
-                max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-            ).remote(key, spec, options)
-            actors.append(_NodeRef(key, "", handle))
+        for seq, n in enumerate(alive):
+            actors.append(_start_node(n["NodeID"], spec, options, concurrency or 256))
+            actors[-1].seq = seq
         for node in actors:
             node.key, node.owner = await _await_ref(node.handle.info.remote())
-        handles = {n.key: n.handle for n in actors}
+        table = {n.key: (n.handle, n.seq) for n in actors}
         for node in actors:
-            await _await_ref(node.handle.set_nodes.remote(handles, {}))
+            await _await_ref(node.handle.set_nodes.remote(table, {}))
         async with trio.open_nursery() as nursery:
-            rt = ClusterRuntime(nursery, made, options)
-            rt._nodes = {n.key: n for n in actors}
+            rt = ClusterRuntime(nursery, made, spec, options, concurrency or 256, actors)
+            if discover is not None and count is None:
+                nursery.start_soon(rt._discover, discover)
             try:
                 yield rt
             finally:

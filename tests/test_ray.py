@@ -97,6 +97,11 @@ async def test_spawn_and_talk_to_agents_across_three_nodes(cluster: Cluster, pos
                 assert "turn_end" in kinds
             await refs[0].send("queued one")
             assert [m.text for m in await refs[0].queued()] == ["queued one"]
+            again_msg = (await refs[0].queued())[0]
+            for bad_send in (again_msg, [Message.user("x")] * 2, [], 5):  # the handle holds each id once
+                with pytest.raises(ConfigError):
+                    await refs[0].send(bad_send)  # type: ignore[arg-type]
+            assert [m.text for m in await refs[0].queued()] == ["queued one"]
             await refs[0].prompt("and now")
             state = await refs[0].state()
             texts = [m.text for m in state.messages]
@@ -267,6 +272,8 @@ async def test_a_node_killed_mid_turn(cluster: Cluster, postgres_url: str) -> No
                 for name in names:
                     nursery.start_soon(second, name)
                 await trio.sleep(1.0)  # the second turns are in flight on every node
+                for name in names:  # acknowledged sends, queued behind the turns in flight
+                    await refs[name].send("queued" + PAD)
                 await trio.to_thread.run_sync(cluster.remove_node, victim, False)
             assert rt.node_deaths == 1 and victim_key not in rt.nodes
             for name in safe:
@@ -278,6 +285,7 @@ async def test_a_node_killed_mid_turn(cluster: Cluster, postgres_url: str) -> No
                 state = await refs[name].state()
                 users = [m.text.split()[0] for m in state.messages if m.role == "user"]
                 assert users == (["first"] if name in lost else ["first", "second"])
+                assert [m.text.split()[0] for m in await refs[name].queued()] == ["queued"]  # queued again
                 assert await rt.store.read(name) == [] or name not in lost  # an uncommitted batch is invisible
 
             async def third(name: str) -> None:
@@ -295,7 +303,8 @@ async def test_a_node_killed_mid_turn(cluster: Cluster, postgres_url: str) -> No
                 everything = [*journal, *live]
                 assert len({m.id for m in everything}) == len(everything)
                 users = [m.text.split()[0] for m in everything if m.role == "user"]
-                expected = ["first", "third"] if name in lost else ["first", "second", "third"]
+                # the message queued with send before the crash is there once, on a moved agent too
+                expected = ["first", "queued", "third"] if name in lost else ["first", "second", "queued", "third"]
                 assert sorted(users) == sorted(expected), (name, users)  # (the first task may stay pinned)
                 compacted += bool(state.compactions and journal)
                 report = await rt.store.verify(name)
@@ -303,3 +312,50 @@ async def test_a_node_killed_mid_turn(cluster: Cluster, postgres_url: str) -> No
             assert compacted  # journals were written, across the crash, and read back exactly once
         cluster.add_node(num_cpus=1)  # back to three nodes for any later test
         cluster.wait_for_nodes()
+
+
+def test_placement_takes_new_nodes_for_new_agents_only() -> None:
+    place = cmdc.ray._place
+    old = {"a": 0, "b": 1}
+    grown = {**old, "c": 2}
+    names = [f"n{i}" for i in range(60)]
+    # an agent spawned before "c" joined stays where it was; those spawned after spread onto it
+    assert all(place(n, grown, 1) == place(n, old, 1) for n in names)
+    assert {place(n, grown, 2) for n in names} == {"a", "b", "c"}
+    # a dead node's agents move to the nodes of their time; with none left, to any live node
+    assert {place(n, {"b": 1, "c": 2}, 1) for n in names} == {"b"}
+    assert {place(n, {"c": 2}, 1) for n in names} == {"c"}
+    with pytest.raises(NodeLost):
+        place("x", {}, 0)
+
+
+async def test_a_node_added_later_takes_agents(cluster: Cluster, postgres_url: str) -> None:
+    with trio.fail_after(150):
+        async with cmdc.ray.open_cluster(store=postgres_url, lease_ttl=5, discover_every=0.5) as rt:
+            before = set(rt.nodes)
+            early = [await rt.spawn(f"early-{i}", model()) for i in range(12)]
+            placed = {r.name: rt.node_of(r.name) for r in early}
+            added = cluster.add_node(num_cpus=1)  # (blocks trio a few seconds: Ray wants the main thread)
+            try:
+                cluster.wait_for_nodes()
+                while len(rt.nodes) == len(before):  # noqa: ASYNC110 (the runtime looks every 0.5 s)
+                    await trio.sleep(0.2)
+                assert await rt.add_nodes() == []  # nothing more to add
+                (new,) = set(rt.nodes) - before
+                late = [await rt.spawn(f"late-{i}", model()) for i in range(24)]
+                on_new = [r for r in late if rt.node_of(r.name) == new]
+                assert on_new and len(on_new) < len(late)
+                for ref in [*early, *late]:
+                    assert f"hi {ref.name}" in (await ref.prompt(f"hi {ref.name}")).text
+                assert {r.name: rt.node_of(r.name) for r in early} == placed  # nobody moved
+                stats = await rt.stats()
+                assert stats[new]["resident"] == len(on_new)  # they run there
+                # delegation from an old node reaches an agent on the new one
+                boss = next(f"boss-{i}" for i in range(100) if rt.node_of(f"boss-{i}") != new)
+                worker = next(f"worker-{i}" for i in range(100) if rt.node_of(f"worker-{i}") == new)
+                await rt.spawn(worker, ScriptedProvider(["pong"], cycle=True), accepts=[boss])
+                call = ScriptedProvider.tool_call("delegate", {"task": "ping", "agent": worker})
+                b = await rt.spawn(boss, ScriptedProvider([call, lambda r: r.messages[-1].text]), delegation=[worker])
+                assert (await b.prompt("ask the new node")).text == "pong"
+            finally:
+                await trio.to_thread.run_sync(lambda: cluster.remove_node(added))
