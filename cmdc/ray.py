@@ -39,6 +39,7 @@ import hashlib
 import os
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -232,7 +233,10 @@ class _Host:
                 trio.from_thread.run_sync(s.close, trio_token=self._token)
 
     def stats(self) -> dict[str, int]:
-        return {} if self.rt is None else {**self.rt.stats, "specs": len(self._specs)}
+        if self.rt is None:
+            return {}
+        cpu_ms = int(time.process_time() * 1000)  # the node process's CPU so far (all its threads)
+        return {**self.rt.stats, "specs": len(self._specs), "pid": os.getpid(), "cpu_ms": cpu_ms}
 
     def close(self) -> None:
         token, closing = self._token, self._closing
@@ -939,7 +943,8 @@ class ClusterRuntime:
         await self._each_node(lambda node: node.handle.forget.remote(ref.name))
 
     async def stats(self) -> dict[str, dict[str, int]]:
-        """Each live node's runtime counters (agents, resident, activations, ...)."""
+        """Each live node's runtime counters (agents, resident, activations, ...; `pid` and
+        `cpu_ms`, the node process's CPU time so far)."""
         out: dict[str, dict[str, int]] = {}
         for key, node in list(self._nodes.items()):
             with contextlib.suppress(*_DEAD):
