@@ -1,7 +1,9 @@
 """Every benchmark, one table: python -m benchmarks  [--quick] [--no-compare]
 
 Runs bench_compaction, bench_runtime (its memory figures in fresh subprocesses), the retention
-probes and, when deepagents is installed (pip install -e '.[compare]'), the DeepAgents
+probes, the recall stall, bench_store, bench_ray (in a subprocess: a local 3-node Ray cluster;
+it needs ray and a PostgreSQL server, else a line under the table says why it was skipped; not
+in --smoke) and, when deepagents is installed (pip install -e '.[compare]'), the DeepAgents
 comparison; then prints one table of figures with their targets. A missed target is listed
 under the table; the exit status is 0 all the same (this is a report). It is 1 only when a
 benchmark could not run at all.
@@ -279,6 +281,64 @@ def store_rows(p: Preset) -> list[Row]:
     return rows
 
 
+RAY_HINT = "pip install -e '.[ray,postgres]'"
+
+
+def ray_skipped(p: Preset) -> str | None:
+    """Why bench_ray cannot run here (None: it can)."""
+    import importlib.util
+
+    if p.name == "smoke":
+        return "Ray cluster benchmark: skipped in --smoke (tests/test_ray.py runs cmdc.ray on a local cluster)."
+    if importlib.util.find_spec("ray") is None:
+        return f"Ray cluster benchmark: skipped, ray is not installed; to run it: {RAY_HINT}"
+    if bench_store.postgres_base() is None:
+        return 'Ray cluster benchmark: skipped, no PostgreSQL server (eval "$(scripts/pg_test.sh start)")'
+    return None
+
+
+def ray_rows(p: Preset) -> list[Row]:
+    import json
+    import subprocess
+
+    command = [sys.executable, "-m", "benchmarks.bench_ray", "--json", *(["--quick"] if p.name == "quick" else [])]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, check=False)
+    line = next((ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("{")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"bench_ray exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+    f = json.loads(line)
+    b = "ray"
+    o = f["overhead"]
+
+    def calls(kind: str) -> str:
+        local, cluster = o[f"local_{kind}"], o[f"cluster_{kind}"]
+        return (
+            f"{cluster['p50']:.2f} / {cluster['p99']:.2f} ms vs {local['p50']:.2f} / {local['p99']:.2f} ms"
+        )
+
+    rates = [f[f"nodes_{n}"] for n in (1, 2, 3)]
+    k = f["kill"]
+    return [
+        Row(b, "a turn (instant model, PG commit) p50 / p99: cluster vs in-process", calls("turn")),
+        Row(b, "a ping p50 / p99: cluster vs in-process", calls("ping")),
+        Row(
+            b,
+            f"turns/s, {f['agents']} agents x {f['turns']} turns, 200 ms model: 1 / 2 / 3 nodes",
+            " / ".join(f"{r['rate']:,.0f}" for r in rates),
+        ),
+        Row(
+            b,
+            "  CPU per turn (caller + nodes + PostgreSQL): 1 / 2 / 3 nodes",
+            " / ".join(f"{r['driver_ms'] + r['nodes_ms'] + r['postgres_ms']:.1f} ms" for r in rates),
+        ),
+        Row(
+            b,
+            f"node killed ({k['doomed']} of {k['agents']} agents on it): all / first answering again",
+            f"{k['all']:.2f} / {k['first']:.2f} s",
+        ),
+    ]
+
+
 def deepagents_available() -> bool:
     try:
         import deepagents  # noqa: F401
@@ -354,6 +414,11 @@ def collect(
         ("isolation", isolation_rows),
         ("store", store_rows),
     ]
+    skipped = ray_skipped(preset)
+    if skipped is None:
+        benches.append(("ray", ray_rows))
+    else:
+        notes.append(skipped)
     if not compare:
         notes.append("DeepAgents comparison: skipped (--no-compare).")
     elif deepagents_available():

@@ -1,12 +1,14 @@
 """cmdc.ray on a local 3-node Ray cluster (`ray.cluster_utils.Cluster`, 1 CPU per node) with
-the PostgreSQL store.
+the PostgreSQL store (a fresh database on the server `CMDC_TEST_POSTGRES_URL` names).
 
 Run: eval "$(scripts/pg_test.sh start)"; python -m benchmarks.bench_ray [--quick] [--store URL]
+(`python -m benchmarks` runs it too, in a subprocess, and puts its figures in its table.)
 
 - call overhead: a turn with an instant model, and a `ping`, on a cluster agent vs an agent of
   an in-process runtime on the same store (p50/p99, sequential calls);
 - turns per second with 1, 2 and 3 nodes, many agents at once, on a `SimulatedModel` that waits
-  200 ms per call as a real model does (the cluster's gain is concurrency: a node's CPU);
+  200 ms per call as a real model does, side by side, with the CPU each turn cost in the calling
+  process, in the node processes and in PostgreSQL (what bounds the rate on a small machine);
 - a node killed: from `remove_node` to every affected agent answering again (on other nodes,
   from its last commit), and to the first of them.
 """
@@ -14,20 +16,26 @@ Run: eval "$(scripts/pg_test.sh start)"; python -m benchmarks.bench_ray [--quick
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
+import resource
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
 
 import cmdc
-import cmdc.ray
+from benchmarks.bench_store import fresh_database, postgres_base
 from cmdc.errors import NodeLost
 from cmdc.providers import ScriptedProvider, SimulatedModel
 
 ROOT = Path(__file__).resolve().parent.parent
+LATENCY = 0.2  # seconds the simulated model waits per call
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -44,37 +52,101 @@ async def timed(n: int, call: Any) -> list[float]:
     return out
 
 
-async def overhead(url: str, n: int) -> None:
+# -- CPU accounting (Linux /proc) -------------------------------------------------------------
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of one process so far; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _postgres_pids() -> list[int]:
+    """The PostgreSQL server's processes (the postmaster and its children), if its data
+    directory is known (`CMDC_TEST_POSTGRES_DATA`, as scripts/pg_test.sh exports it)."""
+    data = os.environ.get("CMDC_TEST_POSTGRES_DATA")
+    if not data:
+        return []
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            master = int(f.readline())
+    except (OSError, ValueError):
+        return []
+    pids = [master]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == master:
+                        pids.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return pids
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return (sum(values) - idle) / _TICK, sum(values) / _TICK
+
+
+def _self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def _snapshot(rt: Any) -> dict[str, float]:
+    stats = await rt.stats()
+    busy, total = _machine_busy()
+    return {
+        "driver": _self_cpu(),
+        "nodes": sum(s["cpu_ms"] for s in stats.values()) / 1000,
+        "postgres": sum(_proc_cpu(p) for p in _postgres_pids()),
+        "busy": busy,
+        "total": total,
+    }
+
+
+# -- the figures -------------------------------------------------------------------------------
+async def overhead(url: str, n: int) -> dict[str, list[float]]:
     async with cmdc.open_runtime(store=url, log_events=False) as rt:
         local = await rt.spawn("bench-local", ScriptedProvider(["ok"], cycle=True))
         await local.prompt("warm up")
         local_turn = await timed(n, lambda: local.prompt("hi"))
         local_ping = await timed(n, local.ping)
-    async with cmdc.ray.open_cluster(store=url) as crt:
+    from cmdc.ray import open_cluster
+
+    async with open_cluster(store=url) as crt:
         remote = await crt.spawn("bench-remote", ScriptedProvider(["ok"], cycle=True))
         await remote.prompt("warm up")
         remote_turn = await timed(n, lambda: remote.prompt("hi"))
         remote_ping = await timed(n, remote.ping)
-    print(f"call overhead ({n} sequential calls each, ms)        p50      p99")
-    for label, values in (
-        ("in-process turn (instant model, PG commit)", local_turn),
-        ("cluster turn    (instant model, PG commit)", remote_turn),
-        ("in-process ping", local_ping),
-        ("cluster ping", remote_ping),
-    ):
-        print(f"  {label:<46} {pct(values, 0.5):8.2f} {pct(values, 0.99):8.2f}")
+    return {
+        "local_turn": local_turn,
+        "cluster_turn": remote_turn,
+        "local_ping": local_ping,
+        "cluster_ping": remote_ping,
+    }
 
 
-async def throughput(url: str, nodes: int, agents: int, turns: int, tag: str) -> float:
-    async with cmdc.ray.open_cluster(store=url, nodes=nodes) as rt:
-        refs = []
+async def throughput(url: str, nodes: int, agents: int, turns: int, tag: str) -> dict[str, float]:
+    """`agents` agents each running `turns` turns one after another, all at once, on `nodes`
+    nodes; the agents are spawned and have run one turn (they are active) before the clock starts."""
+    from cmdc.ray import open_cluster
+
+    async with open_cluster(store=url, nodes=nodes) as rt:
+        refs: list[Any] = []
         limiter = trio.CapacityLimiter(64)
 
         async def spawn(i: int) -> None:
             async with limiter:
-                refs.append(
-                    await rt.spawn(f"{tag}-{i}", SimulatedModel(tool_probability=0, reply_chars=40, latency=0.2))
-                )
+                ref = await rt.spawn(f"{tag}-{i}", SimulatedModel(tool_probability=0, reply_chars=40, latency=LATENCY))
+                await ref.prompt("warm up")
+                refs.append(ref)
 
         async with trio.open_nursery() as nursery:
             for i in range(agents):
@@ -84,17 +156,33 @@ async def throughput(url: str, nodes: int, agents: int, turns: int, tag: str) ->
             for t in range(turns):
                 await ref.prompt(f"turn {t}")
 
+        before = await _snapshot(rt)
         start = time.perf_counter()
         async with trio.open_nursery() as nursery:
             for ref in refs:
                 nursery.start_soon(talk, ref)
-        return agents * turns / (time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        after = await _snapshot(rt)
+        done = agents * turns
+        cpu = {k: (after[k] - before[k]) for k in before}
+        return {
+            "rate": done / wall,
+            "wall": wall,
+            "ideal": agents / LATENCY,
+            "driver_ms": cpu["driver"] / done * 1000,
+            "nodes_ms": cpu["nodes"] / done * 1000,
+            "postgres_ms": cpu["postgres"] / done * 1000,
+            "machine_busy": cpu["busy"] / cpu["total"] if cpu["total"] else 0.0,
+            "cores": os.cpu_count() or 1,
+        }
 
 
-async def node_kill(url: str, cluster: Any, agents: int) -> None:
+async def node_kill(url: str, cluster: Any, agents: int) -> dict[str, float]:
     import ray
 
-    async with cmdc.ray.open_cluster(store=url, lease_ttl=30) as rt:
+    from cmdc.ray import open_cluster
+
+    async with open_cluster(store=url, lease_ttl=30) as rt:
         head = ray.get_runtime_context().get_node_id()[:12]
         key = next(k for k in rt.nodes if k != head)
         victim = next(n for n in cluster.worker_nodes if n.node_id[:12] == key)
@@ -120,25 +208,22 @@ async def node_kill(url: str, cluster: Any, agents: int) -> None:
         async with trio.open_nursery() as nursery:
             for ref in doomed:
                 nursery.start_soon(again, ref)
-        print(
-            f"node kill: {len(doomed)} of {agents} agents on the killed node; remove_node took {killed:.2f} s; "
-            f"answering again after {min(answered):.2f} s (first) / {max(answered):.2f} s (all), "
-            "counted from the kill"
-        )
+        return {
+            "doomed": len(doomed),
+            "agents": agents,
+            "remove": killed,
+            "first": min(answered),
+            "all": max(answered),
+        }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", default=os.environ.get("CMDC_TEST_POSTGRES_URL", ""))
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    if not args.store.startswith("postgresql://"):
-        sys.exit("bench_ray needs a PostgreSQL store: --store postgresql://... (or scripts/pg_test.sh start)")
+@contextlib.contextmanager
+def local_cluster() -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
+    # the node processes import cmdc from this checkout when it is not installed
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    started = time.perf_counter()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -152,19 +237,71 @@ def main() -> None:
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
-        took = time.perf_counter() - started
-        print(f"a 3-node local Ray cluster started in {took:.1f} s; load average {os.getloadavg()[0]:.1f}")
-        n = 50 if args.quick else 300
-        trio.run(overhead, args.store, n)
-        agents, turns = (60, 3) if args.quick else (300, 5)
-        print(f"turns per second, {agents} agents x {turns} turns at once, SimulatedModel waiting 200 ms per call:")
-        for nodes in (1, 2, 3):
-            rate = trio.run(throughput, args.store, nodes, agents, turns, f"t{nodes}-{time.time_ns()}")
-            print(f"  {nodes} node(s): {rate:7.1f} turns/s   (load average {os.getloadavg()[0]:.1f})")
-        trio.run(node_kill, args.store, cluster, 30 if args.quick else 90)
+        yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def measure(url: str, *, quick: bool = False, out: Any = print) -> dict[str, Any]:
+    """Every figure, printed as it comes (`out`) and returned."""
+    figures: dict[str, Any] = {}
+    started = time.perf_counter()
+    with local_cluster() as cluster:
+        out(f"a 3-node local Ray cluster started in {time.perf_counter() - started:.1f} s; "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+        n = 50 if quick else 300
+        calls = trio.run(overhead, url, n)
+        figures["overhead"] = {k: {"p50": pct(v, 0.5), "p99": pct(v, 0.99)} for k, v in calls.items()}
+        out(f"call overhead ({n} sequential calls each, ms)          p50      p99")
+        for label, key in (
+            ("in-process turn (instant model, PG commit)", "local_turn"),
+            ("cluster turn    (instant model, PG commit)", "cluster_turn"),
+            ("in-process ping", "local_ping"),
+            ("cluster ping", "cluster_ping"),
+        ):
+            f = figures["overhead"][key]
+            out(f"  {label:<48} {f['p50']:8.2f} {f['p99']:8.2f}")
+        agents, turns = (120, 3) if quick else (400, 5)
+        figures["agents"], figures["turns"] = agents, turns
+        out(
+            f"turns per second, {agents} agents x {turns} turns at once, SimulatedModel waiting "
+            f"{LATENCY * 1000:.0f} ms per call (no CPU limit: {agents / LATENCY:,.0f}/s):"
+        )
+        out("  nodes   turns/s   CPU ms per turn: caller  nodes  PostgreSQL   machine busy   load")
+        for nodes in (1, 2, 3):
+            r = trio.run(throughput, url, nodes, agents, turns, f"t{nodes}-{time.time_ns()}")
+            figures[f"nodes_{nodes}"] = r
+            out(
+                f"  {nodes:>5} {r['rate']:9.1f}   {r['driver_ms']:22.2f} {r['nodes_ms']:6.2f} {r['postgres_ms']:11.2f}"
+                f"   {r['machine_busy'] * 100:11.0f}%   {os.getloadavg()[0]:4.1f}"
+            )
+        k = trio.run(node_kill, url, cluster, 30 if quick else 90)
+        figures["kill"] = k
+        out(
+            f"node kill: {k['doomed']} of {k['agents']} agents on the killed node; remove_node took "
+            f"{k['remove']:.2f} s; answering again after {k['first']:.2f} s (first) / {k['all']:.2f} s (all), "
+            "counted from the kill"
+        )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", default=postgres_base() or "")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
+    args = parser.parse_args()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        sys.exit("bench_ray: skipped, ray is not installed (pip install -e '.[ray,postgres]')")
+    if not args.store.startswith("postgresql://"):
+        sys.exit("bench_ray needs a PostgreSQL store: --store postgresql://... (or scripts/pg_test.sh start)")
+    with fresh_database(args.store) as url:
+        figures = measure(url, quick=args.quick, out=lambda s: print(s, file=sys.stderr if args.json else sys.stdout))
+    if args.json:
+        print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ The cluster runtime has the face of `open_runtime`'s (`spawn`, `get`/`whereis`, 
   (`open_runtime` on trio, in a thread of its own) with virtual agents and name leases on the
   shared store. Ray is the engine: placement of the node actors, their calls, failure detection.
 - **Placement by name.** An agent lives on the node that rendezvous hashing picks for its name
-  among the live nodes; the node activates it from the store on its first call (`spawn` with
-  `resume=True` in its runtime). When a node dies only its own agents move.
+  among the live nodes that had joined when it was spawned; the node activates it from the
+  store on its first call (`spawn` with `resume=True` in its runtime). When a node dies only its
+  own agents move; a node that joins later (found every `discover_every` seconds) takes a share
+  of the agents spawned after it joined, and no live agent moves.
+- **Temporary children** (`delegate` without an agent) run on their parent's node, within its
+  turn; named agents are reached on whatever node they live on.
 - **One place at a time.** Every resident name is leased in the store to its node's runtime
   (`open_runtime(lease_ttl=...)`): a second activation elsewhere gets `NameLeased` (it waits
   out the lease, then takes it), and a node whose lease was broken cannot write any more
@@ -21,13 +25,17 @@ The cluster runtime has the face of `open_runtime`'s (`spawn`, `get`/`whereis`, 
   flight is settled from the store: if its user message is in the agent's committed state, the
   caller gets the committed reply (the turn finished before the crash); otherwise it gets
   `NodeLost`, and the turn never will commit (fencing), so retrying it is the caller's call (it
-  is not retried here: its tools may have acted). Messages queued with `send` and not yet taken
-  by a committed turn live in the node's memory and die with it. An acknowledged turn (its
-  reply returned) is committed in the store before the reply leaves the node: never lost.
+  is not retried here: its tools may have acted). A message `send` acknowledged is held by the
+  caller's handle until a turn commits it: if the node dies first, it is queued again on the
+  agent's new node (unless its checkpoint or journal has it). An acknowledged turn (its reply
+  returned) is committed in the store before the reply leaves the node: never lost.
 
 The bridge between Ray and trio is here alone: Ray calls into a node's trio thread through
 `trio.from_thread.run`, and trio code awaits an `ObjectRef` through its future's done-callback
-(`trio_token.run_sync_soon`), never blocking the trio thread. The spawn specs (provider, tools,
+(`trio_token.run_sync_soon`), never blocking the trio thread. The caller's calls to a node are
+batched (`_Bridge`): the calls made while one batch travels go in the next, and one long poll
+brings back every answer ready, so no turn holds a Ray thread and a turn costs a fraction of a
+Ray call. The spawn specs (provider, tools,
 plugins, ...) travel to every node through Ray's object store and are kept in each node's
 memory and in the caller's: the registry of names lives in the process that opened the cluster.
 """
@@ -36,7 +44,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
+import pickle
 import secrets
 import threading
 import time
@@ -96,6 +106,105 @@ async def _await_ref(ref: Any) -> Any:
     return future.result()
 
 
+def _portable(exc: Exception) -> Exception:
+    """`exc`, or a `CmdcError` saying what it was if it cannot be pickled (one such error
+    must not spoil a batch of answers)."""
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return CmdcError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+class _NodeDied(Exception):
+    """The node actor of a bridge is dead (raised to the callers waiting on it)."""
+
+
+@attrs.define
+class _Pending:
+    done: trio.Event = attrs.Factory(trio.Event)
+    answer: tuple[bool, Any] = (False, None)
+    dead: bool = False
+
+
+class _Bridge:
+    """The caller's calls to one node, batched: the calls made while a batch is on its way go
+    together in the next `submit`, and one long-polled `results` call brings back every answer
+    ready. Per turn, this costs a fraction of a Ray call on each side (one Ray call per turn,
+    each holding a node thread for the whole turn, cost the node more CPU than the turn)."""
+
+    def __init__(self, node: _NodeRef) -> None:
+        self.node = node
+        self._ids = itertools.count()
+        self._waiting: dict[int, _Pending] = {}
+        self._outbox: list[tuple[int, str, str, tuple[Any, ...]]] = []
+        self._work = trio.Event()
+        self.dead = False
+
+    async def call(self, name: str, op: str, args: tuple[Any, ...]) -> Any:
+        if self.dead:
+            raise _NodeDied(self.node.key)
+        call_id = next(self._ids)
+        pending = self._waiting[call_id] = _Pending()
+        self._outbox.append((call_id, name, op, args))
+        self._work.set()
+        try:
+            await pending.done.wait()
+        finally:
+            self._waiting.pop(call_id, None)
+        if pending.dead:
+            raise _NodeDied(self.node.key)
+        return _unwrap(pending.answer)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._send)
+            nursery.start_soon(self._receive)
+
+    async def _send(self) -> None:
+        while not self.dead:
+            await self._work.wait()
+            self._work = trio.Event()
+            batch, self._outbox = self._outbox, []
+            await self._submit(batch)
+
+    async def _submit(self, batch: list[tuple[int, str, str, tuple[Any, ...]]]) -> None:
+        try:
+            await _await_ref(self.node.handle.submit.remote(batch))
+        except _DEAD:
+            self._die()
+        except Exception as exc:  # something Ray could not carry: try each call alone
+            if len(batch) > 1:
+                for one in batch:
+                    await self._submit([one])
+                return
+            pending = self._waiting.get(batch[0][0])
+            if pending is not None:
+                pending.answer = (False, exc)
+                pending.done.set()
+
+    async def _receive(self) -> None:
+        while not self.dead:
+            try:
+                ok, answers = await _await_ref(self.node.handle.results.remote(1.0))
+            except _DEAD:
+                self._die()
+                return
+            if not ok:
+                continue
+            for call_id, good, value in answers:
+                pending = self._waiting.get(call_id)
+                if pending is not None:
+                    pending.answer = (good, value)
+                    pending.done.set()
+
+    def _die(self) -> None:
+        self.dead = True
+        for pending in self._waiting.values():
+            pending.dead = True
+            pending.done.set()
+
+
 def _unwrap(answer: tuple[bool, Any]) -> Any:
     ok, value = answer
     if not ok:
@@ -153,6 +262,10 @@ class _Host:
         self.rt: Runtime | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._closing: trio.Event | None = None
+        # The caller's batched calls (submit / results): answers waiting to be collected.
+        self._calls: trio.Nursery | None = None
+        self._done: list[tuple[int, bool, Any]] = []
+        self._wake: trio.Event | None = None
         self._thread = threading.Thread(target=self._thread_main, name=f"cmdc-node-{key}", daemon=True)
         self._thread.start()
         self._ready.wait(120)
@@ -177,12 +290,15 @@ class _Host:
             max_resident=self._options["max_resident"],
             deactivate_after=self._options["deactivate_after"],
             log_events=False,
-        ) as rt:
+        ) as rt, trio.open_nursery() as calls:
             self.rt = rt
+            self._calls = calls
+            self._wake = trio.Event()
             self._closing = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
             self._ready.set()
             await self._closing.wait()
+            calls.cancel_scope.cancel()
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> tuple[bool, Any]:
         try:
@@ -218,6 +334,16 @@ class _Host:
     ) -> tuple[bool, Any]:
         return self._run(self._call, name, op, args, chain, sender)
 
+    def submit(self, batch: list[tuple[int, str, str, tuple[Any, ...]]]) -> None:
+        """Start the caller's calls `(id, agent, op, args)` on the trio thread; their answers
+        are collected by `results`. One Ray call for many calls, none holding a Ray thread."""
+        trio.from_thread.run_sync(self._start, batch, trio_token=self._token)
+
+    def results(self, wait: float) -> tuple[bool, Any]:
+        """The answers `(id, ok, value)` of submitted calls finished since the last look; waits
+        up to `wait` seconds for one."""
+        return self._run(self._collect, wait)
+
     def subscribe(self, sub: str, agent: str | None, buffer: int) -> None:
         assert self.rt is not None and self._token is not None
         rt = self.rt
@@ -246,6 +372,29 @@ class _Host:
         self._thread.join(30)
 
     # -- on the trio thread ----------------------------------------------------------------------
+    def _start(self, batch: list[tuple[int, str, str, tuple[Any, ...]]]) -> None:
+        assert self._calls is not None
+        for call_id, name, op, args in batch:
+            self._calls.start_soon(self._serve, call_id, name, op, args)
+
+    async def _serve(self, call_id: int, name: str, op: str, args: tuple[Any, ...]) -> None:
+        try:
+            item: tuple[int, bool, Any] = (call_id, True, await self._call(name, op, args, (), None))
+        except Exception as exc:
+            item = (call_id, False, _portable(exc))
+        self._done.append(item)
+        assert self._wake is not None
+        self._wake.set()
+
+    async def _collect(self, wait: float) -> list[tuple[int, bool, Any]]:
+        assert self._wake is not None
+        if not self._done:
+            with trio.move_on_after(wait):
+                await self._wake.wait()
+        done, self._done = self._done, []
+        self._wake = trio.Event()
+        return done
+
     async def _poll(self, sub: str, wait: float) -> list[Event] | None:
         s = self._subs.get(sub)
         if s is None:
@@ -396,6 +545,12 @@ class Node:
         self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str | None
     ) -> tuple[bool, Any]:
         return self._host.call(name, op, args, chain, sender)
+
+    def submit(self, batch: list[tuple[int, str, str, tuple[Any, ...]]]) -> None:
+        self._host.submit(batch)
+
+    def results(self, wait: float) -> tuple[bool, Any]:
+        return self._host.results(wait)
 
     def subscribe(self, sub: str, agent: str | None, buffer: int) -> None:
         self._host.subscribe(sub, agent, buffer)
@@ -586,6 +741,7 @@ class ClusterSubscription:
         self._scope = trio.CancelScope()
         self.dropped = 0
         self._registered = 0
+        self._polling = 0  # nodes being polled
         self._ready = trio.Event()
         cluster._nursery.start_soon(self._pump)
 
@@ -596,20 +752,34 @@ class ClusterSubscription:
     async def _pump(self) -> None:
         with self._scope, self._send:
             async with trio.open_nursery() as nursery:
-                nodes = list(self._cluster._nodes.values())
-                for node in nodes:
-                    nursery.start_soon(self._poll_node, node, len(nodes))
+                polled = set(self._cluster._nodes)
+                for node in list(self._cluster._nodes.values()):
+                    nursery.start_soon(self._poll_node, node, len(polled))
+                while self._polling or not self._ready.is_set():  # and nodes that join later
+                    await trio.sleep(1.0)
+                    for key, node in list(self._cluster._nodes.items()):
+                        if key not in polled:
+                            polled.add(key)
+                            nursery.start_soon(self._poll_node, node, None)
 
-    async def _poll_node(self, node: _NodeRef, nodes: int) -> None:
+    async def _poll_node(self, node: _NodeRef, nodes: int | None) -> None:
+        self._polling += 1
+        try:
+            await self._poll_one(node, nodes)
+        finally:
+            self._polling -= 1
+
+    async def _poll_one(self, node: _NodeRef, nodes: int | None) -> None:
         try:
             buffer = self._receive.statistics().max_buffer_size
             await _await_ref(node.handle.subscribe.remote(self._id, self.agent, buffer))
         except _DEAD:
             pass
         finally:
-            self._registered += 1
-            if self._registered == nodes:
-                self._ready.set()
+            if nodes is not None:
+                self._registered += 1
+                if self._registered == nodes:
+                    self._ready.set()
         with contextlib.suppress(*_DEAD):
             try:
                 while True:
@@ -682,6 +852,9 @@ class ClusterRuntime:
         self._specs: dict[str, _Spec] = {}  # the spawn specs of the running agents
         self._joining = trio.Lock()
         self._settling: dict[str, trio.Event] = {}  # dead node -> set once its queues are moved
+        self._bridges: dict[str, _Bridge] = {}
+        for node in started:
+            self._bridge(node)
         self._dead: dict[str, str] = {}  # key -> owner of the nodes known dead
         self._refs: dict[str, ClusterAgentRef] = {}
         self._closed = False
@@ -710,6 +883,10 @@ class ClusterRuntime:
         spec = self._specs.get(name)
         return _place(name, self._live(), self._gen() if spec is None else spec.gen)
 
+    def _bridge(self, node: _NodeRef) -> None:
+        bridge = self._bridges[node.key] = _Bridge(node)
+        self._nursery.start_soon(bridge.run)
+
     def _live(self) -> dict[str, int]:
         return {k: n.seq for k, n in self._nodes.items()}
 
@@ -737,6 +914,7 @@ class ClusterRuntime:
                 self._started.append(node)
                 try:
                     node.key, node.owner = await _await_ref(node.handle.info.remote())
+                    self._bridge(node)
                     self._nodes[node.key] = node  # spawns from now on register with it too ...
                     await _await_ref(node.handle.set_nodes.remote(self._node_table(), dict(self._dead)))
                     await _await_ref(node.handle.register_many.remote(dict(self._specs)))  # ... and these before
@@ -840,12 +1018,12 @@ class ClusterRuntime:
             key = self.node_of(name)
             node = self._nodes[key]
             try:
-                answer = await _await_ref(node.handle.call.remote(name, op, args, (), None))
+                return await self._bridges[key].call(name, op, args)
             except trio.Cancelled:
                 if op in ("prompt", "compact"):  # cancelling the call cancels the turn, as on one machine
                     node.handle.call.remote(name, "abort", (), (), None)
                 raise
-            except _DEAD:
+            except _NodeDied:
                 await self._node_died(node)
                 if op in _RETRIED:
                     continue
@@ -855,7 +1033,6 @@ class ClusterRuntime:
                         await self._requeue(ref)
                     return None
                 raise NodeLost(f"cluster node {key} died while it served {op} for agent {name!r}") from None
-            return _unwrap(answer)
 
     async def _node_died(self, node: _NodeRef) -> None:
         """Take a dead node out: kill its actor, break its leases (nothing it still does can

@@ -35,12 +35,33 @@ def test_python_m_benchmarks_prints_one_table() -> None:
         assert figure in text
     assert "ERROR" not in text
     assert "targets met" in text or "MISSED" in text
+    assert "Ray cluster benchmark: skipped in --smoke" in text
     try:
         import deepagents  # noqa: F401
     except ImportError:
         assert "pip install -e '.[compare]'" in text
     else:
         assert "vs DeepAgents" in text and "per-turn check, 1,000 msgs" in text
+
+
+def test_the_ray_benchmark_says_why_it_does_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    import benchmarks.__main__ as main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main.ray_skipped(main.QUICK) == (
+        "Ray cluster benchmark: skipped, ray is not installed; to run it: pip install -e '.[ray,postgres]'"
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    monkeypatch.delenv("CMDC_BENCH_POSTGRES_URL", raising=False)
+    monkeypatch.delenv("CMDC_TEST_POSTGRES_URL", raising=False)
+    if real("ray") is not None:
+        assert "no PostgreSQL server" in (main.ray_skipped(main.QUICK) or "")
+    # with ray and a server, `python -m benchmarks` runs bench_ray (too long for the suite)
+    monkeypatch.setenv("CMDC_TEST_POSTGRES_URL", "postgresql://x@/y")
+    assert (main.ray_skipped(main.FULL) is None) == (real("ray") is not None)
 
 
 def test_render_lists_misses() -> None:

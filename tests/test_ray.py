@@ -335,6 +335,8 @@ async def test_a_node_added_later_takes_agents(cluster: Cluster, postgres_url: s
             before = set(rt.nodes)
             early = [await rt.spawn(f"early-{i}", model()) for i in range(12)]
             placed = {r.name: rt.node_of(r.name) for r in early}
+            sub = rt.subscribe()  # opened before the node joins: it follows the new node too
+            await sub.started()
             added = cluster.add_node(num_cpus=1)  # (blocks trio a few seconds: Ray wants the main thread)
             try:
                 cluster.wait_for_nodes()
@@ -348,6 +350,11 @@ async def test_a_node_added_later_takes_agents(cluster: Cluster, postgres_url: s
                 for ref in [*early, *late]:
                     assert f"hi {ref.name}" in (await ref.prompt(f"hi {ref.name}")).text
                 assert {r.name: rt.node_of(r.name) for r in early} == placed  # nobody moved
+                with trio.fail_after(20):
+                    async for event in sub:
+                        if event.agent_id == on_new[-1].name and event.kind == "turn_end":
+                            break
+                sub.close()
                 stats = await rt.stats()
                 assert stats[new]["resident"] == len(on_new)  # they run there
                 # delegation from an old node reaches an agent on the new one
