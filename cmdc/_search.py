@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import orjson
@@ -63,9 +63,39 @@ def slices(text: str) -> Iterable[str]:
 
 def _pieces(message: Message) -> Iterator[str]:
     yield from slices(message.text)
+    yield from _call_pieces(message)
+
+
+def _call_pieces(message: Message) -> Iterator[str]:
     for call in message.tool_calls:
         yield call.name
         yield from slices(orjson.dumps(call.to_dict()["arguments"]).decode())
+
+
+def count_call_words(message: Message, counts: Counter[str]) -> None:
+    """Count the words of a message's tool calls (names and arguments) into `counts`."""
+    for piece in _call_pieces(message):
+        counts.update(_WORD.findall(piece.casefold()))
+
+
+_WORD_CHAR = re.compile(r"\w")
+
+
+def count_words(text: str, counts: Counter[str], words: Sequence[str] | None = None) -> str:
+    """Count the words of `text` (casefolded) into `counts`, but for a word running on at its
+    end: that is returned, to be counted with the text that follows (a word longer than a
+    slice is counted as it is, as `slices` cuts it). With `words`, a slice holding none of
+    them (as a substring) is skipped: only their counts are then exact."""
+    i = n = len(text)
+    while i > 0 and n - i <= SLICE and _WORD_CHAR.match(text, i - 1):
+        i -= 1
+    if n - i > SLICE:
+        i = n
+    for piece in slices(text[:i] if i < n else text):
+        low = piece.lower() if piece.isascii() else piece.casefold()  # the same for ASCII, faster
+        if words is None or any(w in low for w in words):
+            counts.update(_WORD.findall(low))
+    return text[i:]
 
 
 def message_words(message: Message) -> Counter[str]:
@@ -77,15 +107,20 @@ def message_words(message: Message) -> Counter[str]:
 
 
 def _rank_steps(
-    records: Sequence[JournalRecord], words: Sequence[str], limit: int, out: list[JournalRecord]
+    records: Sequence[JournalRecord],
+    words: Sequence[str],
+    limit: int,
+    out: list[JournalRecord],
+    counted: Mapping[int, Counter[str]],
 ) -> Iterator[None]:
     """`rank`, yielding whenever it has worked `BITE` seconds; the result goes into `out`."""
     scored: list[tuple[int, int, int, JournalRecord]] = []
     clock = time.perf_counter
     due = clock() + BITE
     for record in records:
-        counts: Counter[str] = Counter()
-        for piece in _pieces(record.message):
+        known = counted.get(record.seq)
+        counts: Counter[str] = Counter() if known is None else known
+        for piece in _pieces(record.message) if known is None else ():
             counts.update(_WORD.findall(piece.casefold()))
             if clock() >= due:
                 yield
@@ -98,11 +133,17 @@ def _rank_steps(
     out.extend(s[3] for s in scored[:limit])
 
 
-def rank(records: Sequence[JournalRecord], words: Sequence[str], limit: int) -> list[JournalRecord]:
+def rank(
+    records: Sequence[JournalRecord],
+    words: Sequence[str],
+    limit: int,
+    counted: Mapping[int, Counter[str]] | None = None,
+) -> list[JournalRecord]:
     """Records holding any of `words`, best first: most distinct words present, then most
-    occurrences, then lowest seq; at most `limit`."""
+    occurrences, then lowest seq; at most `limit`. `counted`: the word counts of records (by
+    seq) already counted while they were read (a huge record, read without building its text)."""
     out: list[JournalRecord] = []
-    for _ in _rank_steps(records, words, limit, out):
+    for _ in _rank_steps(records, words, limit, out, counted or {}):
         pass
     return out
 
@@ -111,6 +152,6 @@ async def rank_in_bites(records: Sequence[JournalRecord], words: Sequence[str], 
     """`rank` on the trio thread, in bites of at most `BITE` seconds with a checkpoint between
     them: every other task runs between two bites, and a cancel stops it at the next one."""
     out: list[JournalRecord] = []
-    for _ in _rank_steps(records, words, limit, out):
+    for _ in _rank_steps(records, words, limit, out, {}):
         await trio.lowlevel.checkpoint()
     return out

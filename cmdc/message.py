@@ -32,13 +32,23 @@ def new_id() -> str:
     return f"m{_PREFIX}{next(_COUNTER):x}"
 
 
+_CHECK_SLICE = 256 * 1024  # characters encoded by one call: a huge text is many short calls
+
+
 def _check_text(value: object, where: str) -> str:
+    """`value`, if it is a string UTF-8 can hold (no lone surrogate). An ASCII string is known
+    good at once; any other is encoded a slice at a time, so a huge text never holds the GIL
+    (hence a trio thread waiting on a worker) for long."""
     if not isinstance(value, str):
         raise InvalidMessage(f"{where} must be a string, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidMessage(f"{where} is not valid Unicode text ({exc.reason} at {exc.start})") from None
+    if value.isascii():  # constant time: CPython keeps the flag
+        return value
+    for start in range(0, len(value), _CHECK_SLICE):
+        try:
+            value[start : start + _CHECK_SLICE].encode("utf-8")
+        except UnicodeEncodeError as exc:
+            at = start + exc.start
+            raise InvalidMessage(f"{where} is not valid Unicode text ({exc.reason} at {at})") from None
     return value
 
 

@@ -50,17 +50,19 @@ import secrets
 import stat
 import time
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import orjson
 import trio
 
+from . import _bigjson
 from ._check import integer, seconds
 from ._fs import atomic_write, fsync_dir, make_dirs, run_bounded, write_all
-from ._search import MAX_QUERY_CHARS, query_words, rank
+from ._search import MAX_QUERY_CHARS, count_call_words, query_words, rank
 from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
 from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit
 from .message import Message
@@ -109,6 +111,10 @@ class JournalRecord:
     message: Message
     attempt: str | None = None
     journal: str | None = None
+    clipped: int = 0
+    """Characters of the message's text left out: a read with `max_chars` gives a message
+    whose text is longer than that as a copy holding its first `max_chars` characters (for
+    showing; not to be journaled again)."""
 
 
 @attrs.frozen
@@ -280,12 +286,43 @@ def _valid_id(value: object) -> bool:
 
 def _decode_line(line: bytes, where: str) -> _Line:
     """Parse one complete line (without its newline); any damage raises `OffloadCorrupted`."""
-    m = _SUFFIX.fullmatch(line, len(line) - _SUFFIX_LEN) if len(line) > _SUFFIX_LEN else None
+    return _decode_at(line, 0, len(line), where)[0]
+
+
+def _check_sum(data: bytes, start: int, end: int, where: str) -> bytes:
+    """The head of the line `data[start:end]`, once its checksum is checked."""
+    m = _SUFFIX.fullmatch(data, end - _SUFFIX_LEN, end) if end - start > _SUFFIX_LEN else None
     if m is None:
         raise OffloadCorrupted(f"{where}: no checksum at the end of the line")
-    head = next((h for h in _HEADS if line.startswith(h)), None)
-    if head is None or int(m[1], 16) != zlib.crc32(line[len(head) : -_SUFFIX_LEN]):
+    head = next((h for h in _HEADS if data.startswith(h, start)), None)
+    if head is None or int(m[1], 16) != _bigjson.crc32(data, start + len(head), end - _SUFFIX_LEN):
         raise OffloadCorrupted(f"{where}: checksum mismatch")
+    return head
+
+
+def _decode_at(
+    data: bytes, start: int, end: int, where: str, max_chars: int | None = None, words: Sequence[str] | None = None
+) -> tuple[_Line, Counter[str] | None]:
+    """Parse the complete line `data[start:end]` (without its newline); any damage raises
+    `OffloadCorrupted`. With `max_chars`, a message's text comes cut to that many characters
+    (the record's `clipped` says how many are left out). A message line past `_bigjson.BIG`
+    bytes is read in short steps (its text never in one call); with `words`, the word counts
+    of such a message are returned too (its record may hold only the head of its text)."""
+    head = _check_sum(data, start, end, where)
+    text: str | None = None
+    total = 0
+    counts: Counter[str] | None = None
+    line: bytes | None = None
+    if head is _HEAD and end - start > _bigjson.BIG:
+        try:
+            span = _bigjson.content_span(data, start + len(_HEAD), end)
+            if span is not None:
+                text, total, counts = _bigjson.read_text(data, span[0], span[1], max_chars, words)
+                line = data[start : span[0]] + data[span[1] : end]  # the line with an empty text
+        except _bigjson._BadJSON as exc:
+            raise OffloadCorrupted(f"{where}: not valid JSON ({exc})") from None
+    if line is None:
+        line = data if start == 0 and end == len(data) else data[start:end]
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -304,19 +341,29 @@ def _decode_line(line: bytes, where: str) -> _Line:
             raise OffloadCorrupted(f"{where}: bad seq or compaction number")
         if keys == _MESSAGE_KEYS and not (_valid_id(attempt) and _valid_id(journal)):
             raise OffloadCorrupted(f"{where}: bad attempt or journal id")
+        fields = obj["message"]
+        if text is not None and isinstance(fields, dict):
+            fields["content"] = text
         try:
-            message = Message.from_dict(obj["message"])
+            message = Message.from_dict(fields)
         except (InvalidMessage, TypeError, ValueError) as exc:
             raise OffloadCorrupted(f"{where}: bad message ({exc})") from None
-        record = JournalRecord(seq, compaction, float(ts), message, attempt, journal)  # type: ignore[arg-type]
-        return _Line("message", seq, journal, record=record)
+        if text is None and max_chars is not None and isinstance(message.content, str):
+            total = len(message.content)
+            if total > max_chars:
+                message = message.evolve(content=message.content[:max_chars])
+        if counts is not None:
+            count_call_words(message, counts)
+        clipped = total - len(message.content) if max_chars is not None and isinstance(message.content, str) else 0
+        record = JournalRecord(seq, compaction, float(ts), message, attempt, journal, clipped)  # type: ignore[arg-type]
+        return _Line("message", seq, journal, record=record), counts
     if head == _HEADS[1]:
         follows = obj.get("follows")
         if set(obj) != _JOURNAL_KEYS or not _valid_id(obj["journal"]) or not isinstance(obj["agent"], str):
             raise OffloadCorrupted(f"{where}: not a journal line")
         if follows is not None and not _valid_id(follows):
             raise OffloadCorrupted(f"{where}: bad journal id it follows")
-        return _Line("journal", seq, obj["journal"], follows=follows)
+        return _Line("journal", seq, obj["journal"], follows=follows), None
     attempts = obj.get("commit")
     if (
         set(obj) != _COMMIT_KEYS
@@ -326,7 +373,7 @@ def _decode_line(line: bytes, where: str) -> _Line:
         or not all(_valid_id(a) for a in attempts)
     ):
         raise OffloadCorrupted(f"{where}: not a commit line")
-    return _Line("commit", seq, obj["journal"], attempts=tuple(attempts))
+    return _Line("commit", seq, obj["journal"], attempts=tuple(attempts)), None
 
 
 def _decode_record(line: bytes, where: str) -> JournalRecord:
@@ -356,6 +403,7 @@ class _Scan:
     damaged: tuple[Damage, ...]
     torn: int
     size: int
+    counts: dict[int, Counter[str]] = attrs.field(factory=dict)  # seq -> words of a huge message
 
 
 _ATTEMPTS_BYTES = b'"cmdc.attempts"'
@@ -374,20 +422,25 @@ def _line_starts(data: bytes, start: int, needle: bytes, out: set[int]) -> None:
         i = data.find(needle, nl + 1) if nl >= 0 else -1
 
 
-def _search_lines(data: bytes, words: Sequence[str]) -> bytes:
-    """The complete lines of a journal a search must decode, in order: each line that holds
-    one of `words` (casefolded) as a substring, and every control line and summary (they
-    decide which attempts are committed). Filtered a chunk at a time with a few C calls each:
-    an ASCII chunk is lowered once and searched; a chunk with other text is casefolded line
-    by line."""
+def _search_spans(data: bytes, words: Sequence[str]) -> list[tuple[int, int]]:
+    """The complete lines of a journal a search must decode, in order, as (start, end without
+    the newline): each line that holds one of `words` (casefolded) as a substring, every
+    control line and summary (they decide which attempts are committed), and every line
+    longer than a chunk (read in short steps, its words counted as it is read). Filtered a
+    chunk at a time with a few C calls each: an ASCII chunk is lowered once and searched; a
+    chunk with other text is casefolded line by line."""
     starts: set[int] = set()
+    spans: list[tuple[int, int]] = []
     ascii_words = [w.encode() for w in words if w.isascii()]
     end = data.rfind(b"\n") + 1  # a torn last line is not a record
     start = 0
     while start < end:
         stop = data.rfind(b"\n", start, min(end, start + _CHUNK)) + 1
-        if stop <= start:  # one line longer than a chunk
-            stop = data.index(b"\n", start) + 1
+        if stop <= start:  # one line longer than a chunk: decoded in short steps, not filtered
+            nl = _bigjson.find(data, b"\n", start, end)
+            spans.append((start, nl))
+            start = nl + 1
+            continue
         chunk = data[start:stop]
         if chunk.isascii():  # bytes.lower() is casefold for ASCII text
             low = chunk.lower()
@@ -402,22 +455,41 @@ def _search_lines(data: bytes, words: Sequence[str]) -> bytes:
         for head in _CONTROL_HEADS:
             _line_starts(chunk, start, head, starts)
         start = stop
-    return b"".join(data[i : data.index(b"\n", i) + 1] for i in sorted(starts))
+    spans += ((i, data.index(b"\n", i)) for i in starts)  # short lines: within their chunk
+    spans.sort()
+    return spans
 
 
-def _scan(data: bytes, path: Path) -> _Scan:
-    """Every line of a journal: the visible records (committed, each message id once, at its
-    first committed record, in seq order) and what was skipped."""
+def _lines(data: bytes, end: int) -> Iterator[tuple[int, int]]:
+    """Every complete line before `end` (just past a newline) as (start, end without the
+    newline); a long line's end is found in short steps."""
+    offset = 0
+    while offset < end:
+        nl = _bigjson.find(data, b"\n", offset, end)
+        yield offset, nl
+        offset = nl + 1
+
+
+def _scan(
+    data: bytes,
+    path: Path,
+    spans: Sequence[tuple[int, int]] | None = None,
+    *,
+    max_chars: int | None = None,
+    words: Sequence[str] | None = None,
+) -> _Scan:
+    """Every line of a journal (or the lines `spans` names): the visible records (committed,
+    each message id once, at its first committed record, in seq order) and what was skipped.
+    `max_chars`: messages' texts cut to that (see `JournalRecord.clipped`); `words`: a huge
+    message's word counts are kept (`_Scan.counts`)."""
     lines: list[tuple[int, _Line]] = []
     damaged: list[Damage] = []
-    offset, number, last_seq, journal = 0, 0, 0, None
+    counted: dict[int, Counter[str]] = {}
+    last_seq, journal = 0, None
     end = data.rfind(b"\n") + 1
-    while offset < end:
-        nl = data.index(b"\n", offset)
-        number += 1
-        line = data[offset:nl]
+    for number, (offset, nl) in enumerate(_lines(data, end) if spans is None else spans, 1):
         try:
-            decoded = _decode_line(line, f"{path}: line {number}")
+            decoded, counts = _decode_at(data, offset, nl, f"{path}: line {number}", max_chars, words)
             if decoded.kind == "message" and decoded.seq <= last_seq:
                 raise OffloadCorrupted(f"seq {decoded.seq} does not follow {last_seq}")
         except OffloadCorrupted as exc:
@@ -426,7 +498,8 @@ def _scan(data: bytes, path: Path) -> _Scan:
             last_seq = max(last_seq, decoded.seq)
             journal = decoded.journal or journal
             lines.append((offset, decoded))
-        offset = nl + 1
+            if counts is not None:
+                counted[decoded.seq] = counts
     # Each attempt's compaction: the first commit line naming it (attempts committed together
     # are one compaction), or, for one a later summary commits, the attempt itself.
     group: dict[str | None, object] = {None: None}
@@ -455,7 +528,11 @@ def _scan(data: bytes, path: Path) -> _Scan:
             seen.add(r.message.id)
             records.append(r)
             batches.add(group[r.attempt] if r.attempt is not None else ("legacy", r.compaction))
-    return _Scan(records, journal, len(batches), uncommitted, duplicates, tuple(damaged), len(data) - end, len(data))
+    return _Scan(
+        records, journal, len(batches), uncommitted, duplicates, tuple(damaged), len(data) - end, len(data), counted
+    )
+
+
 
 
 # -- reading a file backwards -----------------------------------------------------------------
@@ -594,6 +671,8 @@ class OffloadStore:
     """Journals under `root`, one per agent; see the module docstring. `root` is made absolute
     once, here: a later `chdir` does not move the journals. `on_event` receives
     `journal_lost`, `journal_damaged` and `journal_repaired` events."""
+
+    clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
 
     def __init__(
         self, root: str | os.PathLike[str], *, write_timeout: float = 60.0, on_event: EventSink | None = None
@@ -1134,7 +1213,7 @@ class OffloadStore:
     async def verify(self, agent_id: str) -> JournalReport:
         """Read the whole journal and report what is in it and what is damaged; changes nothing."""
         path = self.path_for(agent_id)
-        scan = await trio.to_thread.run_sync(self._scan_sync, path)
+        scan = await trio.to_thread.run_sync(self._scan_sync, path, _bigjson.BIG)  # texts not built whole
         return _report(path, scan)
 
     async def repair(self, agent_id: str) -> JournalReport:
@@ -1166,7 +1245,7 @@ class OffloadStore:
             fcntl.flock(fd, fcntl.LOCK_EX)
             with open(fd, "rb", closefd=False) as f:
                 data = f.read()
-            scan = _scan(data, path)
+            scan = _scan(data, path, max_chars=_bigjson.BIG)
             if not scan.damaged and not scan.torn:
                 return _report(path, scan)
             bad = {d.offset for d in scan.damaged}
@@ -1244,17 +1323,23 @@ class OffloadStore:
         return md
 
     # -- reading ----------------------------------------------------------------------------
-    async def records(self, agent_id: str) -> list[JournalRecord]:
+    async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
         """Every committed record in seq order, each message id once (its first committed
-        record). Damaged lines are skipped, counted in a `journal_damaged` event."""
+        record). Damaged lines are skipped, counted in a `journal_damaged` event.
+
+        `max_chars`: a message whose text is longer comes as a copy holding the first
+        `max_chars` characters, its record's `clipped` the number left out. A huge text is
+        then never built whole (for showing a record within a budget: recall does)."""
         path = self.path_for(agent_id)
-        scan = await trio.to_thread.run_sync(self._scan_sync, path)
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
+        scan = await trio.to_thread.run_sync(self._scan_sync, path, max_chars)
         if scan.damaged:
             self._emit(JOURNAL_DAMAGED, agent_id, path=str(path), damaged=len(scan.damaged), torn=scan.torn)
         return scan.records
 
-    def _scan_sync(self, path: Path) -> _Scan:
-        return _scan(self._read_sync(path), path)
+    def _scan_sync(self, path: Path, max_chars: int | None = None) -> _Scan:
+        return _scan(self._read_sync(path), path, max_chars=max_chars)
 
     @staticmethod
     def _read_sync(path: Path) -> bytes:
@@ -1277,11 +1362,15 @@ class OffloadStore:
         """Every committed offloaded message, in order, once."""
         return [r.message for r in await self.records(agent_id)]
 
-    async def read_range(self, agent_id: str, first_seq: int, last_seq: int) -> list[JournalRecord]:
-        """The committed records with `first_seq <= seq <= last_seq`."""
-        return [r for r in await self.records(agent_id) if first_seq <= r.seq <= last_seq]
+    async def read_range(
+        self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
+        """The committed records with `first_seq <= seq <= last_seq` (`max_chars`: as `records`)."""
+        return [r for r in await self.records(agent_id, max_chars=max_chars) if first_seq <= r.seq <= last_seq]
 
-    async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
+    async def search(
+        self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
         """Records matching words of `query` (case-insensitive), best first: most distinct
         query words present, then most occurrences, then lowest seq; the query counts up to
         its first 64 distinct words.
@@ -1292,20 +1381,28 @@ class OffloadStore:
         decide which attempts are committed, so visibility is decided as `records` decides
         it. (The one difference: a record's number is checked against the lines decoded, not
         every line; only a hand-edited journal with valid checksums can tell.) A cancel
-        returns at once (the thread, which only reads, finishes on its own)."""
+        returns at once (the thread, which only reads, finishes on its own). `max_chars`: as
+        `records` (a huge record is scored on its whole text all the same)."""
         path = self.path_for(agent_id)
         integer(limit, "search limit")
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
         words = query_words(query[:MAX_QUERY_CHARS])
         if not words:
             return []
-        hits, scan = await trio.to_thread.run_sync(self._search_sync, path, words, limit, abandon_on_cancel=True)
+        hits, scan = await trio.to_thread.run_sync(
+            self._search_sync, path, words, limit, max_chars, abandon_on_cancel=True
+        )
         if scan.damaged:
             self._emit(JOURNAL_DAMAGED, agent_id, path=str(path), damaged=len(scan.damaged), torn=scan.torn)
         return hits
 
-    def _search_sync(self, path: Path, words: list[str], limit: int) -> tuple[list[JournalRecord], _Scan]:
-        scan = _scan(_search_lines(self._read_sync(path), words), path)
-        return rank(scan.records, words, limit), scan
+    def _search_sync(
+        self, path: Path, words: list[str], limit: int, max_chars: int | None
+    ) -> tuple[list[JournalRecord], _Scan]:
+        data = self._read_sync(path)
+        scan = _scan(data, path, _search_spans(data, words), max_chars=max_chars, words=words)
+        return rank(scan.records, words, limit, scan.counts), scan
 
 
 def _last_line(pieces: list[bytes]) -> bytes:

@@ -40,7 +40,7 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 import orjson
@@ -48,6 +48,7 @@ import psycopg
 import psycopg_pool
 import trio
 
+from . import _bigjson
 from ._check import integer, is_number, seconds
 from ._fs import run_bounded
 from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
@@ -256,6 +257,8 @@ class PostgresStore:
     `pool_size`: connections at most; `retries`: attempts after a lost connection;
     `timeout`: seconds one operation may take, retries included (a stalled server gives
     `StoreUnavailable`, not a hang)."""
+
+    clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
 
     def __init__(self, url: str, *, pool_size: int = 8, retries: int = 3, timeout: float = 60.0) -> None:
         if not is_postgres_url(url):
@@ -582,20 +585,24 @@ class PostgresStore:
     )
 
     @staticmethod
-    def _decode(rows: Sequence[tuple[Any, ...]]) -> tuple[list[JournalRecord], list[int]]:
+    def _decode(
+        rows: Sequence[tuple[Any, ...]], max_chars: int | None = None
+    ) -> tuple[list[JournalRecord], list[int]]:
+        """The rows' records and the seqs of damaged rows. A huge message is read in short
+        steps (`cmdc._bigjson`); `max_chars`: texts cut as `records` says."""
         records: list[JournalRecord] = []
         damaged: list[int] = []
         for seq, compaction, ts, data, crc in rows:
             raw = bytes(data)
-            if zlib.crc32(raw) != crc:
+            if _bigjson.crc32(raw, 0, len(raw)) != crc:
                 damaged.append(int(seq))
                 continue
             try:
-                message = Message.from_json(raw)
+                message, clipped = _bigjson.message_from_json(raw, max_chars)
             except (InvalidMessage, ValueError, TypeError):
                 damaged.append(int(seq))
                 continue
-            records.append(JournalRecord(int(seq), int(compaction), float(ts), message))
+            records.append(JournalRecord(int(seq), int(compaction), float(ts), message, clipped=clipped))
         return records, damaged
 
     def _records_sync(self, conn: psycopg.Connection[Any], agent_id: str, lo: int, hi: int) -> list[tuple[Any, ...]]:
@@ -603,20 +610,28 @@ class PostgresStore:
             query = self._VISIBLE + " AND r.seq BETWEEN %s AND %s ORDER BY r.seq"
             return conn.execute(query, (agent_id, lo, hi)).fetchall()
 
-    async def records(self, agent_id: str) -> list[JournalRecord]:
-        """Every visible record in seq order, each message once. Damaged rows are skipped."""
-        return await self.read_range(agent_id, 1, 2**62)
+    async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
+        """Every visible record in seq order, each message once. Damaged rows are skipped.
+        `max_chars`: a longer text comes cut to that many characters, the record's `clipped`
+        counting the rest (see `cmdc.store`)."""
+        return await self.read_range(agent_id, 1, 2**62, max_chars=max_chars)
 
     async def read(self, agent_id: str) -> list[Message]:
         return [r.message for r in await self.records(agent_id)]
 
-    async def read_range(self, agent_id: str, first_seq: int, last_seq: int) -> list[JournalRecord]:
-        """The visible records with `first_seq <= seq <= last_seq`."""
+    async def read_range(
+        self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
+        """The visible records with `first_seq <= seq <= last_seq` (`max_chars`: as `records`)."""
         validate_agent_id(agent_id)
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
         rows = await self._run(self._records_sync, agent_id, int(first_seq), int(last_seq))
-        return (await trio.to_thread.run_sync(self._decode, rows))[0]
+        return (await trio.to_thread.run_sync(self._decode, rows, max_chars))[0]
 
-    async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
+    async def search(
+        self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
         """Visible records holding words of `query` (case-insensitive; its first 64 distinct
         words), best first, at most `limit`.
 
@@ -631,18 +646,22 @@ class PostgresStore:
         not necessarily the best of all: a more specific query narrows it."""
         validate_agent_id(agent_id)
         integer(limit, "search limit")
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
         words = sorted({w for w in _WORD.findall(query[:MAX_QUERY_CHARS].casefold()) if w})[:MAX_QUERY_WORDS]
         if not words:
             return []
         quoted = ["'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words]
         found: list[JournalRecord] = await self._run(
-            self._search_decoded, agent_id, " & ".join(quoted), " | ".join(quoted), limit
+            self._search_decoded, agent_id, " & ".join(quoted), " | ".join(quoted), limit, max_chars
         )
         return found
 
-    def _search_decoded(self, conn: psycopg.Connection[Any], *args: Any) -> list[JournalRecord]:
+    def _search_decoded(
+        self, conn: psycopg.Connection[Any], agent_id: str, every: str, some: str, limit: int, max_chars: int | None
+    ) -> list[JournalRecord]:
         """`_search_sync` and the decoding of its few rows, in one worker thread's turn."""
-        return self._decode(self._search_sync(conn, *args))[0]
+        return self._decode(self._search_sync(conn, agent_id, every, some, limit), max_chars)[0]
 
     _CANDIDATES = (
         "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
@@ -683,7 +702,7 @@ class PostgresStore:
         """Check every row of the agent's journal (its checksum, its message)."""
         validate_agent_id(agent_id)
         journal, rows, compactions, uncommitted = await self._run(self._verify_sync, agent_id)
-        records, damaged = await trio.to_thread.run_sync(self._decode, rows)
+        records, damaged = await trio.to_thread.run_sync(self._decode, rows, _bigjson.BIG)  # texts not built whole
         return StoreReport(agent_id, journal, len(records), compactions, uncommitted, tuple(damaged))
 
     def _verify_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str | None, list[Any], int, int]:

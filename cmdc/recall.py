@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from operator import attrgetter
+from typing import Any
 
 import orjson
 
@@ -125,7 +126,8 @@ def render_records(
     shown = 0
     for record in records:
         header, body = _header(record), _body(record.message)
-        cost = 2 + _size(header) + 1 + _size(body, cap=budget)
+        more = record.clipped  # characters of the text the store left out
+        cost = 2 + _size(header) + 1 + _size(body, cap=budget) + more
         if used + cost + reserve <= budget:
             parts.append(f"{header}\n{body}")
             used += cost
@@ -140,9 +142,9 @@ def render_records(
                     "[... {k} more characters; the record is larger than the recall budget: the whole "
                     f"text is in the journal {journal}, record {record.seq}]"
                 )
-            fixed = _size(header) + 2 + _size(marker.format(k=len(body)))
+            fixed = _size(header) + 2 + _size(marker.format(k=len(body) + more))
             head = _head(body, room - fixed)
-            parts.append(f"{header}\n{head}\n{marker.format(k=len(body) - len(head))}")
+            parts.append(f"{header}\n{head}\n{marker.format(k=len(body) + more - len(head))}")
             shown += 1
         break
     note = footer(seqs[shown:])
@@ -172,6 +174,10 @@ def recall_tool(
         most = 10_000  # a database answers what is asked: ask for a bounded list
     else:
         raise ConfigError(f"recall needs an OffloadStore or a store, got {store!r:.80}")
+    # A store that can cut texts hands over no more of a record than a budget can show (plus
+    # one character, so a cut record still counts as too large): a huge record's text is never
+    # built whole. The output is the same as from whole records.
+    cut: dict[str, Any] = {"max_chars": budget_tokens * 4 + 1} if getattr(store, "clips_records", False) else {}
 
     def nothing_yet() -> str:
         return (
@@ -180,9 +186,9 @@ def recall_tool(
         )
 
     async def search(query: str, limit: int) -> str:
-        hits = _originals_first(await store.search(agent_id, query, limit=most))
+        hits = _originals_first(await store.search(agent_id, query, limit=most, **cut))
         if not hits:
-            records = await store.records(agent_id)
+            records = await store.records(agent_id, **cut)
             if not records:
                 return nothing_yet()
             return (
@@ -213,7 +219,7 @@ def recall_tool(
         return render_records(intro, records, budget_tokens=budget_tokens, journal=journal, footer=footer)
 
     async def read(first: int, last: int) -> str:
-        records = await store.records(agent_id)
+        records = await store.records(agent_id, **cut)
         if not records:
             return nothing_yet()
         seq = attrgetter("seq")  # records come in seq order: the range is found by bisection

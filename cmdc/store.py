@@ -28,6 +28,10 @@ against both stores shipped:
   appending it again (a retried batch) neither duplicates nor renumbers it; numbers only grow;
 - `records`/`read` give every visible record in seq order; `read_range` a slice by seq;
   `search` records holding any of the query's words, best first, at most `limit`;
+- a store whose class sets `clips_records = True` (both shipped do) also takes `max_chars=` on
+  `records`, `read_range` and `search`: a message whose text is longer comes as a copy cut to
+  that many characters, its record's `clipped` counting the rest, and a huge text is never
+  built whole (recall asks for this: it shows records within a budget);
 - `verify` counts records and reports damage; readers skip damaged records rather than fail;
   `repair` (optional: a store without it is not repairable, and `cmdc history --repair` says
   so) moves damaged records aside, keeps every valid one at its number, and returns the
@@ -45,7 +49,7 @@ import itertools
 import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -162,6 +166,8 @@ class FileStore:
     A thin adapter over `OffloadStore` (the journals, shared with every `Compactor` using the
     same directory) and `CheckpointStore`."""
 
+    clips_records: ClassVar[bool] = True
+
     def __init__(self, root: str | os.PathLike[str], *, write_timeout: float = 60.0) -> None:
         self.root = Path(os.path.abspath(root))
         self.journal: OffloadStore = shared_store(self.root)
@@ -190,17 +196,21 @@ class FileStore:
     ) -> AppendResult:
         return await self.journal.append(agent_id, messages, compaction=compaction, **options)
 
-    async def records(self, agent_id: str) -> list[JournalRecord]:
-        return await self.journal.records(agent_id)
+    async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
+        return await self.journal.records(agent_id, max_chars=max_chars)
 
     async def read(self, agent_id: str) -> list[Message]:
         return await self.journal.read(agent_id)
 
-    async def read_range(self, agent_id: str, first_seq: int, last_seq: int) -> list[JournalRecord]:
-        return await self.journal.read_range(agent_id, first_seq, last_seq)
+    async def read_range(
+        self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
+        return await self.journal.read_range(agent_id, first_seq, last_seq, max_chars=max_chars)
 
-    async def search(self, agent_id: str, query: str, limit: int = 10) -> list[JournalRecord]:
-        return await self.journal.search(agent_id, query, limit)
+    async def search(
+        self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
+        return await self.journal.search(agent_id, query, limit, max_chars=max_chars)
 
     async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool:
         return await self.journal.commit(agent_id, attempts, expect=expect)

@@ -750,3 +750,65 @@ async def test_search_over_ascii_chunks_agrees_with_a_full_scan(tmp_path: Path) 
     assert len(records) == 3600
     for query in ["alpha", "BETA gamma", "delta_x", "n17", "n3999", "eps1lon alpha n5", "zzz"]:
         assert await store.search("b", query, 7) == rank(records, query_words(query), 7), query
+
+
+# -- huge lines are read in short steps ----------------------------------------------------------
+
+
+_TRICKY = st.lists(
+    st.sampled_from(["a", " ", "é", "😀", "\n", '"', "\\", "\t", "\x01", "\u2028", "word", "ß"]), max_size=100
+).map("".join)
+
+
+@given(text=_TRICKY, piece=st.integers(min_value=1, max_value=40))
+def test_a_huge_line_decodes_in_pieces_as_whole(text: str, piece: int) -> None:
+    """Cut anywhere (escapes, surrogate pairs, UTF-8 sequences, quotes), a message's text read in
+    pieces is the text; its head and its word counts are those of the whole."""
+    from cmdc import _bigjson
+    from cmdc._search import message_words
+
+    message = Message.tool_result("c", text, metadata={"k": "v"})
+    line = offload._record_pieces(1, 0, 1.0, [message], "k" + "0" * 16, "j" + "0" * 16)
+    data = b"".join(line)[:-1]
+    old = (_bigjson.PIECE, _bigjson.BIG)
+    _bigjson.PIECE, _bigjson.BIG = piece, 10
+    try:
+        full, counts = offload._decode_at(data, 0, len(data), "x", None, ["word", "a"])
+        cut, _ = offload._decode_at(data, 0, len(data), "x", 7)
+    finally:
+        _bigjson.PIECE, _bigjson.BIG = old
+    assert full.record is not None and full.record.message == message and full.record.clipped == 0
+    assert cut.record is not None and cut.record.message.content == text[:7]
+    assert cut.record.clipped == max(0, len(text) - 7) and cut.record.message.id == message.id
+    whole = message_words(message)
+    assert counts is not None and {w: counts[w] for w in ("word", "a")} == {w: whole[w] for w in ("word", "a")}
+
+
+def test_a_damaged_huge_line_is_detected(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    big = "start " + "x y z\n" * 400_000  # 2.4 MB: past _bigjson.BIG
+    trio.run(store.append, "a", [Message.user("one"), Message.user(big), Message.user("three")])
+    path = store.path_for("a")
+    data = bytearray(path.read_bytes())
+    assert trio.run(store.search, "a", "start")[0].message.content == big
+    at = data.index(b"x y z", 1_000_000)
+    data[at] = ord("w")  # a flipped byte deep inside the huge line
+    path.write_bytes(bytes(data))
+    report = trio.run(store.verify, "a")
+    assert report.records == 2 and [d.reason for d in report.damaged] == ["checksum mismatch"]
+    assert [r.message.text for r in trio.run(store.records, "a")] == ["one", "three"]
+    assert trio.run(store.search, "a", "start") == []
+    # valid checksum, broken JSON inside the text (a raw control byte): detected too
+    assert trio.run(store.repair, "a").moved > 0
+    trio.run(store.append, "a", [Message.user(big)])
+    good = bytearray(path.read_bytes())
+    start = good.index(b'{"message":', good.index(b"three"))
+    end = good.index(b"\n", start)
+    good[start + 1_000_000] = 0x01  # inside the text: JSON forbids a raw control character
+    head = next(h for h in offload._HEADS if good.startswith(h, start))
+    crc = zlib.crc32(bytes(good[start + len(head) : end - 18]))
+    good[end - 10 : end - 2] = b"%08x" % crc
+    path.write_bytes(bytes(good))
+    report = trio.run(store.verify, "a")
+    assert len(report.damaged) == 1 and report.damaged[0].reason.startswith("not valid JSON")
+    assert report.records == 2 and trio.run(store.search, "a", "start") == []

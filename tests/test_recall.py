@@ -330,3 +330,36 @@ async def test_agent_recall_errors_become_error_results(tmp_path: Path) -> None:
         await agent.prompt("look it up")
         result = next(m for m in provider.requests[-1].messages if m.role == "tool")
         assert result.is_error and "give query (words to search for) or first" in result.text
+
+
+# -- a huge record ------------------------------------------------------------------------------
+
+
+def _huge_text(mb: int) -> str:
+    """About `mb` MB of text whose JSON holds escapes throughout (newlines, quotes, backslashes,
+    tabs) and multi-byte characters at both ends, with a needle at the very end."""
+    line = "." * 990 + ' "q" \\ \t\n'
+    body = line * (mb * 1024 * 1024 // len(line))
+    return "intro: the big tool output begins é ü 😀 " + body + " ß ü needle77 at the end"
+
+
+async def test_a_50_mb_record_is_found_by_recall_with_its_head_shown(tmp_path: Path) -> None:
+    """Recall reads a 50 MB record's head and counts the rest, never building its whole text."""
+    big = _huge_text(50)
+    store = OffloadStore(tmp_path)
+    await store.append("a1", [Message.user("small one"), Message.tool_result("c1", big), Message.user("after")])
+    recall = recall_tool(store, "a1")
+    marker = re.compile(
+        r"\n\[\.\.\. (\d+) more characters; the record is larger than the recall budget: the whole text is in "
+        rf"the journal {re.escape(str(store.path_for('a1')))}, record 2\]"
+    )
+    found = await recall.run({"query": "needle77"})
+    assert found.startswith("1 records match")
+    for out in [found, await recall.run({"first": 2, "last": 2})]:
+        assert estimate_text_tokens(out) <= 2_000
+        head = out.split("[record 2 · compaction 0 · tool (call c1)]\n", 1)[1]
+        m = marker.search(head)
+        assert m is not None
+        head = head[: m.start()]
+        assert head.startswith("intro: the big tool output begins é ü 😀 ....") and big.startswith(head)
+        assert len(head) + int(m[1]) == len(big)  # the count is of the whole text

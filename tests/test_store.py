@@ -371,3 +371,37 @@ async def test_a_store_object_is_used_as_is_and_not_closed(tmp_path: Path) -> No
     with pytest.raises(ConfigError):
         async with open_runtime(store="ftp://nowhere"):
             pass
+
+
+async def test_clipped_reads_of_a_huge_record(store: Store) -> None:
+    """`max_chars` (a store with `clips_records`): a huge message (read in short steps) and a
+    small one come cut the same way, `clipped` counting the rest; read whole, the huge one is
+    its text; recall shows its head and counts the rest."""
+    from cmdc.recall import recall_tool
+
+    assert getattr(store, "clips_records", False)
+    line = "." * 990 + ' "q" \\ \t\n'
+    big = "intro é 😀 " + line * 2_000 + " needle77 ü"  # 2 MB: past cmdc._bigjson.BIG
+    small = "small needle77 " * 20
+    await store.append("a1", [Message.user(small), Message.tool_result("c1", big), Message.user("after")])
+    hits = await store.search("a1", "needle77", max_chars=100)  # type: ignore[call-arg]
+    assert sorted((h.seq, h.message.text, h.clipped) for h in hits) == [
+        (1, small[:100], len(small) - 100),
+        (2, big[:100], len(big) - 100),
+    ]
+    records = await store.records("a1", max_chars=100)  # type: ignore[call-arg]
+    assert [(r.message.id, r.clipped) for r in records] == [
+        (m.id, c) for m, c in zip(await store.read("a1"), [len(small) - 100, len(big) - 100, 0], strict=True)
+    ]
+    assert [r.seq for r in await store.read_range("a1", 2, 3, max_chars=0)] == [2, 3]  # type: ignore[call-arg]
+    (whole,) = [h for h in await store.search("a1", "needle77") if h.seq == 2]
+    assert whole.clipped == 0 and whole.message.content == big
+    assert (await store.records("a1"))[1].message == whole.message
+    report = await store.verify("a1")
+    assert report.clean and report.records == 3
+    with pytest.raises(ConfigError, match="max_chars"):
+        await store.records("a1", max_chars=-1)  # type: ignore[call-arg]
+    out = await recall_tool(store, "a1").run({"first": 2, "last": 2})
+    head, rest = out.split("[record 2 · compaction 0 · tool (call c1)]\n", 1)[1].split("\n[... ", 1)
+    assert head.startswith("intro é 😀 ....") and big.startswith(head)
+    assert rest.startswith(f"{len(big) - len(head)} more characters; the record is larger than the recall budget")
