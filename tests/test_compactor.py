@@ -1,52 +1,33 @@
-"""The Compactor: triggers, write-ahead offload, summaries, plugins, failures, retries."""
+"""The Compactor: triggers, the write-ahead offload, summaries (chained, chunked, by a provider,
+extractive), the tool-pair property end to end, custom counters."""
 
 from __future__ import annotations
 
-import errno
-import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
-from fakes import Recorder, make_state
-from helpers import asst, check_pairs, res
+from fakes import Recorder, asst, check_pairs, conversations, res, state_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cutoff import conversations
 
 from cmdc import (
-    Abort,
-    AfterCompact,
-    BeforeCompact,
     Compacted,
-    CompactionAborted,
-    CompactionError,
     Compactor,
     ContextOverflow,
     Event,
     Message,
-    OffloadError,
     OffloadStore,
-    Plugin,
-    Skip,
     Skipped,
     State,
-    SummarizerError,
     TokenUsage,
 )
 from cmdc import tokens as tokens_mod
-from cmdc.compaction import SummaryAttempt, default_should_retry
 from cmdc.compaction.config import Threshold
 from cmdc.providers import ModelRequest
 from cmdc.synthetic import conversation
-
-
-def state_in(tmp_path: Path, messages: Sequence[Message], **config: Any) -> State:
-    """`make_state` with this file's defaults: the journal in tmp_path/offload, four kept."""
-    return make_state(tmp_path / "offload", messages, **{"compact_keep": ("messages", 4), **config})
 
 
 async def test_below_threshold_is_skipped(tmp_path: Path) -> None:
@@ -179,95 +160,6 @@ async def test_chained_compaction_sees_the_previous_summary(tmp_path: Path) -> N
     assert second.report.first_seq == first.report.last_seq + 1
 
 
-@pytest.mark.parametrize("answer", ["", "   \n"])
-async def test_empty_summary_fails_and_changes_nothing(tmp_path: Path, answer: str) -> None:
-    state = state_in(tmp_path, conversation(30))
-    with pytest.raises(CompactionError, match="empty"):
-        await Compactor(Recorder(answer), retries=1, retry_backoff=0).force_compact(state)
-    assert state == state_in(tmp_path, state.messages)
-
-
-async def test_raising_summarizer_fails_then_a_retry_duplicates_nothing(tmp_path: Path) -> None:
-    state = state_in(tmp_path, conversation(30))
-    before = state.to_json()
-
-    async def broken(messages: Sequence[Message], instruction: str) -> str:
-        raise RuntimeError("model down")
-
-    with pytest.raises(CompactionError, match="model down"):
-        await Compactor(broken, retries=0).force_compact(state)
-    assert state.to_json() == before
-    compactor = Compactor(Recorder())
-    result = await compactor.force_compact(state)
-    assert isinstance(result, Compacted)
-    assert all("placeholder" not in m.text for m in result.state.messages)
-    offloaded = await OffloadStore(tmp_path / "offload").read("a1")
-    assert len(offloaded) == len({m.id for m in offloaded}) == result.report.evicted
-
-
-async def test_offload_failure_changes_nothing_and_skips_the_summarizer(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    state = State(
-        agent_id="a1",
-        messages=conversation(30),
-        config={"compact_offload_dir": str(blocker / "sub"), "compact_keep": ("messages", 2)},
-    )
-    summarizer = Recorder()
-    with pytest.raises(OffloadError):
-        await Compactor(summarizer).force_compact(state)
-    assert summarizer.calls == []
-
-
-async def test_disk_full_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    state = state_in(tmp_path, conversation(30))
-    real_write = os.write
-
-    def full(fd: int, data: bytes) -> int:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
-
-    monkeypatch.setattr(os, "write", full)
-    summarizer = Recorder()
-    with pytest.raises(OffloadError, match="No space"):
-        await Compactor(summarizer).force_compact(state)
-    assert summarizer.calls == []
-    monkeypatch.setattr(os, "write", real_write)
-    assert await OffloadStore(tmp_path / "offload").read("a1") == []
-
-
-async def test_retries_then_failover(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
-    state = state_in(tmp_path, conversation(30))
-    tries = 0
-
-    async def flaky(messages: Sequence[Message], instruction: str) -> str:
-        nonlocal tries
-        tries += 1
-        raise ConnectionError("reset")
-
-    backup = Recorder("backup summary")
-    events: list[Event] = []
-    compactor = Compactor(flaky, fallbacks=[backup], retries=2, retry_backoff=1.0, on_event=events.append)
-    start = trio.current_time()
-    result = await compactor.force_compact(state)
-    assert isinstance(result, Compacted)
-    assert tries == 3 and result.report.attempts == 4 and result.report.summarizer == "Recorder"
-    assert trio.current_time() - start >= 1.0 + 2.0  # backoff between the primary's attempts
-    roles = [(e.data["role"], e.data["ok"]) for e in events if e.kind == "summarizer_attempt"]
-    assert roles == [("primary", False)] * 3 + [("failover", True)]
-
-
-async def test_every_summarizer_failing_raises(tmp_path: Path) -> None:
-    state = state_in(tmp_path, conversation(30))
-    compactor = Compactor(Recorder(""), fallbacks=[Recorder(""), Recorder("")], retries=0, retry_backoff=0)
-    with pytest.raises(CompactionError, match="3 attempts"):
-        await compactor.force_compact(state)
-    # written ahead, but never committed: readers do not see the failed attempt
-    assert await OffloadStore(tmp_path / "offload").read("a1") == []
-    assert (await OffloadStore(tmp_path / "offload").verify("a1")).uncommitted > 0
-
-
 async def test_a_provider_can_summarize(tmp_path: Path) -> None:
     seen: list[ModelRequest] = []
 
@@ -317,141 +209,6 @@ async def test_summarizer_overflow_halves_the_chunks(tmp_path: Path) -> None:
     assert isinstance(result, Compacted) and max(sizes) > 3_000
 
 
-# -- plugins ------------------------------------------------------------------------------------
-
-
-class SkipAll(Plugin):
-    async def before_compact(self, ctx: BeforeCompact) -> Skip:
-        return Skip("not now")
-
-
-class Raising(Plugin):
-    priority = 1
-
-    async def before_compact(self, ctx: BeforeCompact) -> None:
-        raise ValueError("plugin bug")
-
-    async def after_compact(self, ctx: AfterCompact) -> None:
-        raise ValueError("plugin bug")
-
-
-class Reinject(Plugin):
-    async def after_compact(self, ctx: AfterCompact) -> State:
-        return ctx.state.append(Message.user("skills re-injected"))
-
-
-async def test_before_compact_skip(tmp_path: Path) -> None:
-    events: list[Event] = []
-    state = state_in(tmp_path, conversation(30))
-    result = await Compactor(Recorder(), plugins=[SkipAll()], on_event=events.append).force_compact(state)
-    assert isinstance(result, Skipped) and result.skipped_by == "SkipAll" and result.reason == "not now"
-    assert events[-1].kind == "compaction_skipped" and events[-1].data["skipped_by"] == "SkipAll"
-    assert not (tmp_path / "offload").exists()
-
-
-async def test_before_compact_abort(tmp_path: Path) -> None:
-    class Stop(Plugin):
-        async def before_compact(self, ctx: BeforeCompact) -> Abort:
-            return Abort("forbidden")
-
-    with pytest.raises(CompactionAborted, match="forbidden"):
-        await Compactor(plugins=[Stop()]).force_compact(state_in(tmp_path, conversation(30)))
-
-
-async def test_raising_plugins_are_reported_and_skipped(tmp_path: Path) -> None:
-    events: list[Event] = []
-    state = state_in(tmp_path, conversation(30))
-    result = await Compactor(Recorder(), plugins=[Raising(), Reinject()], on_event=events.append).force_compact(state)
-    assert isinstance(result, Compacted)
-    errors = [e.data for e in events if e.kind == "plugin_error"]
-    assert [(e["plugin"], e["hook"]) for e in errors] == [("Raising", "before_compact"), ("Raising", "after_compact")]
-    assert "plugin bug" in errors[0]["error"]
-    assert result.state.messages[-1].text == "skills re-injected"
-    assert result.report.messages_after == len(result.state.messages)
-    assert result.state.compactions == 1 and result.state.last_usage is None
-
-
-async def test_before_compact_can_evict_less_and_pairs_are_reclosed(tmp_path: Path) -> None:
-    msgs = [
-        Message.user("task"),
-        asst("A"),
-        res("A", "a result " * 200),
-        Message.user("keep me"),
-        asst("B"),
-        res("B", "b result " * 200),
-        Message.user("u"),
-        Message.user("last"),
-    ]
-
-    class KeepSome(Plugin):
-        async def before_compact(self, ctx: BeforeCompact) -> list[Message]:
-            # drop "keep me" and only the result of B: B's call must stay with it
-            return [m for m in ctx.evicted if m.text != "keep me" and m.tool_call_id != "B"]
-
-    state = state_in(tmp_path, msgs, compact_keep=("messages", 1))
-    result = await Compactor(Recorder(), plugins=[KeepSome()], pin_task=False).force_compact(state)
-    assert isinstance(result, Compacted)
-    kept = result.state.messages[1:]
-    assert [m.tool_call_id or (m.tool_calls[0].id if m.tool_calls else m.text) for m in kept] == [
-        "keep me",
-        "B",
-        "B",
-        "last",
-    ]
-    check_pairs(kept, msgs)
-
-
-async def test_a_bad_plugin_return_is_ignored(tmp_path: Path) -> None:
-    class Bad(Plugin):
-        async def before_compact(self, ctx: BeforeCompact) -> list[Message]:
-            return [Message.user("not offered")]
-
-    events: list[Event] = []
-    result = await Compactor(Recorder(), plugins=[Bad()], on_event=events.append).force_compact(
-        state_in(tmp_path, conversation(30))
-    )
-    assert isinstance(result, Compacted)
-    assert any(e.kind == "plugin_error" and "subset" in e.data["error"] for e in events)
-
-
-async def test_a_hanging_plugin_times_out(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
-    class Hang(Plugin):
-        hook_timeout = 5.0
-
-        async def before_compact(self, ctx: BeforeCompact) -> None:
-            await trio.sleep_forever()
-
-    events: list[Event] = []
-    result = await Compactor(Recorder(), plugins=[Hang()], on_event=events.append).force_compact(
-        state_in(tmp_path, conversation(30))
-    )
-    assert isinstance(result, Compacted)
-    assert any(e.kind == "plugin_error" and "TooSlow" in e.data["error"] for e in events)
-
-
-async def test_cancelled_compaction_leaves_the_state_alone(tmp_path: Path) -> None:
-    started = trio.Event()
-
-    async def slow(messages: Sequence[Message], instruction: str) -> str:
-        started.set()
-        await trio.sleep_forever()
-        return ""
-
-    state = state_in(tmp_path, conversation(30))
-    before = state.to_json()
-    with trio.move_on_after(5) as scope:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(Compactor(slow).force_compact, state)
-            await started.wait()
-            nursery.cancel_scope.cancel()
-    assert not scope.cancelled_caught and state.to_json() == before
-    # the journal is whole and a later compaction sees every message once
-    result = await Compactor(Recorder()).force_compact(state)
-    assert isinstance(result, Compacted)
-    offloaded = await OffloadStore(tmp_path / "offload").read("a1")
-    assert len(offloaded) == result.report.evicted
-
-
 async def test_nothing_to_evict_is_skipped(tmp_path: Path) -> None:
     state = state_in(tmp_path, [Message.system("s"), Message.user("only")])
     result = await Compactor().force_compact(state)
@@ -473,9 +230,6 @@ async def test_extractive_default_summarizer(tmp_path: Path) -> None:
     for needle in ("Fix ticket ABC-123", "ABC-123", "src/app.py", "also run tests", "I patched", "KeyError"):
         assert needle in text
     assert result.report.summarizer == "extractive"
-
-
-# -- the tool-pair property, end to end -------------------------------------------------------
 
 
 @settings(max_examples=150, deadline=None)
@@ -518,98 +272,6 @@ def test_force_compact_never_splits_pairs_nor_loses_a_message(msgs: list[Message
                 assert [m.id for m in (*offloaded, *kept)] == [m.id for m in msgs[lead:]]
 
     trio.run(run)
-
-
-# -- retry predicate and failover -------------------------------------------------------------
-
-
-async def test_should_retry_sees_unusable_answers(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
-    answers = iter(["too short", "## Summary\nthe real one"])
-
-    async def model(messages: Sequence[Message], instruction: str) -> str:
-        return next(answers)
-
-    seen: list[SummaryAttempt] = []
-
-    def needs_sections(attempt: SummaryAttempt) -> bool:
-        seen.append(attempt)
-        return attempt.error is not None or "##" not in (attempt.answer or "")
-
-    state = state_in(tmp_path, conversation(30))
-    result = await Compactor(model, should_retry=needs_sections).force_compact(state)
-    assert isinstance(result, Compacted)
-    summary = next(m for m in result.state.messages if m.is_summary)
-    assert "the real one" in summary.text and result.report.attempts == 2
-    assert [(a.number, a.answer, a.error) for a in seen] == [
-        (1, "too short", None),
-        (2, "## Summary\nthe real one", None),
-    ]
-
-
-async def test_failover_callable_gets_the_last_attempt(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
-    async def primary(messages: Sequence[Message], instruction: str) -> str:
-        raise TimeoutError("primary timed out")
-
-    big_model = Recorder("summary by the big model")
-    calls: list[SummaryAttempt | None] = []
-
-    def failover(last: SummaryAttempt | None) -> tuple[Recorder, list[Message]]:
-        calls.append(last)
-        assert last is not None
-        return big_model, list(last.messages)  # the same input, a model with a larger window
-
-    events: list[Event] = []
-    state = state_in(tmp_path, conversation(30))
-    compactor = Compactor(primary, retries=1, retry_backoff=1.0, failover=failover, on_event=events.append)
-    result = await compactor.force_compact(state)
-    assert isinstance(result, Compacted)
-    assert result.report.summarizer == "Recorder" and result.report.attempts == 3
-    assert len(calls) == 1 and calls[0] is not None
-    assert calls[0].number == 2 and isinstance(calls[0].error, TimeoutError) and calls[0].answer is None
-    roles = [(e.data["role"], e.data["ok"]) for e in events if e.kind == "summarizer_attempt"]
-    assert roles == [("primary", False), ("primary", False), ("failover", True)]
-
-
-async def test_when_every_summarizer_fails_nothing_changes(tmp_path: Path) -> None:
-    async def broken(messages: Sequence[Message], instruction: str) -> str:
-        raise ConnectionError("down")
-
-    state = state_in(tmp_path, conversation(30))
-    before = state.to_json()
-    compactor = Compactor(broken, fallbacks=[broken], failover=lambda last: None, retries=1, retry_backoff=0)
-    with pytest.raises(CompactionError, match="4 attempts"):
-        await compactor.force_compact(state)
-    assert state.to_json() == before
-
-
-async def test_a_predicate_can_stop_retrying_an_error(tmp_path: Path) -> None:
-    tries = 0
-
-    async def auth_broken(messages: Sequence[Message], instruction: str) -> str:
-        nonlocal tries
-        tries += 1
-        raise PermissionError("bad key")
-
-    def retry_transient(attempt: SummaryAttempt) -> bool:
-        if isinstance(attempt.error, PermissionError):
-            return False  # never retry an auth error: move on to the fallback
-        return default_should_retry(attempt)
-
-    state = state_in(tmp_path, conversation(30))
-    compactor = Compactor(auth_broken, fallbacks=[Recorder("backup")], should_retry=retry_transient, retries=5)
-    result = await compactor.force_compact(state)
-    assert isinstance(result, Compacted) and tries == 1 and result.report.attempts == 2
-
-
-async def test_a_broken_failover_is_a_summarizer_error(tmp_path: Path) -> None:
-    async def down(messages: Sequence[Message], instruction: str) -> str:
-        raise ConnectionError("down")
-
-    state = state_in(tmp_path, conversation(30))
-    for failover in (lambda last: 1 / 0, lambda last: "not a pair"):
-        compactor = Compactor(down, failover=failover, retries=0)
-        with pytest.raises(SummarizerError, match="failover callable failed"):
-            await compactor.force_compact(state)
 
 
 def test_a_custom_counter_counts_only_new_messages_as_a_state_grows() -> None:

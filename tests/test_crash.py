@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
-from fakes import Adder, add
+from fakes import Adder, add, check_pairs
 from faultfs import journal_lines, summary_ranges
-from helpers import check_pairs
 
 from benchmarks import crash_test
 from cmdc import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cutoff_oracle import oracle_split
-from helpers import asst, check_pairs, res
+from fakes import asst, check_pairs, conversations, res
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -77,43 +77,6 @@ def test_only_a_summary_is_not_worth_evicting() -> None:
     summary = Message.user("old summary", metadata={"cmdc.kind": "summary"})
     s = split_messages([summary, Message.user("u")], Threshold("messages", 1))
     assert s.evicted == (summary,) and not s.evicts_anything
-
-
-@st.composite
-def conversations(draw: st.DrawFn, orphans: bool = False) -> list[Message]:
-    """Conversations with pins, parallel calls answered in any order or not at all, and (with
-    `orphans`) results whose call is not in the conversation."""
-    ms: list[Message] = [Message.system("s") for _ in range(draw(st.integers(0, 2)))]
-    n_calls = 0
-    for _ in range(draw(st.integers(0, 25))):
-        kind = draw(st.sampled_from(["user", "assistant", "tools", "system"]))
-        if kind == "user":
-            pin = draw(st.integers(0, 9)) == 0
-            ms.append(Message.user("u" * draw(st.integers(0, 300)), metadata={PINNED_KEY: True} if pin else None))
-        elif kind == "system":
-            ms.append(Message.system("mid"))
-        elif kind == "assistant":
-            ms.append(Message.assistant("a" * draw(st.integers(0, 300))))
-        else:
-            ids = [f"c{n_calls + i}" for i in range(draw(st.integers(1, 4)))]
-            n_calls += len(ids)
-            call = asst(*ids)
-            if draw(st.integers(0, 15)) == 0:
-                call = call.evolve(metadata={PINNED_KEY: True})
-            ms.append(call)
-            if orphans and draw(st.integers(0, 10)) == 0:
-                ms.append(Message.tool_result("orphan", "a result whose call is not in the conversation"))
-            answered = draw(st.lists(st.sampled_from(ids), unique=True))  # any order, any subset
-            for cid in answered:
-                if draw(st.booleans()):
-                    ms.append(Message.user("between"))
-                pin = draw(st.integers(0, 15)) == 0
-                ms.append(
-                    Message.tool_result(
-                        cid, "r" * draw(st.integers(0, 200)), metadata={PINNED_KEY: True} if pin else None
-                    )
-                )
-    return ms
 
 
 keeps = st.one_of(

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 import trio
-from fakes import new_process
+from fakes import check_pairs, grow, new_process
 from faultfs import EACCES, EIO, ENOSPC, FaultFS, journal_lines, restored, summary_ranges
-from helpers import check_pairs
 
 from cmdc import (
     CmdcError,
@@ -49,17 +48,6 @@ def config(root: Path, **extra: Any) -> dict[str, Any]:
         "compact_trigger": ("messages", 10_000),
         **extra,
     }
-
-
-def grow(state: State, round_no: int, size: int = 300) -> State:
-    """One round: a user message, a tool call and its result, an answer."""
-    call = ToolCall(id=f"c{round_no}", name="read_file", arguments={"path": f"src/f{round_no}.py"})
-    return state.append(
-        Message.user(f"round {round_no}: " + "u" * size),
-        Message.assistant("", tool_calls=(call,)),
-        Message.tool_result(call.id, f"contents {round_no} " + "r" * size),
-        Message.assistant(f"done with round {round_no}"),
-    )
 
 
 def journal_path(root: Path) -> Path:

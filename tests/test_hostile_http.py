@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from fakes import sse
+from fakes import anthropic_reply, openai_reply, sse
 from hostile import SETTINGS, _plain, bounded, json_like, paths, replaced, typed
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,32 +27,13 @@ from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider, Tool
 
 
 def openai_body(text: Any = "done") -> dict[str, Any]:
-    return {
-        "id": "c1",
-        "choices": [
-            {
-                "index": 0,
-                "finish_reason": "tool_calls",
-                "message": {
-                    "role": "assistant",
-                    "content": text,
-                    "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "s", "arguments": '{"q":1}'}}],
-                },
-            }
-        ],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-    }
+    call = {"id": "t1", "type": "function", "function": {"name": "s", "arguments": '{"q":1}'}}
+    return openai_reply(text, tool_calls=[call])
 
 
 def anthropic_body(text: Any = "done") -> dict[str, Any]:
-    return {
-        "id": "m1",
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "text", "text": text}, {"type": "tool_use", "id": "t1", "name": "s", "input": {"q": 1}}],
-        "stop_reason": "tool_use",
-        "usage": {"input_tokens": 10, "output_tokens": 5},
-    }
+    use = {"type": "tool_use", "id": "t1", "name": "s", "input": {"q": 1}}
+    return anthropic_reply({"type": "text", "text": text}, use, stop_reason="tool_use")
 
 
 @st.composite

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from fakes import new_process
+from fakes import grow, new_process
 
 import cmdc._fs as fs_module
 from cmdc import Compacted, Compactor, ExtractiveSummarizer, Message, OffloadStore, State, ToolCall, open_runtime, tool
@@ -29,16 +29,6 @@ from cmdc.providers import ModelRequest
 AGENT = "a1"
 
 
-def grow(state: State, r: int, size: int = 200) -> State:
-    call = ToolCall(id=f"c{r}-{len(state.messages)}", name="read_file", arguments={"path": f"f{r}.py"})
-    return state.append(
-        Message.user(f"round {r}: " + "u" * size),
-        Message.assistant("", tool_calls=(call,)),
-        Message.tool_result(call.id, f"contents {r} " + "r" * size),
-        Message.assistant(f"done with round {r}"),
-    )
-
-
 def conversation(offload: Path, rounds: int = 5) -> State:
     state = State(
         agent_id=AGENT,
@@ -46,7 +36,7 @@ def conversation(offload: Path, rounds: int = 5) -> State:
         config={"compact_offload_dir": str(offload), "compact_keep": ("messages", 4)},
     )
     for r in range(rounds):
-        state = grow(state, r)
+        state = grow(state, r, size=200)
     return state
 
 
@@ -112,7 +102,7 @@ async def test_a_retry_reuses_the_records_of_the_failed_attempt(tmp_path: Path) 
     for _ in range(2):
         with pytest.raises(CompactionError):
             await compactor.force_compact(state)
-    grown = grow(state, 9)
+    grown = grow(state, 9, size=200)
     outcome = await compactor.force_compact(grown)  # retried, and grown
     assert isinstance(outcome, Compacted)
     report = await OffloadStore(offload).verify(AGENT)

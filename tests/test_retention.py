@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import Recorder, make_state
-from helpers import res
+from fakes import Recorder, make_state, res
 
 from benchmarks.retention import CONSTRAINTS, run_session, table
 from cmdc import (

@@ -1,27 +1,26 @@
-"""The actor runtime: agents, turns, overflow, plugins, tools, supervision, checkpoints."""
+"""The actor runtime's turns: compaction plugins and a cancel in the middle of one, tool errors
+as results, the mailbox, abort and stop, the step limit and bad spawns, events with their
+figures."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.lowlevel
-from fakes import Adder, add, drain
+from fakes import Adder, add, agent_config, drain
 
 from cmdc import (
     AfterCompact,
     AgentStopped,
     BeforeCompact,
     ConfigError,
-    ContextOverflow,
     MailboxFull,
     Message,
     OffloadStore,
     Plugin,
-    ProviderError,
     Skip,
     State,
     TokenUsage,
@@ -29,92 +28,8 @@ from cmdc import (
     open_runtime,
     tool,
 )
-from cmdc.agent import current_chain
 from cmdc.errors import StepLimitReached, TurnAborted
-from cmdc.providers import ModelRequest, ScriptedProvider, SimulatedModel
-
-
-def config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    return {"compact_offload_dir": str(tmp_path / "offload"), **extra}
-
-
-class TaskCounter(trio.abc.Instrument):
-    def __init__(self) -> None:
-        self.alive: set[trio.lowlevel.Task] = set()
-
-    def task_spawned(self, task: trio.lowlevel.Task) -> None:
-        self.alive.add(task)
-
-    def task_exited(self, task: trio.lowlevel.Task) -> None:
-        self.alive.discard(task)
-
-
-async def test_a_thousand_agents(tmp_path: Path) -> None:
-    counter = TaskCounter()
-    trio.lowlevel.add_instrument(counter)
-    try:
-        before = set(counter.alive)
-        async with open_runtime(log_events=False) as rt:
-
-            async def work(i: int) -> None:
-                agent = await rt.spawn(
-                    f"agent-{i}",
-                    Adder(),
-                    tools=[add],
-                    config=config(tmp_path, compact_trigger=("messages", 8), compact_keep=("messages", 3)),
-                )
-                for turn in range(3):
-                    reply = await agent.prompt(f"what is {i} + {turn}?")
-                    assert reply.text == f"answer: {i + turn}"
-                state = await agent.state()
-                assert state.compactions >= 1
-                assert state.messages[1].is_summary  # after the pinned task
-
-            async with trio.open_nursery() as nursery:
-                for i in range(1000):
-                    nursery.start_soon(work, i)
-            assert len(rt.agents) == 1000
-        leftover = counter.alive - before
-        assert leftover == set()
-    finally:
-        trio.lowlevel.remove_instrument(counter)
-    journals = list((tmp_path / "offload").glob("*.jsonl"))
-    assert len(journals) == 1000
-
-
-async def test_simulated_session_of_200_turns_never_fails(tmp_path: Path) -> None:
-    model = SimulatedModel(context_window=4_000, seed=3, tool_probability=0.6, reply_chars=600)
-    forced_per_step: list[int] = []
-    async with open_runtime(log_events=False) as rt:
-        agent = await rt.spawn(
-            "long",
-            model,
-            tools=[add],
-            # a trigger above the window: only overflow-driven, forced compactions happen
-            config=config(tmp_path, compact_trigger=("tokens", 100_000), compact_keep=("messages", 4)),
-            max_forced_compactions=2,
-        )
-        with rt.subscribe("long", buffer=100_000) as events:
-            for turn in range(200):
-                reply = await agent.prompt(f"turn {turn}: tell me about {turn} apples " + "x" * 300)
-                assert reply.role == "assistant" and not reply.tool_calls
-            seen = drain(events)
-        overflows = [e for e in seen if e.kind == "overflow"]
-        forced = [e for e in seen if e.kind == "compaction_end" and e.data["report"].reason == "forced"]
-        assert overflows and len(forced) == len(overflows)
-        for e in overflows:
-            forced_per_step.append(e.data["forced"])
-        assert max(forced_per_step) < 2
-        assert model.overflows >= len(overflows)  # the rest: summarization requests, chunked smaller
-        assert (await agent.state()).compactions == len(forced)
-        # a user message larger than the window: the figures reach the caller, state intact
-        before = await agent.state()
-        with pytest.raises(ContextOverflow) as info:
-            await agent.prompt("y" * 20_000)
-        assert info.value.prompt_tokens is not None and info.value.prompt_tokens > 4_000
-        assert info.value.limit == 4_000
-        assert await agent.state() is before
-        assert (await agent.prompt("a small question")).role == "assistant"
+from cmdc.providers import ModelRequest, ScriptedProvider
 
 
 async def test_before_compact_skip_and_after_compact_and_raising_plugins(tmp_path: Path) -> None:
@@ -131,7 +46,7 @@ async def test_before_compact_skip_and_after_compact_and_raising_plugins(tmp_pat
         async def before_request(self, ctx: Any) -> None:
             raise RuntimeError("plugin bug")
 
-    cfg = config(tmp_path, compact_trigger=("messages", 6), compact_keep=("messages", 2))
+    cfg = agent_config(tmp_path, compact_trigger=("messages", 6), compact_keep=("messages", 2))
     async with open_runtime(log_events=False) as rt:
         vetoed = await rt.spawn("vetoed", Adder(), tools=[add], plugins=[Veto()], config=cfg)
         with rt.subscribe("vetoed") as events:
@@ -170,7 +85,7 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
                 await trio.sleep(10)
             return await super().complete(request)
 
-    cfg = config(tmp_path, compact_trigger=("messages", 6), compact_keep=("messages", 2))
+    cfg = agent_config(tmp_path, compact_trigger=("messages", 6), compact_keep=("messages", 2))
     async with open_runtime(log_events=False) as rt:
         model = SlowSummaries()
         agent = await rt.spawn("slow", model, tools=[add], config=cfg)
@@ -195,176 +110,6 @@ async def test_cancelling_a_prompt_during_compaction(tmp_path: Path) -> None:
         assert after.compactions >= 1 and after.messages[1].is_summary  # after the pinned task
 
 
-async def test_isolation_and_restart(tmp_path: Path) -> None:
-    @tool
-    async def explode() -> str:
-        """Always fails."""
-        raise ValueError("boom")
-
-    class BadModel:
-        def __init__(self, error: BaseException) -> None:
-            self.error = error
-
-        async def complete(self, request: ModelRequest) -> Message:
-            raise self.error
-
-    crashing = ScriptedProvider([RuntimeError("provider bug"), Message.assistant("back")])
-    async with open_runtime(log_events=False) as rt:
-        healthy = await rt.spawn("healthy", Adder(), tools=[add], config=config(tmp_path))
-        tooly = await rt.spawn(
-            "tooly",
-            ScriptedProvider([ScriptedProvider.tool_call("explode", {}), "handled"]),
-            tools=[explode],
-            config=config(tmp_path),
-        )
-        failing = await rt.spawn("failing", BadModel(ProviderError("503")), config=config(tmp_path))
-        crashy = await rt.spawn("crashy", crashing, config=config(tmp_path), restart="permanent")
-        await crashy.send("remember me")
-
-        assert (await tooly.prompt("go")).text == "handled"
-        tool_state = await tooly.state()
-        result = next(m for m in tool_state.messages if m.role == "tool")
-        assert result.is_error and "ValueError: boom" in result.text
-
-        with pytest.raises(ProviderError):
-            await failing.prompt("hi")
-        assert failing.running  # a cmdc error fails the turn, not the agent
-
-        before = await crashy.state()
-        with pytest.raises(RuntimeError, match="provider bug") as crash:
-            await crashy.prompt("hi")
-        # the queued send went with the failed turn, and the caller is told (it never poisons a later turn)
-        assert any("1 message(s) queued with send() were dropped" in n for n in crash.value.__notes__)
-        assert crashy.running and crashy.restarts == 1
-        assert await crashy.state() is before
-        assert (await crashy.prompt("again")).text == "back"
-        texts = [m.text for m in (await crashy.state()).messages]
-        assert texts == ["again", "back"]
-
-        assert (await healthy.prompt("5 + 6")).text == "answer: 11"
-
-
-async def test_temporary_agents_end_and_transient_give_up(tmp_path: Path, autojump_clock: Any) -> None:
-    async with open_runtime(log_events=False) as rt:
-        temp = await rt.spawn(
-            "temp", ScriptedProvider([RuntimeError("x")]), config=config(tmp_path), restart="temporary"
-        )
-        with pytest.raises(RuntimeError):
-            await temp.prompt("hi")
-        await trio.sleep(0.1)
-        assert not temp.running and rt.whereis("temp") is None
-        with pytest.raises(AgentStopped):
-            await temp.prompt("again")
-
-        trans = await rt.spawn(
-            "trans", ScriptedProvider([RuntimeError("x")], cycle=True), config=config(tmp_path), max_restarts=2
-        )
-        for _ in range(3):
-            with pytest.raises(RuntimeError):
-                await trans.prompt("hi")
-        await trio.sleep(0.1)
-        assert not trans.running
-
-
-async def test_resume_from_checkpoint(tmp_path: Path) -> None:
-    cfg = config(tmp_path, compact_trigger=("messages", 6), compact_keep=("messages", 2))
-    async with open_runtime(checkpoint_dir=tmp_path / "ckpt", log_events=False) as rt:
-        agent = await rt.spawn("keeper", Adder(), tools=[add], config=cfg)
-        for turn in range(3):
-            await agent.prompt(f"{turn} + 10")
-        saved = await agent.state()
-    assert saved.compactions >= 1
-    async with open_runtime(checkpoint_dir=tmp_path / "ckpt", log_events=False) as rt:
-        again = await rt.spawn("keeper", Adder(), tools=[add], resume=True)
-        state = await again.state()
-        assert state == saved and state.config == saved.config
-        summary = state.messages[1]  # after the pinned task
-        offloaded = await OffloadStore(tmp_path / "offload").read("keeper")
-        first, last = summary.metadata["cmdc.first_seq"], summary.metadata["cmdc.last_seq"]
-        assert len(offloaded) >= last - first + 1
-        assert (await again.prompt("1 + 2")).text == "answer: 3"
-
-
-async def test_delegation(tmp_path: Path) -> None:
-    async def parent_model(request: ModelRequest) -> Message:
-        last = request.messages[-1]
-        if last.role == "user":
-            call = ToolCall(id="d1", name="delegate", arguments={"task": "what is 20 + 22?"})
-            return Message.assistant("", tool_calls=(call,))
-        return Message.assistant(f"my helper says: {last.text} (error={last.is_error})")
-
-    class Family(Adder):
-        """The parent plans; its temporary children (same provider) do arithmetic."""
-
-        child_fails = False
-
-        async def complete(self, request: ModelRequest) -> Message:
-            if current_chain.get()[-1] == "parent":
-                return await parent_model(request)
-            if self.child_fails:
-                raise ProviderError("child model down")
-            return await super().complete(request)
-
-    model = Family()
-    async with open_runtime(log_events=False) as rt:
-        parent = await rt.spawn("parent", model, tools=[add], config=config(tmp_path), delegation=True)
-        reply = await parent.prompt("please delegate")
-        assert reply.text == "my helper says: answer: 42 (error=False)"
-        assert rt.agents == ["parent"]  # the temporary child is gone
-        # a child that fails gives the parent an error result, not a crash
-        model.child_fails = True
-        reply = await parent.prompt("please delegate")
-        assert "error=True" in reply.text and "child model down" in reply.text
-        assert parent.running and rt.agents == ["parent"]
-
-
-async def test_temporary_children_names_never_repeat_across_runtimes(tmp_path: Path) -> None:
-    """The child counter restarts in every runtime (a later process, another cluster node): a
-    random token per runtime in the name keeps a new child off an earlier child's journal."""
-    seen: list[str] = []
-
-    async def model(request: ModelRequest) -> Message:
-        me = current_chain.get()[-1]
-        last = request.messages[-1]
-        if me != "parent":
-            seen.append(me)
-            return Message.assistant("done")
-        if last.role == "user":
-            return Message.assistant("", tool_calls=(ToolCall(id="d", name="delegate", arguments={"task": "t"}),))
-        return Message.assistant(last.text)
-
-    for _ in range(2):  # the same parent, resumed from the same store, in two runtimes
-        async with open_runtime(store=str(tmp_path / "store"), log_events=False) as rt:
-            parent = await rt.spawn("parent", ScriptedProvider([model], cycle=True), delegation=True, resume=True)
-            for _ in range(2):
-                assert (await parent.prompt("go")).text == "done"
-    assert len(seen) == 4 and len(set(seen)) == 4, seen
-    assert all(re.fullmatch(r"parent\.child[12]-[0-9a-f]{12}", n) for n in seen), seen
-    assert seen[0].split("-")[1] == seen[1].split("-")[1] != seen[2].split("-")[1]  # one token per runtime
-
-
-async def test_delegation_by_name_and_depth(tmp_path: Path) -> None:
-    async def chain_model(request: ModelRequest) -> Message:
-        last = request.messages[-1]
-        me = current_chain.get()[-1]
-        if last.role == "user":
-            target = {"a": "b", "b": "a"}[me]
-            call = ToolCall(id=f"x-{me}", name="delegate", arguments={"task": "hi", "agent": target})
-            return Message.assistant("", tool_calls=(call,))
-        return Message.assistant(f"{me} got: {last.text}")
-
-    async with open_runtime(log_events=False) as rt:
-        a = await rt.spawn(
-            "a", ScriptedProvider([chain_model], cycle=True), config=config(tmp_path), delegation=["b"], accepts=["b"]
-        )
-        await rt.spawn(
-            "b", ScriptedProvider([chain_model], cycle=True), config=config(tmp_path), delegation=["a"], accepts=["a"]
-        )
-        reply = await a.prompt("start")
-        # a -> b -> a would wait on itself: b gets an error result and answers with it
-        assert reply.text.startswith("a got: b got: ") and "already waiting" in reply.text
-
-
 async def test_tools_errors_are_results_the_model_can_read(tmp_path: Path, autojump_clock: Any) -> None:
     @tool(timeout=1.0)
     async def sleepy() -> str:
@@ -387,7 +132,7 @@ async def test_tools_errors_are_results_the_model_can_read(tmp_path: Path, autoj
         ]
     )
     async with open_runtime(log_events=False) as rt:
-        agent = await rt.spawn("t", script, tools=[add, sleepy], config=config(tmp_path))
+        agent = await rt.spawn("t", script, tools=[add, sleepy], config=agent_config(tmp_path))
         assert (await agent.prompt("go")).text == "done"
         results = {m.tool_call_id: m for m in (await agent.state()).messages if m.role == "tool"}
         assert results["u"].is_error and "unknown tool 'nope'" in results["u"].text and "add" in results["u"].text
@@ -410,7 +155,9 @@ async def test_mailbox_abort_stop_and_runtime_exit(tmp_path: Path, autojump_cloc
         return Message.assistant("ok")
 
     async with open_runtime(log_events=False) as rt:
-        agent = await rt.spawn("m", ScriptedProvider([waiting], cycle=True), config=config(tmp_path), mailbox_size=1)
+        agent = await rt.spawn(
+            "m", ScriptedProvider([waiting], cycle=True), config=agent_config(tmp_path), mailbox_size=1
+        )
 
         async def first() -> None:
             with pytest.raises(TurnAborted):
@@ -458,7 +205,7 @@ async def test_mailbox_abort_stop_and_runtime_exit(tmp_path: Path, autojump_cloc
 
     outcome: list[BaseException] = []
     async with trio.open_nursery() as outer, open_runtime(log_events=False) as rt:
-        agent = await rt.spawn("w", ScriptedProvider([forever]), config=config(tmp_path))
+        agent = await rt.spawn("w", ScriptedProvider([forever]), config=agent_config(tmp_path))
 
         async def caller() -> None:
             try:
@@ -477,7 +224,7 @@ async def test_step_limit_and_bad_spawns(tmp_path: Path) -> None:
             "loop",
             ScriptedProvider([ScriptedProvider.tool_call("add", {"a": 1, "b": 1})], cycle=True),
             tools=[add],
-            config=config(tmp_path),
+            config=agent_config(tmp_path),
             max_steps=3,
         )
         with pytest.raises(StepLimitReached) as info:
@@ -506,7 +253,7 @@ async def test_step_limit_and_bad_spawns(tmp_path: Path) -> None:
 async def test_events_carry_figures(tmp_path: Path) -> None:
     async with open_runtime(log_events=False) as rt:
         with rt.subscribe() as everything:
-            agent = await rt.spawn("ev", Adder(), tools=[add], config=config(tmp_path))
+            agent = await rt.spawn("ev", Adder(), tools=[add], config=agent_config(tmp_path))
             await agent.prompt("1 + 2")
             kinds: list[str] = []
             while not kinds or kinds[-1] != "turn_end":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from fakes import SECTIONS as HEADINGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,17 +14,6 @@ from cmdc import Message, ToolCall
 from cmdc.compaction.config import DEFAULT_SUMMARY_PROMPT
 from cmdc.compaction.summary import ExtractiveSummarizer, render_transcript, strip_scratchpad, summary_message
 from cmdc.providers import ModelRequest
-
-HEADINGS = [
-    "Primary request and intent",
-    "Key concepts",
-    "Files and code",
-    "Errors and fixes",
-    "All user messages",
-    "Pending tasks",
-    "Current work",
-    "Next step",
-]
 
 TASK = "Build the invoice export: add GET /invoices/export to src/api/routes.py for ticket PAY-4821."
 CONSTRAINTS = [
@@ -414,8 +404,13 @@ def test_strip_scratchpad(answer: str, expected: str) -> None:
 @pytest.mark.parametrize(
     "texts",
     [
-        ["\uf47c\U0009bc2díX\x19°b\x8b\U000e79d4\x88ò\xd7𥆃\U000d6366", "wÖâ\x0c\U0008da92L\uf6a2e\U0008e693\x05",
-         "i[\x15»\U00069bc8\x97\U000844d8û¨\x970Ø\x9d", "%²_\x14", "\x84&\x8c\x7fè\x82"],
+        [
+            "\uf47c\U0009bc2díX\x19°b\x8b\U000e79d4\x88ò\xd7𥆃\U000d6366",
+            "wÖâ\x0c\U0008da92L\uf6a2e\U0008e693\x05",
+            "i[\x15»\U00069bc8\x97\U000844d8û¨\x970Ø\x9d",
+            "%²_\x14",
+            "\x84&\x8c\x7fè\x82",
+        ],
         ["界" * 40 + str(i) for i in range(12)],
     ],
 )
