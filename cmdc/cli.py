@@ -491,6 +491,17 @@ def _history(args: argparse.Namespace) -> int:
     return code
 
 
+async def _print_search(store: OffloadStore | Store, agent: str, args: argparse.Namespace) -> int:
+    """`cmdc history ... --search WORDS`: the best records, one line each."""
+    query = " ".join(args.search)
+    hits = await store.search(agent, query, limit=args.limit or 10)
+    if not hits:
+        print(f"no records match {query!r}")
+    for record in hits:
+        print(_line(record, _snippet(record.message, args.search)))
+    return 0
+
+
 def _print_journal_report(report: JournalReport, *, repaired: bool) -> None:
     print(f"journal {report.path} (id {report.journal or 'none'}, {report.size:,} bytes)")
     print(f"  {report.records} records from {report.compactions} compaction(s)")
@@ -527,13 +538,7 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
             print(md)
         return 0
     if args.search:
-        query = " ".join(args.search)
-        hits = await store.search(agent, query, limit=args.limit or 10)
-        if not hits:
-            print(f"no records match {query!r}")
-        for record in hits:
-            print(_line(record, _snippet(record.message, args.search)))
-        return 0
+        return await _print_search(store, agent, args)
     records = await store.records(agent)
     if args.range:
         first, last = args.range
@@ -609,13 +614,7 @@ async def _show_store_history(args: argparse.Namespace, store: Store, agent: str
                 print(text, end="")
             return 0
         if args.search:
-            query = " ".join(args.search)
-            hits = await store.search(agent, query, limit=args.limit or 10)
-            if not hits:
-                print(f"no records match {query!r}")
-            for record in hits:
-                print(_line(record, _snippet(record.message, args.search)))
-            return 0
+            return await _print_search(store, agent, args)
         if args.range:
             first, last = args.range
             chosen = await store.read_range(agent, first, last)

@@ -61,7 +61,7 @@ import trio
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ._check import optional_integer, optional_seconds
-from .agent import AgentOptions, current_chain
+from .agent import AgentOptions, _as_messages, current_chain
 from .compaction import Compacted, Skipped
 from .compaction.summary import Summarizer
 from .errors import (
@@ -716,16 +716,6 @@ class ClusterAgentRef:
     @property
     def running(self) -> bool:
         return not self._stopped
-
-
-def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, ...]:
-    if isinstance(content, str):
-        return (Message.user(content),)
-    if isinstance(content, Message):
-        return (content,)
-    if isinstance(content, (list, tuple)) and content and all(isinstance(m, Message) for m in content):
-        return tuple(content)
-    raise ConfigError(f"a prompt must be text, a Message or a non-empty list of Messages, got {content!r:.80}")
 
 
 class ClusterSubscription:

@@ -169,16 +169,22 @@ def summary_message(
         "still there and can be read back; the summary below replaces them.\n\n"
     )
     return Message.user(
-        header + text.strip(),
-        metadata={
-            KIND_KEY: SUMMARY_KIND,
-            "cmdc.compaction": compaction,
-            "cmdc.evicted": evicted,
-            "cmdc.offload_path": offload_path,
-            "cmdc.first_seq": first_seq,
-            "cmdc.last_seq": last_seq,
-        },
+        header + text.strip(), metadata=_summary_metadata(compaction, evicted, offload_path, first_seq, last_seq)
     )
+
+
+def _summary_metadata(
+    compaction: int, evicted: int, offload_path: str, first_seq: int, last_seq: int
+) -> dict[str, Any]:
+    """What marks a summary and names the journal range it replaces."""
+    return {
+        KIND_KEY: SUMMARY_KIND,
+        "cmdc.compaction": compaction,
+        "cmdc.evicted": evicted,
+        "cmdc.offload_path": offload_path,
+        "cmdc.first_seq": first_seq,
+        "cmdc.last_seq": last_seq,
+    }
 
 
 def _scrub_value(value: Any, where: str) -> Any:
@@ -233,12 +239,7 @@ def pointer_message(*, compaction: int, evicted: int, offload_path: str, first_s
         f"[Conversation summary #{compaction}] {evicted} messages moved to the journal {offload_path}, "
         f"records {first_seq}-{last_seq}; use recall to read them.",
         metadata={
-            KIND_KEY: SUMMARY_KIND,
-            "cmdc.compaction": compaction,
-            "cmdc.evicted": evicted,
-            "cmdc.offload_path": offload_path,
-            "cmdc.first_seq": first_seq,
-            "cmdc.last_seq": last_seq,
+            **_summary_metadata(compaction, evicted, offload_path, first_seq, last_seq),
             "cmdc.pointer_only": True,
         },
     )

@@ -32,9 +32,9 @@ from typing import Any
 import attrs
 import httpx
 
-from .._check import integer
+from .._check import integer, text
 from .._frozen import thaw
-from ..errors import ConfigError, IncompleteStream, ProviderError
+from ..errors import IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ._http import (
     DEFAULT_DEADLINE,
@@ -104,9 +104,7 @@ class AnthropicProvider(HTTPProvider):
         self.base_url: str = setting(base_url, "ANTHROPIC_BASE_URL", DEFAULT_BASE_URL) or DEFAULT_BASE_URL
         self.api_key = setting(api_key, "ANTHROPIC_API_KEY")
         self.max_output_tokens: int = integer(max_output_tokens, "max_output_tokens")
-        if not isinstance(anthropic_version, str) or not anthropic_version:
-            raise ConfigError(f"anthropic_version must be a non-empty string, got {anthropic_version!r}")
-        self.anthropic_version = anthropic_version
+        self.anthropic_version = text(anthropic_version, "anthropic_version")
         self.url = endpoint(self.base_url, "/v1/messages")
         require_key(
             "AnthropicProvider",
