@@ -88,8 +88,7 @@ PROMPTS = (
     "Last thing for today: summarize every change we made to the deployment so far, as a list I "
     "can paste into the ops ticket OPS-3318.",
     "Thanks. Tomorrow I'll start with the Redis persistence settings. What should I read first?",
-    "One more: which of today's fixes would you monitor first after the next release, and with "
-    "which metric?",
+    "One more: which of today's fixes would you monitor first after the next release, and with which metric?",
     "And which of them is most likely to regress if someone changes the nginx config?",
 )
 

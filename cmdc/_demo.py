@@ -515,9 +515,7 @@ class _Traced:
 
             from .otel import Tracing
         except ImportError:
-            raise DemoError(
-                "--trace needs OpenTelemetry's SDK: pip install 'cmdc[otel]' opentelemetry-sdk"
-            ) from None
+            raise DemoError("--trace needs OpenTelemetry's SDK: pip install 'cmdc[otel]' opentelemetry-sdk") from None
         self.agent = agent
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider()

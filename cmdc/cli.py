@@ -348,9 +348,7 @@ def _compact(args: argparse.Namespace) -> int:
     out: Path = args.out or default_output(path, chat.format)
     # absolute, so the summary names a journal that can be found from anywhere
     url = args.offload_dir if isinstance(args.offload_dir, str) else None  # a store URL
-    offload = (
-        Path(".") if url is not None else (args.offload_dir or path.parent / DEFAULT_OFFLOAD)
-    ).absolute()
+    offload = (Path(".") if url is not None else (args.offload_dir or path.parent / DEFAULT_OFFLOAD)).absolute()
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory")
     if not out.parent.is_dir():

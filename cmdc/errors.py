@@ -86,8 +86,16 @@ class JournalLost(OffloadError):
     the store has durably recorded the loss (a successor journal numbering on from
     `expected_seq`), so a retry writes the whole batch again and never reuses a record number."""
 
-    def __init__(self, message: str, *, expected: str | None = None, found: str | None = None,
-                 expected_seq: int = 0, found_seq: int = 0, why: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        expected: str | None = None,
+        found: str | None = None,
+        expected_seq: int = 0,
+        found_seq: int = 0,
+        why: str = "",
+    ) -> None:
         super().__init__(message)
         self.expected = expected
         self.found = found
@@ -220,6 +228,8 @@ class UsageError(CmdcError):
 
 class DemoError(CmdcError):
     """A demo that cannot start (a missing key, a missing extra); the message says what to do."""
+
+
 class NameLeased(CmdcError):
     """The agent's name is leased to another runtime (another process or node) that has it
     active: this one may not activate it until that lease is released or expires."""

@@ -367,4 +367,3 @@ def _why(exc: BaseException) -> str:
 def _log(kind: str, server: str, **data: Any) -> None:
     if logging_enabled():
         log_event(Event(kind, f"mcp:{server}", {"server": server, **data}, trio.current_time()))
-

@@ -143,4 +143,3 @@ def test_max_continuations_is_checked() -> None:
         AgentOptions(max_continuations=-1)
     with pytest.raises(ConfigError, match="max_continuations"):
         AgentOptions(max_continuations=True)  # type: ignore[arg-type]
-
