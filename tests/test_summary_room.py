@@ -28,6 +28,10 @@ from cmdc.tokens import estimate_tokens_from_messages
 WINDOW = 2_048
 
 
+KEEP = ("messages", 2)
+"""The summary-room tests keep the last two messages."""
+
+
 def history(turns: int, words: int = 120) -> list[Message]:
     out: list[Message] = []
     for i in range(turns):
@@ -39,11 +43,7 @@ def history(turns: int, words: int = 120) -> list[Message]:
 async def test_every_model_request_fits_the_window_with_its_output_budget(tmp_path: Path) -> None:
     model = ScriptedSummaryModel((STRUCTURED, "stop"))
     state = make_state(
-        tmp_path,
-        history(20),
-        compact_keep=("messages", 2),
-        context_window=WINDOW,
-        compact_trigger=("tokens", 1_000_000),
+        tmp_path, history(20), compact_keep=KEEP, context_window=WINDOW, compact_trigger=("tokens", 1_000_000)
     )
     assert state.token_usage > 3 * WINDOW  # far more than one request can hold
     result = await Compactor(model, pin_task=False).force_compact(state)
@@ -57,11 +57,7 @@ async def test_every_model_request_fits_the_window_with_its_output_budget(tmp_pa
 async def test_the_summarizers_own_window_wins(tmp_path: Path) -> None:
     model = ScriptedSummaryModel((STRUCTURED, "stop"))
     state = make_state(
-        tmp_path,
-        history(6),
-        compact_keep=("messages", 2),
-        context_window=100_000,
-        compact_trigger=("tokens", 1_000_000),
+        tmp_path, history(6), compact_keep=KEEP, context_window=100_000, compact_trigger=("tokens", 1_000_000)
     )
     result = await Compactor(model, pin_task=False, summarizer_window=1_024).force_compact(state)
     assert isinstance(result, Compacted) and len(model.requests) > 1
@@ -71,9 +67,7 @@ async def test_the_summarizers_own_window_wins(tmp_path: Path) -> None:
 
 async def test_without_a_known_window_the_request_is_whole(tmp_path: Path) -> None:
     model = ScriptedSummaryModel((STRUCTURED, "stop"))
-    result = await Compactor(model, pin_task=False).force_compact(
-        make_state(tmp_path, history(6), compact_keep=("messages", 2))
-    )
+    result = await Compactor(model, pin_task=False).force_compact(make_state(tmp_path, history(6), compact_keep=KEEP))
     assert isinstance(result, Compacted) and len(model.requests) == 1
 
 
@@ -87,7 +81,7 @@ def test_summarizer_window_is_checked(bad: Any) -> None:
 async def test_a_cut_off_summary_is_refused_and_retried_with_smaller_chunks(tmp_path: Path, stop: str) -> None:
     model = ScriptedSummaryModel((STRUCTURED[:60], stop), (STRUCTURED, "stop"))
     events: list[Event] = []
-    state = make_state(tmp_path, history(6), compact_keep=("messages", 2))
+    state = make_state(tmp_path, history(6), compact_keep=KEEP)
     result = await Compactor(model, pin_task=False, retry_backoff=0, on_event=events.append).force_compact(state)
     assert isinstance(result, Compacted)
     summary = next(m for m in result.state.messages if m.is_summary)
@@ -104,7 +98,7 @@ async def test_an_off_task_answer_is_refused(tmp_path: Path) -> None:
     off_task = "You are correct, when using gunicorn you should set the timeout."
     model = ScriptedSummaryModel((off_task, "stop"), (STRUCTURED, "stop"))
     events: list[Event] = []
-    state = make_state(tmp_path, history(6), compact_keep=("messages", 2))
+    state = make_state(tmp_path, history(6), compact_keep=KEEP)
     result = await Compactor(model, pin_task=False, retry_backoff=0, on_event=events.append).force_compact(state)
     assert isinstance(result, Compacted)
     errors = [e.data["error"] for e in events if e.kind == SUMMARIZER_ATTEMPT and not e.data["ok"]]
@@ -113,7 +107,7 @@ async def test_an_off_task_answer_is_refused(tmp_path: Path) -> None:
 
 async def test_a_bare_compactor_still_fails_when_every_attempt_is_refused(tmp_path: Path) -> None:
     model = ScriptedSummaryModel(("Sure! Here is some text.", "stop"))
-    state = make_state(tmp_path, history(6), compact_keep=("messages", 2))
+    state = make_state(tmp_path, history(6), compact_keep=KEEP)
     with pytest.raises(CompactionError, match="lacks the sections"):
         await Compactor(model, pin_task=False, retries=1, retry_backoff=0).force_compact(state)
 
