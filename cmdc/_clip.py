@@ -21,8 +21,17 @@ MARKER = " [… {omitted} bytes clipped{note} …] "
 """The default marker; `{omitted}` is the number of UTF-8 bytes cut out."""
 
 
+_SLICE = 256 * 1024  # characters encoded by one call when only a size is wanted
+
+
 def utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+    """The size of `text` in UTF-8 (an ASCII text's is its length; a long one is encoded a
+    slice at a time, never in one call)."""
+    if text.isascii():
+        return len(text)
+    if len(text) <= _SLICE:
+        return len(text.encode("utf-8", "surrogatepass"))
+    return sum(len(text[i : i + _SLICE].encode("utf-8", "surrogatepass")) for i in range(0, len(text), _SLICE))
 
 
 def _head(data: bytes, size: int) -> str:
@@ -47,25 +56,31 @@ def clip(
     whole result at most `max_bytes` bytes and shorter than `text` in bytes and in characters.
     When the budget cannot hold the marker, the bare head is returned."""
     max_bytes = max(0, max_bytes)
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= max_bytes:
-        return text
+    if len(text) > max_bytes:  # too long, whatever its bytes: only its ends are encoded
+        size = utf8_len(text)
+        first = text[:max_bytes].encode("utf-8", "surrogatepass")  # at least max_bytes bytes
+        last = text[len(text) - max_bytes :].encode("utf-8", "surrogatepass") if max_bytes else b""
+    else:
+        first = last = text.encode("utf-8", "surrogatepass")
+        size = len(first)
+        if size <= max_bytes:
+            return text
     if max_bytes <= 0:
         return ""
     # The marker with the largest count it could show is an upper bound on its size.
-    widest = marker.format(omitted=len(data), note=note)
+    widest = marker.format(omitted=size, note=note)
     room = max_bytes - utf8_len(widest)
     if room <= 0:
-        return _head(data, max_bytes)
+        return _head(first, max_bytes)
     if keep == "head":
-        head = _head(data, room)
-        out = head + marker.format(omitted=len(data) - utf8_len(head), note=note)
+        head = _head(first, room)
+        out = head + marker.format(omitted=size - utf8_len(head), note=note)
     else:
-        head = _head(data, room - room // 2)
-        tail = _tail(data, room // 2)
-        out = head + marker.format(omitted=len(data) - utf8_len(head) - utf8_len(tail), note=note) + tail
+        head = _head(first, room - room // 2)
+        tail = _tail(last, room // 2)
+        out = head + marker.format(omitted=size - utf8_len(head) - utf8_len(tail), note=note) + tail
     # Multi-byte text can need fewer characters than its marker: then the bare head.
-    return out if len(out) < len(text) else _head(data, max_bytes)
+    return out if len(out) < len(text) else _head(first, max_bytes)
 
 
 def clip_tokens(text: str, tokens: int, **options: object) -> str:
@@ -83,7 +98,10 @@ def clip_line(text: str, max_bytes: int) -> str:
 
 _MIN_PAYLOAD = 512  # shorter base64 runs are left alone (hashes, ids, tokens)
 MEDIA_MIN_BYTES = _MIN_PAYLOAD
-_BASE64_RUN_BYTES = re.compile(rb"[A-Za-z0-9+/_-]{512}")
+_BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
+_BASE64_MARKS = bytes(0x61 if b in _BASE64_ALPHABET else 0x20 for b in range(256))  # a base64 byte -> "a"
+_BASE64_RUN_MARKS = b"a" * _MIN_PAYLOAD
+_STEP = 1 << 20  # bytes `may_hold_base64` looks at per call
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[\w.+-]+)*);base64,([A-Za-z0-9+/=_-]{16,})")
 _BASE64_RUN = re.compile(rf"[A-Za-z0-9+/_-]{{{_MIN_PAYLOAD},}}={{0,2}}")
 
@@ -120,8 +138,14 @@ def image_placeholder(source: str, media_type: str | None, where: str = "") -> s
 
 
 def may_hold_base64(encoded: bytes) -> bool:
-    """A quick test on encoded bytes (a message's JSON): False when no base64 run could be there."""
-    return _BASE64_RUN_BYTES.search(encoded) is not None
+    """A quick test on encoded bytes (a message's JSON): False when no base64 run could be there
+    (no `MEDIA_MIN_BYTES` base64 bytes in a row). A megabyte per step, in two C calls that scan
+    it once each (a regex trying every position took seconds on 50 MB, in one call)."""
+    overlap = _MIN_PAYLOAD - 1
+    for start in range(0, max(1, len(encoded) - overlap), _STEP):
+        if _BASE64_RUN_MARKS in encoded[start : start + _STEP + overlap].translate(_BASE64_MARKS):
+            return True
+    return False
 
 
 def has_media(text: str) -> bool:

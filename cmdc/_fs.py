@@ -9,7 +9,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,14 +73,42 @@ def create_temp(path: Path, mode: int = 0o600) -> tuple[Path, int]:
     raise FileExistsError(errno.EEXIST, f"no free temp name beside {path}")  # pragma: no cover
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace `path` with `data` durably: a new temp file (`create_temp`), written, fsync'd,
-    renamed over `path`, and the directory fsync'd. A reader (or a restart after a crash) sees
-    the old file or the new one; on any failure the temp file is removed."""
+JOIN_MAX = 1024 * 1024
+"""A piece larger than this many bytes is written as it is, not copied into a join."""
+
+
+def write_pieces(fd: int, pieces: Sequence[bytes], group: int = 4096) -> int:
+    """Write `pieces` in order, joined `group` at a time (a piece past `JOIN_MAX` bytes is
+    written on its own: copying megabytes is one long call); return the bytes written."""
+    total = 0
+    batch: list[bytes] = []
+    for piece in pieces:
+        big = len(piece) > JOIN_MAX
+        if batch and (big or len(batch) == group):
+            write_all(fd, b"".join(batch))
+            batch = []
+        total += len(piece)
+        if big:
+            write_all(fd, piece)
+        else:
+            batch.append(piece)
+    if batch:
+        write_all(fd, b"".join(batch))
+    return total
+
+
+def atomic_write(path: Path, data: bytes | Sequence[bytes], mode: int = 0o600) -> None:
+    """Replace `path` with `data` (bytes, or pieces of it) durably: a new temp file
+    (`create_temp`), written, fsync'd, renamed over `path`, and the directory fsync'd. A reader
+    (or a restart after a crash) sees the old file or the new one; on any failure the temp
+    file is removed."""
     temp, fd = create_temp(path, mode)
     try:
         try:
-            write_all(fd, data)
+            if isinstance(data, bytes):
+                write_all(fd, data)
+            else:
+                write_pieces(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -21,7 +21,7 @@ from pathlib import Path
 import trio
 
 from ._check import seconds
-from ._fs import fsync_dir, make_dirs, run_bounded, write_all
+from ._fs import fsync_dir, make_dirs, run_bounded, write_pieces
 from .errors import CheckpointCorrupted, CheckpointError
 from .state import State, validate_agent_id
 
@@ -80,13 +80,13 @@ class CheckpointStore:
         if not isinstance(state, State):
             raise TypeError(f"save takes a State, got {type(state).__name__}")
         path = self.path_for(state.agent_id)
-        data = state.to_json()
         async with self._lock(state.agent_id):
             if state.agent_id in self._stalled:
                 raise CheckpointError(self._stalled[state.agent_id])
             # A cancelled caller waits for the save to finish, but not past write_timeout.
             try:
-                return await run_bounded(self._save_sync, path, state.agent_id, data, limit=self.write_timeout)
+                # encoded in the worker too: a state holding megabytes is a long call
+                return await run_bounded(self._save_sync, path, state.agent_id, state, limit=self.write_timeout)
             except trio.TooSlowError:
                 # The abandoned save may still land later: no newer save may race it.
                 self._stalled[state.agent_id] = (
@@ -95,7 +95,8 @@ class CheckpointStore:
                 )
                 raise CheckpointError(self._stalled[state.agent_id]) from None
 
-    def _save_sync(self, path: Path, agent_id: str, data: bytes) -> Path:
+    def _save_sync(self, path: Path, agent_id: str, state: State) -> Path:
+        data = state.json_pieces()  # a huge message is written from its own bytes, not copied
         directory = path.parent
         temp = directory / f".{path.name}.{secrets.token_hex(8)}.tmp"
         try:
@@ -110,7 +111,7 @@ class CheckpointStore:
         try:
             try:
                 os.fchmod(fd, 0o600)
-                write_all(fd, data)
+                write_pieces(fd, data)
                 doing = "fsync"
                 os.fsync(fd)
             finally:

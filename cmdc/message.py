@@ -356,15 +356,33 @@ class Message:
             raise InvalidMessage(f"malformed message: {exc}") from None
 
     def to_json(self) -> bytes:
-        """The message as compact JSON bytes, encoded once and cached (messages are immutable)."""
+        """The message as compact JSON bytes, encoded once and cached (messages are immutable).
+        A huge text is escaped a slice at a time (the same bytes: JSON escapes each character
+        on its own), so no single call encodes megabytes."""
         data = self._json
         if data is None:
             try:
-                data = orjson.dumps(self._plain(), default=_encode_default)
+                content = self.content
+                if isinstance(content, str) and len(content) > 4 * _CHECK_SLICE:
+                    data = self._json_in_slices(content)
+                else:
+                    data = orjson.dumps(self._plain(), default=_encode_default)
             except orjson.JSONEncodeError as exc:
                 raise InvalidMessage(f"message {self.id} cannot be stored as JSON: {exc}") from None
             object.__setattr__(self, "_json", data)
         return data
+
+    def _json_in_slices(self, content: str) -> bytes:
+        plain = self._plain()
+        plain["content"] = ""
+        empty = orjson.dumps(plain, default=_encode_default)
+        head = b'{"id":%s,"role":%s,"content":"' % (orjson.dumps(self.id), orjson.dumps(self.role))
+        assert empty.startswith(head + b'"')  # the order _plain writes
+        parts = [head]
+        for start in range(0, len(content), _CHECK_SLICE):
+            parts.append(orjson.dumps(content[start : start + _CHECK_SLICE])[1:-1])
+        parts.append(empty[len(head) :])
+        return b"".join(parts)
 
     def json_crc(self) -> int:
         """CRC-32 of `to_json()`, computed once (the offload journal's line checksum uses it)."""

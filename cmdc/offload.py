@@ -61,7 +61,7 @@ import trio
 
 from . import _bigjson
 from ._check import integer, seconds
-from ._fs import atomic_write, fsync_dir, make_dirs, run_bounded, write_all
+from ._fs import atomic_write, fsync_dir, make_dirs, run_bounded, write_all, write_pieces
 from ._search import MAX_QUERY_CHARS, count_call_words, query_words, rank
 from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
 from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit
@@ -268,13 +268,8 @@ def _commit_line(attempts: Sequence[str], journal: str, seq: int) -> bytes:
 
 
 def _write_pieces(fd: int, pieces: list[bytes]) -> int:
-    """Write `pieces` in order, joined a few thousand at a time; return the bytes written."""
-    total = 0
-    for start in range(0, len(pieces), _GROUP):
-        data = b"".join(pieces[start : start + _GROUP])
-        write_all(fd, data)
-        total += len(data)
-    return total
+    """Write `pieces` in order (see `cmdc._fs.write_pieces`); return the bytes written."""
+    return write_pieces(fd, pieces, _GROUP)
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -632,8 +627,21 @@ def _move_aside(side: Path, source: Path, chunks: Sequence[tuple[int, bytes, str
 _BACKTICKS = re.compile(r"`+")
 
 
+_NOT_BACKTICK = re.compile(r"[^`]")
+_TEXT_SLICE = 64 * 1024  # characters of a text one regex call looks at
+
+
 def _longest_backticks(text: str) -> int:
-    return max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    """The longest run of backticks in `text`, a slice at a time (cut where no run is)."""
+    best, start, n = 0, 0, len(text)
+    while start < n:
+        end = min(n, start + _TEXT_SLICE)
+        if end < n and text[end - 1] == "`":
+            m = _NOT_BACKTICK.search(text, end)
+            end = m.start() if m is not None else n
+        best = max(best, max((len(run) for run in _BACKTICKS.findall(text, start, end)), default=0))
+        start = end
+    return best
 
 
 def md_code(text: str) -> str:
@@ -646,25 +654,36 @@ def md_code(text: str) -> str:
 def md_fenced(text: str) -> str:
     """`text` in a fenced code block longer than any backtick run inside it: headings, HTML,
     links and fences in it stay inert text."""
+    return b"".join(_fenced(text)).decode()
+
+
+def _fenced(text: str) -> list[bytes]:
+    """`md_fenced(text)` encoded, in pieces: a huge text a slice at a time."""
     fence = "`" * max(3, _longest_backticks(text) + 1)
-    return f"{fence}text\n{text.rstrip(chr(10))}\n{fence}\n"
+    end = len(text)
+    while end and text[end - 1] == "\n":
+        end -= 1
+    body = [text[i : min(end, i + _TEXT_SLICE * 4)].encode() for i in range(0, end, _TEXT_SLICE * 4)]
+    return [f"{fence}text\n".encode(), *body, f"\n{fence}\n".encode()]
 
 
-def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> bytes:
-    """Markdown for people: only the headings are Markdown; every text that came from a model, a
-    tool or a user is fenced or inline code, so nothing in it renders (a `# Title`, `<script>`)."""
-    out = [f"## Compaction {compaction} — records {records[0][0]}\N{EN DASH}{records[-1][0]}\n"]
+def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> list[bytes]:
+    """Markdown for people, in pieces (a huge text is many): only the headings are Markdown;
+    every text that came from a model, a tool or a user is fenced or inline code, so nothing in
+    it renders (a `# Title`, `<script>`)."""
+    out = [f"## Compaction {compaction} — records {records[0][0]}\N{EN DASH}{records[-1][0]}\n\n".encode()]
     for seq, msg in records:
         head = f"### {seq} · {msg.role}"
         if msg.tool_call_id is not None:
             head += f" (call {md_code(msg.tool_call_id)}{', error' if msg.is_error else ''})"
-        out.append(head + "\n")
+        out.append((head + "\n\n").encode())
         for call in msg.tool_calls:
             args = orjson.dumps(call.to_dict()["arguments"]).decode()
-            out.append(f"- tool call {md_code(call.name)} (id {md_code(call.id)}): {md_code(args)}\n")
+            out.append(f"- tool call {md_code(call.name)} (id {md_code(call.id)}): {md_code(args)}\n\n".encode())
         if msg.text:
-            out.append(md_fenced(msg.text))
-    return ("\n".join(out) + "\n").encode()
+            out += _fenced(msg.text)
+            out.append(b"\n")
+    return out
 
 
 class OffloadStore:
@@ -1306,13 +1325,13 @@ class OffloadStore:
                 if not batches or batches[-1][-1].compaction != r.compaction:
                     batches.append([])
                 batches[-1].append(r)
-            data = b"".join(_transcript(b[0].compaction, [(r.seq, r.message) for r in b]) for b in batches)
+            data = [piece for b in batches for piece in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
             if fd < 0:
                 atomic_write(md, data)
             else:
                 try:
                     if data:
-                        write_all(fd, data)
+                        write_pieces(fd, data)
                         os.fsync(fd)
                 finally:
                     os.close(fd)

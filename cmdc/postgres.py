@@ -175,7 +175,8 @@ def _search_text(message: Message) -> str:
     parts = [message.text]
     for call in message.tool_calls:
         parts += [call.name, orjson.dumps(call.to_dict()["arguments"]).decode()]
-    return " ".join(parts).replace("\x00", " ")
+    text = " ".join(parts) if len(parts) > 1 else parts[0]  # a huge text is not copied for nothing
+    return text.replace("\x00", " ") if "\x00" in text else text
 
 
 def _message_bytes(message: Message) -> tuple[bytes, int]:
@@ -220,9 +221,8 @@ class PostgresCheckpoints:
         if not isinstance(state, State):
             raise TypeError(f"save takes a State, got {type(state).__name__}")
         validate_agent_id(state.agent_id)
-        data = state.to_json()
         attempts = _summary_attempts(state)
-        await self._store._run(self._store._save_sync, state.agent_id, data, attempts, write=True)
+        await self._store._run(self._store._save_sync, state.agent_id, state, attempts, write=True)
         return f"{redact(self._store.url)}#checkpoint/{state.agent_id}"
 
     async def load(self, agent_id: str) -> State | None:
@@ -398,11 +398,10 @@ class PostgresStore:
             if not isinstance(msg, Message):
                 raise InvalidMessage(f"messages[{i}] is a {type(msg).__name__}, not a Message")
         unique = list({m.id: m for m in batch}.values())
-        rows = [(m.id, *_message_bytes(m), _search_text(m)) for m in unique]
         attempt = attempt or "k" + secrets.token_hex(8)
         seqs: dict[str, int]
         want = _wanted(expect)
-        done = await self._run(self._append_sync, agent_id, rows, compaction, attempt, commit, want, write=True)
+        done = await self._run(self._append_sync, agent_id, unique, compaction, attempt, commit, want, write=True)
         if isinstance(done, JournalLost):
             raise done
         journal, seqs, written, pending = done
@@ -487,12 +486,14 @@ class PostgresStore:
         self,
         conn: psycopg.Connection[Any],
         agent_id: str,
-        rows: list[tuple[str, bytes, int, str]],
+        messages: list[Message],
         compaction: int,
         attempt: str,
         commit: bool,
         want: tuple[str | None, int] | None,
     ) -> tuple[str, dict[str, int], int, list[str]] | JournalLost:
+        # encoded here, in the worker thread: a huge message is long calls the trio thread must not make
+        rows = [(m.id, *_message_bytes(m), _search_text(m)) for m in messages]
         with conn.transaction():
             self._fence(conn, agent_id)
             row = self._journal_row(conn, agent_id)
@@ -765,10 +766,12 @@ class PostgresStore:
             if not batches or batches[-1][-1].compaction != r.compaction:
                 batches.append([])
             batches[-1].append(r)
-        return b"".join(_transcript(b[0].compaction, [(r.seq, r.message) for r in b]) for b in batches).decode()
+        pieces = [piece for b in batches for piece in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
+        return b"".join(pieces).decode()
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def _save_sync(self, conn: psycopg.Connection[Any], agent_id: str, data: bytes, attempts: list[str]) -> None:
+    def _save_sync(self, conn: psycopg.Connection[Any], agent_id: str, state: State, attempts: list[str]) -> None:
+        data = state.to_json()  # in the worker: a state holding megabytes is a long call
         with conn.transaction():
             self._fence(conn, agent_id)
             conn.execute(

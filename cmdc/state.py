@@ -62,6 +62,18 @@ def _convert_messages(value: object) -> tuple[Message, ...]:
     return messages
 
 
+ENCODE_LATER = 1 << 20
+"""Characters: a message with a longer text is not encoded when it enters a state, but by the
+worker thread that first needs its JSON (a journal append, a checkpoint save): encoding
+megabytes is one long call, which the trio thread, running every agent, must not make."""
+
+
+def _encode(m: Message) -> None:
+    content = m.content
+    if not (isinstance(content, str) and len(content) > ENCODE_LATER):
+        m.json_crc()
+
+
 @attrs.frozen(hash=False)
 class State:
     """An agent's immutable state: its id, its messages (a tuple), its read-only config and its
@@ -108,7 +120,7 @@ class State:
                 break
         tail = sum(estimate_message_tokens(m) for m in self.messages[index + 1 :])
         for m in self.messages:
-            m.json_crc()  # encode (and checksum) once now, so offloads only copy bytes
+            _encode(m)  # encode (and checksum) once now, so offloads only copy bytes
             estimate_message_tokens(m)  # and estimate, so a compaction's clipping check is a lookup
         object.__setattr__(self, "_baseline_index", index)
         object.__setattr__(self, "_baseline_tokens", base)
@@ -152,7 +164,7 @@ class State:
         for offset, m in enumerate(messages):
             if not isinstance(m, Message):
                 raise InvalidMessage(f"append takes Message values, got {type(m).__name__}")
-            m.json_crc()  # encode (and checksum) once now, O(1) per message: offloads copy bytes
+            _encode(m)  # encode (and checksum) once now, O(1) per message: offloads copy bytes
             if m.tool_calls or m.tool_call_id is not None or m.metadata:
                 calls = calls.add(start + offset, m)
             tokens = estimate_message_tokens(m)
@@ -239,6 +251,29 @@ class State:
         if self.journal_id is not None:
             out["journal"] = {"id": self.journal_id, "seq": self.journal_seq}
         return orjson.dumps(out)
+
+    def json_pieces(self) -> list[bytes]:
+        """`to_json()` in pieces (joined, the same bytes): each message's cached encoding is one
+        piece, so writing a state that holds a huge message copies nothing."""
+        out = {
+            "version": 1,
+            "agent_id": self.agent_id,
+            "messages": [],
+            "config": thaw(self.config),
+            "compactions": self.compactions,
+            "usage_floor": self.usage_floor,
+        }
+        if self.journal_id is not None:
+            out["journal"] = {"id": self.journal_id, "seq": self.journal_seq}
+        empty = orjson.dumps(out)
+        at = empty.index(b'"messages":[]') + len(b'"messages":[')
+        pieces = [empty[:at]]
+        for i, m in enumerate(self.messages):
+            if i:
+                pieces.append(b",")
+            pieces.append(m.to_json())
+        pieces.append(empty[at:])
+        return pieces
 
     @classmethod
     def from_dict(cls, data: object) -> State:

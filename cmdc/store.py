@@ -44,6 +44,7 @@ against both stores shipped:
 
 from __future__ import annotations
 
+import codecs
 import fcntl
 import itertools
 import os
@@ -225,7 +226,7 @@ class FileStore:
 
     async def transcript(self, agent_id: str) -> str:
         path = await self.journal.write_transcript(agent_id)
-        return await trio.to_thread.run_sync(Path(path).read_text, "utf-8")
+        return await trio.to_thread.run_sync(_read_text, path)
 
 
     # -- leases: an exclusive flock on <dir>/<agent>.lease, held while the lease is -------------
@@ -282,6 +283,18 @@ class FileStore:
         for agent_id, token in mine:
             await self.release_lease(agent_id, owner, token)
         return len(mine)
+
+
+def _read_text(path: Path) -> str:
+    """A UTF-8 file's text, decoded a megabyte at a time (a huge file is not one long call;
+    the one string is then made by one copy)."""
+    data = path.read_bytes()
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    step = 1024 * 1024
+    view = memoryview(data)
+    parts = [decoder.decode(view[i : i + step]) for i in range(0, len(data), step)]
+    parts.append(decoder.decode(b"", final=True))
+    return "".join(parts)
 
 
 def _store_report(agent_id: str, report: JournalReport) -> StoreReport:

@@ -25,8 +25,8 @@ TokenCounter = Callable[[Message], int]
 
 
 def estimate_text_tokens(text: str) -> int:
-    """UTF-8 byte length / 4, rounded up."""
-    return (len(text.encode("utf-8")) + 3) // 4
+    """UTF-8 byte length / 4, rounded up (an ASCII text's size is its length: not encoded)."""
+    return ((len(text) if text.isascii() else len(text.encode("utf-8"))) + 3) // 4
 
 
 def _estimate(message: Message) -> int:

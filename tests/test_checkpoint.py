@@ -303,3 +303,14 @@ async def test_the_write_bound_is_real_time_under_a_virtual_clock(tmp_path: Path
             raise OSError("disk on fire")
 
         await run_bounded(broken, limit=5)
+
+
+def test_a_state_in_pieces_is_its_json() -> None:
+    """A checkpoint is written from `State.json_pieces()`: joined, `to_json()` exactly."""
+    from cmdc import Message, State
+
+    empty = State(agent_id="a", config={"k": "é"})
+    assert b"".join(empty.json_pieces()) == empty.to_json()
+    state = empty.append(Message.user("one"), Message.tool_result("c", "x" * 2_000_000), Message.user("three"))
+    assert b"".join(state.json_pieces()) == state.to_json()
+    assert State.from_json(b"".join(state.json_pieces())) == state

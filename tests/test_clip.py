@@ -85,3 +85,67 @@ def test_data_urls_and_base64_runs_become_placeholders() -> None:
     placeholder = image_placeholder(f"data:image/png;base64,{payload}", None, "journal records 3-9")
     assert payload[:50] not in placeholder and "image/png" in placeholder and "records 3-9" in placeholder
     assert "https://x.test/a.png" in image_placeholder("https://x.test/a.png", "image/png")
+
+
+@given(
+    st.lists(st.sampled_from([b" ", b"a", b"Z9", b"+/", b"-_", b"=", b"\xc3\xa9", b"A" * 300]), max_size=40),
+    st.integers(min_value=0, max_value=80),
+)
+def test_the_base64_precheck_is_the_regex_it_replaced(parts: list[bytes], step: int) -> None:
+    """`may_hold_base64` looks a step at a time (runs across a step's end count): the same
+    answer as one regex over the whole (512 base64 bytes in a row)."""
+    import re
+
+    from cmdc import _clip
+
+    data = b"".join(parts)
+    old = _clip._STEP
+    _clip._STEP = max(1, step)
+    try:
+        assert _clip.may_hold_base64(data) == (re.search(rb"[A-Za-z0-9+/_-]{512}", data) is not None)
+    finally:
+        _clip._STEP = old
+
+
+def test_the_token_estimate_of_ascii_text_is_its_length() -> None:
+    for text in ["", "a", "abcd" * 1000 + "x", "é", "😀 ok", "\x00\x7f"]:
+        assert estimate_text_tokens(text) == (len(text.encode()) + 3) // 4
+
+
+def _clip_encoding_all(text: str, max_bytes: int, keep: str, marker: str) -> str:
+    """The clip function as it was (it encoded the whole text): the reference."""
+    from cmdc._clip import _head, _tail
+
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return text
+    if max_bytes <= 0:
+        return ""
+    room = max_bytes - len(marker.format(omitted=len(data), note="").encode())
+    if room <= 0:
+        return _head(data, max_bytes)
+    if keep == "head":
+        head = _head(data, room)
+        out = head + marker.format(omitted=len(data) - len(head.encode()), note="")
+    else:
+        head, tail = _head(data, room - room // 2), _tail(data, room // 2)
+        out = head + marker.format(omitted=len(data) - len(head.encode()) - len(tail.encode()), note="") + tail
+    return out if len(out) < len(text) else _head(data, max_bytes)
+
+
+@given(
+    st.lists(st.sampled_from(["a", "é", "😀", " ", "\ud800", "xyz"]), max_size=80).map("".join),
+    st.integers(min_value=0, max_value=60),
+    st.sampled_from(["middle", "head"]),
+    st.sampled_from([" [… {omitted} …] ", "", "[{omitted}]"]),
+)
+def test_clip_encodes_only_the_ends_of_a_long_text(text: str, max_bytes: int, keep: str, marker: str) -> None:
+    from cmdc import _clip
+
+    old = _clip._SLICE
+    _clip._SLICE = 3
+    try:
+        got = clip(text, max_bytes, keep=keep, marker=marker)  # type: ignore[arg-type]
+    finally:
+        _clip._SLICE = old
+    assert got == _clip_encoding_all(text, max_bytes, keep, marker)

@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cmdc.offload as offload
+from cmdc._fs import JOIN_MAX
 from cmdc.errors import ConfigError, OffloadError
 from cmdc.message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from cmdc.offload import AppendResult, OffloadStore
@@ -812,3 +813,42 @@ def test_a_damaged_huge_line_is_detected(tmp_path: Path) -> None:
     report = trio.run(store.verify, "a")
     assert len(report.damaged) == 1 and report.damaged[0].reason.startswith("not valid JSON")
     assert report.records == 2 and trio.run(store.search, "a", "start") == []
+
+
+@given(text=st.lists(st.sampled_from(["a", "`", "``", "```", " ", "é", "\n"]), max_size=60).map("".join))
+def test_backtick_runs_are_found_a_slice_at_a_time(text: str) -> None:
+    import re
+
+    old = offload._TEXT_SLICE
+    offload._TEXT_SLICE = 3
+    try:
+        found = offload._longest_backticks(text)
+    finally:
+        offload._TEXT_SLICE = old
+    assert found == max((len(r) for r in re.findall("`+", text)), default=0)
+
+
+@given(text=_TRICKY, slice_=st.integers(min_value=1, max_value=9), meta=st.booleans())
+def test_a_huge_message_is_encoded_in_slices_as_whole(text: str, slice_: int, meta: bool) -> None:
+    """A text past 4 slices is escaped a slice at a time: the same bytes as one encoding."""
+    import cmdc.message as message_module
+
+    old = message_module._CHECK_SLICE
+    message_module._CHECK_SLICE = slice_
+    try:
+        m = Message.tool_result('c"1', text, metadata={"k": "é"} if meta else {})
+        data = m.to_json()
+    finally:
+        message_module._CHECK_SLICE = old
+    assert data == orjson.dumps(m._plain(), default=message_module._encode_default)
+    assert Message.from_json(data) == m
+
+
+def test_a_huge_piece_is_written_without_joining_it(tmp_path: Path) -> None:
+    """Lines around a message past `JOIN_MAX` are written in order, the big one on its own."""
+    store = OffloadStore(tmp_path)
+    big = "b" * (JOIN_MAX + 10)
+    batch = [Message.user("one"), Message.user(big), Message.user("three")]
+    trio.run(store.append, "a", batch)
+    assert trio.run(store.read, "a") == batch
+    assert trio.run(store.verify, "a").clean

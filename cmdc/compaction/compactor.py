@@ -56,6 +56,8 @@ from .finalize import Finalize, FinalizeContext, run_finalize
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions
 from .summary import Summarizer, pointer_message
 
+_REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
+
 Reason = Literal["auto", "forced", "manual"]
 T = TypeVar("T")
 
@@ -584,7 +586,13 @@ class Compactor:
         """The previous summary first, then every other evicted message, media as placeholders
         and large parts clipped; retries, fallbacks, failover (see `attempts`). The pinned task
         stays in the context verbatim, so the summarizer is told not to restate it."""
-        ordered = reduced(_summaries_first(state, split.evicted), self.options.reduce_tokens, written)
+        evicted = _summaries_first(state, split.evicted)
+        if sum(m._tokens or estimate_message_tokens(m) for m in evicted) > _REDUCE_INLINE_TOKENS:
+            # Scanning megabytes for media and clipping them is many short calls: a worker
+            # thread does it, so the trio thread runs other agents meanwhile.
+            ordered = await trio.to_thread.run_sync(reduced, evicted, self.options.reduce_tokens, written)
+        else:
+            ordered = reduced(evicted, self.options.reduce_tokens, written)
         prompt = config.summary_prompt
         if task is not None:
             prompt += (
