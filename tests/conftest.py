@@ -3,6 +3,12 @@
 PostgreSQL tests run when `CMDC_TEST_POSTGRES_URL` names a server (`eval "$(scripts/pg_test.sh
 start)"` starts a throwaway one) and are skipped otherwise, unless `CMDC_REQUIRE_POSTGRES=1`
 (as in CI), which makes a missing server or driver a failure.
+
+Hypothesis runs under the profile "cmdc" (loaded here, before any test module builds its
+settings, so theirs inherit it): no per-example deadline and no too-slow health check, since
+tests never depend on timing and a loaded 2-core machine stalls single examples; example counts
+stay hypothesis' default (100) unless a test sets its own. `CMDC_HYPOTHESIS_PROFILE=thorough`
+runs ten times as many examples.
 """
 
 from __future__ import annotations
@@ -13,6 +19,11 @@ import urllib.parse
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("cmdc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", settings.get_profile("cmdc"), max_examples=1_000)
+settings.load_profile(os.environ.get("CMDC_HYPOTHESIS_PROFILE", "cmdc"))
 
 HOW = (
     'PostgreSQL tests need a server: run `eval "$(scripts/pg_test.sh start)"`, rerun pytest, '

@@ -667,22 +667,37 @@ def test_line_round_trip_property(text: str, metadata: dict[str, Any], seq: int,
 
 async def test_a_stalled_disk_is_bounded_and_fails_the_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
-    import time
 
-    release = threading.Event()
+    release, entered, left = threading.Event(), threading.Event(), threading.Event()
     real_fsync = os.fsync
 
-    def stalled(fd: int) -> None:
-        release.wait(5)  # a disk that does not answer (released at the end of the test)
+    def stalled(fd: int) -> None:  # a disk that does not answer (released at the end of the test)
+        entered.set()
+        release.wait(60)
         real_fsync(fd)
+        left.set()
 
     store = OffloadStore(tmp_path, write_timeout=0.2)
     monkeypatch.setattr(os, "fsync", stalled)
-    start = time.monotonic()
-    with trio.move_on_after(0.05):  # the caller gives up while the write runs: it still waits,
-        with pytest.raises(OffloadError, match="did not finish within"):  # but only until the bound
-            await store.append("a", users(1))
-    assert time.monotonic() - start < 3
+    outcome: list[BaseException] = []
+
+    async def caller(scope: trio.CancelScope) -> None:
+        with scope:
+            try:
+                await store.append("a", users(1))
+            except OffloadError as exc:  # (a Cancelled would end the scope and leave this empty)
+                outcome.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+        nursery.start_soon(caller, scope)
+        await trio.to_thread.run_sync(entered.wait)
+        scope.cancel()  # the caller gives up while the write runs: it still waits for the
+        # write's outcome, but only until the bound
+    assert len(outcome) == 1 and isinstance(outcome[0], OffloadError), outcome
+    assert "did not finish within" in str(outcome[0])
+    # it gave up while the disk still stalled: it did not wait for the fsync
+    assert entered.is_set() and not left.is_set()
     with pytest.raises(OffloadError, match="later appends are refused"):
         await store.append("a", users(1))
     release.set()
