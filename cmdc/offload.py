@@ -50,8 +50,11 @@ import secrets
 import stat
 import time
 import zlib
+from array import array
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -77,6 +80,8 @@ _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
 _HEAD = b'{"message":'
 _HEADS = (_HEAD, b'{"journal":', b'{"commit":')
 _ID_HEAD = b'{"message":{"id":"'  # how a message line starts (cmdc writes the id first)
+_CACHED_CRC = attrgetter("_json_crc")
+_MESSAGE_ID = attrgetter("id")
 _ID = re.compile(r"[jk][0-9a-f]{16}")
 _LEGACY_KEYS = frozenset({"seq", "compaction", "ts", "message", "crc"})
 _MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
@@ -185,6 +190,83 @@ class _Line:
     attempts: tuple[str, ...] = ()
 
 
+Known = tuple[int, int, "str | None", int]  # a remembered record: seq, crc, attempt, compaction
+
+
+class _Known:
+    """The records a writer remembers, by message id: (seq, crc, attempt, compaction). Kept as
+    an index into flat arrays, with the attempt and compaction once per batch: remembering a
+    batch of n messages allocates no object per record (n tuples would feed the garbage
+    collector, which then walks every live object: tens of ms for a 50k-message batch)."""
+
+    __slots__ = ("crcs", "index", "run_of", "runs", "seqs")
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}  # message id -> position in the arrays
+        self.seqs: array[int] = array("q")
+        self.crcs: array[int] = array("I")
+        self.run_of: array[int] = array("l")  # position -> index in `runs`
+        self.runs: list[tuple[str | None, int]] = []  # (attempt, compaction) of each batch
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self.index
+
+    @property
+    def garbage(self) -> int:
+        """Array entries no id points to any more (records remembered again at another number)."""
+        return len(self.seqs) - len(self.index)
+
+    def get(self, message_id: str) -> Known | None:
+        i = self.index.get(message_id)
+        if i is None:
+            return None
+        attempt, compaction = self.runs[self.run_of[i]]
+        return self.seqs[i], self.crcs[i], attempt, compaction
+
+    def add(
+        self, ids: Sequence[str], seqs: Iterable[int], crcs: Iterable[int], attempt: str | None, compaction: int
+    ) -> None:
+        """Remember the records of one batch (replacing what was remembered for those ids)."""
+        base, n = len(self.seqs), len(ids)
+        self.seqs.extend(seqs)
+        self.crcs.extend(crcs)
+        self.run_of.extend(repeat(len(self.runs), n))
+        self.runs.append((attempt, compaction))
+        if not len(self.seqs) == len(self.crcs) == base + n:
+            raise AssertionError("a remembered batch needs one number and one checksum per message")
+        self.index.update(zip(ids, range(base, base + n), strict=True))
+
+    def add_records(self, records: dict[str, Known], only_new: bool = False) -> None:
+        """Remember records learned one by one (grouped by attempt and compaction)."""
+        groups: dict[tuple[str | None, int], list[tuple[str, int, int]]] = {}
+        for mid, (seq, crc, attempt, compaction) in records.items():
+            if not (only_new and mid in self.index):
+                groups.setdefault((attempt, compaction), []).append((mid, seq, crc))
+        for (attempt, compaction), rows in groups.items():
+            ids, seqs, crcs = zip(*rows, strict=True)
+            self.add(ids, seqs, crcs, attempt, compaction)
+
+    def items(self) -> Iterator[tuple[str, str | None]]:
+        """(message id, attempt) of every remembered record."""
+        runs, run_of = self.runs, self.run_of
+        for mid, i in self.index.items():
+            yield mid, runs[run_of[i]][0]
+
+    def kept(self, keep: Any) -> _Known:
+        """A copy holding only the records whose attempt `keep(attempt)` accepts."""
+        out = _Known()
+        rows: dict[str, Known] = {}
+        for mid, i in self.index.items():
+            attempt, compaction = self.runs[self.run_of[i]]
+            if keep(attempt):
+                rows[mid] = (self.seqs[i], self.crcs[i], attempt, compaction)
+        out.add_records(rows)
+        return out
+
+
 @attrs.define
 class _Journal:
     """What a store knows about one agent's journal; guarded by `lock`."""
@@ -199,9 +281,7 @@ class _Journal:
     journal: str | None = None  # the journal's id
     seq: int = 0  # the highest record number given out in it
     parents: dict[str, str | None] = attrs.field(factory=dict)  # journal -> the one it follows (link lines)
-    known: dict[str, tuple[int, int, str | None, int]] = attrs.field(
-        factory=dict
-    )  # id -> seq, crc, attempt, compaction
+    known: _Known = attrs.field(factory=_Known)  # records this writer remembers
     committed: set[str] = attrs.field(factory=set)
     expected: tuple[str, int] | None = None  # (journal, highest record number) this store last wrote
 
@@ -750,9 +830,10 @@ class OffloadStore:
         if expect is not None and not isinstance(expect, JournalRef):
             raise ConfigError(f"expect must be a JournalRef, got {expect!r}")
         batch = tuple(messages)
-        for i, msg in enumerate(batch):
-            if not isinstance(msg, Message):
-                raise InvalidMessage(f"messages[{i}] is a {type(msg).__name__}, not a Message")
+        if set(map(type, batch)) - {Message}:  # one C pass in the common case; then find the culprit
+            for i, msg in enumerate(batch):
+                if not isinstance(msg, Message):
+                    raise InvalidMessage(f"messages[{i}] is a {type(msg).__name__}, not a Message")
         args = (agent_id, path, batch, compaction, attempt or new_attempt_id(), expect, commit)
         result: AppendResult = await self._locked(agent_id, path, self._append_sync, *args)
         return result
@@ -845,7 +926,7 @@ class OffloadStore:
                 size = cut = size + 1
         identity: _Line | None = None
         last = b""
-        known: dict[str, tuple[int, int, str | None, int]] = {}
+        known: dict[str, Known] = {}
         committed: set[str] = set()
         commit_seen = False
         scanned = 0
@@ -894,17 +975,17 @@ class OffloadStore:
         journal.inode, journal.size, journal.last = inode, size, last
         if identity is None:  # an empty file
             journal.journal = None
-            journal.known, journal.committed = {}, set()
+            journal.known, journal.committed = _Known(), set()
             if not same_file:
                 journal.seq = 0 if prior_journal is None else journal.seq
             return
         if identity.journal != prior_journal or not same_file:
-            journal.known, journal.committed = {}, set()
+            journal.known, journal.committed = _Known(), set()
         if identity.journal != prior_journal:
             journal.seq = 0
         journal.journal = identity.journal
         journal.seq = max(journal.seq, identity.seq)
-        journal.known.update(known)
+        journal.known.add_records(known)
         journal.committed |= committed
 
     def _expect(
@@ -945,7 +1026,7 @@ class OffloadStore:
         if size == 0:
             fsync_dir(path.parent)
         journal.journal, journal.seq = successor, seq
-        journal.known, journal.committed = {}, set()
+        journal.known, journal.committed = _Known(), set()
         journal.parents[successor] = exp_id
         journal.expected = None
         journal.size, journal.last = size + len(line), line
@@ -991,11 +1072,11 @@ class OffloadStore:
         if not batch:
             first = self._peek_next_seq(path, journal)
             return AppendResult(path, first, first - 1, 0, journal.journal, attempt)
-        ids = [m.id for m in batch]
+        ids = list(map(_MESSAGE_ID, batch))
         in_batch = set(ids)
         if len(in_batch) != len(ids):  # a message repeated within the batch: written once
             batch = tuple(dict(zip(ids, batch, strict=True)).values())
-            ids = [m.id for m in batch]
+            ids = list(map(_MESSAGE_ID, batch))
         doing = "open"
         try:
             fd = self._open_locked(path)
@@ -1009,12 +1090,12 @@ class OffloadStore:
                 # The journal holds records the caller's state has not seen (a retry after an
                 # abandoned attempt, a state resumed from an older checkpoint): some messages of
                 # the batch may be among them, further back than the end this store has read.
-                unknown = in_batch.difference(journal.known)
+                unknown = in_batch.difference(journal.known.index)
                 if unknown:
                     self._learn_since(fd, path, journal, expect.seq, unknown)
             pending = {attempt}
             first = journal.seq + 1
-            if in_batch.isdisjoint(journal.known):  # the common case: every message is new
+            if in_batch.isdisjoint(journal.known.index):  # the common case: every message is new
                 fresh: Sequence[Message] = batch
                 seqs = list(range(first, first + len(batch)))
                 next_seq = first + len(batch)
@@ -1059,14 +1140,10 @@ class OffloadStore:
             journal.size, journal.last = size + written, _last_line(pieces)
             journal.journal, journal.seq = jid, high
             journal.expected = (jid, high)
-            known = journal.known
-            if fresh is batch:
-                rows = zip(ids, batch, seqs, strict=True)
-                known.update({i: (s, m.json_crc(), attempt, compaction) for i, m, s in rows})
-            else:
-                for m, s in zip(batch, seqs, strict=True):
-                    if m.id not in known or known[m.id][0] != s:
-                        known[m.id] = (s, m.json_crc(), attempt, compaction)
+            # the fresh records are numbered first, first + 1, ... in the batch's order (and
+            # _record_pieces left each message's checksum cached)
+            fresh_ids = ids if fresh is batch else [m.id for m in fresh]
+            journal.known.add(fresh_ids, range(first, next_seq), map(_CACHED_CRC, fresh), attempt, compaction)
             if commit and ordered:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)
@@ -1082,7 +1159,7 @@ class OffloadStore:
     def _learn_since(fd: int, path: Path, journal: _Journal, since: int, wanted: set[str]) -> None:
         """Learn the records of the `wanted` messages numbered after `since`, and the commits
         after them, reading back from the end (only the lines of wanted messages are decoded)."""
-        learned: dict[str, tuple[int, int, str | None, int]] = {}
+        learned: dict[str, Known] = {}
         committed: set[str] = set()
         left = len(wanted)
         for offset, line in _lines_back(fd, journal.size):
@@ -1110,8 +1187,7 @@ class OffloadStore:
             elif line.startswith(_HEADS[2]):
                 with contextlib.suppress(OffloadCorrupted):
                     committed.update(_decode_line(line, f"{path}: byte {offset}").attempts)
-        for mid, rec in learned.items():
-            journal.known.setdefault(mid, rec)
+        journal.known.add_records(learned, only_new=True)
         journal.committed |= committed
 
     @staticmethod
@@ -1123,11 +1199,10 @@ class OffloadStore:
         attempts whose records it reuses are added to `pending`. An uncommitted attempt's
         records are reused only by a retry of its compaction that holds every one of them:
         committing the retry commits the whole attempt."""
-        partial = {
-            k[2]
-            for i, k in journal.known.items()
-            if k[2] is not None and k[2] not in journal.committed and i not in in_batch
-        }
+        done = journal.committed
+        partial: set[str | None] = set()
+        if any(a is not None and a not in done for a, _ in journal.known.runs):
+            partial = {a for i, a in journal.known.items() if a is not None and a not in done and i not in in_batch}
         seqs: list[int] = []
         fresh: list[Message] = []
         for m in batch:
@@ -1153,12 +1228,11 @@ class OffloadStore:
     def _prune(journal: _Journal, kept: Sequence[str]) -> None:
         """Past `_KNOWN` remembered records, forget those of attempts committed before `kept`
         (retries repeat the latest attempts and uncommitted ones)."""
-        if len(journal.known) <= _KNOWN:
+        if len(journal.known) <= _KNOWN and journal.known.garbage <= _KNOWN:
             return
         keep = set(kept)
         done = journal.committed
-        known = journal.known.items()
-        journal.known = {i: k for i, k in known if k[2] is not None and (k[2] in keep or k[2] not in done)}
+        journal.known = journal.known.kept(lambda a: a is not None and (a in keep or a not in done))
 
     def _commit_sync(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
@@ -57,6 +58,7 @@ from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions
 from .summary import Summarizer, pointer_message
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
+_CACHED_TOKENS = attrgetter("_tokens")
 
 Reason = Literal["auto", "forced", "manual"]
 T = TypeVar("T")
@@ -225,6 +227,9 @@ class Compactor:
 
     def _sum(self, messages: Sequence[Message]) -> int:
         if self.options.token_counter is None:  # estimates are cached on the messages
+            cached = list(map(_CACHED_TOKENS, messages))
+            if None not in cached:
+                return sum(cached)
             return sum(m._tokens or estimate_message_tokens(m) for m in messages)
         return sum(self.count(m) for m in messages)
 
