@@ -113,20 +113,21 @@ async def time_default(
     return statistics.median(samples), statistics.median(cpu), summary, after
 
 
-async def time_chained(root: Path, rounds: int, batch: int = 40) -> list[tuple[int, float, int]]:
+async def time_chained(root: Path, rounds: int, batch: int = 40) -> list[tuple[int, float, int, float]]:
     """`rounds` chained compactions by the default Compactor with a 10^9 trigger: before each,
-    `batch` new messages are appended; (compaction number, seconds, summary tokens) per round."""
+    `batch` new messages are appended; (compaction number, seconds, summary tokens, CPU
+    seconds) per round."""
     state = State(agent_id="chained", config={"compact_trigger": ("tokens", 10**9), "compact_offload_dir": str(root)})
     compactor = Compactor()
     out = []
     for i in range(rounds):
         state = state.append(*conversation(batch, seed=1_000 + i, system=False, usage=False))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = await compactor.force_compact(state)
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert isinstance(result, Compacted)
         state = result.state
-        out.append((i + 1, seconds, result.report.summary_tokens))
+        out.append((i + 1, seconds, result.report.summary_tokens, cpu))
     return out
 
 
@@ -141,29 +142,42 @@ async def default_table(
         f"{'messages':>9} {'trigger':>9} {'summarizer':>11} {'wall ms':>9} {'cpu ms':>9} {'target':>7}"
         f" {'summary tok':>12} {'tokens after':>13}"
     )
+    summaries: dict[int, int] = {}  # size -> summary tokens (instant summarizer, default trigger)
     with tempfile.TemporaryDirectory() as tmp:
         for extractive in summarizers:
             for n in sizes:
                 for trigger in (None, 10**9):
                     seconds, cpu, summary, after = await time_default(n, Path(tmp), reps, trigger, extractive)
                     target = None if extractive else TARGETS_MS.get(n)
+                    if trigger is None:
+                        summaries.setdefault(n, summary)
                     print(
                         f"{n:>9} {'default' if trigger is None else '1e9':>9} "
                         f"{'extractive' if extractive else 'instant':>11} {seconds * 1e3:>9.1f} {cpu * 1e3:>9.1f} "
                         f"{'' if target is None else f'< {target:.0f}':>7} {summary:>12,} {after:>13,}"
                     )
         chain = await time_chained(Path(tmp), rounds) if rounds else []
-    if not chain:
-        return
-    print(f"\n{rounds} chained compactions (40 new messages each, trigger 1e9, default Compactor)")
-    print(f"{'compaction':>11} {'ms':>9} {'summary tok':>12}")
-    marks = sorted({1, 2, 10, 100, rounds // 2, rounds} & set(range(1, rounds + 1)))
-    for number, seconds, summary in chain:
-        if number in marks:
-            print(f"{number:>11} {seconds * 1e3:>9.1f} {summary:>12,}")
-    first = statistics.median(s for _, s, _ in chain[: max(1, rounds // 10)])
-    last = statistics.median(s for _, s, _ in chain[-max(1, rounds // 10) :])
-    print(f"  median ms, first tenth: {first * 1e3:.1f}; last tenth: {last * 1e3:.1f}")
+    if chain:
+        print(f"\n{rounds} chained compactions (40 new messages each, trigger 1e9, default Compactor)")
+        print(f"{'compaction':>11} {'wall ms':>9} {'cpu ms':>9} {'summary tok':>12}")
+        marks = sorted({1, 2, 10, 100, rounds // 2, rounds} & set(range(1, rounds + 1)))
+        for number, seconds, summary, cpu in chain:
+            if number in marks:
+                print(f"{number:>11} {seconds * 1e3:>9.1f} {cpu * 1e3:>9.1f} {summary:>12,}")
+        k = min(100, max(1, rounds // 10))
+        head, tail = chain[:k], chain[-k:]
+
+        def ms(rows: list[tuple[int, float, int, float]], i: int) -> float:
+            return statistics.median(c[i] for c in rows) * 1e3
+
+        print(
+            f"  per compaction, first {k} vs last {k}: median wall {ms(head, 1):.1f} vs {ms(tail, 1):.1f} ms,"
+            f" median cpu {ms(head, 3):.1f} vs {ms(tail, 3):.1f} ms;"
+            f" summary tokens {max(c[2] for c in head):,} vs {max(c[2] for c in tail):,} (largest)"
+        )
+    sizes_text = ", ".join(f"{n:,} messages {t:,}" for n, t in summaries.items())
+    after = f"; after {rounds:,} chained compactions {chain[-1][2]:,}" if chain else ""
+    print(f"\nsummary tokens (default Compactor, default trigger): {sizes_text}{after}")
 
 
 TARGETS_MS = {1_000: None, 10_000: 30.0, 50_000: 150.0}  # one compaction, by conversation size
