@@ -459,6 +459,17 @@ def _decode_record(line: bytes, where: str) -> JournalRecord:
     return decoded.record
 
 
+def _remember(known: dict[str, Known], committed: set[str], r: JournalRecord) -> None:
+    """Reading a journal back from its end: keep, for each message, the record readers show
+    (its earliest record of a committed attempt; `committed` holds the attempts of the
+    commit lines read so far, which follow their records), else its latest record (the one a
+    retry repeats). Never an older record of an attempt nobody committed: a retry would then
+    write the message again while reusing its other records, and committing those would show
+    the message at a number the retry did not report."""
+    if r.message.id not in known or r.attempt in committed:
+        known[r.message.id] = (r.seq, r.message.json_crc(), r.attempt, r.compaction)
+
+
 def _summary_attempts(message: Message) -> tuple[str, ...]:
     if not message.is_summary:
         return ()
@@ -959,7 +970,7 @@ class OffloadStore:
             if r is not None:
                 if r.attempt is None:
                     break  # written by an older cmdc: nothing to learn further back
-                known[r.message.id] = (r.seq, r.message.json_crc(), r.attempt, r.compaction)
+                _remember(known, committed, r)
             # Back past the uncommitted attempts at the end (a retry repeats them) and the
             # latest commits, within a constant budget: never the whole file.
             if scanned > (_RECENT if commit_seen else _SCAN_LIMIT):
@@ -1181,9 +1192,7 @@ class OffloadStore:
                     continue
                 if r.message.id in wanted and r.attempt is not None:
                     left -= r.message.id not in learned
-                    learned[r.message.id] = (r.seq, r.message.json_crc(), r.attempt, r.compaction)
-                    if not left:
-                        break
+                    _remember(learned, committed | journal.committed, r)
             elif line.startswith(_HEADS[2]):
                 with contextlib.suppress(OffloadCorrupted):
                     committed.update(_decode_line(line, f"{path}: byte {offset}").attempts)

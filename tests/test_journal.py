@@ -306,6 +306,23 @@ async def test_a_truncated_journal_is_detected_and_numbers_go_on(tmp_path: Path)
         await OffloadStore(tmp_path).append(AGENT, [Message.user("x")], expect=ref)
 
 
+async def test_a_restarted_writer_remembers_the_latest_attempt_of_a_message(tmp_path: Path) -> None:
+    """Found by the crash test (a message read at 26, its append said 35): a message written by
+    two attempts nobody committed (compactions 3 and 4), then retried by a new process. The
+    writer remembered the older record (compaction 3, not reusable), so it wrote the message
+    again, while reusing the other records of the compaction-4 attempt; committing that attempt
+    showed the message at its old number, not the one the append reported."""
+    x, ce, cf, y1, y2, z = (Message.user(t) for t in ("x", "ce", "cf", "y1", "y2", "z"))
+    store = OffloadStore(tmp_path)
+    await store.append(AGENT, [x, ce, cf], compaction=3, commit=False)
+    second = await store.append(AGENT, [ce, cf, y1, y2], compaction=4, commit=False)
+    assert second.written == 4  # the compaction-3 records are not reused by compaction 4
+    retry = await OffloadStore(tmp_path).append(AGENT, [ce, cf, y1, y2, z], compaction=4)  # a new process
+    visible = {r.message.id: r.seq for r in await OffloadStore(tmp_path).records(AGENT)}
+    assert [visible[m.id] for m in (ce, cf, y1, y2, z)] == list(retry.seqs)
+    assert retry.seqs[:4] == second.seqs and retry.written == 1  # the compaction-4 attempt, reused whole
+
+
 async def test_a_chain_of_recorded_losses_is_followed_after_a_restart(tmp_path: Path) -> None:
     """j1 vanished (j2 follows it), then j2 was found truncated (j3 follows j2): a restarted
     writer whose state still names j1 goes on in j3 without reporting a loss again."""
