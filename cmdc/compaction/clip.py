@@ -6,6 +6,8 @@ large for the model. The journal always holds the originals whole."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 import attrs
@@ -28,6 +30,7 @@ _INPUT_MARKER = "\n[… {omitted} more bytes clipped; {note}]"
 
 # A message below this estimate holds no image part and no base64 run worth a placeholder.
 _MEDIA_MIN_TOKENS = min(IMAGE_TOKENS, MEDIA_MIN_BYTES // 4)
+_CACHED_TOKENS = attrgetter("_tokens")
 
 
 # -- the summarizer's input ---------------------------------------------------------------------
@@ -43,10 +46,12 @@ def reduced(messages: Sequence[Message], limit: int | None, written: AppendResul
     out: list[Message] | None = None
     large: list[int] = []
     cap = limit if limit is not None else 1 << 62
-    for i, m in enumerate(messages):
-        tokens = m._tokens or estimate_message_tokens(m)
-        if tokens < _MEDIA_MIN_TOKENS:  # too small for an image part or a base64 run
-            continue
+    tokens_of = list(map(_CACHED_TOKENS, messages))
+    if None in tokens_of:
+        tokens_of = [m._tokens or estimate_message_tokens(m) for m in messages]
+    # smaller ones cannot hold an image part or a base64 run (picked out in C: no loop here)
+    for i in compress(range(len(tokens_of)), map(_MEDIA_MIN_TOKENS.__le__, tokens_of)):
+        m, tokens = messages[i], tokens_of[i]
         encoded = m.to_json()
         if b"base64," in encoded or may_hold_base64(encoded):
             plain = without_media(m, where)
