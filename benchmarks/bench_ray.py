@@ -94,6 +94,16 @@ def _machine_busy() -> tuple[float, float]:
     return (sum(values) - idle) / _TICK, sum(values) / _TICK
 
 
+def _schedstat(pid: int, tid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of one thread so far."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            on_cpu, waiting = f.read().split()[:2]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
 def _self_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -102,7 +112,10 @@ def _self_cpu() -> float:
 async def _snapshot(rt: Any) -> dict[str, float]:
     stats = await rt.stats()
     busy, total = _machine_busy()
+    threads = [_schedstat(s["pid"], s["trio_tid"]) for s in stats.values()]
     return {
+        "trio_cpu": sum(t[0] for t in threads),
+        "trio_wait": sum(t[1] for t in threads),
         "driver": _self_cpu(),
         "nodes": sum(s["cpu_ms"] for s in stats.values()) / 1000,
         "postgres": sum(_proc_cpu(p) for p in _postgres_pids()),
@@ -173,6 +186,9 @@ async def throughput(url: str, nodes: int, agents: int, turns: int, tag: str) ->
             "nodes_ms": cpu["nodes"] / done * 1000,
             "postgres_ms": cpu["postgres"] / done * 1000,
             "machine_busy": cpu["busy"] / cpu["total"] if cpu["total"] else 0.0,
+            # each node's trio thread: share of the wall clock on a CPU, and waiting for one
+            "trio_on_cpu": cpu["trio_cpu"] / wall / nodes,
+            "trio_waiting": cpu["trio_wait"] / wall / nodes,
             "cores": os.cpu_count() or 1,
         }
 
@@ -268,13 +284,17 @@ def measure(url: str, *, quick: bool = False, out: Any = print) -> dict[str, Any
             f"turns per second, {agents} agents x {turns} turns at once, SimulatedModel waiting "
             f"{LATENCY * 1000:.0f} ms per call (no CPU limit: {agents / LATENCY:,.0f}/s):"
         )
-        out("  nodes   turns/s   CPU ms per turn: caller  nodes  PostgreSQL   machine busy   load")
+        out(
+            "  nodes   turns/s   CPU ms per turn: caller  nodes  PostgreSQL   machine busy   "
+            "a node's trio thread: on CPU / waiting for one   load"
+        )
         for nodes in (1, 2, 3):
             r = trio.run(throughput, url, nodes, agents, turns, f"t{nodes}-{time.time_ns()}")
             figures[f"nodes_{nodes}"] = r
             out(
                 f"  {nodes:>5} {r['rate']:9.1f}   {r['driver_ms']:22.2f} {r['nodes_ms']:6.2f} {r['postgres_ms']:11.2f}"
-                f"   {r['machine_busy'] * 100:11.0f}%   {os.getloadavg()[0]:4.1f}"
+                f"   {r['machine_busy'] * 100:11.0f}%   {r['trio_on_cpu'] * 100:34.0f}%"
+                f" / {r['trio_waiting'] * 100:3.0f}%   {os.getloadavg()[0]:4.1f}"
             )
         k = trio.run(node_kill, url, cluster, 30 if quick else 90)
         figures["kill"] = k

@@ -190,7 +190,8 @@ class _Bridge:
             except _DEAD:
                 self._die()
                 return
-            if not ok:
+            if not ok:  # the node's runtime is gone (closing): do not spin
+                await trio.sleep(0.1)
                 continue
             for call_id, good, value in answers:
                 pending = self._waiting.get(call_id)
@@ -262,6 +263,7 @@ class _Host:
         self.rt: Runtime | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._closing: trio.Event | None = None
+        self._tid = 0
         # The caller's batched calls (submit / results): answers waiting to be collected.
         self._calls: trio.Nursery | None = None
         self._done: list[tuple[int, bool, Any]] = []
@@ -296,6 +298,7 @@ class _Host:
             self._wake = trio.Event()
             self._closing = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
+            self._tid = threading.get_native_id()
             self._ready.set()
             await self._closing.wait()
             calls.cancel_scope.cancel()
@@ -362,7 +365,13 @@ class _Host:
         if self.rt is None:
             return {}
         cpu_ms = int(time.process_time() * 1000)  # the node process's CPU so far (all its threads)
-        return {**self.rt.stats, "specs": len(self._specs), "pid": os.getpid(), "cpu_ms": cpu_ms}
+        return {
+            **self.rt.stats,
+            "specs": len(self._specs),
+            "pid": os.getpid(),
+            "cpu_ms": cpu_ms,
+            "trio_tid": self._tid,  # the trio thread's native id (/proc/PID/task/TID)
+        }
 
     def close(self) -> None:
         token, closing = self._token, self._closing
@@ -1111,7 +1120,7 @@ class ClusterRuntime:
 
     async def stats(self) -> dict[str, dict[str, int]]:
         """Each live node's runtime counters (agents, resident, activations, ...; `pid` and
-        `cpu_ms`, the node process's CPU time so far)."""
+        `cpu_ms`, the node process's CPU time so far; `trio_tid`, its trio thread's id)."""
         out: dict[str, dict[str, int]] = {}
         for key, node in list(self._nodes.items()):
             with contextlib.suppress(*_DEAD):
