@@ -131,7 +131,8 @@ async def test_spawn_and_talk_to_agents_across_three_nodes(cluster: Cluster, pos
 @pytest.mark.parametrize(
     "options",
     [{"lease_ttl": 0}, {"lease_ttl": float("inf")}, {"nodes": 0}, {"max_concurrency": 0}, {"max_resident": -1},
-     {"deactivate_after": True}, {"store": object()}, {"store": 5}],
+     {"deactivate_after": True}, {"store": object()}, {"store": 5}, {"discover_every": 0},
+     {"discover_every": float("nan")}, {"discover_every": "5"}],
 )
 async def test_hostile_options_are_refused_before_anything_starts(options: dict[str, Any], tmp_path: Path) -> None:
     kwargs: dict[str, Any] = {"store": str(tmp_path / "store"), **options}
