@@ -331,7 +331,7 @@ def test_placement_takes_new_nodes_for_new_agents_only() -> None:
 
 
 async def test_a_node_added_later_takes_agents(cluster: Cluster, postgres_url: str) -> None:
-    with trio.fail_after(150):
+    with trio.fail_after(300):  # starting a Ray node takes from 5 s (idle) to over a minute (loaded)
         async with cmdc.ray.open_cluster(store=postgres_url, lease_ttl=5, discover_every=0.5) as rt:
             before = set(rt.nodes)
             early = [await rt.spawn(f"early-{i}", model()) for i in range(12)]
