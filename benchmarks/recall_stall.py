@@ -12,7 +12,9 @@ whole text never built). Meanwhile a probe task sleeps 2 ms at a time and record
 wakes (the scheduling stall every agent in the runtime would see), and a neighbour agent
 answers pings. Printed: each phase's duration and longest stall (target: longest < 50 ms over
 the recall phases), and the neighbour's pings. The reads of whole texts are shown too: a
-caller asking for a 50 MB text gets one 50 MB string, built by one call.
+caller asking for a 50 MB text gets one 50 MB string, built by one call. With `--big-mb`, then:
+an agent given that text as a tool result (one turn), its compaction (the text journaled) and
+its transcript, each with its stall (not part of the recall target).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, TypeVar
 import trio
 
 import cmdc
-from cmdc import Message, OffloadStore, ToolCall
+from cmdc import Message, OffloadStore, ToolCall, tool
 from cmdc._search import query_words, rank_in_bites
 from cmdc.providers import ScriptedProvider
 
@@ -44,6 +46,10 @@ READ = "journal read, whole texts (store.records(), in a worker)"
 SCORE = "scoring those (cmdc._search, in 2 ms bites)"
 RECALLING = (RECALL, ATTACK, CUT_READ)
 """The phases the target is about: what a recall does."""
+WRITE_TURN = "an agent given the big text as a tool result (one turn)"
+WRITE_COMPACT = "its compaction (the big result journaled)"
+TRANSCRIPT = "the transcript of its journal (whole texts)"
+WRITING = (WRITE_TURN, WRITE_COMPACT, TRANSCRIPT)
 T = TypeVar("T")
 TICK = 0.002
 VOCABULARY = [f"word{i}" for i in range(5_000)]
@@ -53,8 +59,10 @@ def _text(rng: random.Random, n_words: int) -> str:
     return " ".join(rng.choices(VOCABULARY, k=n_words))
 
 
-async def _fill(store: OffloadStore, agent: str, records: int, big_mb: int, rng: random.Random) -> int:
+async def _fill(store: Any, agent: str, records: int, big_mb: int, rng: random.Random) -> tuple[int, str]:
+    """Fill the journal; return its characters of text and the big record's text ("" if none)."""
     size = 0
+    big = ""
     batch: list[Message] = []
     for i in range(records):
         batch.append(Message.user(f"record {i}: " + _text(rng, 140)))
@@ -70,7 +78,27 @@ async def _fill(store: OffloadStore, agent: str, records: int, big_mb: int, rng:
         big = (chunk + " ") * (big_mb * 1024 * 1024 // (len(chunk) + 1))
         size += len(big)
         await store.append(agent, [Message.tool_result("big", big)])
-    return size
+    return size, big
+
+
+async def _write_phases(rt: Any, timed: Any, name: str, big: str, cfg: dict[str, Any], store: Any) -> None:
+    """An agent whose tool returns `big`: the turn, a compaction that journals it, its transcript."""
+
+    @tool
+    async def fetch() -> str:
+        """Fetch the big text."""
+        return big
+
+    call = ToolCall(id="f1", name="fetch", arguments={})
+    model = ScriptedProvider([Message.assistant("", tool_calls=(call,)), "got it"], cycle=True)
+    config = {**cfg, "context_window": 100_000_000, "compact_keep": ("messages", 1)}
+    writer = await rt.spawn(name, model, tools=[fetch], config=config)
+    await timed(WRITE_TURN, lambda: writer.prompt("fetch it"))
+    await timed(WRITE_COMPACT, lambda: writer.compact())
+    if isinstance(store, OffloadStore):
+        await timed(TRANSCRIPT, lambda: store.write_transcript(name))
+    else:
+        await timed(TRANSCRIPT, lambda: store.transcript(name))
 
 
 async def _measure(directory: Path, records_n: int, big_mb: int, seed: int, url: str | None) -> dict[str, Any]:
@@ -78,7 +106,7 @@ async def _measure(directory: Path, records_n: int, big_mb: int, seed: int, url:
     if url is None:
         store: Any = OffloadStore(directory)
         name = "reader"
-        journal_chars = await _fill(store, name, records_n, big_mb, rng)
+        journal_chars, big = await _fill(store, name, records_n, big_mb, rng)
     else:  # PostgreSQL: filled below, through the runtime's store; a new agent name each run
         name = f"reader-{secrets.token_hex(4)}"
     tool_query = _text(rng, 10_000)[:4_000]
@@ -117,7 +145,7 @@ async def _measure(directory: Path, records_n: int, big_mb: int, seed: int, url:
         cfg = {"compact_offload_dir": str(directory)}
         if url is not None:
             store = rt.store
-            journal_chars = await _fill(store, name, records_n, big_mb, rng)
+            journal_chars, big = await _fill(store, name, records_n, big_mb, rng)
         reader = await rt.spawn(name, model, config=cfg, recall=True)
         neighbour = await rt.spawn("neighbour", ScriptedProvider(["pong"], cycle=True), config=cfg)
         async with trio.open_nursery() as nursery:
@@ -131,6 +159,8 @@ async def _measure(directory: Path, records_n: int, big_mb: int, seed: int, url:
             records = await timed(READ, lambda: store.records(name))
             words = query_words(attack_query)
             await timed(SCORE, lambda: rank_in_bites(records, words, 10))
+            if big_mb:
+                await _write_phases(rt, timed, f"w{name}", big, cfg, store)
             await trio.sleep(0.1)
             done.set()
         (result,) = [m for m in (await reader.state()).messages if m.role == "tool"]
@@ -140,6 +170,7 @@ async def _measure(directory: Path, records_n: int, big_mb: int, seed: int, url:
         "durations": durations,
         "stalls": {k: (max(v), len(v)) for k, v in stalls.items()},
         "stall_max": max(max(stalls[p]) for p in RECALLING),
+        "write_stall_max": max((max(stalls[p]) for p in WRITING if p in stalls), default=0.0),
         "pings": len(pings),
         "ping_max": max(pings) if pings else float("nan"),
         "answered": reply.text == "found it" and not result.is_error and bool(hits),
@@ -170,6 +201,9 @@ def run(
         f"longest scheduling stall while an agent recalls: {f['stall_max'] * 1e3:.1f} ms "
         f"(target < {TARGET_MS:.0f} ms: {verdict})"
     )
+    if big_mb:
+        worst = f["write_stall_max"] * 1e3
+        out(f"longest scheduling stall while an agent writes and compacts the big text: {worst:.1f} ms")
     out(f"neighbour: {f['pings']:,} pings answered, slowest {f['ping_max'] * 1e3:.1f} ms")
     out(f"recall answered: {f['answered']}")
     return f

@@ -609,7 +609,7 @@ class PostgresStore:
     def _records_sync(self, conn: psycopg.Connection[Any], agent_id: str, lo: int, hi: int) -> list[tuple[Any, ...]]:
         with conn.transaction():
             query = self._VISIBLE + " AND r.seq BETWEEN %s AND %s ORDER BY r.seq"
-            return conn.execute(query, (agent_id, lo, hi)).fetchall()
+            return conn.execute(query, (agent_id, lo, hi), binary=True).fetchall()  # binary: bytea not hex
 
     async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
         """Every visible record in seq order, each message once. Damaged rows are skipped.
@@ -688,7 +688,7 @@ class PostgresStore:
             match = "(q && %s::tsquery)" if narrow else "q"
             mine = (f"'cmdc agent={agent_id}'",) if narrow else ()  # agent ids hold no quote or backslash
             found: list[Any] = conn.execute(
-                self._CANDIDATES.format(match=match, extra=""), (every, agent_id, *mine, cap, limit)
+                self._CANDIDATES.format(match=match, extra=""), (every, agent_id, *mine, cap, limit), binary=True
             ).fetchall()
             if len(found) >= limit or every == some:
                 return found
@@ -696,6 +696,7 @@ class PostgresStore:
             more = conn.execute(
                 self._CANDIDATES.format(match=match, extra="AND NOT r.seq = ANY(%s) "),
                 (some, agent_id, *mine, seen, cap, limit),
+                binary=True,
             ).fetchall()
         return found + more[: limit - len(found)]
 
@@ -709,7 +710,7 @@ class PostgresStore:
     def _verify_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str | None, list[Any], int, int]:
         with conn.transaction():
             row = conn.execute("SELECT journal FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
-            rows = conn.execute(self._VISIBLE + " ORDER BY r.seq", (agent_id,)).fetchall()
+            rows = conn.execute(self._VISIBLE + " ORDER BY r.seq", (agent_id,), binary=True).fetchall()
             counts = conn.execute(
                 "SELECT count(DISTINCT r.attempt) FILTER (WHERE a.committed), count(*) FILTER (WHERE NOT a.committed) "
                 "FROM cmdc_records r JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt "
