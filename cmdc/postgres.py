@@ -72,6 +72,7 @@ SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
 SEARCH_NARROW_BELOW = 50_000
 """Journals with at most this many records are searched through their agent's index lexeme."""
+_COPY_TYPES = ["text", "int8", "text", "text", "int4", "float8", "text", "int8", "bytea", "text"]
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 _WORD = re.compile(r"\w+")
 T = TypeVar("T")
@@ -531,8 +532,9 @@ class PostgresStore:
             if fresh:
                 with conn.cursor().copy(
                     "COPY cmdc_records (agent_id, seq, journal, attempt, compaction, ts, message_id, crc, "
-                    "message, body) FROM STDIN"
+                    "message, body) FROM STDIN (FORMAT BINARY)"  # binary: a huge bytea is not escaped
                 ) as copy:
+                    copy.set_types(_COPY_TYPES)
                     for row in fresh:
                         copy.write_row(row)
                 conn.execute("UPDATE cmdc_journals SET seq = %s WHERE agent_id = %s", (top, agent_id))
@@ -762,13 +764,17 @@ class PostgresStore:
         from .offload import _transcript
 
         records = await self.records(agent_id)
-        batches: list[list[JournalRecord]] = []
-        for r in records:
-            if not batches or batches[-1][-1].compaction != r.compaction:
-                batches.append([])
-            batches[-1].append(r)
-        pieces = [piece for b in batches for piece in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
-        return b"".join(pieces).decode()
+
+        def render() -> str:  # in a worker: a journal holding a huge text is long calls
+            batches: list[list[JournalRecord]] = []
+            for r in records:
+                if not batches or batches[-1][-1].compaction != r.compaction:
+                    batches.append([])
+                batches[-1].append(r)
+            pieces = [p for b in batches for p in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
+            return b"".join(pieces).decode()
+
+        return await trio.to_thread.run_sync(render)
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def _save_sync(self, conn: psycopg.Connection[Any], agent_id: str, state: State, attempts: list[str]) -> None:
