@@ -592,7 +592,10 @@ class Compactor:
         and large parts clipped; retries, fallbacks, failover (see `attempts`). The pinned task
         stays in the context verbatim, so the summarizer is told not to restate it."""
         evicted = _summaries_first(state, split.evicted)
-        if sum(m._tokens or estimate_message_tokens(m) for m in evicted) > _REDUCE_INLINE_TOKENS:
+        sizes = list(map(_CACHED_TOKENS, evicted))  # in C: no Python loop over every evicted message
+        if None in sizes:
+            sizes = [m._tokens or estimate_message_tokens(m) for m in evicted]
+        if sum(sizes) > _REDUCE_INLINE_TOKENS:
             # Scanning megabytes for media and clipping them is many short calls: a worker
             # thread does it, so the trio thread runs other agents meanwhile.
             ordered = await trio.to_thread.run_sync(reduced, evicted, self.options.reduce_tokens, written)
