@@ -727,6 +727,9 @@ def _longest_backticks(text: str) -> int:
     best, start, n = 0, 0, len(text)
     while start < n:
         end = min(n, start + _TEXT_SLICE)
+        if text.find("`", start, end) < 0:  # the common case: no backtick at all
+            start = end
+            continue
         if end < n and text[end - 1] == "`":
             m = _NOT_BACKTICK.search(text, end)
             end = m.start() if m is not None else n

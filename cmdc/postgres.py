@@ -772,7 +772,7 @@ class PostgresStore:
                     batches.append([])
                 batches[-1].append(r)
             pieces = [p for b in batches for p in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
-            return b"".join(pieces).decode()
+            return "".join(p.decode() for p in pieces)  # each piece is whole characters: one big copy, not two
 
         return await trio.to_thread.run_sync(render)
 
