@@ -80,6 +80,11 @@ JOIN_MAX = 1024 * 1024
 def write_pieces(fd: int, pieces: Sequence[bytes], group: int = 4096) -> int:
     """Write `pieces` in order, joined `group` at a time (a piece past `JOIN_MAX` bytes is
     written on its own: copying megabytes is one long call); return the bytes written."""
+    sizes = list(map(len, pieces))
+    if not sizes or max(sizes) <= JOIN_MAX:  # the common case, without a Python step per piece
+        for start in range(0, len(pieces), group):
+            write_all(fd, b"".join(pieces[start : start + group]))
+        return sum(sizes)
     total = 0
     batch: list[bytes] = []
     for piece in pieces:

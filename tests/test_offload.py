@@ -867,3 +867,24 @@ def test_a_huge_piece_is_written_without_joining_it(tmp_path: Path) -> None:
     trio.run(store.append, "a", batch)
     assert trio.run(store.read, "a") == batch
     assert trio.run(store.verify, "a").clean
+
+
+@pytest.mark.parametrize("join_max", [3, 1 << 20])
+@pytest.mark.parametrize("group", [1, 2, 4096])
+def test_write_pieces_writes_every_byte_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, join_max: int, group: int
+) -> None:
+    """Short pieces only (joined `group` at a time) or some past JOIN_MAX (written alone): the
+    file holds the pieces joined, and the count returned is its size."""
+    import cmdc._fs as fs
+
+    monkeypatch.setattr(fs, "JOIN_MAX", join_max)
+    pieces = [b"a", b"", b"bcdefgh", b"ij", b"klmnopqrstu", b"v"] * 3
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        assert fs.write_pieces(fd, pieces, group) == len(b"".join(pieces))
+        assert fs.write_pieces(fd, [], group) == 0
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"".join(pieces)
