@@ -267,10 +267,12 @@ def store_rows(p: Preset) -> list[Row]:
             sp["p99"] < 0.05,
         )
     )
+    if "index_catchup" in sp:  # the search index is filled after each batch commits
+        rows.append(Row(b, f"  PostgreSQL: index caught up, after filling {n} records", f"{sp['index_catchup']:.1f} s"))
     rows.append(
         Row(
             b,
-            f"one compaction, {p.store_compaction:,} msgs, PostgreSQL / file",
+            f"one compaction, {p.store_compaction:,} msgs, PostgreSQL / file (median)",
             f"{cp / cf:.2f} ({_ms(cp)} / {_ms(cf)})",
             "≤ 3",
             cp / cf <= 3,

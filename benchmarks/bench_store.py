@@ -1,10 +1,12 @@
 """Stores: the file store against the PostgreSQL store, and virtual agents.
 
 Run: python -m benchmarks.bench_store [--records N] [--agents N] [--resident N] [--queries N]
-                                      [--file-queries N] [--compaction N] [--concurrency N]
+                                      [--file-queries N] [--compaction N] [--compaction-reps N]
+                                      [--concurrency N]
 
 - search latency over one agent's journal of N records (p50/p99 per store);
-- one compaction of 10k messages with each store (the PostgreSQL one against the file one);
+- one compaction of 10k messages with each store (the PostgreSQL one against the file one;
+  the median of `--compaction-reps` runs, each on a fresh store, the stores taking turns);
 - N named agents each prompted once (`--concurrency` at a time), with at most R resident
   (virtual agents): wall time, peak RSS, RSS as the agents grow (`rss_curve`), and the latency
   of activating a deactivated agent (p50/p99), per store. Each of these runs in a fresh
@@ -90,6 +92,13 @@ async def search_latency(store: Store, records: int, queries: int) -> dict[str, 
         await store.append("big", batch, compaction=1)
         seen += batch[0].text.split()
     fill = time.perf_counter() - t0
+    # the PostgreSQL store indexes after each batch's commit, in the background: the queries
+    # run on the whole index (a search finds what is not indexed yet too, only slower)
+    index = getattr(store, "index", None)
+    t1 = time.perf_counter()
+    if index is not None:
+        await index("big")
+    catchup = time.perf_counter() - t1
     rnd = random.Random(11)
     times = []
     for _ in range(queries):
@@ -100,7 +109,13 @@ async def search_latency(store: Store, records: int, queries: int) -> dict[str, 
         if not hits:
             raise RuntimeError(f"search for {query!r} found nothing")
     await store.aclose()
-    return {"fill": fill, "p50": percentile(times, 0.5), "p99": percentile(times, 0.99), "queries": queries}
+    return {
+        "fill": fill,
+        "index_catchup": catchup,
+        "p50": percentile(times, 0.5),
+        "p99": percentile(times, 0.99),
+        "queries": queries,
+    }
 
 
 # -- one compaction ------------------------------------------------------------------------------------
@@ -118,6 +133,18 @@ async def one_compaction(store: Store, messages: int) -> float:
     elapsed = time.perf_counter() - t0
     await store.aclose()
     return elapsed
+
+
+def compactions(makers: dict[str, Any], messages: int, reps: int) -> dict[str, tuple[float, list[float]]]:
+    """`reps` compactions per store, each on a fresh store from its maker (a context manager
+    giving its spec), the stores taking turns so that they see the same load: per store, the
+    median and every run (the machine's load moves single runs a lot)."""
+    runs: dict[str, list[float]] = {name: [] for name in makers}
+    for _ in range(reps):
+        for name, make in makers.items():
+            with make() as spec:
+                runs[name].append(trio.run(one_compaction, open_store(spec), messages))
+    return {name: (sorted(r)[len(r) // 2], r) for name, r in runs.items()}
 
 
 # -- virtual agents (in a subprocess) --------------------------------------------------------------------
@@ -231,12 +258,25 @@ def measure(
     agents: int,
     resident: int,
     concurrency: int = 64,
+    compaction_reps: int = 3,
 ) -> dict[str, Any]:
+    """Every figure; `compaction_file`/`compaction_postgres` are the medians of
+    `compaction_reps` runs (all runs in `..._runs`)."""
     out: dict[str, Any] = {"records": records, "compaction_messages": compaction}
     base = postgres_base()
+
+    @contextlib.contextmanager
+    def directory() -> Iterator[str]:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield os.path.join(tmp, "c")
+
+    makers: dict[str, Any] = {"file": directory}
+    if base is not None:
+        makers["postgres"] = lambda: fresh_database(base)
+    for name, (median, runs) in compactions(makers, compaction, compaction_reps).items():
+        out[f"compaction_{name}"], out[f"compaction_{name}_runs"] = median, runs
     with tempfile.TemporaryDirectory() as tmp:
         out["search_file"] = trio.run(search_latency, open_store(os.path.join(tmp, "s")), records, file_queries)
-        out["compaction_file"] = trio.run(one_compaction, open_store(os.path.join(tmp, "c")), compaction)
         if agents:
             out["virtual_file"] = virtual_in_subprocess(os.path.join(tmp, "v"), agents, resident, 200, concurrency)
     if base is None:
@@ -244,8 +284,6 @@ def measure(
         return out
     with fresh_database(base) as url:
         out["search_postgres"] = trio.run(search_latency, open_store(url), records, queries)
-    with fresh_database(base) as url:
-        out["compaction_postgres"] = trio.run(one_compaction, open_store(url), compaction)
     if agents:
         with fresh_database(base) as url:
             out["virtual_postgres"] = virtual_in_subprocess(url, agents, resident, 200, concurrency)
@@ -264,12 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=1_000)
     parser.add_argument("--file-queries", type=int, default=5)
     parser.add_argument("--compaction", type=int, default=10_000)
+    parser.add_argument("--compaction-reps", type=int, default=3, help="compactions per store (median printed)")
     parser.add_argument("--agents", type=int, default=1_000_000, help="0: no virtual-agents run")
     parser.add_argument("--resident", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=64, help="agents prompted at a time")
     args = parser.parse_args(argv)
     result = measure(
-        args.records, args.queries, args.file_queries, args.compaction, args.agents, args.resident, args.concurrency
+        args.records,
+        args.queries,
+        args.file_queries,
+        args.compaction,
+        args.agents,
+        args.resident,
+        args.concurrency,
+        args.compaction_reps,
     )
     print(json.dumps(result, indent=2))
     return 0

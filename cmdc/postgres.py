@@ -11,9 +11,12 @@
   visible to readers only once the attempt is committed (at once by default). A message that is
   already journaled for the agent (same id, same content) keeps its record: a retried batch
   neither duplicates nor renumbers anything, and a retry after a lost connection is safe.
-- **Search.** `body` (the text a person would search: content, tool names and arguments) feeds a
-  generated `tsvector` column with a GIN index, queried with the `simple` configuration (no
-  stemming: the words match as the file store matches them). The work is bounded whatever the
+- **Search.** `body` (the text a person would search: content, tool names and arguments) feeds
+  a `tsvector` per record in `cmdc_search`, with a GIN index, queried with the `simple`
+  configuration (no stemming: the words match as the file store matches them). The vectors are
+  written after the journal batch commits, by the store's indexer thread (see
+  `PostgresStore.index`); a search reads the records past the agent's `indexed_seq` directly,
+  so it finds every committed record whatever the indexer's lag. The work is bounded whatever the
   journal's size: at most `SEARCH_CANDIDATES` records holding every query word, then as many
   holding any, are ranked by `ts_rank` (see `PostgresStore.search`).
 - **Loss and repair.** A state that names a journal the database no longer has (another id,
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import threading
 import time
 import urllib.parse
 import zlib
@@ -49,7 +53,7 @@ import psycopg_pool
 import trio
 
 from . import _bigjson
-from ._check import integer, is_number, seconds
+from ._check import flag, integer, is_number, seconds
 from ._fs import run_bounded
 from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
 from .errors import (
@@ -62,18 +66,23 @@ from .errors import (
     NameLeased,
     StoreUnavailable,
 )
+from .events import logger
 from .message import Message
 from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
 from .store import StoreReport
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
+SEARCH_UNINDEXED_MAX = 50_000
+"""A search reads at most this many record numbers past the agent's `indexed_seq` directly (the
+indexer's usual lag is the last batch); past that, it indexes them first."""
 SEARCH_NARROW_BELOW = 50_000
 """Journals with at most this many records are searched through their agent's index lexeme."""
 _COPY_TYPES = ["text", "int8", "text", "text", "int4", "float8", "text", "int8", "bytea", "text"]
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
+_INDEX_LOCK_CLASS = 0x636D6469  # with the agent's hash: the lock indexers of one agent take turns on ("cmdi")
 _WORD = re.compile(r"\w+")
 T = TypeVar("T")
 
@@ -156,7 +165,33 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         # short (256 kB, not the server's default, 4 MB) so a search right after a large append stays fast
         "ALTER INDEX cmdc_records_words SET (gin_pending_list_limit = 256)",
     ),
+    6: (
+        # the search vectors move to a table of their own, filled after the journal's commit by the
+        # store's indexer (`PostgresStore.index`): a journal batch no longer computes vectors or
+        # updates the GIN index in its transaction. `cmdc_journals.indexed_seq`: every record up
+        # to it is in `cmdc_search`; a search reads the records past it without the index.
+        """CREATE TABLE cmdc_search (
+            agent_id text NOT NULL,
+            seq bigint NOT NULL,
+            words tsvector NOT NULL,
+            PRIMARY KEY (agent_id, seq)
+        )""",
+        "INSERT INTO cmdc_search (agent_id, seq, words) SELECT agent_id, seq, words FROM cmdc_records",
+        "CREATE INDEX cmdc_search_words ON cmdc_search USING gin (words) WITH (gin_pending_list_limit = 256)",
+        "ALTER TABLE cmdc_journals ADD COLUMN indexed_seq bigint NOT NULL DEFAULT 0",
+        "UPDATE cmdc_journals SET indexed_seq = seq",
+        "ALTER TABLE cmdc_records DROP COLUMN words",  # and its index
+    ),
 }
+_VECTOR = "(to_tsvector('simple', {r}.body) || array_to_tsvector(ARRAY['cmdc agent=' || {r}.agent_id]))"
+"""A record's search vector: its words, and the agent as a lexeme no text can produce (it holds
+a space), so the GIN index can find one agent's matches without reading other agents' rows."""
+INDEX_BATCH = 5_000
+"""Records the indexer puts in `cmdc_search` per transaction."""
+INDEX_LAG_MAX = 20_000
+"""Records a journal may hold past its indexed mark: a batch that leaves more (its writer outruns
+the indexer) is indexed in part by its writer, as many as it wrote or as the excess, whichever
+is fewer, so the lag stays within this bound."""
 
 
 def is_postgres_url(value: object) -> bool:
@@ -224,6 +259,8 @@ class PostgresCheckpoints:
         validate_agent_id(state.agent_id)
         attempts = _summary_attempts(state)
         await self._store._run(self._store._save_sync, state.agent_id, state, attempts, write=True)
+        if attempts and self._store.background_index:  # batches it committed: index them
+            self._store._index_later([state.agent_id])
         return f"{redact(self._store.url)}#checkpoint/{state.agent_id}"
 
     async def load(self, agent_id: str) -> State | None:
@@ -257,11 +294,21 @@ class PostgresStore:
     Use `await PostgresStore.open(url)` (or `async with`), and `aclose()` when done.
     `pool_size`: connections at most; `retries`: attempts after a lost connection;
     `timeout`: seconds one operation may take, retries included (a stalled server gives
-    `StoreUnavailable`, not a hang)."""
+    `StoreUnavailable`, not a hang); `background_index`: fill the search index in a thread of
+    this store after each journal batch commits (otherwise only `index()` fills it; a search
+    finds every committed record either way)."""
 
     clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
 
-    def __init__(self, url: str, *, pool_size: int = 8, retries: int = 3, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        retries: int = 3,
+        timeout: float = 60.0,
+        background_index: bool = True,
+    ) -> None:
         if not is_postgres_url(url):
             raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {url!r:.80}")
         integer(pool_size, "pool_size")
@@ -275,6 +322,14 @@ class PostgresStore:
         self._opened = False
         self._start_lock = trio.Lock()
         self._held: dict[str, tuple[str, int]] = {}  # leases held through this store: agent -> (owner, token)
+        self.background_index = flag(background_index, "background_index")
+        # the indexer: a plain thread that exists while it has work (agents to index, or the
+        # scan for a backlog left by an earlier process), started and ended under `_index_lock`
+        self._index_lock = threading.Lock()
+        self._index_queue: dict[str, int] = {}  # agents to index, in order: requests so far
+        self._index_scan = False
+        self._index_stop = False
+        self._index_thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.url)!r})"
@@ -296,6 +351,8 @@ class PostgresStore:
             except psycopg.Error as exc:
                 raise StoreUnavailable(f"PostgreSQL store {redact(self.url)}: cannot open: {exc}") from exc
             self._opened = True
+            if self.background_index:
+                self._index_later((), scan=True)  # a backlog an earlier process left
 
     def _start_sync(self) -> None:
         self._probe()
@@ -323,7 +380,17 @@ class PostgresStore:
                 delay = min(delay * 4, 2.0)
 
     async def aclose(self) -> None:
+        """Stop the indexer after the batch it is on (what is left is indexed by the next
+        store that opens the database; searches find it meanwhile), then close the pool."""
+        with self._index_lock:
+            self._index_stop = True
+            thread = self._index_thread
+        if thread is not None:
+            await trio.to_thread.run_sync(thread.join, self.timeout)
         await trio.to_thread.run_sync(self._pool.close)
+        with self._index_lock:
+            self._index_stop = False
+            self._index_queue.clear()
         self._opened = False
 
     async def __aenter__(self) -> PostgresStore:
@@ -366,6 +433,109 @@ class PostgresStore:
                 delay = min(delay * 4, 2.0)
         raise AssertionError("unreachable")
 
+    # -- the search index ---------------------------------------------------------------------------
+    # A journal batch commits its records without search vectors: computing them and updating
+    # the GIN index cost several times the rest of the write. The indexer puts them in
+    # `cmdc_search` once the batch is committed (at once with `append(commit=True)`; otherwise
+    # after `commit` or the checkpoint that commits it: a compaction's attempt is indexed when
+    # the compaction ends, not while it runs), a batch of records per transaction, and moves
+    # the agent's `indexed_seq` past them in the same transaction. A search reads `cmdc_search` up to
+    # `indexed_seq` through the index and the few records past it directly, with the same
+    # vector and rank: the lag only costs a search time, never a result.
+    async def index(self, agent_id: str | None = None) -> int:
+        """Index the agent's records (every agent's, with None) that are not yet in the search
+        index, now; return how many. The background indexer does this on its own."""
+        if agent_id is not None:
+            validate_agent_id(agent_id)
+        agents = [agent_id] if agent_id is not None else await self._run(self._backlog_sync)
+        done = 0
+        for agent in agents:
+            more = True
+            while more:  # a batch per operation: each within `timeout`
+                n, more = await self._run(self._index_sync, agent, INDEX_BATCH, write=True)
+                done += n
+        return done
+
+    @staticmethod
+    def _backlog_sync(conn: psycopg.Connection[Any]) -> list[str]:
+        with conn.transaction():
+            return [str(a) for (a,) in conn.execute("SELECT agent_id FROM cmdc_journals WHERE indexed_seq < seq")]
+
+    @staticmethod
+    def _index_sync(conn: psycopg.Connection[Any], agent_id: str, batch: int) -> tuple[int, bool]:
+        """Index the agent's next records past its `indexed_seq` (at most `batch`), in one
+        transaction; return how many, and whether more are left. Every record up to the
+        journal's committed `seq` has committed (they commit together). Indexers of one agent
+        take turns (an advisory lock), so none computes vectors another is writing; the
+        vectors are inserted once whatever happens (ON CONFLICT), and the mark only grows."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_INDEX_LOCK_CLASS, agent_id))
+            row = conn.execute("SELECT indexed_seq, seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+            if row is None or int(row[0]) >= int(row[1]):
+                return 0, False
+            lo, top = int(row[0]), int(row[1])
+            done = conn.execute(
+                "WITH b AS (SELECT r.agent_id, r.seq, "
+                + _VECTOR.format(r="r")
+                + " AS words FROM cmdc_records r WHERE r.agent_id = %s AND r.seq > %s AND r.seq <= %s "
+                "ORDER BY r.seq LIMIT %s), "
+                "i AS (INSERT INTO cmdc_search (agent_id, seq, words) SELECT * FROM b ON CONFLICT DO NOTHING) "
+                "SELECT count(*), max(seq) FROM b",
+                (agent_id, lo, top, batch),
+            ).fetchone()
+            assert done is not None
+            n = int(done[0])
+            more = n >= batch  # else every number up to `top` is covered (gaps hold no record)
+            conn.execute(
+                "UPDATE cmdc_journals SET indexed_seq = greatest(indexed_seq, %s) WHERE agent_id = %s",
+                (int(done[1]) if more else top, agent_id),
+            )
+        return n, more
+
+    def _index_later(self, agents: Collection[str], *, scan: bool = False) -> None:
+        """Queue agents (and with `scan`, the search for a backlog) for the indexer thread,
+        starting it when none runs."""
+        with self._index_lock:
+            if self._index_stop:
+                return
+            for agent in agents:
+                self._index_queue[agent] = self._index_queue.get(agent, 0) + 1
+            self._index_scan = self._index_scan or scan
+            if self._index_thread is None:
+                self._index_thread = threading.Thread(target=self._indexer, name="cmdc-postgres-indexer", daemon=True)
+                self._index_thread.start()
+
+    def _indexer(self) -> None:
+        """The indexer thread: one batch at a time, until nothing is queued or the store closes.
+        A failed batch is logged and left for later (the next batch of that agent, or the next
+        store that opens the database, indexes it); searches find its records meanwhile."""
+        while True:
+            with self._index_lock:
+                scan = self._index_scan
+                agent = None if scan or not self._index_queue else next(iter(self._index_queue))
+                asked = 0 if agent is None else self._index_queue[agent]
+                if self._index_stop or (agent is None and not scan):
+                    self._index_thread = None
+                    return
+                self._index_scan = False
+            try:
+                with self._pool.connection() as conn:
+                    if scan:
+                        found = self._backlog_sync(conn)
+                        with self._index_lock:
+                            for a in found:
+                                self._index_queue.setdefault(a, 0)
+                        continue
+                    assert agent is not None
+                    more = self._index_sync(conn, agent, INDEX_BATCH)[1]
+            except Exception as exc:  # the thread must not die with work queued: drop this job
+                logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, exc)
+                more = False
+            if agent is not None and not more:
+                with self._index_lock:  # unless asked again meanwhile (a batch committed since)
+                    if self._index_queue.get(agent) == asked:
+                        del self._index_queue[agent]
+
     # -- the journal --------------------------------------------------------------------------------
     async def append(
         self,
@@ -406,6 +576,8 @@ class PostgresStore:
         if isinstance(done, JournalLost):
             raise done
         journal, seqs, written, pending = done
+        if written and commit and self.background_index:  # a batch to commit later: indexed then
+            self._index_later([agent_id])
         numbers = [seqs[m.id] for m in unique]
         first = min(numbers) if numbers else 0
         last = max(numbers) if numbers else -1
@@ -503,41 +675,43 @@ class PostgresStore:
             if lost is not None:
                 return lost  # raised by the caller, once the loss is recorded
             ids = [r[0] for r in rows]
-            known: dict[str, tuple[int, int, str]] = {}
-            if ids:
-                for mid, seq, crc, att in conn.execute(
-                    "SELECT message_id, seq, crc, attempt FROM cmdc_records "
-                    "WHERE agent_id = %s AND message_id = ANY(%s)",
-                    (agent_id, ids),
-                ):
-                    known[mid] = (int(seq), int(crc), str(att))
-            seqs: dict[str, int] = {}
-            fresh: list[tuple[Any, ...]] = []
-            ts = time.time()
-            for mid, data, crc, body in rows:
-                if mid in known:
-                    if known[mid][1] != crc:
-                        raise InvalidMessage(f"message {mid} is already journaled for {agent_id!r} with other content")
-                    seqs[mid] = known[mid][0]
-                    continue
-                top += 1
-                seqs[mid] = top
-                fresh.append((agent_id, top, journal, attempt, compaction, ts, mid, crc, data, body))
-            conn.execute(
+            row_attempt = conn.execute(
                 "INSERT INTO cmdc_attempts (agent_id, attempt, committed) VALUES (%s, %s, %s) "
                 "ON CONFLICT (agent_id, attempt) "
-                "DO UPDATE SET committed = cmdc_attempts.committed OR excluded.committed",
+                "DO UPDATE SET committed = cmdc_attempts.committed OR excluded.committed RETURNING committed",
                 (agent_id, attempt, commit),
-            )
+            ).fetchone()
+            assert row_attempt is not None
+            ts = time.time()
+            known: dict[str, tuple[int, int, str]] = {}
+            # A batch of new messages (the usual case) is written without looking each one up:
+            # unless its first or last message is journaled already (a retried batch), the COPY
+            # runs in a savepoint, and the unique index on message ids rejects it if any other
+            # one is; then each is looked up and only the new ones are written.
+            fresh = self._fresh(rows, known, agent_id, journal, attempt, compaction, ts, top)
+            written = False
+            if fresh and not self._known(conn, agent_id, [ids[0], ids[-1]]):
+                try:
+                    with conn.transaction():  # a savepoint
+                        self._copy(conn, fresh)
+                    written = True
+                except psycopg.errors.UniqueViolation:
+                    pass
+            if fresh and not written:
+                known = self._known(conn, agent_id, ids)
+                fresh = self._fresh(rows, known, agent_id, journal, attempt, compaction, ts, top)
+                if fresh:
+                    self._copy(conn, fresh)
+            seqs = {mid: known[mid][0] for mid in ids if mid in known}
+            seqs.update((r[6], r[1]) for r in fresh)
+            lag = 0
             if fresh:
-                with conn.cursor().copy(
-                    "COPY cmdc_records (agent_id, seq, journal, attempt, compaction, ts, message_id, crc, "
-                    "message, body) FROM STDIN (FORMAT BINARY)"  # binary: a huge bytea is not escaped
-                ) as copy:
-                    copy.set_types(_COPY_TYPES)
-                    for row in fresh:
-                        copy.write_row(row)
-                conn.execute("UPDATE cmdc_journals SET seq = %s WHERE agent_id = %s", (top, agent_id))
+                marked = conn.execute(
+                    "UPDATE cmdc_journals SET seq = %s WHERE agent_id = %s RETURNING seq - indexed_seq",
+                    (fresh[-1][1], agent_id),
+                ).fetchone()
+                assert marked is not None
+                lag = int(marked[0])
             reused = sorted({known[mid][2] for mid in ids if mid in known})
             if commit and reused:
                 conn.execute(
@@ -545,7 +719,9 @@ class PostgresStore:
                     (agent_id, reused),
                 )
             pending: list[str] = []
-            if not commit:
+            if not commit and not reused:
+                pending = [] if row_attempt[0] else [attempt]
+            elif not commit:
                 pending = [
                     str(a)
                     for (a,) in conn.execute(
@@ -553,7 +729,57 @@ class PostgresStore:
                         (agent_id, [*reused, attempt]),
                     )
                 ]
+        if lag > INDEX_LAG_MAX:  # the writer outruns the indexer: it indexes as much as it wrote
+            try:
+                left = min(len(fresh), lag - INDEX_LAG_MAX)
+                while left > 0:
+                    n, more = self._index_sync(conn, agent_id, min(left, INDEX_BATCH))
+                    left = left - n if more else 0
+            except psycopg.Error as exc:  # the batch has committed: the indexing is left for later
+                logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, exc)
         return journal, seqs, len(fresh), pending
+
+    @staticmethod
+    def _known(conn: psycopg.Connection[Any], agent_id: str, ids: list[str]) -> dict[str, tuple[int, int, str]]:
+        """The agent's records of these message ids: id -> (seq, crc, attempt)."""
+        rows = conn.execute(
+            "SELECT message_id, seq, crc, attempt FROM cmdc_records WHERE agent_id = %s AND message_id = ANY(%s)",
+            (agent_id, ids),
+        )
+        return {str(mid): (int(seq), int(crc), str(att)) for mid, seq, crc, att in rows}
+
+    @staticmethod
+    def _fresh(
+        rows: list[tuple[str, bytes, int, str]],
+        known: dict[str, tuple[int, int, str]],
+        agent_id: str,
+        journal: str,
+        attempt: str,
+        compaction: int,
+        ts: float,
+        top: int,
+    ) -> list[tuple[Any, ...]]:
+        """The rows to write: the messages not in `known`, numbered on from `top`. A known id
+        with other content raises `InvalidMessage`."""
+        fresh: list[tuple[Any, ...]] = []
+        for mid, data, crc, body in rows:
+            if mid in known:
+                if known[mid][1] != crc:
+                    raise InvalidMessage(f"message {mid} is already journaled for {agent_id!r} with other content")
+                continue
+            top += 1
+            fresh.append((agent_id, top, journal, attempt, compaction, ts, mid, crc, data, body))
+        return fresh
+
+    @staticmethod
+    def _copy(conn: psycopg.Connection[Any], fresh: list[tuple[Any, ...]]) -> None:
+        with conn.cursor().copy(
+            "COPY cmdc_records (agent_id, seq, journal, attempt, compaction, ts, message_id, crc, "
+            "message, body) FROM STDIN (FORMAT BINARY)"  # binary: a huge bytea is not escaped
+        ) as copy:
+            copy.set_types(_COPY_TYPES)
+            for row in fresh:
+                copy.write_row(row)
 
     async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool:
         """Make the batches of `attempts` visible; return whether any was not already."""
@@ -564,6 +790,8 @@ class PostgresStore:
         done = await self._run(self._commit_sync, agent_id, wanted, _wanted(expect), write=True)
         if isinstance(done, JournalLost):
             raise done
+        if done and self.background_index:
+            self._index_later([agent_id])
         return bool(done)
 
     def _commit_sync(
@@ -588,9 +816,7 @@ class PostgresStore:
     )
 
     @staticmethod
-    def _decode(
-        rows: Sequence[tuple[Any, ...]], max_chars: int | None = None
-    ) -> tuple[list[JournalRecord], list[int]]:
+    def _decode(rows: Sequence[tuple[Any, ...]], max_chars: int | None = None) -> tuple[list[JournalRecord], list[int]]:
         """The rows' records and the seqs of damaged rows. A huge message is read in short
         steps (`cmdc._bigjson`); `max_chars`: texts cut as `records` says."""
         records: list[JournalRecord] = []
@@ -644,7 +870,9 @@ class PostgresStore:
         *any* of them; the candidates are ranked by PostgreSQL's `ts_rank` (more of the query's
         words, and more often, rank higher), ties by the lowest seq. A journal of at most
         `SEARCH_NARROW_BELOW` records is searched through its agent's lexeme in the index, so
-        other agents' matches are never read; a larger one by its words alone. When more records match
+        other agents' matches are never read; a larger one by its words alone. Records not in
+        the index yet (the indexer's lag) are matched directly, with the same vector and rank;
+        more than `SEARCH_UNINDEXED_MAX` of them are indexed first. When more records match
         than that, the ones ranked are those the index hands out first (about the oldest),
         not necessarily the best of all: a more specific query narrows it."""
         validate_agent_id(agent_id)
@@ -655,50 +883,71 @@ class PostgresStore:
         if not words:
             return []
         quoted = ["'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words]
-        found: list[JournalRecord] = await self._run(
-            self._search_decoded, agent_id, " & ".join(quoted), " | ".join(quoted), limit, max_chars
-        )
+        args = (agent_id, " & ".join(quoted), " | ".join(quoted), limit, max_chars)
+        found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
+        while found is None:  # its writers keep the lag lower: this ends
+            await self.index(agent_id)
+            found = await self._run(self._search_decoded, *args)
         return found
 
     def _search_decoded(
         self, conn: psycopg.Connection[Any], agent_id: str, every: str, some: str, limit: int, max_chars: int | None
-    ) -> list[JournalRecord]:
+    ) -> list[JournalRecord] | None:
         """`_search_sync` and the decoding of its few rows, in one worker thread's turn."""
-        return self._decode(self._search_sync(conn, agent_id, every, some, limit), max_chars)[0]
+        rows = self._search_sync(conn, agent_id, every, some, limit)
+        return None if rows is None else self._decode(rows, max_chars)[0]
 
+    # The candidates: those the index finds among the records up to `indexed_seq`, and those
+    # past it (not indexed yet: the indexer's lag, a batch or so), matched by the same vector.
     _CANDIDATES = (
         "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
-        "SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(r.words, q) AS rank FROM cmdc_records r "
+        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(s.words, q) AS rank FROM cmdc_search s "
+        "JOIN cmdc_records r ON r.agent_id = s.agent_id AND r.seq = s.seq "
         "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
-        "to_tsquery('simple', %s) q WHERE r.agent_id = %s AND r.words @@ {match} {extra}LIMIT %s"
-        ") c ORDER BY c.rank DESC, c.seq LIMIT %s"
+        "to_tsquery('simple', %(q)s) q WHERE s.agent_id = %(agent)s AND s.seq <= %(indexed)s "
+        "AND s.words @@ {match} {extra}LIMIT %(cap)s) "
+        "UNION ALL "
+        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(v.words, q) AS rank FROM cmdc_records r "
+        "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
+        "to_tsquery('simple', %(q)s) q, LATERAL (SELECT " + _VECTOR.format(r="r") + " AS words) v "
+        "WHERE r.agent_id = %(agent)s AND r.seq > %(indexed)s AND v.words @@ q {extra}LIMIT %(cap)s)"
+        ") c ORDER BY c.rank DESC, c.seq LIMIT %(limit)s"
     )
 
     def _search_sync(
         self, conn: psycopg.Connection[Any], agent_id: str, every: str, some: str, limit: int
-    ) -> list[Any]:
+    ) -> list[Any] | None:
         cap = SEARCH_CANDIDATES
         with conn.transaction():
-            row = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+            row = conn.execute("SELECT seq, indexed_seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
             if row is None:
                 return []
+            if int(row[0]) - int(row[1]) > SEARCH_UNINDEXED_MAX:
+                return None  # a backlog (left by a process that died): the caller indexes it first
+            # the records up to the mark are in the index (the mark is read first: records the
+            # indexer adds meanwhile are read again past it, not missed)
             # A small journal is searched through its agent's lexeme in the index: other agents'
             # matches are never read, and the lexeme's own entries are few. A large one is
             # searched by the words alone (its lexeme's entries would cost more to read than
             # the other agents' matches the filter drops, which its own matches outnumber).
             narrow = int(row[0]) <= SEARCH_NARROW_BELOW
-            match = "(q && %s::tsquery)" if narrow else "q"
-            mine = (f"'cmdc agent={agent_id}'",) if narrow else ()  # agent ids hold no quote or backslash
+            match = "(q && %(mine)s::tsquery)" if narrow else "q"
+            args = {
+                "q": every,
+                "agent": agent_id,
+                "indexed": int(row[1]),
+                "mine": f"'cmdc agent={agent_id}'",  # agent ids hold no quote or backslash
+                "cap": cap,
+                "limit": limit,
+            }
             found: list[Any] = conn.execute(
-                self._CANDIDATES.format(match=match, extra=""), (every, agent_id, *mine, cap, limit), binary=True
-            ).fetchall()
+                self._CANDIDATES.format(match=match, extra=""), args, binary=True
+            ).fetchall()  # binary: bytea not hex
             if len(found) >= limit or every == some:
                 return found
-            seen = [r[0] for r in found]
+            args.update(q=some, seen=[r[0] for r in found])
             more = conn.execute(
-                self._CANDIDATES.format(match=match, extra="AND NOT r.seq = ANY(%s) "),
-                (some, agent_id, *mine, seen, cap, limit),
-                binary=True,
+                self._CANDIDATES.format(match=match, extra="AND NOT r.seq = ANY(%(seen)s) "), args, binary=True
             ).fetchall()
         return found + more[: limit - len(found)]
 
@@ -757,6 +1006,7 @@ class PostgresStore:
                     (reason, time.time(), agent_id, seq),
                 )
                 conn.execute("DELETE FROM cmdc_records WHERE agent_id = %s AND seq = %s", (agent_id, seq))
+                conn.execute("DELETE FROM cmdc_search WHERE agent_id = %s AND seq = %s", (agent_id, seq))
         return len(bad)
 
     async def transcript(self, agent_id: str) -> str:

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 import trio
 
-from cmdc import ConfigError, Message, State
-from cmdc.errors import CmdcError, JournalLost, StoreUnavailable
+from cmdc import ConfigError, Message, State, postgres
+from cmdc.errors import CmdcError, InvalidMessage, JournalLost, StoreUnavailable
 from cmdc.offload import JournalRef
 from cmdc.postgres import _MIGRATIONS, ATTEMPTS_KEY, SCHEMA_VERSION, PostgresStore, migrate
 
@@ -61,6 +61,19 @@ async def test_uncommitted_attempts_are_invisible_until_committed(pg: PostgresSt
     assert [r.seq for r in await pg.records("a1")] == [1, 2, 3]
 
 
+async def test_a_known_id_with_other_content_inside_a_new_batch_is_refused_whole(pg: PostgresStore) -> None:
+    """A batch of new messages is written without looking each one up (the unique index on
+    message ids catches a known one); a known id with other content still refuses the batch."""
+    old = Message.user("original")
+    await pg.append("a1", [old])
+    forged = Message.from_dict({**old.to_dict(), "content": "forged"})
+    with pytest.raises(InvalidMessage, match="other content"):
+        await pg.append("a1", [Message.user("new 1"), forged, Message.user("new 2")])
+    assert [r.message.text for r in await pg.records("a1")] == ["original"]
+    late = await pg.append("a1", [Message.user("new 3")], commit=False, attempt="k9")
+    assert late.first_seq == 2 and late.pending == ("k9",)
+
+
 async def test_a_checkpoint_commits_the_batches_its_summary_names_in_one_transaction(pg: PostgresStore) -> None:
     evicted = [Message.user(f"old {i}") for i in range(4)]
     await pg.append("a1", evicted, compaction=1, attempt="kabc", commit=False)
@@ -88,34 +101,180 @@ async def test_damaged_rows_are_skipped_and_reported(pg: PostgresStore, postgres
 
 async def test_search_can_use_the_gin_index(pg: PostgresStore, postgres_url: str) -> None:
     await pg.append("a1", [Message.user(f"needle {i}" if i % 500 == 0 else f"hay {i}") for i in range(5000)])
-    sql(postgres_url, "ANALYZE cmdc_records")
+    await pg.index()  # what the background indexer has not done yet
+    sql(postgres_url, "ANALYZE cmdc_search")
     with psycopg.connect(postgres_url) as conn:
         plan = "\n".join(
             str(r[0])
             for r in conn.execute(
-                "EXPLAIN SELECT seq FROM cmdc_records WHERE agent_id = 'a1' AND words @@ to_tsquery('simple', 'needle')"
+                "EXPLAIN SELECT seq FROM cmdc_search WHERE agent_id = 'a1' AND words @@ to_tsquery('simple', 'needle')"
             )
         )
-    assert "cmdc_records_words" in plan
+    assert "cmdc_search_words" in plan
     assert len(await pg.search("a1", "needle", limit=100)) == 10
     # another agent's many matches are not read: the agent is a lexeme in the index
     await pg.append("b2", [Message.user(f"needle {i}") for i in range(5000)])
-    sql(postgres_url, "ANALYZE cmdc_records")
+    await pg.index("b2")
+    sql(postgres_url, "ANALYZE cmdc_search")
     with psycopg.connect(postgres_url) as conn:
         conn.execute("SET enable_seqscan = off")
         rows = conn.execute(
-            "EXPLAIN (ANALYZE, COSTS OFF) SELECT seq FROM cmdc_records "
+            "EXPLAIN (ANALYZE, COSTS OFF) SELECT seq FROM cmdc_search "
             "WHERE words @@ (to_tsquery('simple', 'needle') && $$'cmdc agent=a1'$$::tsquery)"
         ).fetchall()
     plan = "\n".join(str(r[0]) for r in rows)
-    assert "Bitmap Index Scan on cmdc_records_words (actual" in plan and "rows=10 loops=1" in plan, plan
+    assert "Bitmap Index Scan on cmdc_search_words (actual" in plan and "rows=10 loops=1" in plan, plan
     # a search reads the index's pending list whole: it is kept short
-    assert sql(postgres_url, "SELECT reloptions FROM pg_class WHERE relname = 'cmdc_records_words'") == [
+    assert sql(postgres_url, "SELECT reloptions FROM pg_class WHERE relname = 'cmdc_search_words'") == [
         (["gin_pending_list_limit=256"],)
     ]
     hits = await pg.search("a1", "needle", limit=100)
     assert len(hits) == 10 and all(h.message.text.startswith("needle") for h in hits)
     assert len(await pg.search("b2", "needle 7", limit=3)) == 3
+
+
+def marks(url: str) -> dict[str, tuple[int, int]]:
+    """Each journal's (highest record number, indexed up to)."""
+    return {str(a): (int(s), int(i)) for a, s, i in sql(url, "SELECT agent_id, seq, indexed_seq FROM cmdc_journals")}  # type: ignore[call-overload]
+
+
+async def test_a_search_finds_committed_records_the_indexer_has_not_reached(postgres_url: str) -> None:
+    """A journal batch commits without search vectors; until the indexer has put them in the
+    index, a search reads those records directly: the same hits, in the same order."""
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        texts = [f"alpha {'beta ' * (i % 3)}gamma {i}" for i in range(30)]
+        await store.append("a1", [Message.user(t) for t in texts[:10]])
+        await store.index()
+        await store.append("a1", [Message.user(t) for t in texts[10:]])  # records 11-30: not indexed
+        assert marks(postgres_url) == {"a1": (30, 10)}
+        assert sql(postgres_url, "SELECT count(*) FROM cmdc_search") == [(10,)]
+        queries = ["beta", "gamma 17", "alpha beta", "25", "gamma nothing", "nothing"]
+        before = {q: [(r.seq, r.message.text) for r in await store.search("a1", q, limit=8)] for q in queries}
+        assert [seq for seq, _ in before["beta"]] == [3, 6, 9, 12, 15, 18, 21, 24]  # twice, then once
+        assert [seq for seq, _ in before["gamma 17"]] == [18, 1, 2, 3, 4, 5, 6, 7]  # both words, then either
+        assert before["25"] == [(26, "alpha beta gamma 25")]
+        assert len(before["gamma nothing"]) == 8 and before["nothing"] == []
+        # uncommitted records stay invisible on both sides of the mark
+        await store.append("a1", [Message.user("hidden gamma")], attempt="kx", commit=False)
+        assert await store.search("a1", "hidden") == []
+        assert await store.index() == 21
+        assert marks(postgres_url) == {"a1": (31, 31)}
+        after = {q: [(r.seq, r.message.text) for r in await store.search("a1", q, limit=8)] for q in queries}
+        assert after == before
+        assert await store.search("a1", "hidden") == []
+        await store.commit("a1", ["kx"])
+        assert [r.message.text for r in await store.search("a1", "hidden")] == ["hidden gamma"]
+        assert await store.index() == 0  # nothing left; the vector is not written twice
+        assert sql(postgres_url, "SELECT count(*), count(DISTINCT seq) FROM cmdc_search") == [(31, 31)]
+
+
+async def test_a_search_indexes_a_large_backlog_first(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(postgres, "SEARCH_UNINDEXED_MAX", 10)
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        await store.append("a1", [Message.user(f"word {i}") for i in range(10)])
+        assert [r.seq for r in await store.search("a1", "word 3")][:1] == [4]
+        assert marks(postgres_url) == {"a1": (10, 0)}  # ten read directly
+        await store.append("a1", [Message.user("word 10")])
+        assert [r.seq for r in await store.search("a1", "word 10")][:1] == [11]
+        assert marks(postgres_url) == {"a1": (11, 11)}  # eleven: indexed first
+
+
+async def test_a_writer_that_outruns_the_indexer_indexes_its_share(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres, "INDEX_LAG_MAX", 10)
+    monkeypatch.setattr(postgres, "INDEX_BATCH", 4)
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        await store.append("a1", [Message.user(f"a {i}") for i in range(8)])
+        assert marks(postgres_url) == {"a1": (8, 0)}
+        await store.append("a1", [Message.user(f"b {i}") for i in range(8)])  # lag 16: it indexes 6
+        assert marks(postgres_url) == {"a1": (16, 6)}
+        await store.append("a1", [Message.user(f"c {i}") for i in range(3)])  # lag 13: it indexes 3
+        assert marks(postgres_url) == {"a1": (19, 9)}
+        await store.append("a1", [Message.user(f"d {i}") for i in range(30)])  # lag 40: 30 (as it wrote)
+        assert marks(postgres_url) == {"a1": (49, 39)}
+        assert sql(postgres_url, "SELECT count(*) FROM cmdc_search") == [(39,)]
+        assert [r.message.text for r in await store.search("a1", "d 29")][:1] == ["d 29"]
+
+
+async def wait_indexed(url: str, bound: float = 30.0) -> dict[str, tuple[int, int]]:
+    with trio.fail_after(bound):
+        while True:
+            now = marks(url)
+            if all(i == s for s, i in now.values()):
+                return now
+            await trio.sleep(0.02)
+
+
+async def test_the_background_indexer_catches_up_and_a_backlog_is_indexed_at_open(postgres_url: str) -> None:
+    async with PostgresStore(postgres_url, background_index=False) as quiet:
+        await quiet.append("a1", [Message.user(f"old {i}") for i in range(7)])
+        await quiet.append("b2", [Message.user(f"older {i}") for i in range(3)])
+    assert marks(postgres_url) == {"a1": (7, 0), "b2": (3, 0)}  # as a process that died would leave it
+    async with PostgresStore(postgres_url) as store:  # finds the backlog when it opens
+        assert await wait_indexed(postgres_url) == {"a1": (7, 7), "b2": (3, 3)}
+        for batch in range(5):  # and indexes each batch after it commits
+            await store.append("a1", [Message.user(f"new {batch} {i}") for i in range(200)])
+        assert await wait_indexed(postgres_url) == {"a1": (1007, 1007), "b2": (3, 3)}
+        assert sql(postgres_url, "SELECT count(*) FROM cmdc_search") == [(1010,)]
+        assert (await store.search("a1", "new 4 199"))[0].message.text == "new 4 199"
+        # a compaction's batch (an attempt committed later) is indexed once committed, by
+        # `commit` or by the checkpoint whose summary names it
+        await store.append("a1", [Message.user(f"evicted {i}") for i in range(5)], attempt="k1", commit=False)
+        await store.append("b2", [Message.user(f"evicted {i}") for i in range(5)], attempt="k2", commit=False)
+        await trio.sleep(0.2)
+        assert marks(postgres_url) == {"a1": (1012, 1007), "b2": (8, 3)}  # not while the compaction runs
+        await store.commit("a1", ["k1"])
+        summary = Message.user("summary", metadata={"cmdc.kind": "summary", ATTEMPTS_KEY: ["k2"]})
+        await store.checkpoints.save(State(agent_id="b2").append(summary))
+        assert await wait_indexed(postgres_url) == {"a1": (1012, 1012), "b2": (8, 8)}
+
+
+async def test_two_indexers_at_once_write_each_vector_once(postgres_url: str) -> None:
+    async with (
+        PostgresStore(postgres_url, background_index=False) as one,
+        PostgresStore(postgres_url, background_index=False) as two,
+    ):
+        await one.append("a1", [Message.user(f"word {i}") for i in range(12_000)])
+        counts: list[int] = []
+
+        async def run(store: PostgresStore) -> None:
+            counts.append(await store.index("a1"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, one)
+            nursery.start_soon(run, two)
+        assert sum(counts) >= 12_000
+        assert sql(postgres_url, "SELECT count(*), count(DISTINCT seq) FROM cmdc_search") == [(12_000, 12_000)]
+        assert marks(postgres_url) == {"a1": (12_000, 12_000)}
+        assert len(await one.search("a1", "word", limit=20_000)) == 500  # SEARCH_CANDIDATES
+
+
+async def test_a_hostile_gap_in_record_numbers_does_not_stall_the_indexer(postgres_url: str) -> None:
+    """A state naming a record far past the journal's end makes the successor journal number on
+    from there: the indexer skips the empty range in one step instead of walking it."""
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        first = await store.append("a1", [Message.user("one")])
+        with pytest.raises(JournalLost):
+            await store.append("a1", [Message.user("two")], expect=JournalRef(first.journal, 10**15))
+        later = await store.append("a1", [Message.user("three")], expect=JournalRef(first.journal, 10**15))
+        assert later.first_seq == 10**15 + 1
+        with trio.fail_after(10):  # the writer indexed one (the lag counts numbers), this the other
+            assert await store.index() == 1
+        assert sql(postgres_url, "SELECT count(*) FROM cmdc_search") == [(2,)]
+        assert marks(postgres_url) == {"a1": (10**15 + 1, 10**15 + 1)}
+        assert [r.message.text for r in await store.search("a1", "one three")] == ["one", "three"]
+        with pytest.raises(ConfigError):
+            await store.index("not a valid id\n")
+
+
+async def test_repair_drops_the_vectors_of_the_rows_it_moves(pg: PostgresStore, postgres_url: str) -> None:
+    await pg.append("a1", [Message.user(f"row {i}") for i in range(5)])
+    await pg.index()
+    sql(postgres_url, "UPDATE cmdc_records SET crc = crc + 1 WHERE seq = 2")
+    assert (await pg.repair("a1")).moved == 1
+    assert sql(postgres_url, "SELECT seq FROM cmdc_search ORDER BY seq") == [(1,), (3,), (4,), (5,)]
+    assert sorted(r.seq for r in await pg.search("a1", "row", limit=10)) == [1, 3, 4, 5]
 
 
 async def test_a_lost_connection_is_retried_without_loss_or_duplicates(pg: PostgresStore, postgres_url: str) -> None:
@@ -223,7 +382,7 @@ async def test_a_lost_journal_is_recorded_in_the_database_for_every_writer(
     with pytest.raises(JournalLost, match="replaced by journal"):
         await pg.append("a1", [Message.user("x")], compaction=3, expect=foreign)
     # the successor is in the database: another writer (another process) takes the retry
-    (successor, seq, follows), = sql(postgres_url, "SELECT journal, seq, follows FROM cmdc_journals")
+    ((successor, seq, follows),) = sql(postgres_url, "SELECT journal, seq, follows FROM cmdc_journals")
     assert follows == "jdeadbeefdeadbeef" and seq == 2 and successor != first.journal
     other = await PostgresStore.open(postgres_url)
     try:
@@ -252,6 +411,36 @@ async def test_schema_1_databases_are_migrated(postgres_url: str) -> None:
         later = await store.append("old", [Message.user("after the upgrade")], expect=JournalRef("jold", 7))
         assert later.first_seq == 8
         assert (await store.repair("old")).moved == 0
+
+
+async def test_schema_5_databases_are_migrated_with_their_search_vectors(postgres_url: str) -> None:
+    """Schema 5 kept each record's vector in `cmdc_records.words`; schema 6 moves the vectors
+    to `cmdc_search` (none recomputed) and marks them indexed."""
+    with psycopg.connect(postgres_url) as conn:
+        with conn.transaction():
+            conn.execute("CREATE TABLE cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
+            for version in range(1, 6):
+                for statement in _MIGRATIONS[version]:
+                    conn.execute(statement)
+            conn.execute("INSERT INTO cmdc_meta VALUES ('schema_version', '5')")
+            conn.execute("INSERT INTO cmdc_journals (agent_id, journal, seq) VALUES ('old', 'jold', 2)")
+            conn.execute("INSERT INTO cmdc_attempts VALUES ('old', 'k1', true)")
+            for seq, text in ((1, "ancient needle"), (2, "ancient hay")):
+                m = Message.user(text)
+                conn.execute(
+                    "INSERT INTO cmdc_records (agent_id, seq, journal, attempt, compaction, ts, message_id, crc, "
+                    "message, body) VALUES ('old', %s, 'jold', 'k1', 1, 0, %s, %s, %s, %s)",
+                    (seq, m.id, m.json_crc(), m.to_json(), text),
+                )
+        assert migrate(conn) == 5
+    assert marks(postgres_url) == {"old": (2, 2)}
+    assert sql(postgres_url, "SELECT seq FROM cmdc_search WHERE words @@ 'needle'::tsquery") == [(2 - 1,)]
+    async with PostgresStore(postgres_url) as store:
+        assert [r.message.text for r in await store.search("old", "needle")] == ["ancient needle"]
+        later = await store.append("old", [Message.user("modern needle")], expect=JournalRef("jold", 2))
+        assert later.first_seq == 3
+        assert [r.seq for r in await store.search("old", "needle")] == [1, 3]
+        assert await wait_indexed(postgres_url) == {"old": (3, 3)}
 
 
 def test_passwords_never_show_in_reprs_or_locations() -> None:

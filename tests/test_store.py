@@ -70,6 +70,15 @@ async def test_exactly_once_and_stable_numbers_across_retries(store: Store) -> N
     new = await store.append("a1", [Message.user("later")], compaction=3)
     assert new.first_seq == 7  # numbers only grow
     assert await store.commit("a1", []) is False  # nothing to commit
+    # a batch whose first and last messages are new, with journaled ones between them
+    more = batch(3, "more")
+    await store.append("a1", [more[1]], compaction=4)
+    mixed = await store.append("a1", [more[0], msgs[2], more[1], msgs[5], more[2]], compaction=4)
+    assert mixed.written == 2 and (mixed.first_seq, mixed.last_seq) == (3, 10)
+    records = await store.records("a1")
+    assert [r.seq for r in records] == list(range(1, 11))
+    assert [r.message.text for r in records][6:] == ["later", more[1].text, more[0].text, more[2].text]
+    assert mixed.seqs == (9, 3, 8, 6, 10)
 
 
 async def test_agents_are_separate(store: Store) -> None:
