@@ -6,7 +6,9 @@ the OpenAI and Anthropic replies and SSE bodies it scripts, and conversations wi
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,8 @@ import trio
 from hypothesis import strategies as st
 
 import cmdc
-from cmdc import Message, State, TokenUsage, ToolCall, tool
+import cmdc.offload as offload
+from cmdc import ImagePart, Message, State, TextPart, TokenUsage, ToolCall, tool
 from cmdc.bus import Subscription
 from cmdc.events import Event
 from cmdc.message import PINNED_KEY
@@ -368,3 +371,76 @@ def conversations(draw: st.DrawFn, orphans: bool = False) -> list[Message]:
                     )
                 )
     return ms
+
+
+# -- journal files -------------------------------------------------------------------------------
+
+
+REAL_WRITE = os.write
+
+
+REAL_FSYNC = os.fsync
+
+
+REAL_OPEN = os.open
+
+
+REAL_PREAD = os.pread
+
+
+def is_journal_fd(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl")
+    except OSError:
+        return False
+
+
+def users(n: int, prefix: str = "message") -> list[Message]:
+    return [Message.user(f"{prefix} {i}") for i in range(n)]
+
+
+def varied() -> list[Message]:
+    return [
+        Message.system("You are terse.", metadata={"cmdc.pinned": True}),
+        Message.user('héllo wörld ✓ 🐍 "quoted" \\ back\nslash\u2028'),
+        Message.user((TextPart("look at this"), ImagePart("https://x/y.png", "image/png"))),
+        Message.assistant(
+            "calling",
+            tool_calls=(ToolCall(id="c1", name="search", arguments={"q": "trio", "n": [1, 2.5, None, {"k": True}]}),),
+            usage=TokenUsage(input_tokens=10, output_tokens=5),
+        ),
+        Message.tool_result("c1", "result text", is_error=True, metadata={"nested": {"a": [1, 2]}}),
+        Message.assistant("done", metadata={"cmdc.kind": "summary", "big": 2**63}),
+        Message.user(""),
+    ]
+
+
+def check_clean(path: Path) -> list[dict[str, Any]]:
+    """Every line complete, valid JSON, with a good crc; the first line names the journal;
+    message seqs increase. Returns the message records."""
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    out = []
+    last = 0
+    lines = data.split(b"\n")[:-1]
+    assert lines[0].startswith(b'{"journal":')
+    for line in lines:
+        obj = orjson.loads(line)
+        head = b'{"%s":' % next(iter(obj)).encode()
+        assert line.endswith(b',"crc":"%s"}' % obj["crc"].encode())
+        assert int(obj["crc"], 16) == zlib.crc32(line[len(head) : -18])
+        if "message" not in obj:
+            control = (["journal", "follows", "agent", "seq", "ts", "crc"], ["commit", "journal", "seq", "ts", "crc"])
+            assert list(obj) in control
+            continue
+        assert list(obj) == ["message", "compaction", "ts", "seq", "attempt", "journal", "crc"]
+        assert obj["seq"] > last
+        last = obj["seq"]
+        out.append(obj)
+    return out
+
+
+def line(seq: int, message: dict[str, Any] | bytes, compaction: int = 0) -> bytes:
+    """One journal record line, as the writer encodes it (`message`: a dict, or raw JSON bytes)."""
+    raw = message if isinstance(message, bytes) else orjson.dumps(message)
+    return offload._encode_records(seq, compaction, 1.0, [raw])

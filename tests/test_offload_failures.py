@@ -1,0 +1,137 @@
+"""A journal whose disk fails: ENOSPC midway, a failed fsync, a root that is a file, EACCES, a
+symlinked journal, a failed transcript."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import REAL_FSYNC, REAL_OPEN, REAL_WRITE, check_clean, is_journal_fd, users
+
+from cmdc.errors import OffloadError
+from cmdc.offload import OffloadStore
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+async def test_enospc_midway_truncates_and_recovers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = OffloadStore(tmp_path)
+    first = users(2)
+    await store.append("a", first)
+    path = tmp_path / "a.jsonl"
+    size = path.stat().st_size
+    calls = {"n": 0}
+
+    def failing_write(fd: int, data: Any) -> int:
+        if not is_journal_fd(fd):
+            return REAL_WRITE(fd, data)
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return REAL_WRITE(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(OffloadError) as info:
+        await store.append("a", users(5, "big"))
+    monkeypatch.undo()
+    assert calls["n"] == 2
+    assert str(path) in str(info.value)
+    assert os.strerror(errno.ENOSPC) in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+    assert info.value.__cause__.errno == errno.ENOSPC
+    assert path.stat().st_size == size
+    assert await store.read("a") == first
+    later = users(1, "later")
+    r = await store.append("a", later)
+    assert (r.first_seq, r.last_seq) == (3, 3)
+    assert await store.read("a") == first + later
+    check_clean(path)
+
+
+async def test_fsync_failure_marks_journal_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = OffloadStore(tmp_path)
+    await store.append("a", users(1))
+
+    def failing_fsync(fd: int) -> None:
+        if is_journal_fd(fd):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        REAL_FSYNC(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    batch = users(2, "b")
+    with pytest.raises(OffloadError, match="Input/output error") as info:
+        await store.append("a", batch)
+    assert isinstance(info.value.__cause__, OSError)
+    monkeypatch.undo()
+    size = (tmp_path / "a.jsonl").stat().st_size
+    for _ in range(2):
+        with pytest.raises(OffloadError, match="refused"):
+            await store.append("a", users(1, "c"))
+        with pytest.raises(OffloadError):
+            await store.append("a", batch)
+    assert (tmp_path / "a.jsonl").stat().st_size == size
+    # other agents of the same store are unaffected
+    assert (await store.append("b", users(1))).written == 1
+    # a new store (a restarted process) may write again; readers see each message once
+    fresh = OffloadStore(tmp_path)
+    await fresh.append("a", batch)
+    assert [m.id for m in await fresh.read("a")][1:] == [m.id for m in batch]
+
+
+async def test_root_is_a_file(tmp_path: Path) -> None:
+    root = tmp_path / "file"
+    root.write_text("not a dir")
+    for store in (OffloadStore(root), OffloadStore(root / "sub")):
+        with pytest.raises(OffloadError) as info:
+            await store.append("a", users(1))
+        assert isinstance(info.value.__cause__, OSError)
+        assert "file" in str(info.value)
+        assert os.strerror(errno.ENOTDIR) in str(info.value)
+    assert root.read_text() == "not a dir"
+
+
+async def test_open_eacces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if str(path).endswith(".jsonl"):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return REAL_OPEN(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", denied)
+    store = OffloadStore(tmp_path)
+    with pytest.raises(OffloadError, match="Permission denied") as info:
+        await store.append("a", users(1))
+    assert info.value.__cause__ is not None
+    with pytest.raises(OffloadError, match="Permission denied"):
+        await store.read("a")
+    monkeypatch.undo()
+    assert (await store.append("a", users(1))).first_seq == 1
+
+
+async def test_symlinked_journal_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    (tmp_path / "a.jsonl").symlink_to(target)
+    with pytest.raises(OffloadError):
+        await OffloadStore(tmp_path).append("a", users(1))
+    assert target.read_bytes() == b""
+
+
+async def test_transcript_failure_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        if ".md" in str(path):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return REAL_OPEN(path, flags, mode, **kw)
+
+    msgs = users(2)
+    store = OffloadStore(tmp_path)
+    r = await store.append("a", msgs)
+    assert r.written == 2 and not (tmp_path / "a.md").exists()  # not on the append path
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(OffloadError, match="transcript"):
+        await store.write_transcript("a")
+    monkeypatch.setattr(os, "open", REAL_OPEN)
+    assert await OffloadStore(tmp_path).read("a") == msgs
+    assert not (tmp_path / "a.md").exists()
