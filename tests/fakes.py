@@ -158,6 +158,22 @@ def new_process() -> None:
 # -- an HTTP endpoint and the replies it scripts (the OpenAI and Anthropic wire formats) ---------------
 
 
+async def serve_loopback(nursery: trio.Nursery, serve: Callable[[trio.SocketStream], Any]) -> str:
+    """Start `serve` as a TCP server on a free loopback port in `nursery`; return an OpenAI
+    base URL pointing at it."""
+    listeners = await nursery.start(trio.serve_tcp, serve, 0)
+    port = listeners[0].socket.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+async def read_head(stream: trio.SocketStream) -> bytes:
+    """Read from `stream` until a whole HTTP request head has arrived; return what was read."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    return data
+
+
 Answer = tuple[int, Any] | tuple[int, Any, dict[str, str]] | BaseException | Callable[[httpx.Request], httpx.Response]
 
 

@@ -11,6 +11,8 @@ import trio
 from fakes import (
     anthropic_events,
     openai_chunks,
+    read_head,
+    serve_loopback,
     sse,
 )
 
@@ -64,9 +66,7 @@ async def test_cancelling_a_stream_leaves_no_open_connection_in_the_pool() -> No
     sent, eof = trio.Event(), trio.Event()
 
     async def serve(stream: trio.SocketStream) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += await stream.receive_some(65536)
+        await read_head(stream)
         head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         chunk = sse(openai_chunks("hello")[0])
         await stream.send_all(head + b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -80,10 +80,9 @@ async def test_cancelling_a_stream_leaves_no_open_connection_in_the_pool() -> No
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(trio.serve_tcp, serve, 0)
-            port = listeners[0].socket.getsockname()[1]
+            base_url = await serve_loopback(nursery, serve)
             async with httpx.AsyncClient(trust_env=False) as client:
-                provider = OpenAIProvider("m", base_url=f"http://127.0.0.1:{port}/v1", stream=True, client=client)
+                provider = OpenAIProvider("m", base_url=base_url, stream=True, client=client)
                 with trio.CancelScope() as scope:
 
                     async def cancel_midway() -> None:
@@ -132,10 +131,9 @@ async def test_a_finished_stream_returns_its_connection_to_the_pool() -> None:
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(trio.serve_tcp, serve, 0)
-            port = listeners[0].socket.getsockname()[1]
+            base_url = await serve_loopback(nursery, serve)
             async with httpx.AsyncClient(trust_env=False) as client:
-                provider = OpenAIProvider("m", base_url=f"http://127.0.0.1:{port}/v1", stream=True, client=client)
+                provider = OpenAIProvider("m", base_url=base_url, stream=True, client=client)
                 first = await provider.complete(ModelRequest([Message.user("one")]))
                 second = await provider.complete(ModelRequest([Message.user("two")]))
             nursery.cancel_scope.cancel()

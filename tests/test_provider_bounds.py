@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 import trio
+from fakes import read_head, serve_loopback
 
 from cmdc import ConfigError, Message, open_runtime
 from cmdc.errors import ProviderError, ProviderTimeout, ReplyTooLarge, ServerError, TooManyToolCalls
@@ -243,9 +244,7 @@ async def test_a_line_that_never_ends_over_loopback(tmp_path: Path) -> None:
 
     async def serve(stream: trio.SocketStream) -> None:
         nonlocal sent
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += await stream.receive_some(65536)
+        await read_head(stream)
         await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: ")
         try:
             while True:
@@ -256,12 +255,11 @@ async def test_a_line_that_never_ends_over_loopback(tmp_path: Path) -> None:
 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(trio.serve_tcp, serve, 0)
-            port = listeners[0].socket.getsockname()[1]
+            base_url = await serve_loopback(nursery, serve)
             async with httpx.AsyncClient(trust_env=False) as client:
                 provider = OpenAIProvider(
                     "m",
-                    base_url=f"http://127.0.0.1:{port}/v1",
+                    base_url=base_url,
                     stream=True,
                     max_retries=0,
                     client=client,
