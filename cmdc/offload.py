@@ -74,6 +74,7 @@ from .state import validate_agent_id
 _BLOCK = 64 * 1024
 _SCAN_LIMIT = 32 * 1024 * 1024  # how far back a writer reads to learn the latest attempts
 _KNOWN = 65_536  # records a writer remembers (message id, number, checksum) for idempotent appends
+_JOURNALS_KEPT = 4096  # journals a store keeps what it learned of while nobody uses them (see _hold)
 _RECENT = 1024 * 1024  # past the latest commit, how far back it goes on learning committed ones
 _SUFFIX_LEN = 18  # len(',"crc":"xxxxxxxx"}')
 _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
@@ -284,6 +285,7 @@ class _Journal:
     known: _Known = attrs.field(factory=_Known)  # records this writer remembers
     committed: set[str] = attrs.field(factory=set)
     expected: tuple[str, int] | None = None  # (journal, highest record number) this store last wrote
+    users: int = 0  # tasks between `_hold` and its end: while any, the store keeps this object
 
     def forget_file(self) -> None:
         self.inode, self.size, self.last = None, 0, b""
@@ -815,10 +817,41 @@ class OffloadStore:
             emit(self.on_event, Event(kind, agent_id, data, now))
 
     def _journal(self, agent_id: str) -> _Journal:
-        journal = self._journals.get(agent_id)
+        """What this store knows of the agent's journal, now the most recently used."""
+        journal = self._journals.pop(agent_id, None)
         if journal is None:
-            journal = self._journals[agent_id] = _Journal()
+            journal = _Journal()
+        self._journals[agent_id] = journal
         return journal
+
+    @contextlib.contextmanager
+    def _hold(self, agent_id: str) -> Iterator[_Journal]:
+        """The agent's `_Journal`, kept while the block runs. Past `_JOURNALS_KEPT` journals the
+        least recently used ones that nobody holds are forgotten when a block ends: a store that
+        saw a million agents does not remember a million journals (each up to `_KNOWN`
+        records). A forgotten journal is learned again from its file by its next writer, as a
+        store of a new process would (the end of the file; the caller's `expect` still catches a
+        lost journal). One whose writes are refused (`failed`: a write may still be running) is
+        never forgotten."""
+        journal = self._journal(agent_id)
+        journal.users += 1
+        try:
+            yield journal
+        finally:
+            journal.users -= 1
+            if len(self._journals) > _JOURNALS_KEPT:
+                self._forget_idle()
+
+    def _forget_idle(self) -> None:
+        excess = len(self._journals) - _JOURNALS_KEPT
+        idle: list[str] = []
+        for agent_id, journal in self._journals.items():  # least recently used first
+            if len(idle) >= excess:
+                break
+            if not journal.users and journal.failed is None and not journal.lock.locked():
+                idle.append(agent_id)
+        for agent_id in idle:
+            del self._journals[agent_id]
 
     # -- writing ----------------------------------------------------------------------------
     async def append(
@@ -860,30 +893,30 @@ class OffloadStore:
         wanted = tuple(dict.fromkeys(attempts))
         if not all(isinstance(a, str) and a.startswith("k") and _valid_id(a) for a in wanted):
             raise ConfigError(f"attempts must be ids from new_attempt_id(), got {attempts!r}")
-        journal = self._journal(agent_id)
-        if not wanted or journal.committed.issuperset(wanted):
+        known = self._journals.get(agent_id)
+        if not wanted or (known is not None and known.committed.issuperset(wanted)):
             return False
         wrote: bool = await self._locked(agent_id, path, self._commit_sync, agent_id, path, wanted, expect)
         return wrote
 
     async def _locked(self, agent_id: str, path: Path, fn: Any, *args: Any) -> Any:
-        journal = self._journal(agent_id)
-        async with journal.lock:
-            if journal.failed is not None:
-                raise OffloadError(journal.failed)
-            events: list[tuple[str, dict[str, Any]]] = []
-            # A cancelled caller waits for the write to finish, but not past write_timeout.
-            try:
-                return await run_bounded(fn, journal, events, *args, limit=self.write_timeout)
-            except trio.TooSlowError:
-                journal.failed = (
-                    f"offload journal {path}: an append did not finish within {self.write_timeout} s "
-                    "(the disk stalls); later appends are refused"
-                )
-                raise OffloadError(journal.failed) from None
-            finally:
-                for kind, data in events:
-                    self._emit(kind, agent_id, **data)
+        with self._hold(agent_id) as journal:
+            async with journal.lock:
+                if journal.failed is not None:
+                    raise OffloadError(journal.failed)
+                events: list[tuple[str, dict[str, Any]]] = []
+                # A cancelled caller waits for the write to finish, but not past write_timeout.
+                try:
+                    return await run_bounded(fn, journal, events, *args, limit=self.write_timeout)
+                except trio.TooSlowError:
+                    journal.failed = (
+                        f"offload journal {path}: an append did not finish within {self.write_timeout} s "
+                        "(the disk stalls); later appends are refused"
+                    )
+                    raise OffloadError(journal.failed) from None
+                finally:
+                    for kind, data in events:
+                        self._emit(kind, agent_id, **data)
 
     def _open_locked(self, path: Path) -> int:
         """Open the journal for appending and take its lock; the fd names the file now at

@@ -89,6 +89,7 @@ class _Slot:
         "activating",
         "config",
         "fresh",
+        "grants",
         "options",
         "pending",
         "plugins",
@@ -106,6 +107,7 @@ class _Slot:
         config: Mapping[str, Any] | None,
         summarizer: Summarizer | None,
         options: AgentOptions,
+        grants: _Grants = _NO_GRANTS,
     ) -> None:
         self.provider = provider
         self.tools = tools
@@ -113,6 +115,7 @@ class _Slot:
         self.config = config
         self.summarizer = summarizer
         self.options = options
+        self.grants = grants  # whom it may delegate to, and whose tasks it accepts
         self.ref: AgentRef | None = None
         self.pending: list[Message] = _NO_PENDING  # sent while not resident (a list of its own once any is)
         self.activating: trio.Event | None = None
@@ -152,7 +155,6 @@ class Runtime:
         self._virtual = deactivate_after is not None or max_resident is not None
         self._agents: dict[str, Agent] = {}  # the resident agents, least recently active first
         self._slots: dict[str, _Slot] = {}  # every addressable agent
-        self._grants: dict[str, _Grants] = {}
         self._children = itertools.count(1)
         self._child_token = secrets.token_hex(6)  # in every child's name: unique across runtimes
         self._live_children: dict[str, int] = {}  # agent -> its temporary children running now
@@ -327,7 +329,7 @@ class Runtime:
             given += (recall_tool(compactor.store_for(settings), name, budget_tokens=budget),)
         if grants.children:
             given = (*given, _delegate_tool(self, name, grants.targets))
-        slot = _Slot(provider, given, plugins, config, summarizer, options)
+        slot = _Slot(provider, given, plugins, config, summarizer, options, grants)
         # A new State is what it had (activation rebuilds it) only when none was loaded: a
         # resumed state is as good as saved, but activation must read it back.
         slot.fresh = fresh is state and saved is None
@@ -338,7 +340,6 @@ class Runtime:
             raise ConfigError(f"an agent called {name!r} is already running")
         self._slots[name] = slot
         self._agents[name] = agent
-        self._grants[name] = grants
         slot.ref = agent.ref
         if not any(p.implements("on_start") for p in plugins):
             # Ready by construction: the mailbox exists and the task is scheduled, so requests
@@ -350,7 +351,6 @@ class Runtime:
             ref: AgentRef = await self._nursery.start(agent.main, name=name)
         except BaseException:
             self._agents.pop(name, None)
-            self._grants.pop(name, None)
             self._slots.pop(name, None)
             raise
         self._make_room()
@@ -462,7 +462,6 @@ class Runtime:
             self._emit(agent.name, DEACTIVATED)
         else:
             del self._slots[agent.name]
-            self._grants.pop(agent.name, None)
             agent.ref._stopped = True
 
     def _emit(self, name: str, kind: str, **data: Any) -> None:
@@ -605,25 +604,32 @@ class Runtime:
         excess -= len(self._leaving)
         if excess <= 0:
             return
-        for agent in list(self._agents.values()):
-            if excess <= 0:
+        # From the least recently active on, and only as far as it takes (not a copy of every
+        # resident agent per call: this runs at every request).
+        chosen: list[Agent] = []
+        for agent in self._agents.values():
+            if len(chosen) >= excess:
                 break
             if agent.idle() and not agent.deactivating and not agent.leaving:
-                self._request_deactivation(agent)
-                excess -= 1
+                chosen.append(agent)
+        for agent in chosen:
+            self._request_deactivation(agent)
 
     async def _reap_idle(self, after: float) -> None:
         """Deactivate agents idle for `after` seconds; sleeps until the next one is due."""
         while True:
             now = trio.current_time()
             wake = now + after
-            for agent in list(self._agents.values()):  # least recently active first
+            due_now: list[Agent] = []
+            for agent in self._agents.values():  # least recently active first
                 due = agent.last_active + after
                 if due > now:
                     wake = min(wake, due)
                     break
                 if agent.idle() and not agent.deactivating and not agent.leaving:
-                    self._request_deactivation(agent)
+                    due_now.append(agent)
+            for agent in due_now:
+                self._request_deactivation(agent)
             await trio.sleep_until(wake)
 
     async def stop_inactive(self, ref: AgentRef) -> None:
@@ -633,7 +639,6 @@ class Runtime:
                 await slot.activating.wait()
             if ref._agent is None:
                 del self._slots[ref.name]
-                self._grants.pop(ref.name, None)
                 ref._stopped = True
                 self._emit(ref.name, STOPPED, reason="stopped", restarts=ref._restarts)
                 self.bus.end_agent(ref.name)  # as when a resident agent stops
@@ -702,7 +707,8 @@ class Runtime:
         """The running agent `target`, if `sender` may hand it a task: `sender` was granted
         it (by name or pattern) and `target` accepts tasks from `sender`. Otherwise
         `DelegationRefused`, saying which side refused."""
-        mine = self._grants.get(sender)
+        slot = self._slots.get(sender)
+        mine = None if slot is None else slot.grants
         if mine is None or not _matches(target, mine.targets):
             allowed = ", ".join(mine.targets) if mine is not None and mine.targets else "none"
             raise DelegationRefused(
@@ -710,7 +716,8 @@ class Runtime:
                 f"children (leave out 'agent') and to these agents: {allowed}"
             )
         ref = self.whereis(target)
-        theirs = self._grants.get(target)
+        slot = self._slots.get(target)
+        theirs = None if slot is None else slot.grants
         if ref is None or theirs is None:
             raise DelegationRefused(f"no running agent is called {target!r}")
         if not _matches(sender, theirs.accepts):

@@ -592,3 +592,48 @@ def test_write_pieces_writes_every_byte_in_order(
     finally:
         os.close(fd)
     assert path.read_bytes() == b"".join(pieces)
+
+
+# -- what a store remembers ------------------------------------------------------------------------
+
+
+async def test_a_store_forgets_idle_journals_past_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that wrote for many agents keeps at most `_JOURNALS_KEPT` journals' caches; a
+    forgotten one is learned again from its file, as by a new process: numbers go on, a
+    retried batch is not written twice, a commit still lands once."""
+    monkeypatch.setattr(offload, "_JOURNALS_KEPT", 3)
+    store = OffloadStore(tmp_path)
+    batches = {f"a{i}": users(3) for i in range(12)}
+    for agent, msgs in batches.items():
+        await store.append(agent, msgs, compaction=1)
+        assert len(store._journals) <= 3
+    assert list(store._journals) == ["a9", "a10", "a11"]  # the most recently used
+    r = await store.append("a0", batches["a0"], compaction=1)  # a retry after it was forgotten
+    assert (r.first_seq, r.last_seq, r.written) == (1, 3, 0)
+    more = users(2)
+    r = await store.append("a0", more, compaction=2, commit=False)
+    assert (r.first_seq, r.last_seq, r.written) == (4, 5, 2)
+    for i in range(1, 5):  # a0 forgotten again before its commit
+        await store.append(f"a{i}", batches[f"a{i}"], compaction=1)
+    assert "a0" not in store._journals
+    assert await store.commit("a0", r.pending) is True
+    batches["a0"] += more
+    for agent, msgs in batches.items():
+        assert await store.read(agent) == msgs
+        assert len(check_clean(tmp_path / f"{agent}.jsonl")) == len(msgs)  # each record once
+
+
+async def test_a_journal_in_use_or_refused_is_never_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(offload, "_JOURNALS_KEPT", 1)
+    store = OffloadStore(tmp_path)
+    with store._hold("busy") as busy:
+        for i in range(4):
+            await store.append(f"a{i}", users(1))
+        assert store._journals["busy"] is busy  # held: kept past the bound
+    busy.failed = "refused: a write may still be running"  # as a stalled write leaves it
+    for i in range(4):
+        await store.append(f"b{i}", users(1))
+    assert store._journals["busy"] is busy
+    with pytest.raises(OffloadError, match="refused"):
+        await store.append("busy", users(1))
+    assert list(store._journals) == ["busy"]  # the bound holds for every other one

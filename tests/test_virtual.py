@@ -337,3 +337,41 @@ async def test_a_deactivated_agent_keeps_only_a_few_hundred_bytes(tmp_path: Path
         grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
         assert rt.resident == []
         assert grown / 300 < 512, f"{grown / 300:.0f} bytes per deactivated agent"
+
+
+async def test_the_runtime_and_its_store_forget_what_deactivated_agents_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the resident bound nothing per agent piles up: no checkpoint lock, lease, pending
+    deactivation, subscription or journal cache of a deactivated agent stays (the store keeps
+    a bounded number of journal caches); every agent comes back with its history and its journal
+    numbers go on, with each record written once."""
+    import cmdc.offload as offload
+
+    monkeypatch.setattr(offload, "_JOURNALS_KEPT", 4)
+
+    async def summarize(*_: object) -> str:
+        return "## Task\n- counting"
+
+    config = {"compact_keep": ("messages", 2)}
+    async with open_runtime(store=str(tmp_path / "s"), max_resident=3, log_events=False) as rt:
+        store = rt.store
+        assert isinstance(store, cmdc.store.FileStore)
+        refs = [await rt.spawn(f"n{i}", echo_model(), config=config, summarizer=summarize) for i in range(24)]
+        for round_ in range(2):
+            for i, ref in enumerate(refs):
+                for k in range(4):
+                    await ref.prompt(f"round {round_} turn {k} of {i} " + "words " * 30)
+                assert isinstance(await ref.compact(), cmdc.Compacted)
+                await settle()
+                assert len(rt.resident) <= 3
+                assert len(store.journal._journals) <= 4
+                assert rt.checkpoints is not None and not rt.checkpoints._locks  # type: ignore[attr-defined]
+                assert len(rt._leaving) <= 1 and not rt._leased and not rt.bus._by_agent
+        assert rt.stats["agents"] == 24 and rt.stats["activations"] >= 24
+        for i, ref in enumerate(refs):
+            texts = [m.text for m in (await ref.state()).messages]
+            assert texts[-1].split(": ", 1)[1] == f"round 1 turn 3 of {i} " + "words " * 30
+            records = await store.records(f"n{i}")
+            assert [r.seq for r in records] == list(range(1, len(records) + 1))  # once each, in order
+            assert len(records) >= 4 and (await store.verify(f"n{i}")).clean
