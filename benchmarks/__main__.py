@@ -1,5 +1,9 @@
 """Every benchmark, one table: python -m benchmarks  [--quick] [--no-compare]
 
+The full run takes hours: its store benchmark alone prompts 1,000,000 virtual agents (at most
+10,000 resident) with each store, 35-55 minutes per store on 2 shared cores, and searches a
+1,000,000-record journal. `--quick` (20,000 agents, 100,000 records) takes minutes.
+
 Runs bench_compaction, bench_runtime (its memory figures in fresh subprocesses), the retention
 probes, the recall stall, bench_store, bench_ray (in a subprocess: a local 3-node Ray cluster;
 it needs ray and a PostgreSQL server, else a line under the table says why it was skipped; not
@@ -242,14 +246,15 @@ def store_rows(p: Preset) -> list[Row]:
             Row(b, f"  {name}: RSS growth per agent", _growth(v.get("rss_curve", []))),
             Row(
                 b,
-                f"  {name}: wall per agent ({v.get('concurrency', 1)} at a time)",
-                f"{v['per_agent_us'] / 1e3:,.2f} ms",
+                f"  {name}: wall, and per agent ({v.get('concurrency', 1)} at a time)",
+                f"{v['wall'] / 60:,.1f} min, {v['per_agent_us'] / 1e3:,.2f} ms",
             ),
             Row(
                 b,
                 f"  {name}: activation p50 / p99",
                 f"{_ms(v['activation_p50'])} / {_ms(v['activation_p99'])}",
             ),
+            Row(b, f"  {name}: load average 1/5/15 min at the end", "/".join(f"{x:.1f}" for x in v["load_after"])),
         ]
 
     if "search_postgres" not in f:
@@ -314,9 +319,7 @@ def ray_rows(p: Preset) -> list[Row]:
 
     def calls(kind: str) -> str:
         local, cluster = o[f"local_{kind}"], o[f"cluster_{kind}"]
-        return (
-            f"{cluster['p50']:.2f} / {cluster['p99']:.2f} ms vs {local['p50']:.2f} / {local['p99']:.2f} ms"
-        )
+        return f"{cluster['p50']:.2f} / {cluster['p99']:.2f} ms vs {local['p50']:.2f} / {local['p99']:.2f} ms"
 
     rates = [f[f"nodes_{n}"] for n in (1, 2, 3)]
     k = f["kill"]
@@ -444,8 +447,14 @@ def collect(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description="Run every benchmark; print one table.")
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run every benchmark; print one table. The full run takes hours (1,000,000 virtual agents "
+        "per store: 35-55 minutes each on 2 shared cores); --quick takes minutes.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller sizes, fewer repetitions (20,000 virtual agents, not 1,000,000)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite (figures meaningless)")
     parser.add_argument("--no-compare", action="store_true", help="skip the DeepAgents comparison")
     args = parser.parse_args(argv)

@@ -2,7 +2,10 @@
 
 Run: python -m benchmarks.bench_store [--records N] [--agents N] [--resident N] [--queries N]
                                       [--file-queries N] [--compaction N] [--compaction-reps N]
-                                      [--concurrency N]
+                                      [--concurrency N] [--json]
+     python -m benchmarks.bench_store _virtual STORE AGENTS RESIDENT SAMPLE [CONCURRENCY]
+       (one virtual-agents run on STORE, a directory or a postgresql:// URL: its JSON on
+       stdout, its table on stderr)
 
 - search latency over one agent's journal of N records (p50/p99 per store);
 - one compaction of 10k messages with each store (the PostgreSQL one against the file one;
@@ -11,6 +14,11 @@ Run: python -m benchmarks.bench_store [--records N] [--agents N] [--resident N] 
   (virtual agents): wall time, peak RSS, RSS as the agents grow (`rss_curve`), and the latency
   of activating a deactivated agent (p50/p99), per store. Each of these runs in a fresh
   subprocess, so its peak RSS is its own. `CMDC_BENCH_PROGRESS=1` prints progress to stderr.
+  The default, 1,000,000 agents with 10,000 resident, takes long: measured on 2 shared cores,
+  ~2-3 ms per agent, so 35-55 minutes per store (`--agents 20000` for a quick look).
+
+It prints a table (the virtual-agents runs as one row per store); `--json` prints every figure
+as JSON instead.
 
 The PostgreSQL figures need a server: `CMDC_TEST_POSTGRES_URL` (`eval "$(scripts/pg_test.sh
 start)"`); each run uses a fresh database. Without one they are reported as skipped.
@@ -170,8 +178,9 @@ async def virtual_agents(
     """`agents` agents spawned and prompted once each, `concurrency` of them at a time (as
     requests reach a server: a checkpoint write's wait overlaps the others' work)."""
     provider = Quick()
+    load_before = os.getloadavg()
     t0 = time.perf_counter()
-    curve: list[tuple[int, int]] = []  # (agents so far, RSS): what grows with the agents
+    curve: list[tuple[int, int, float]] = []  # (agents so far, RSS, seconds): what grows with the agents
     step = max(1, agents // 10)
     progress = bool(os.environ.get("CMDC_BENCH_PROGRESS"))
     async with cmdc.open_runtime(store=store_spec, max_resident=resident, log_events=False) as rt:
@@ -191,7 +200,7 @@ async def virtual_agents(
                 await limiter.acquire()
                 nursery.start_soon(one, i)
                 if (i + 1) % step == 0:
-                    curve.append((i + 1, current_rss()))
+                    curve.append((i + 1, current_rss(), time.perf_counter() - t0))
                     if progress:
                         rss = curve[-1][1] >> 20
                         print(f"{i + 1} agents, {time.perf_counter() - t0:.0f} s, RSS {rss} MiB", file=sys.stderr)
@@ -220,7 +229,81 @@ async def virtual_agents(
         "activations": stats["activations"],
         "deactivations": stats["deactivations"],
         "rss_curve": curve,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),  # (1, 5, 15 minutes) at the start and the end of the run
     }
+
+
+VIRTUAL_HEAD = (
+    "store",
+    "agents",
+    "resident ≤",
+    "wall",
+    "ms/agent",
+    "peak RSS",
+    "RSS growth/agent",
+    "activation p50",
+    "activation p99",
+    "load 1/5/15 min (end)",
+)
+
+
+def virtual_row(name: str, v: dict[str, Any]) -> tuple[str, ...]:
+    """One virtual-agents run as the cells of `VIRTUAL_HEAD`."""
+    curve = v.get("rss_curve") or []
+    growth = "n/a"
+    if len(curve) >= 2 and curve[-1][0] > curve[0][0]:  # from the first tenth of the agents to the last
+        growth = f"{(curve[-1][1] - curve[0][1]) / (curve[-1][0] - curve[0][0]):,.0f} B"
+    load = v.get("load_after")
+    return (
+        name,
+        f"{v['agents']:,}",
+        f"{v['resident_bound']:,}",
+        f"{v['wall'] / 60:,.1f} min" if v["wall"] >= 120 else f"{v['wall']:,.1f} s",
+        f"{v['per_agent_us'] / 1e3:,.2f}",
+        f"{v['peak_rss'] / 2**20:,.0f} MiB",
+        growth,
+        f"{v['activation_p50'] * 1e3:,.2f} ms",
+        f"{v['activation_p99'] * 1e3:,.2f} ms",
+        "/".join(f"{x:.1f}" for x in load) if load else "n/a",
+    )
+
+
+def virtual_table(runs: dict[str, dict[str, Any]]) -> str:
+    """The virtual-agents runs (store name -> result) as an aligned text table."""
+    rows = [VIRTUAL_HEAD, *(virtual_row(name, v) for name, v in runs.items())]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(VIRTUAL_HEAD))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join([line(rows[0]), "  ".join("-" * w for w in widths), *(line(r) for r in rows[1:])])
+
+
+def store_table(result: dict[str, Any]) -> str:
+    """Every figure of `measure` as text: search and compaction lines, then the virtual agents."""
+    out = []
+    for name in ("file", "postgres"):
+        search = result.get(f"search_{name}")
+        if search is not None:
+            out.append(
+                f"search over {result['records']:,} records, {name}: p50 {search['p50'] * 1e3:,.2f} ms, "
+                f"p99 {search['p99'] * 1e3:,.2f} ms"
+            )
+    for name in ("file", "postgres"):
+        median = result.get(f"compaction_{name}")
+        if median is not None:
+            out.append(
+                f"one compaction of {result['compaction_messages']:,} messages, {name}: {median * 1e3:,.1f} ms (median)"
+            )
+    if "postgres" in result:
+        out.append(f"PostgreSQL: {result['postgres']}")
+    runs = {name: result[f"virtual_{name}"] for name in ("file", "postgres") if f"virtual_{name}" in result}
+    if runs:
+        out += ["", "virtual agents, each prompted once:", virtual_table(runs)]
+    return "\n".join(out)
 
 
 def virtual_in_subprocess(
@@ -295,7 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "_virtual":
         spec, agents, resident, sample = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
         concurrency = int(argv[5]) if len(argv) > 5 else 64
-        print(json.dumps(trio.run(virtual_agents, spec, agents, resident, sample, concurrency)))
+        result = trio.run(virtual_agents, spec, agents, resident, sample, concurrency)
+        print(json.dumps(result))
+        name = "postgres" if spec.startswith(("postgresql://", "postgres://")) else "file"
+        print(virtual_table({name: result}), file=sys.stderr)
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_store")
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -303,9 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--file-queries", type=int, default=5)
     parser.add_argument("--compaction", type=int, default=10_000)
     parser.add_argument("--compaction-reps", type=int, default=3, help="compactions per store (median printed)")
-    parser.add_argument("--agents", type=int, default=1_000_000, help="0: no virtual-agents run")
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=1_000_000,
+        help="virtual agents, each prompted once (0: no such run); the default 1,000,000 takes "
+        "35-55 minutes per store on 2 shared cores",
+    )
     parser.add_argument("--resident", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=64, help="agents prompted at a time")
+    parser.add_argument("--json", action="store_true", help="every figure as JSON, not a table")
     args = parser.parse_args(argv)
     result = measure(
         args.records,
@@ -317,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency,
         args.compaction_reps,
     )
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2) if args.json else store_table(result))
     return 0
 
 

@@ -3,6 +3,8 @@ DeepAgents comparison converts conversations faithfully (skipped without deepage
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +64,33 @@ def test_the_ray_benchmark_says_why_it_does_not_run(monkeypatch: pytest.MonkeyPa
     # with ray and a server, `python -m benchmarks` runs bench_ray (too long for the suite)
     monkeypatch.setenv("CMDC_TEST_POSTGRES_URL", "postgresql://x@/y")
     assert (main.ray_skipped(main.FULL) is None) == (real("ray") is not None)
+
+
+def test_the_store_benchmark_prints_its_virtual_agents_as_a_table(tmp_path: Path) -> None:
+    """`python -m benchmarks.bench_store` prints a table (one row per store for the virtual
+    agents: agents, resident bound, wall, ms per agent, peak RSS, activation p50/p99), and
+    `--json` the figures themselves (tiny sizes; no timing assertions)."""
+    from benchmarks import bench_store
+
+    args = ["--records", "50", "--queries", "3", "--file-queries", "1", "--compaction", "1000"]
+    args += ["--compaction-reps", "1", "--agents", "30", "--resident", "5", "--concurrency", "4"]
+    cmd = [sys.executable, "-m", "benchmarks.bench_store", *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CMDC_TEST_POSTGRES", "CMDC_BENCH_POSTGRES"))}
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("store "))
+    assert lines[head].split("  ")[:3] == ["store", "agents", "resident ≤"]
+    assert "activation p99" in lines[head] and "peak RSS" in lines[head]
+    row = lines[head + 2].split()
+    assert row[:3] == ["file", "30", "5"] and "MiB" in row
+    assert "PostgreSQL: skipped" in out.stdout
+    out = subprocess.run([*cmd, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    figures = json.loads(out.stdout)
+    virtual = figures["virtual_file"]
+    assert (virtual["agents"], virtual["resident_bound"]) == (30, 5) and virtual["resident_after"] <= 5
+    assert virtual["deactivations"] >= 25 and len(virtual["load_after"]) == 3
+    assert bench_store.virtual_row("file", virtual)[:3] == ("file", "30", "5")
 
 
 def test_render_lists_misses() -> None:
