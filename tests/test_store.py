@@ -317,6 +317,7 @@ def test_open_store_chooses_by_spec(tmp_path: Path) -> None:
             open_store(bad)  # type: ignore[arg-type]
     pg = open_store("postgresql://nobody@/nowhere?host=/nonexistent")
     assert type(pg).__name__ == "PostgresStore"
+    assert open_store(pg) is pg
 
 
 async def test_file_errors_are_typed(tmp_path: Path) -> None:
