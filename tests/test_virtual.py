@@ -302,7 +302,8 @@ async def test_messages_sent_before_a_manual_compaction_reach_the_next_turn(tmp_
 async def test_a_deactivated_agent_keeps_only_a_few_hundred_bytes(tmp_path: Path) -> None:
     """What stays in memory per addressable agent once it is deactivated is small and does not
     grow with what it did (no State, no task, no mailbox, no per-agent empty list or grants):
-    a million agents fit."""
+    a million agents fit. (~270 B measured: its slot, its AgentRef, its name, its registry entry,
+    the caller's list slot; 307 B before the grants moved into the slot.)"""
     import gc
     import tracemalloc
 
@@ -336,7 +337,7 @@ async def test_a_deactivated_agent_keeps_only_a_few_hundred_bytes(tmp_path: Path
             tracemalloc.stop()
         grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
         assert rt.resident == []
-        assert grown / 300 < 512, f"{grown / 300:.0f} bytes per deactivated agent"
+        assert grown / 300 < 400, f"{grown / 300:.0f} bytes per deactivated agent"
 
 
 async def test_the_runtime_and_its_store_forget_what_deactivated_agents_used(
