@@ -77,14 +77,19 @@ JOIN_MAX = 1024 * 1024
 """A piece larger than this many bytes is written as it is, not copied into a join."""
 
 
-def write_pieces(fd: int, pieces: Sequence[bytes], group: int = 4096) -> int:
+def write_pieces(fd: int, pieces: Sequence[bytes], group: int = 4096, longest: int | None = None) -> int:
     """Write `pieces` in order, joined `group` at a time (a piece past `JOIN_MAX` bytes is
-    written on its own: copying megabytes is one long call); return the bytes written."""
-    sizes = list(map(len, pieces))
-    if not sizes or max(sizes) <= JOIN_MAX:  # the common case, without a Python step per piece
+    written on its own: copying megabytes is one long call); return the bytes written.
+    `longest`: the size of the longest piece, when the caller knows it (one pass less)."""
+    if longest is None:
+        longest = max(map(len, pieces), default=0)
+    if longest <= JOIN_MAX:  # the common case, without a Python step per piece
+        written = 0
         for start in range(0, len(pieces), group):
-            write_all(fd, b"".join(pieces[start : start + group]))
-        return sum(sizes)
+            chunk = b"".join(pieces[start : start + group])
+            write_all(fd, chunk)
+            written += len(chunk)
+        return written
     total = 0
     batch: list[bytes] = []
     for piece in pieces:

@@ -53,8 +53,7 @@ import zlib
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import repeat
-from operator import attrgetter
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -81,8 +80,6 @@ _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
 _HEAD = b'{"message":'
 _HEADS = (_HEAD, b'{"journal":', b'{"commit":')
 _ID_HEAD = b'{"message":{"id":"'  # how a message line starts (cmdc writes the id first)
-_CACHED_CRC = attrgetter("_json_crc")
-_MESSAGE_ID = attrgetter("id")
 _ID = re.compile(r"[jk][0-9a-f]{16}")
 _LEGACY_KEYS = frozenset({"seq", "compaction", "ts", "message", "crc"})
 _MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
@@ -92,7 +89,7 @@ _WORD = re.compile(r"\w+")
 _WRITE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-_GROUP = 4096  # pieces per write: about 600 KiB of ~400-character messages
+_GROUP = 16384  # pieces per write: about 5 MB of ~400-character messages (two pieces a line)
 ATTEMPTS_KEY = "cmdc.attempts"
 """Summary metadata: the journal attempts a summary depends on (committed together with it)."""
 JOURNAL_KEY = "cmdc.journal"
@@ -196,18 +193,21 @@ Known = tuple[int, int, "str | None", int]  # a remembered record: seq, crc, att
 
 class _Known:
     """The records a writer remembers, by message id: (seq, crc, attempt, compaction). Kept as
-    an index into flat arrays, with the attempt and compaction once per batch: remembering a
-    batch of n messages allocates no object per record (n tuples would feed the garbage
-    collector, which then walks every live object: tens of ms for a 50k-message batch)."""
+    an index into a flat array of checksums, and runs: records numbered one after another in
+    the order they were remembered (a batch's new records always are), with the attempt,
+    compaction and first number once per run. Remembering a batch of n messages allocates no
+    object per record but its index entry (n tuples would feed the garbage collector, which
+    then walks every live object: tens of ms for a 50k-message batch)."""
 
-    __slots__ = ("crcs", "index", "run_of", "runs", "seqs")
+    __slots__ = ("crcs", "index", "run_of", "runs", "settled")
 
     def __init__(self) -> None:
         self.index: dict[str, int] = {}  # message id -> position in the arrays
-        self.seqs: array[int] = array("q")
         self.crcs: array[int] = array("I")
         self.run_of: array[int] = array("l")  # position -> index in `runs`
-        self.runs: list[tuple[str | None, int]] = []  # (attempt, compaction) of each batch
+        # (attempt, compaction, first position, its record number) of each run
+        self.runs: list[tuple[str | None, int, int, int]] = []
+        self.settled = 0  # the leading runs known to be committed (see `uncommitted`)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -218,37 +218,54 @@ class _Known:
     @property
     def garbage(self) -> int:
         """Array entries no id points to any more (records remembered again at another number)."""
-        return len(self.seqs) - len(self.index)
+        return len(self.crcs) - len(self.index)
 
     def get(self, message_id: str) -> Known | None:
         i = self.index.get(message_id)
         if i is None:
             return None
-        attempt, compaction = self.runs[self.run_of[i]]
-        return self.seqs[i], self.crcs[i], attempt, compaction
+        attempt, compaction, start, seq = self.runs[self.run_of[i]]
+        return seq + i - start, self.crcs[i], attempt, compaction
 
     def add(
-        self, ids: Sequence[str], seqs: Iterable[int], crcs: Iterable[int], attempt: str | None, compaction: int
+        self, ids: Sequence[str], first_seq: int, crcs: Iterable[int], attempt: str | None, compaction: int
     ) -> None:
-        """Remember the records of one batch (replacing what was remembered for those ids)."""
-        base, n = len(self.seqs), len(ids)
-        self.seqs.extend(seqs)
+        """Remember the records of one batch, numbered `first_seq`, `first_seq + 1`, ... in the
+        order of `ids` (replacing what was remembered for those ids)."""
+        base, n = len(self.crcs), len(ids)
         self.crcs.extend(crcs)
-        self.run_of.extend(repeat(len(self.runs), n))
-        self.runs.append((attempt, compaction))
-        if not len(self.seqs) == len(self.crcs) == base + n:
-            raise AssertionError("a remembered batch needs one number and one checksum per message")
+        if len(self.crcs) != base + n:
+            del self.crcs[base:]
+            raise AssertionError("a remembered batch needs one checksum per message")
+        self.run_of.extend(array("l", (len(self.runs),)) * n)
+        self.runs.append((attempt, compaction, base, first_seq))
         self.index.update(zip(ids, range(base, base + n), strict=True))
 
     def add_records(self, records: dict[str, Known], only_new: bool = False) -> None:
-        """Remember records learned one by one (grouped by attempt and compaction)."""
-        groups: dict[tuple[str | None, int], list[tuple[str, int, int]]] = {}
-        for mid, (seq, crc, attempt, compaction) in records.items():
-            if not (only_new and mid in self.index):
-                groups.setdefault((attempt, compaction), []).append((mid, seq, crc))
-        for (attempt, compaction), rows in groups.items():
-            ids, seqs, crcs = zip(*rows, strict=True)
-            self.add(ids, seqs, crcs, attempt, compaction)
+        """Remember records learned one by one: a run per stretch of consecutive numbers of
+        one attempt and compaction."""
+        rows = sorted(
+            ((seq, attempt, compaction, mid, crc) for mid, (seq, crc, attempt, compaction) in records.items()),
+            key=itemgetter(0),
+        )
+        if only_new:
+            rows = [r for r in rows if r[3] not in self.index]
+        start = 0
+        for k in range(1, len(rows) + 1):
+            if k == len(rows) or rows[k][0] != rows[k - 1][0] + 1 or rows[k][1:3] != rows[k - 1][1:3]:
+                seq, attempt, compaction = rows[start][:3]
+                self.add([r[3] for r in rows[start:k]], seq, [r[4] for r in rows[start:k]], attempt, compaction)
+                start = k
+
+    def uncommitted(self, committed: set[str]) -> bool:
+        """Whether a remembered record belongs to an attempt not in `committed` (the journal's
+        committed attempts, a set that only grows while this object is in use): the runs found
+        committed are not looked at again, so a writer's check costs O(1), not O(batches)."""
+        runs, k = self.runs, self.settled
+        while k < len(runs) and (runs[k][0] is None or runs[k][0] in committed):
+            k += 1
+        self.settled = k
+        return k < len(runs)
 
     def items(self) -> Iterator[tuple[str, str | None]]:
         """(message id, attempt) of every remembered record."""
@@ -260,10 +277,11 @@ class _Known:
         """A copy holding only the records whose attempt `keep(attempt)` accepts."""
         out = _Known()
         rows: dict[str, Known] = {}
-        for mid, i in self.index.items():
-            attempt, compaction = self.runs[self.run_of[i]]
-            if keep(attempt):
-                rows[mid] = (self.seqs[i], self.crcs[i], attempt, compaction)
+        for mid in self.index:
+            known = self.get(mid)
+            assert known is not None
+            if keep(known[2]):
+                rows[mid] = known
         out.add_records(rows)
         return out
 
@@ -310,27 +328,44 @@ def _encode_records(first_seq: int, compaction: int, ts: float, messages: Sequen
     return b"".join(out)
 
 
-def _record_pieces(
+def _record_lines(
     first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
-) -> list[bytes]:
-    """The pieces of journal lines for `messages`. The message comes first in each line, so its
-    cached encoding and checksum are used as they are: nothing is re-encoded or re-hashed."""
+) -> tuple[list[bytes], array[int], int]:
+    """The journal lines of `messages` in pieces, two a line after the first (the message's
+    JSON, then the rest of its line and the head of the next one), each message's JSON
+    checksum, and the size of the longest JSON (the other pieces are short). The message comes
+    first in each line, so its cached encoding and checksum are used as they are: nothing is
+    re-encoded or re-hashed; the pieces are built by a few C loops, not a Python step each."""
+    if not messages:
+        return [], array("I"), 0
+    cached: list[Any] = [m._json_crc for m in messages]  # cached when the message entered its State
+    try:
+        crcs = array("I", cached)
+    except TypeError:  # a message never encoded: encode it now (its JSON is cached with its checksum)
+        cached = [m.json_crc() for m in messages]
+        crcs = array("I", cached)
     const = b',"compaction":%d,"ts":%s,"seq":%%d,"attempt":"%s","journal":"%s"' % (
         compaction,
         orjson.dumps(ts),
         attempt.encode(),
         journal.encode(),
     )
+    end = b'%s,"crc":"%08x"}\n' + _HEAD
     crc32 = zlib.crc32
-    pieces: list[bytes] = []
-    add = pieces.extend
-    for seq, m in enumerate(messages, first_seq):
-        data, crc = m._json, m._json_crc  # cached when the message entered its State
-        if data is None or crc is None:
-            data, crc = m.to_json(), m.json_crc()
-        tail = const % seq
-        add((_HEAD, data, tail, b',"crc":"%08x"}\n' % crc32(tail, crc)))
-    return pieces
+    tails = map(const.__mod__, range(first_seq, first_seq + len(messages)))
+    pieces = [_HEAD] * (2 * len(messages) + 1)
+    data: list[bytes] = [m._json for m in messages]  # type: ignore[misc]  # cached with the checksum
+    pieces[1::2] = data
+    pieces[2::2] = [end % (tail, crc32(tail, crc)) for tail, crc in zip(tails, cached, strict=True)]
+    pieces[-1] = pieces[-1][: -len(_HEAD)]
+    return pieces, crcs, max(map(len, data))
+
+
+def _record_pieces(
+    first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
+) -> list[bytes]:
+    """The pieces of journal lines for `messages` (see `_record_lines`)."""
+    return _record_lines(first_seq, compaction, ts, messages, attempt, journal)[0]
 
 
 def _control(obj: dict[str, Any]) -> bytes:
@@ -349,9 +384,9 @@ def _commit_line(attempts: Sequence[str], journal: str, seq: int) -> bytes:
     return _control({"commit": list(attempts), "journal": journal, "seq": seq, "ts": time.time()})
 
 
-def _write_pieces(fd: int, pieces: list[bytes]) -> int:
+def _write_pieces(fd: int, pieces: list[bytes], longest: int | None = None) -> int:
     """Write `pieces` in order (see `cmdc._fs.write_pieces`); return the bytes written."""
-    return write_pieces(fd, pieces, _GROUP)
+    return write_pieces(fd, pieces, _GROUP, longest)
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -1119,11 +1154,11 @@ class OffloadStore:
         if not batch:
             first = self._peek_next_seq(path, journal)
             return AppendResult(path, first, first - 1, 0, journal.journal, attempt)
-        ids = list(map(_MESSAGE_ID, batch))
+        ids = [m.id for m in batch]
         in_batch = set(ids)
         if len(in_batch) != len(ids):  # a message repeated within the batch: written once
             batch = tuple(dict(zip(ids, batch, strict=True)).values())
-            ids = list(map(_MESSAGE_ID, batch))
+            ids = [m.id for m in batch]
         doing = "open"
         try:
             fd = self._open_locked(path)
@@ -1142,31 +1177,36 @@ class OffloadStore:
                     self._learn_since(fd, path, journal, expect.seq, unknown)
             pending = {attempt}
             first = journal.seq + 1
-            if in_batch.isdisjoint(journal.known.index):  # the common case: every message is new
+            # the common case: every message is new (checked over the smaller of the two)
+            if journal.known.index.keys().isdisjoint(in_batch):
                 fresh: Sequence[Message] = batch
-                seqs = list(range(first, first + len(batch)))
                 next_seq = first + len(batch)
+                seqs: Sequence[int] = range(first, next_seq)
             else:
-                fresh, seqs = self._reused(journal, batch, in_batch, compaction, pending)
+                fresh, numbers = self._reused(journal, batch, in_batch, compaction, pending)
                 next_seq = first
-                for i, s in enumerate(seqs):
+                for i, s in enumerate(numbers):
                     if s < 0:
-                        seqs[i] = next_seq
+                        numbers[i] = next_seq
                         next_seq += 1
+                seqs = numbers
             if not fresh:
                 pending.discard(attempt)
             ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
             if not fresh and not ordered and not head:
                 return AppendResult(path, min(seqs), max(seqs), 0, jid, attempt, (), tuple(seqs))
-            pieces = [head] if head else []
-            pieces += _record_pieces(first, compaction, time.time(), fresh, attempt, jid)
+            lines, crcs, longest = _record_lines(first, compaction, time.time(), fresh, attempt, jid)
+            # the last line written: the last record's (see _record_lines), the head, or none
+            last = _HEAD + lines[-2] + lines[-1] if lines else head or journal.last
+            pieces = [head, *lines] if head else lines
             high = max(journal.seq, next_seq - 1)
             if commit and ordered:
-                pieces.append(_commit_line(ordered, jid, high))
+                pieces.append(last := _commit_line(ordered, jid, high))
+            longest = max(longest, len(head), len(last))
             size = os.fstat(fd).st_size
             doing = "write"
             try:
-                written = _write_pieces(fd, pieces)
+                written = _write_pieces(fd, pieces, longest)
             except OSError:
                 try:
                     os.ftruncate(fd, size)
@@ -1184,13 +1224,12 @@ class OffloadStore:
             except OSError as exc:
                 journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
                 raise
-            journal.size, journal.last = size + written, _last_line(pieces)
+            journal.size, journal.last = size + written, last
             journal.journal, journal.seq = jid, high
             journal.expected = (jid, high)
-            # the fresh records are numbered first, first + 1, ... in the batch's order (and
-            # _record_pieces left each message's checksum cached)
-            fresh_ids = ids if fresh is batch else [m.id for m in fresh]
-            journal.known.add(fresh_ids, range(first, next_seq), map(_CACHED_CRC, fresh), attempt, compaction)
+            # the fresh records are numbered first, first + 1, ... in the batch's order
+            if fresh:
+                journal.known.add(ids if fresh is batch else [m.id for m in fresh], first, crcs, attempt, compaction)
             if commit and ordered:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)
@@ -1246,7 +1285,7 @@ class OffloadStore:
         committing the retry commits the whole attempt."""
         done = journal.committed
         partial: set[str | None] = set()
-        if any(a is not None and a not in done for a, _ in journal.known.runs):
+        if journal.known.uncommitted(done):
             partial = {a for i, a in journal.known.items() if a is not None and a not in done and i not in in_batch}
         seqs: list[int] = []
         fresh: list[Message] = []
@@ -1541,16 +1580,6 @@ class OffloadStore:
         data = self._read_sync(path)
         scan = _scan(data, path, _search_spans(data, words), max_chars=max_chars, words=words)
         return rank(scan.records, words, limit, scan.counts), scan
-
-
-def _last_line(pieces: list[bytes]) -> bytes:
-    """The last line of what `pieces` write (each line's pieces end with its newline)."""
-    out: list[bytes] = []
-    for piece in reversed(pieces):
-        if out and piece.endswith(b"\n"):
-            break
-        out.append(piece)
-    return b"".join(reversed(out))
 
 
 def _inode(fd: int) -> tuple[int, int]:
