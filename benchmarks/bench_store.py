@@ -73,6 +73,24 @@ def fresh_database(base: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def server_mode(base: str) -> dict[str, str]:
+    """How durable the server's commits are: with fsync (and full_page_writes) off, as
+    scripts/pg_test.sh starts test clusters, PostgreSQL's writes are flattered against the file
+    store's, which fsync (`PG_DURABLE=1 scripts/pg_test.sh start` keeps them on)."""
+    import psycopg
+
+    with psycopg.connect(base, autocommit=True) as conn:
+        mode = {
+            k: str(conn.execute(f"SHOW {k}").fetchone()[0]) for k in ("fsync", "full_page_writes", "synchronous_commit")
+        }  # type: ignore[index]
+    mode["durable"] = (
+        "yes"
+        if mode["fsync"] == "on" and mode["synchronous_commit"] != "off"
+        else "NO (fsync off: not comparable with the file store)"
+    )
+    return mode
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -300,6 +318,15 @@ def store_table(result: dict[str, Any]) -> str:
             )
     if "postgres" in result:
         out.append(f"PostgreSQL: {result['postgres']}")
+    server = result.get("postgres_server")
+    if server is not None:
+        out.append(
+            f"PostgreSQL server: fsync {server['fsync']}, full_page_writes {server['full_page_writes']}, "
+            f"synchronous_commit {server['synchronous_commit']}; durable: {server['durable']}"
+        )
+    loads = [(k, result[f"load_average_{k}"]) for k in ("start", "end") if f"load_average_{k}" in result]
+    if loads:
+        out.append("load average 1/5/15 min: " + ", ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v) for k, v in loads))
     runs = {name: result[f"virtual_{name}"] for name in ("file", "postgres") if f"virtual_{name}" in result}
     if runs:
         out += ["", "virtual agents, each prompted once:", virtual_table(runs)]
@@ -345,8 +372,10 @@ def measure(
 ) -> dict[str, Any]:
     """Every figure; `compaction_file`/`compaction_postgres` are the medians of
     `compaction_reps` runs (all runs in `..._runs`)."""
-    out: dict[str, Any] = {"records": records, "compaction_messages": compaction}
+    out: dict[str, Any] = {"records": records, "compaction_messages": compaction, "load_average_start": os.getloadavg()}
     base = postgres_base()
+    if base is not None:
+        out["postgres_server"] = server_mode(base)
 
     @contextlib.contextmanager
     def directory() -> Iterator[str]:
@@ -410,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         args.concurrency,
         args.compaction_reps,
     )
+    result["load_average_end"] = os.getloadavg()
     print(json.dumps(result, indent=2) if args.json else store_table(result))
     return 0
 

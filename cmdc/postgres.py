@@ -18,7 +18,9 @@
   `PostgresStore.index`); a search reads the records past the agent's `indexed_seq` directly,
   so it finds every committed record whatever the indexer's lag. The work is bounded whatever the
   journal's size: at most `SEARCH_CANDIDATES` records holding every query word, then as many
-  holding any, are ranked by `ts_rank` (see `PostgresStore.search`).
+  holding any, are ranked by `ts_rank` (see `PostgresStore.search`). The store runs `ANALYZE`
+  on the search and record tables after indexing many records (see `ANALYZE_MIN`): without
+  statistics the planner reads a freshly filled journal by its primary key, not the index.
 - **Loss and repair.** A state that names a journal the database no longer has (another id,
   or fewer records) gets `JournalLost`, as with the file store, after a successor journal is
   recorded (`cmdc_journals.follows`). `repair` moves damaged rows to `cmdc_damaged`.
@@ -192,6 +194,13 @@ INDEX_LAG_MAX = 20_000
 """Records a journal may hold past its indexed mark: a batch that leaves more (its writer outruns
 the indexer) is indexed in part by its writer, as many as it wrote or as the excess, whichever
 is fewer, so the lag stays within this bound."""
+ANALYZE_MIN = 10_000
+"""Records this store indexes before it runs `ANALYZE` on the search and record tables: the
+first time past this many, then each time past as many as the search table held at its last
+analysis (each time its size doubles). Without statistics on freshly filled tables the planner
+reads a large journal's search rows through their primary key (every row of the agent) instead
+of the GIN index: hundreds of milliseconds a search at a million records, against one. The
+server's autovacuum analyzes them too, but only a minute or more later."""
 
 
 def is_postgres_url(value: object) -> bool:
@@ -330,6 +339,10 @@ class PostgresStore:
         self._index_scan = False
         self._index_stop = False
         self._index_thread: threading.Thread | None = None
+        # `ANALYZE` (see `ANALYZE_MIN`): records indexed since the last one, the search table's
+        # rows then; both under `_index_lock`
+        self._unanalyzed = 0
+        self._analyzed_rows = 0
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.url)!r})"
@@ -359,6 +372,15 @@ class PostgresStore:
         self._pool.open(wait=True, timeout=self.timeout)
         with self._pool.connection() as conn:
             migrate(conn)
+            with conn.transaction():  # what the server knows of the search table's statistics
+                row = conn.execute(
+                    "SELECT c.reltuples, coalesce(s.n_mod_since_analyze, 0) FROM pg_class c "
+                    "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = 'cmdc_search'::regclass"
+                ).fetchone()
+        if row is not None:
+            with self._index_lock:
+                self._analyzed_rows = max(0, int(row[0]))  # -1: never analyzed
+                self._unanalyzed = max(self._unanalyzed, int(row[1]))
 
     def _probe(self) -> None:
         """One direct connection first, with `retries` bounded attempts: an unreachable server
@@ -454,15 +476,44 @@ class PostgresStore:
             while more:  # a batch per operation: each within `timeout`
                 n, more = await self._run(self._index_sync, agent, INDEX_BATCH, write=True)
                 done += n
+        try:
+            await self._run(self._analyze_sync, write=True)
+        except (StoreUnavailable, psycopg.Error) as exc:  # the index is done; the statistics wait
+            logger.warning("cmdc PostgreSQL store: ANALYZE: %s: %s", type(exc).__name__, exc)
         return done
+
+    def _analyze_sync(self, conn: psycopg.Connection[Any]) -> bool:
+        """`ANALYZE` the search and record tables when this store has indexed enough records
+        since it last did (see `ANALYZE_MIN`); return whether it did. A lock held by another
+        analysis (another store's) skips this one and keeps the count, so the next batch tries
+        again (autovacuum's gives way). A role that does not own the tables gets the server's
+        warning and no statistics (autovacuum still makes them)."""
+        with self._index_lock:
+            count = self._unanalyzed
+            if count < max(ANALYZE_MIN, self._analyzed_rows):
+                return False
+            self._unanalyzed = 0  # claimed: a concurrent caller does not analyze again
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '2s'")  # autovacuum gives way after 1 s
+                conn.execute("ANALYZE cmdc_search, cmdc_records")
+                row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'cmdc_search'::regclass").fetchone()
+        except BaseException as exc:
+            with self._index_lock:
+                self._unanalyzed += count
+            if isinstance(exc, psycopg.errors.LockNotAvailable):
+                return False  # another analysis of these tables runs now
+            raise
+        with self._index_lock:
+            self._analyzed_rows = max(0, int(row[0])) if row is not None else 0
+        return True
 
     @staticmethod
     def _backlog_sync(conn: psycopg.Connection[Any]) -> list[str]:
         with conn.transaction():
             return [str(a) for (a,) in conn.execute("SELECT agent_id FROM cmdc_journals WHERE indexed_seq < seq")]
 
-    @staticmethod
-    def _index_sync(conn: psycopg.Connection[Any], agent_id: str, batch: int) -> tuple[int, bool]:
+    def _index_sync(self, conn: psycopg.Connection[Any], agent_id: str, batch: int) -> tuple[int, bool]:
         """Index the agent's next records past its `indexed_seq` (at most `batch`), in one
         transaction; return how many, and whether more are left. Every record up to the
         journal's committed `seq` has committed (they commit together). Indexers of one agent
@@ -490,6 +541,8 @@ class PostgresStore:
                 "UPDATE cmdc_journals SET indexed_seq = greatest(indexed_seq, %s) WHERE agent_id = %s",
                 (int(done[1]) if more else top, agent_id),
             )
+        with self._index_lock:
+            self._unanalyzed += n
         return n, more
 
     def _index_later(self, agents: Collection[str], *, scan: bool = False) -> None:
@@ -528,6 +581,10 @@ class PostgresStore:
                         continue
                     assert agent is not None
                     more = self._index_sync(conn, agent, INDEX_BATCH)[1]
+                    try:
+                        self._analyze_sync(conn)
+                    except psycopg.Error as exc:  # the index is fine; the planner's statistics wait
+                        logger.warning("cmdc PostgreSQL indexer: ANALYZE: %s: %s", type(exc).__name__, exc)
             except Exception as exc:  # the thread must not die with work queued: drop this job
                 logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, exc)
                 more = False

@@ -8,8 +8,10 @@
 #
 # The cluster lives in a new temp directory, listens only on a unix socket inside it (no TCP
 # port, so nothing clashes), and trusts local connections. As root it runs as the `postgres`
-# OS user (PostgreSQL refuses to run as root). It is for tests: fsync is off (an immediate-mode
-# restart of the server keeps what was committed; a power cut might not).
+# OS user (PostgreSQL refuses to run as root). It is for tests: fsync and full_page_writes are
+# off (an immediate-mode restart of the server keeps what was committed; a power cut might not).
+# PG_DURABLE=1 keeps them on (the server's defaults: every commit reaches the disk, as the file
+# store's do): start benchmark clusters that way, or PostgreSQL's figures are flattered.
 # PG_BIN overrides where the binaries are (default: the newest /usr/lib/postgresql/*/bin).
 set -euo pipefail
 
@@ -30,15 +32,17 @@ as_owner() {  # run a command as the cluster's owner
 }
 
 start() {
-    local bin dir
+    local bin dir sync
     bin=$(pg_bin)
+    sync="-c fsync=off -c full_page_writes=off"
+    if [[ "${PG_DURABLE:-0}" != "0" ]]; then sync=""; fi
     dir=$(mktemp -d "${TMPDIR:-/tmp}/cmdc-pg.XXXXXXXX")
     if [[ $(id -u) -eq 0 ]]; then chown postgres: "$dir"; fi
     chmod 700 "$dir"
     as_owner "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 || {
         cat "$dir/initdb.log" >&2; exit 1; }
     as_owner "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-        -o "-c listen_addresses='' -c unix_socket_directories='$dir' -c fsync=off -c full_page_writes=off -c max_connections=200" \
+        -o "-c listen_addresses='' -c unix_socket_directories='$dir' $sync -c max_connections=200" \
         start >/dev/null || { cat "$dir/server.log" >&2; exit 1; }
     as_owner "$bin/createdb" -h "$dir" -U postgres cmdc_test
     echo "export CMDC_TEST_POSTGRES_URL='postgresql://postgres@/cmdc_test?host=$dir'"

@@ -230,6 +230,91 @@ async def test_the_background_indexer_catches_up_and_a_backlog_is_indexed_at_ope
         assert await wait_indexed(postgres_url) == {"a1": (1012, 1012), "b2": (8, 8)}
 
 
+def analyses(url: str) -> dict[str, int]:
+    """ANALYZE runs per table, autovacuum's not counted."""
+    rows = sql(
+        url, "SELECT relname, analyze_count FROM pg_stat_user_tables WHERE relname IN ('cmdc_search', 'cmdc_records')"
+    )
+    return {str(t): int(n) for t, n in rows}  # type: ignore[call-overload]
+
+
+def has_statistics(url: str) -> bool:
+    """Whether the planner has statistics on the search vectors (what picks the GIN index)."""
+    return sql(url, "SELECT count(*) FROM pg_stats WHERE tablename = 'cmdc_search' AND attname = 'words'") == [(1,)]
+
+
+async def test_indexing_many_records_gives_the_planner_statistics(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A freshly filled search table has no statistics until autovacuum gets to it (a minute
+    or more later), and the planner then reads a large journal's rows by primary key instead of
+    the GIN index: the store analyzes the tables itself past `ANALYZE_MIN` records, then each
+    time the table has doubled since."""
+    monkeypatch.setattr(postgres, "ANALYZE_MIN", 300)
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        await store.append("a1", [Message.user(f"first {i}") for i in range(250)])
+        assert await store.index() == 250
+        assert analyses(postgres_url) == {"cmdc_search": 0, "cmdc_records": 0}  # fewer than 300
+        await store.append("b2", [Message.user(f"second {i}") for i in range(100)])
+        assert await store.index() == 100
+        assert analyses(postgres_url) == {"cmdc_search": 1, "cmdc_records": 1}
+        assert has_statistics(postgres_url)
+        await store.append("a1", [Message.user(f"third {i}") for i in range(300)])
+        assert await store.index() == 300  # 300 since: not yet double the 350 analyzed
+        assert analyses(postgres_url) == {"cmdc_search": 1, "cmdc_records": 1}
+        await store.append("a1", [Message.user(f"fourth {i}") for i in range(60)])
+        assert await store.index() == 60  # 360 since
+        assert analyses(postgres_url) == {"cmdc_search": 2, "cmdc_records": 2}
+        assert [r.message.text for r in await store.search("a1", "fourth 59")][:1] == ["fourth 59"]
+
+
+async def test_the_background_indexer_analyzes_and_a_store_opened_later_finishes_the_count(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres, "ANALYZE_MIN", 300)
+    async with PostgresStore(postgres_url) as store:  # the indexer thread analyzes, unasked
+        await store.append("a1", [Message.user(f"word {i}") for i in range(400)])
+        with trio.fail_after(30):
+            while True:
+                if analyses(postgres_url) == {"cmdc_search": 1, "cmdc_records": 1}:
+                    break
+                await trio.sleep(0.02)
+        assert has_statistics(postgres_url)
+    # a process that indexed many records and ended before analyzing: the next store to open
+    # counts them (the server's count of rows changed since the last analysis) and analyzes
+    monkeypatch.setattr(postgres, "ANALYZE_MIN", 10**9)
+    async with PostgresStore(postgres_url, background_index=False) as quiet:
+        await quiet.append("b2", [Message.user(f"later {i}") for i in range(500)])
+        assert await quiet.index() == 500
+    changed = "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'cmdc_search'"
+    with trio.fail_after(30):  # the server counts the changes once the writer's session reports them
+        while True:
+            if int(sql(postgres_url, changed)[0][0]) >= 500:  # type: ignore[call-overload]
+                break
+            await trio.sleep(0.05)
+    monkeypatch.setattr(postgres, "ANALYZE_MIN", 300)
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        assert await store.index() == 0
+        assert analyses(postgres_url) == {"cmdc_search": 2, "cmdc_records": 2}
+
+
+async def test_an_analysis_that_cannot_get_its_lock_is_skipped_and_retried(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session analyzing (or holding) the tables does not fail indexing: the store's
+    analysis gives up after its lock timeout and the next indexing tries again."""
+    monkeypatch.setattr(postgres, "ANALYZE_MIN", 100)
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        await store.append("a1", [Message.user(f"word {i}") for i in range(150)])
+        with psycopg.connect(postgres_url) as other:  # holds the lock ANALYZE needs
+            other.execute("LOCK TABLE cmdc_search IN SHARE UPDATE EXCLUSIVE MODE")
+            assert await store.index() == 150
+            assert analyses(postgres_url) == {"cmdc_search": 0, "cmdc_records": 0}
+            other.rollback()
+        assert await store.index() == 0  # nothing to index, but the count is still owed
+        assert analyses(postgres_url) == {"cmdc_search": 1, "cmdc_records": 1}
+
+
 async def test_two_indexers_at_once_write_each_vector_once(postgres_url: str) -> None:
     async with (
         PostgresStore(postgres_url, background_index=False) as one,
