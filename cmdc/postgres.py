@@ -23,7 +23,9 @@
   statistics the planner reads a freshly filled journal by its primary key, not the index.
 - **Loss and repair.** A state that names a journal the database no longer has (another id,
   or fewer records) gets `JournalLost`, as with the file store, after a successor journal is
-  recorded (`cmdc_journals.follows`). `repair` moves damaged rows to `cmdc_damaged`.
+  recorded (`cmdc_journal_links`: which journal each successor took over from). A state naming
+  any journal up the chain of successors goes on in the newest, as with the file store.
+  `repair` moves damaged rows to `cmdc_damaged`.
 - **Checkpoints.** `cmdc_checkpoints` holds `State.to_json()` per agent. Saving a state also
   commits, in the same transaction, the journal attempts its summaries name: a compaction's
   batch and the state that points at it become visible together.
@@ -74,7 +76,7 @@ from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
 from .store import StoreReport
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
 SEARCH_UNINDEXED_MAX = 50_000
@@ -184,7 +186,22 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "UPDATE cmdc_journals SET indexed_seq = seq",
         "ALTER TABLE cmdc_records DROP COLUMN words",  # and its index
     ),
+    7: (
+        # every recorded loss, not only the last: a successor journal and the one it took over
+        # from, so a state naming a journal two or more losses back goes on in the newest
+        """CREATE TABLE cmdc_journal_links (
+            agent_id text NOT NULL,
+            journal text NOT NULL,
+            follows text NOT NULL,
+            PRIMARY KEY (agent_id, journal)
+        )""",
+        "INSERT INTO cmdc_journal_links (agent_id, journal, follows) "
+        "SELECT agent_id, journal, follows FROM cmdc_journals WHERE follows IS NOT NULL",
+    ),
 }
+LINKS_MAX = 10_000
+"""Recorded losses of one agent's journal a check follows at most (a chain that long, or a cycle
+a hostile row could make, ends the walk: the state's journal is then taken as lost)."""
 _VECTOR = "(to_tsvector('simple', {r}.body) || array_to_tsvector(ARRAY['cmdc agent=' || {r}.agent_id]))"
 """A record's search vector: its words, and the agent as a lexeme no text can produce (it holds
 a space), so the GIN index can find one agent's matches without reading other agents' rows."""
@@ -689,8 +706,12 @@ class PostgresStore:
         journal, top, follows, created = row
         if journal == expected and expected_seq <= top:
             return None
-        if journal != expected and follows == expected and not created:
-            return None  # the successor of the journal the state names
+        if (
+            journal != expected
+            and not created
+            and (follows == expected or self._descends(conn, agent_id, journal, expected))
+        ):
+            return None  # a successor of the journal the state names
         if created:
             why = "vanished"
         elif journal != expected:
@@ -702,6 +723,10 @@ class PostgresStore:
             "UPDATE cmdc_journals SET journal = %s, seq = %s, follows = %s WHERE agent_id = %s",
             (successor, seq, expected, agent_id),
         )
+        conn.execute(
+            "INSERT INTO cmdc_journal_links (agent_id, journal, follows) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            (agent_id, successor, expected),
+        )
         return JournalLost(
             f"journal of {agent_id!r} in {redact(self.url)}: journal {expected} {why}; "
             f"going on as journal {successor} from record {seq + 1}",
@@ -711,6 +736,23 @@ class PostgresStore:
             found_seq=top,
             why=why,
         )
+
+    @staticmethod
+    def _descends(conn: psycopg.Connection[Any], agent_id: str, journal: str, lost: str) -> bool:
+        """Whether `journal` took over from `lost`, directly or through other successors (the
+        losses were recorded: they are not reported again). At most `LINKS_MAX` links are read
+        and each journal is visited once, so a cycle ends the walk."""
+        rows = conn.execute(
+            "SELECT journal, follows FROM cmdc_journal_links WHERE agent_id = %s LIMIT %s", (agent_id, LINKS_MAX)
+        ).fetchall()
+        parents = {str(j): str(f) for j, f in rows}
+        seen: set[str] = set()
+        while journal in parents and journal not in seen:
+            seen.add(journal)
+            journal = parents[journal]
+            if journal == lost:
+                return True
+        return False
 
     def _append_sync(
         self,

@@ -528,6 +528,47 @@ async def test_schema_5_databases_are_migrated_with_their_search_vectors(postgre
         assert await wait_indexed(postgres_url) == {"old": (3, 3)}
 
 
+async def test_hostile_journal_links_end_the_walk(pg: PostgresStore, postgres_url: str) -> None:
+    """A cycle among the recorded losses (rows no store writes) ends the walk up the chain: a
+    journal on it is an ancestor, one off it is lost, and neither check loops."""
+    first = await pg.append("a1", [Message.user("one")])
+    sql(
+        postgres_url,
+        "INSERT INTO cmdc_journal_links (agent_id, journal, follows) VALUES ('a1', %s, 'jaaaa'), "
+        "('a1', 'jaaaa', 'jbbbb'), ('a1', 'jbbbb', 'jaaaa'), ('b2', 'jbbbb', 'jcccc')",
+        first.journal,
+    )
+    with trio.fail_after(20):
+        ok = await pg.append("a1", [Message.user("two")], expect=JournalRef("jbbbb", 1))
+        assert ok.journal == first.journal and ok.seqs == (2,)
+        with pytest.raises(JournalLost, match="replaced"):  # another agent's link is not followed
+            await pg.append("a1", [Message.user("three")], expect=JournalRef("jcccc", 1))
+    assert [r.seq for r in await pg.records("a1")] == [1, 2]
+
+
+async def test_schema_6_databases_keep_their_recorded_loss(postgres_url: str) -> None:
+    """Schema 6 kept only the last loss (`cmdc_journals.follows`); schema 7 starts its chain of
+    links with it."""
+    with psycopg.connect(postgres_url) as conn:
+        with conn.transaction():
+            conn.execute("CREATE TABLE cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
+            for version in range(1, 7):
+                for statement in _MIGRATIONS[version]:
+                    conn.execute(statement)
+            conn.execute("INSERT INTO cmdc_meta VALUES ('schema_version', '6')")
+            conn.execute(
+                "INSERT INTO cmdc_journals (agent_id, journal, seq, follows) VALUES ('old', 'jnew', 5, 'jold')"
+            )
+        assert migrate(conn) == 6
+    async with PostgresStore(postgres_url) as store:
+        later = await store.append("old", [Message.user("later")], expect=JournalRef("jold", 5))
+        assert later.journal == "jnew" and later.seqs == (6,)
+        with pytest.raises(JournalLost):
+            await store.append("old", [Message.user("later")], expect=JournalRef("jnew", 9))
+        again = await store.append("old", [Message.user("later 2")], expect=JournalRef("jold", 5))
+        assert again.seqs == (10,)  # two losses back: followed
+
+
 def test_passwords_never_show_in_reprs_or_locations() -> None:
     store = PostgresStore("postgresql://me:s3cret@db.example:5432/cmdc")
     assert "s3cret" not in repr(store) and "s3cret" not in store.location("a1")

@@ -199,6 +199,38 @@ async def test_a_recorded_loss_is_not_reported_again_after_a_restart(store: Stor
     assert len(ids) == len(set(ids)) == 2 + 2 + 800 + 1
 
 
+async def test_a_state_naming_a_journal_two_losses_back_goes_on_in_the_newest(store: Store) -> None:
+    """Journal 1 found truncated (journal 2 follows it), then journal 2 (journal 3 follows it): a
+    state still naming journal 1 appends and commits in journal 3 without a new loss, in this
+    process and after a restart; its records keep their numbers and numbers only grow."""
+    first = await store.append("a1", batch(2), compaction=1)
+    j1 = JournalRef(first.journal, 10)  # names records the journal never held
+    xs, ys = batch(2, "x"), batch(2, "y")
+    with pytest.raises(JournalLost, match="truncated"):
+        await store.append("a1", xs, compaction=2, expect=j1)
+    second = await store.append("a1", xs, compaction=2, expect=j1)
+    j2 = JournalRef(second.journal, 50)
+    with pytest.raises(JournalLost, match="truncated"):
+        await store.append("a1", ys, compaction=3, expect=j2)
+    third = await store.append("a1", ys, compaction=3, expect=j2)
+    assert (second.seqs, third.seqs) == ((11, 12), (51, 52))
+    assert len({first.journal, second.journal, third.journal}) == 3
+    same = await store.append("a1", [*xs, *batch(1, "z")], compaction=4, expect=j1)
+    assert same.journal == third.journal and same.seqs == (11, 12, 53) and same.written == 1
+    pending = await store.append("a1", batch(1, "p"), compaction=5, attempt=new_attempt_id(), commit=False, expect=j1)
+    again = await reopened(store)
+    try:
+        assert await again.commit("a1", pending.pending, expect=JournalRef(first.journal, 2)) is True
+        later = await again.append("a1", [*ys, *batch(1, "w")], compaction=6, expect=j1)
+        assert later.journal == third.journal and later.seqs == (51, 52, 55) and later.written == 1
+        with pytest.raises(JournalLost, match="replaced"):  # a journal the agent never had is no ancestor
+            await again.append("a1", batch(1, "v"), compaction=7, expect=JournalRef("j0123456789abcdef", 1))
+    finally:
+        if again is not store:
+            await again.aclose()
+    assert [r.seq for r in await store.records("a1")] == [1, 2, 11, 12, 51, 52, 53, 54, 55]
+
+
 async def test_the_compactor_checks_the_journal_with_every_store(store: Store) -> None:
     state = State(agent_id="c1", config={"compact_keep": ("messages", 2)})
     state = state.append(*[Message.user(f"message {i} " + "w" * 400) for i in range(12)])
