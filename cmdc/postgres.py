@@ -702,7 +702,7 @@ class PostgresStore:
         and no record number is reused."""
         if want is None or want[0] is None:
             return None
-        expected, expected_seq = want
+        expected, expected_seq = want[0], want[1]  # a journal id: not None
         journal, top, follows, created = row
         if journal == expected and expected_seq <= top:
             return None

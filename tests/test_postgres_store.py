@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -313,6 +315,40 @@ async def test_an_analysis_that_cannot_get_its_lock_is_skipped_and_retried(
             other.rollback()
         assert await store.index() == 0  # nothing to index, but the count is still owed
         assert analyses(postgres_url) == {"cmdc_search": 1, "cmdc_records": 1}
+
+
+async def test_an_indexer_that_loses_its_connection_reports_it_and_searches_stay_right(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The indexer thread's connection dies mid-batch (the server ends its session): the batch
+    rolls back, the thread logs it and ends; every search still finds every committed record
+    (those past the mark are read directly), and the next batch committed indexes the rest."""
+    real = PostgresStore._index_sync
+    killed: list[int] = []
+
+    def dying(self: PostgresStore, conn: psycopg.Connection[Any], agent_id: str, batch: int) -> tuple[int, bool]:
+        if threading.current_thread().name == "cmdc-postgres-indexer" and not killed:
+            killed.append(1)
+            conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")  # as a server restart would
+        return real(self, conn, agent_id, batch)
+
+    monkeypatch.setattr(PostgresStore, "_index_sync", dying)
+    texts = [f"note {i} about {'apples' if i % 2 else 'pears'}" for i in range(40)]
+    async with PostgresStore(postgres_url) as store:
+        await store.append("a1", [Message.user(t) for t in texts])
+        with trio.fail_after(30):
+            while True:  # the thread ends: its job was dropped, not retried in a loop
+                if killed and store._index_thread is None:
+                    break
+                await trio.sleep(0.02)
+        assert marks(postgres_url) == {"a1": (40, 0)}
+        assert any("indexer: AdminShutdown" in r.getMessage() for r in caplog.records)  # reported
+        hits = await store.search("a1", "apples", limit=100)
+        assert sorted(r.message.text for r in hits) == sorted(t for t in texts if "apples" in t)
+        await store.append("a1", [Message.user("one more apples")])  # recovers with the next batch
+        assert await wait_indexed(postgres_url) == {"a1": (41, 41)}
+        again = await store.search("a1", "apples", limit=100)
+        assert sorted(r.seq for r in again) == sorted([r.seq for r in hits] + [41])
 
 
 async def test_two_indexers_at_once_write_each_vector_once(postgres_url: str) -> None:
