@@ -1400,16 +1400,16 @@ class OffloadStore:
         old one atomically. Returns the report of the journal before the repair, with
         `moved` bytes."""
         path = self.path_for(agent_id)
-        journal = self._journal(agent_id)
-        async with journal.lock:
-            events: list[Any] = []
-            try:
-                return await run_bounded(self._repair_sync, journal, events, path, limit=self.write_timeout)
-            except trio.TooSlowError:
-                raise OffloadError(f"offload journal {path}: the repair did not finish in time") from None
-            finally:
-                for kind, data in events:
-                    self._emit(kind, agent_id, **data)
+        with self._hold(agent_id) as journal:
+            async with journal.lock:
+                events: list[Any] = []
+                try:
+                    return await run_bounded(self._repair_sync, journal, events, path, limit=self.write_timeout)
+                except trio.TooSlowError:
+                    raise OffloadError(f"offload journal {path}: the repair did not finish in time") from None
+                finally:
+                    for kind, data in events:
+                        self._emit(kind, agent_id, **data)
 
     def _repair_sync(self, journal: _Journal, events: list[Any], path: Path) -> JournalReport:
         try:
@@ -1456,10 +1456,10 @@ class OffloadStore:
         The first call of a store rewrites the file (atomically, through a new temp file);
         later calls only append, unless the file is no longer the one this store wrote."""
         path = self.path_for(agent_id)
-        journal = self._journal(agent_id)
-        records = await self.records(agent_id)
-        async with journal.lock:
-            return await trio.to_thread.run_sync(self._write_transcript_sync, journal, path, records)
+        with self._hold(agent_id) as journal:  # kept while the records are read
+            records = await self.records(agent_id)
+            async with journal.lock:
+                return await trio.to_thread.run_sync(self._write_transcript_sync, journal, path, records)
 
     def _write_transcript_sync(self, journal: _Journal, path: Path, records: list[JournalRecord]) -> Path:
         md = path.with_suffix(".md")

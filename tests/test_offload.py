@@ -637,3 +637,25 @@ async def test_a_journal_in_use_or_refused_is_never_forgotten(tmp_path: Path, mo
     with pytest.raises(OffloadError, match="refused"):
         await store.append("busy", users(1))
     assert list(store._journals) == ["busy"]  # the bound holds for every other one
+
+
+async def test_a_journal_is_kept_while_its_transcript_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other agents' appends while a transcript reads its records do not make the store forget
+    the journal the transcript is about to lock (nor give a second one to another writer)."""
+    monkeypatch.setattr(offload, "_JOURNALS_KEPT", 1)
+    store = OffloadStore(tmp_path)
+    await store.append("a", users(2))
+    read = store.records
+    kept: list[bool] = []
+
+    async def records_while_others_write(agent_id: str, **kw: Any) -> Any:
+        for other in ("b", "c", "d"):
+            await store.append(other, users(1))
+        kept.append(agent_id in store._journals)
+        return await read(agent_id, **kw)
+
+    monkeypatch.setattr(store, "records", records_while_others_write)
+    path = await store.write_transcript("a")
+    assert kept == [True] and path.read_text().count("message ") == 2
+    await store.repair("a")
+    assert len(store._journals) <= 1
