@@ -226,11 +226,8 @@ class Compactor:
         return n
 
     def _sum(self, messages: Sequence[Message]) -> int:
-        if self.options.token_counter is None:  # estimates are cached on the messages
-            cached = list(map(_CACHED_TOKENS, messages))
-            if None not in cached:
-                return sum(cached)
-            return sum(m._tokens or estimate_message_tokens(m) for m in messages)
+        if self.options.token_counter is None:
+            return _estimated(messages)
         return sum(self.count(m) for m in messages)
 
     def estimate_tokens(self, state: State) -> int:
@@ -431,7 +428,10 @@ class Compactor:
         written = await self._offload(state, config, split, compaction, reason)
         try:
             task = self._kept_task(state, split)
-            summary = await self._summarize(state, config, split, written, instruction, task, answer_budget, window)
+            estimated = evicted_tokens if self.options.token_counter is None else None
+            summary = await self._summarize(
+                state, config, split, written, instruction, task, answer_budget, window, estimated
+            )
             inserted = await self._finalize(state, split, written, compaction, summary, user_budget, task)
         except CompactionError as exc:
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
@@ -587,15 +587,16 @@ class Compactor:
         task: str | None,
         answer_budget: int,
         window: int | None,
+        estimated: int | None = None,
     ) -> Summary:
         """The previous summary first, then every other evicted message, media as placeholders
         and large parts clipped; retries, fallbacks, failover (see `attempts`). The pinned task
-        stays in the context verbatim, so the summarizer is told not to restate it."""
+        stays in the context verbatim, so the summarizer is told not to restate it. `estimated`:
+        the evicted messages' default token estimate, when the caller has it."""
         evicted = _summaries_first(state, split.evicted)
-        sizes = list(map(_CACHED_TOKENS, evicted))  # in C: no Python loop over every evicted message
-        if None in sizes:
-            sizes = [m._tokens or estimate_message_tokens(m) for m in evicted]
-        if sum(sizes) > _REDUCE_INLINE_TOKENS:
+        if estimated is None:
+            estimated = _estimated(evicted)
+        if estimated > _REDUCE_INLINE_TOKENS:
             # Scanning megabytes for media and clipping them is many short calls: a worker
             # thread does it, so the trio thread runs other agents meanwhile.
             ordered = await trio.to_thread.run_sync(reduced, evicted, self.options.reduce_tokens, written)
@@ -790,6 +791,14 @@ def _held_before_evicted(state: State, split: Split) -> int:
     while i < len(state.messages) and state.messages[i].id in held:
         n, i = n + 1, i + 1
     return n
+
+
+def _estimated(messages: Sequence[Message]) -> int:
+    """The default token estimate of `messages`, cached on each: one C pass, no list."""
+    try:
+        return sum(map(_CACHED_TOKENS, messages))
+    except TypeError:  # an estimate not cached yet
+        return sum(m._tokens or estimate_message_tokens(m) for m in messages)
 
 
 def _summaries_first(state: State, evicted: tuple[Message, ...]) -> Sequence[Message]:
