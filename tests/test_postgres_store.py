@@ -519,13 +519,20 @@ async def test_a_lost_journal_is_recorded_in_the_database_for_every_writer(
         await pg.append("a1", [Message.user("z")], bogus=1)
 
 
+def schema_at(conn: psycopg.Connection[Any], version: int) -> None:
+    """Create the tables of schema `version` (its migrations, in order) and record that version,
+    as an older cmdc left them; call inside a transaction."""
+    conn.execute("CREATE TABLE cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
+    for step in range(1, version + 1):
+        for statement in _MIGRATIONS[step]:
+            conn.execute(statement)
+    conn.execute("INSERT INTO cmdc_meta VALUES ('schema_version', %s)", (str(version),))
+
+
 async def test_schema_1_databases_are_migrated(postgres_url: str) -> None:
     with psycopg.connect(postgres_url) as conn:
         with conn.transaction():
-            conn.execute("CREATE TABLE cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
-            for statement in _MIGRATIONS[1]:
-                conn.execute(statement)
-            conn.execute("INSERT INTO cmdc_meta VALUES ('schema_version', '1')")
+            schema_at(conn, 1)
             conn.execute("INSERT INTO cmdc_journals (agent_id, journal, seq) VALUES ('old', 'jold', 7)")
         assert migrate(conn) == 1
     async with PostgresStore(postgres_url) as store:
@@ -539,11 +546,7 @@ async def test_schema_5_databases_are_migrated_with_their_search_vectors(postgre
     to `cmdc_search` (none recomputed) and marks them indexed."""
     with psycopg.connect(postgres_url) as conn:
         with conn.transaction():
-            conn.execute("CREATE TABLE cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
-            for version in range(1, 6):
-                for statement in _MIGRATIONS[version]:
-                    conn.execute(statement)
-            conn.execute("INSERT INTO cmdc_meta VALUES ('schema_version', '5')")
+            schema_at(conn, 5)
             conn.execute("INSERT INTO cmdc_journals (agent_id, journal, seq) VALUES ('old', 'jold', 2)")
             conn.execute("INSERT INTO cmdc_attempts VALUES ('old', 'k1', true)")
             for seq, text in ((1, "ancient needle"), (2, "ancient hay")):
@@ -587,11 +590,7 @@ async def test_schema_6_databases_keep_their_recorded_loss(postgres_url: str) ->
     links with it."""
     with psycopg.connect(postgres_url) as conn:
         with conn.transaction():
-            conn.execute("CREATE TABLE cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
-            for version in range(1, 7):
-                for statement in _MIGRATIONS[version]:
-                    conn.execute(statement)
-            conn.execute("INSERT INTO cmdc_meta VALUES ('schema_version', '6')")
+            schema_at(conn, 6)
             conn.execute(
                 "INSERT INTO cmdc_journals (agent_id, journal, seq, follows) VALUES ('old', 'jnew', 5, 'jold')"
             )
