@@ -9,7 +9,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,33 +77,36 @@ JOIN_MAX = 1024 * 1024
 """A piece larger than this many bytes is written as it is, not copied into a join."""
 
 
-def write_pieces(fd: int, pieces: Sequence[bytes], group: int = 4096, longest: int | None = None) -> int:
-    """Write `pieces` in order, joined `group` at a time (a piece past `JOIN_MAX` bytes is
-    written on its own: copying megabytes is one long call); return the bytes written.
-    `longest`: the size of the longest piece, when the caller knows it (one pass less)."""
+def joined(pieces: Sequence[bytes], group: int = 4096, longest: int | None = None) -> Iterator[bytes]:
+    """`pieces` in order as fewer, larger byte strings: joined `group` at a time, and a piece
+    past `JOIN_MAX` bytes on its own (copying megabytes is one long call that holds the
+    interpreter). `longest`: the size of the longest piece, when the caller knows it."""
     if longest is None:
         longest = max(map(len, pieces), default=0)
     if longest <= JOIN_MAX:  # the common case, without a Python step per piece
-        written = 0
         for start in range(0, len(pieces), group):
-            chunk = b"".join(pieces[start : start + group])
-            write_all(fd, chunk)
-            written += len(chunk)
-        return written
-    total = 0
+            yield b"".join(pieces[start : start + group])
+        return
     batch: list[bytes] = []
     for piece in pieces:
         big = len(piece) > JOIN_MAX
         if batch and (big or len(batch) == group):
-            write_all(fd, b"".join(batch))
+            yield b"".join(batch)
             batch = []
-        total += len(piece)
         if big:
-            write_all(fd, piece)
+            yield piece
         else:
             batch.append(piece)
     if batch:
-        write_all(fd, b"".join(batch))
+        yield b"".join(batch)
+
+
+def write_pieces(fd: int, pieces: Sequence[bytes], group: int = 4096, longest: int | None = None) -> int:
+    """Write `pieces` in order, joined as `joined` does; return the bytes written."""
+    total = 0
+    for chunk in joined(pieces, group, longest):
+        write_all(fd, chunk)
+        total += len(chunk)
     return total
 
 

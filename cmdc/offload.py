@@ -48,11 +48,13 @@ import os
 import re
 import secrets
 import stat
+import struct
+import sys
 import time
 import zlib
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -63,10 +65,18 @@ import trio
 
 from . import _bigjson
 from ._check import integer, seconds
-from ._fs import atomic_write, fsync_dir, make_dirs, run_bounded, write_all, write_pieces
+from ._fs import (
+    atomic_write,
+    fsync_dir,
+    joined,
+    make_dirs,
+    run_bounded,
+    write_all,
+    write_pieces,
+)
 from ._search import MAX_QUERY_CHARS, count_call_words, query_words, rank
 from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
-from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit
+from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit, logger
 from .message import Message
 from .state import validate_agent_id
 
@@ -78,6 +88,9 @@ _RECENT = 1024 * 1024  # past the latest commit, how far back it goes on learnin
 _SUFFIX_LEN = 18  # len(',"crc":"xxxxxxxx"}')
 _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
 _HEAD = b'{"message":'
+_CRC_KEY = b',"crc":"'
+_LINE_END = b'"}\n' + _HEAD  # a message line's end, and the head of the next one
+_LINE_PIECES = 5  # pieces a message line is built of (see `_record_lines`)
 _HEADS = (_HEAD, b'{"journal":', b'{"commit":')
 _ID_HEAD = b'{"message":{"id":"'  # how a message line starts (cmdc writes the id first)
 _ID = re.compile(r"[jk][0-9a-f]{16}")
@@ -90,6 +103,9 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFO
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _GROUP = 16384  # pieces per write: about 5 MB of ~400-character messages (two pieces a line)
+_CHUNK = 2048  # records an append builds the lines of at a time
+_JOIN = 1000  # pieces joined per write (~120 kB): a small buffer malloc reuses (a megabyte is mapped
+# and unmapped each time, page faults included: the whole write took ~1.5x as long)
 ATTEMPTS_KEY = "cmdc.attempts"
 """Summary metadata: the journal attempts a summary depends on (committed together with it)."""
 JOURNAL_KEY = "cmdc.journal"
@@ -199,21 +215,39 @@ class _Known:
     object per record but its index entry (n tuples would feed the garbage collector, which
     then walks every live object: tens of ms for a 50k-message batch)."""
 
-    __slots__ = ("crcs", "index", "run_of", "runs", "settled")
+    __slots__ = ("_index", "_pending", "crcs", "run_of", "runs", "settled")
 
     def __init__(self) -> None:
-        self.index: dict[str, int] = {}  # message id -> position in the arrays
+        self._index: dict[str, int] = {}  # message id -> position in the arrays
+        self._pending: list[tuple[Sequence[str], int]] = []  # batches not indexed yet: (ids, first position)
         self.crcs: array[int] = array("I")
         self.run_of: array[int] = array("l")  # position -> index in `runs`
         # (attempt, compaction, first position, its record number) of each run
         self.runs: list[tuple[str | None, int, int, int]] = []
         self.settled = 0  # the leading runs known to be committed (see `uncommitted`)
 
+    @property
+    def index(self) -> dict[str, int]:
+        """Message id -> position in the arrays. A batch is indexed when a lookup first needs
+        it, not when it is remembered: the append that writes 50k records does not also build
+        a 50k-entry dict that only a later append of the same journal may read."""
+        if self._pending:
+            index = self._index
+            for ids, base in self._pending:
+                index.update(zip(ids, range(base, base + len(ids)), strict=True))
+            self._pending.clear()
+        return self._index
+
     def __len__(self) -> int:
         return len(self.index)
 
     def __contains__(self, message_id: object) -> bool:
         return message_id in self.index
+
+    @property
+    def positions(self) -> int:
+        """Array entries, an upper bound of `len(self)` that indexes nothing."""
+        return len(self.crcs)
 
     @property
     def garbage(self) -> int:
@@ -231,7 +265,8 @@ class _Known:
         self, ids: Sequence[str], first_seq: int, crcs: Iterable[int], attempt: str | None, compaction: int
     ) -> None:
         """Remember the records of one batch, numbered `first_seq`, `first_seq + 1`, ... in the
-        order of `ids` (replacing what was remembered for those ids)."""
+        order of `ids` (replacing what was remembered for those ids). `ids` is kept as it is
+        until indexed: the caller does not change it."""
         base, n = len(self.crcs), len(ids)
         self.crcs.extend(crcs)
         if len(self.crcs) != base + n:
@@ -239,7 +274,8 @@ class _Known:
             raise AssertionError("a remembered batch needs one checksum per message")
         self.run_of.extend(array("l", (len(self.runs),)) * n)
         self.runs.append((attempt, compaction, base, first_seq))
-        self.index.update(zip(ids, range(base, base + n), strict=True))
+        if n:
+            self._pending.append((ids, base))
 
     def add_records(self, records: dict[str, Known], only_new: bool = False) -> None:
         """Remember records learned one by one: a run per stretch of consecutive numbers of
@@ -331,11 +367,13 @@ def _encode_records(first_seq: int, compaction: int, ts: float, messages: Sequen
 def _record_lines(
     first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
 ) -> tuple[list[bytes], array[int], int]:
-    """The journal lines of `messages` in pieces, two a line after the first (the message's
-    JSON, then the rest of its line and the head of the next one), each message's JSON
-    checksum, and the size of the longest JSON (the other pieces are short). The message comes
-    first in each line, so its cached encoding and checksum are used as they are: nothing is
-    re-encoded or re-hashed; the pieces are built by a few C loops, not a Python step each."""
+    """The journal lines of `messages` in pieces (`_LINE_PIECES` a line after the first: the
+    message's JSON, the rest of the checksummed part, the checksum's key, its hex digits, and
+    the line's end with the head of the next line), each message's JSON checksum, and the size
+    of the longest JSON (the other pieces are short). The message comes first in each line, so
+    its cached encoding and checksum are used as they are: nothing is re-encoded or re-hashed.
+    Every step is one C loop over the batch (`map`, an array, a slice assignment): no Python
+    step per record."""
     if not messages:
         return [], array("I"), 0
     cached: list[Any] = [m._json_crc for m in messages]  # cached when the message entered its State
@@ -344,21 +382,61 @@ def _record_lines(
     except TypeError:  # a message never encoded: encode it now (its JSON is cached with its checksum)
         cached = [m.json_crc() for m in messages]
         crcs = array("I", cached)
+    n = len(messages)
     const = b',"compaction":%d,"ts":%s,"seq":%%d,"attempt":"%s","journal":"%s"' % (
         compaction,
         orjson.dumps(ts),
         attempt.encode(),
         journal.encode(),
     )
-    end = b'%s,"crc":"%08x"}\n' + _HEAD
-    crc32 = zlib.crc32
-    tails = map(const.__mod__, range(first_seq, first_seq + len(messages)))
-    pieces = [_HEAD] * (2 * len(messages) + 1)
+    tails = list(map(const.__mod__, range(first_seq, first_seq + n)))
+    sums = array("I", map(zlib.crc32, tails, cached))  # each line's: its JSON's, carried on over the tail
+    if sys.byteorder == "little":
+        sums.byteswap()  # big-endian bytes: their hex is the checksum's digits
+    digits = struct.unpack("8s" * n, sums.tobytes().hex().encode())
     data: list[bytes] = [m._json for m in messages]  # type: ignore[misc]  # cached with the checksum
-    pieces[1::2] = data
-    pieces[2::2] = [end % (tail, crc32(tail, crc)) for tail, crc in zip(tails, cached, strict=True)]
-    pieces[-1] = pieces[-1][: -len(_HEAD)]
+    pieces = [_CRC_KEY] * (_LINE_PIECES * n + 1)
+    pieces[0] = _HEAD
+    pieces[1::_LINE_PIECES] = data
+    pieces[2::_LINE_PIECES] = tails
+    pieces[4::_LINE_PIECES] = digits
+    pieces[5::_LINE_PIECES] = [_LINE_END] * n
+    pieces[-1] = _LINE_END[: -len(_HEAD)]
     return pieces, crcs, max(map(len, data))
+
+
+def _write_records(
+    fd: int, first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
+) -> tuple[array[int], bytes, int]:
+    """Write the journal lines of `messages` to `fd`, `_CHUNK` records built at a time and
+    written `_JOIN` pieces per call (the memory in use stays small and is reused: a whole
+    batch at once is tens of fresh megabytes); return each record's message checksum, the last
+    line (empty without messages) and the bytes written."""
+    crcs: array[int] = array("I")
+    pieces: list[bytes] = []
+    written = 0
+    for start in range(0, len(messages), _CHUNK):
+        part = messages[start : start + _CHUNK]
+        pieces, checksums, longest = _record_lines(first_seq + start, compaction, ts, part, attempt, journal)
+        crcs.extend(checksums)
+        for chunk in joined(pieces, _JOIN, longest):
+            write_all(fd, chunk)
+            written += len(chunk)
+    return crcs, (_HEAD + b"".join(pieces[-_LINE_PIECES:]) if pieces else b""), written
+
+
+def _in_trio(callback: Callable[[AppendResult], object], agent_id: str) -> Callable[[AppendResult], None]:
+    """`callback`, callable from a worker thread: it runs soon in trio's thread, and what it
+    raises is logged (trio would otherwise end the whole run)."""
+    token = trio.lowlevel.current_trio_token()
+
+    def safe(result: AppendResult) -> None:
+        try:
+            callback(result)
+        except Exception:
+            logger.exception("offload: an append's on_numbered callback failed (agent %s)", agent_id)
+
+    return lambda result: token.run_sync_soon(safe, result)
 
 
 def _record_pieces(
@@ -898,13 +976,19 @@ class OffloadStore:
         attempt: str | None = None,
         expect: JournalRef | None = None,
         commit: bool = True,
+        on_numbered: Callable[[AppendResult], object] | None = None,
     ) -> AppendResult:
         """Append `messages` durably (fsync'd before this returns) as a batch of `attempt` (a
         new attempt id when None). With `commit` (the default) the batch is committed by the
         same write; otherwise it stays invisible until `commit(agent_id, result.pending)`.
         Messages already in the journal (same id, same content) reuse their records.
         `expect`: the journal the caller's state names; a vanished, replaced or truncated
-        journal raises `JournalLost` before anything is appended (see the module docstring)."""
+        journal raises `JournalLost` before anything is appended (see the module docstring).
+        `on_numbered(result)`: called in trio's thread, with what this call will return, as
+        soon as the records are written and numbered, while the fsync still runs: work that
+        needs the record numbers (a summary naming them) overlaps the wait for the disk. It
+        is a hint: the batch is durable only when this returns, and may still fail to be (an
+        exception it raises is logged, never raised here)."""
         path = self.path_for(agent_id)
         integer(compaction, "compaction", minimum=0)
         if attempt is not None and not (isinstance(attempt, str) and attempt.startswith("k") and _valid_id(attempt)):
@@ -916,7 +1000,8 @@ class OffloadStore:
             for i, msg in enumerate(batch):
                 if not isinstance(msg, Message):
                     raise InvalidMessage(f"messages[{i}] is a {type(msg).__name__}, not a Message")
-        args = (agent_id, path, batch, compaction, attempt or new_attempt_id(), expect, commit)
+        numbered = None if on_numbered is None else _in_trio(on_numbered, agent_id)
+        args = (agent_id, path, batch, compaction, attempt or new_attempt_id(), expect, commit, numbered)
         result: AppendResult = await self._locked(agent_id, path, self._append_sync, *args)
         return result
 
@@ -1150,6 +1235,7 @@ class OffloadStore:
         attempt: str,
         expect: JournalRef | None,
         commit: bool,
+        numbered: Callable[[AppendResult], None] | None = None,
     ) -> AppendResult:
         if not batch:
             first = self._peek_next_seq(path, journal)
@@ -1195,25 +1281,30 @@ class OffloadStore:
             ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
             if not fresh and not ordered and not head:
                 return AppendResult(path, min(seqs), max(seqs), 0, jid, attempt, (), tuple(seqs))
-            lines, crcs, longest = _record_lines(first, compaction, time.time(), fresh, attempt, jid)
-            # the last line written: the last record's (see _record_lines), the head, or none
-            last = _HEAD + lines[-2] + lines[-1] if lines else head or journal.last
-            pieces = [head, *lines] if head else lines
             high = max(journal.seq, next_seq - 1)
-            if commit and ordered:
-                pieces.append(last := _commit_line(ordered, jid, high))
-            longest = max(longest, len(head), len(last))
+            commit_line = _commit_line(ordered, jid, high) if commit and ordered else b""
+            fresh_ids = ids if fresh is batch else [m.id for m in fresh]
             size = os.fstat(fd).st_size
             doing = "write"
             try:
-                written = _write_pieces(fd, pieces, longest)
-            except OSError:
+                written = len(head)
+                if head:
+                    write_all(fd, head)
+                crcs, last, n = _write_records(fd, first, compaction, time.time(), fresh, attempt, jid)
+                written += n + len(commit_line)
+                if commit_line:
+                    write_all(fd, commit_line)
+            except BaseException:  # nothing of the batch stays: the file ends where it did
                 try:
                     os.ftruncate(fd, size)
                 except OSError as exc2:
                     journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
                 journal.forget_file()
                 raise
+            low, top = (first, next_seq - 1) if fresh is batch else (min(seqs), max(seqs))
+            result = AppendResult(path, low, top, len(fresh), jid, attempt, () if commit else ordered, tuple(seqs))
+            if numbered is not None:
+                numbered(result)
             doing = "fsync"
             try:
                 os.fsync(fd)
@@ -1224,18 +1315,17 @@ class OffloadStore:
             except OSError as exc:
                 journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
                 raise
+            last = commit_line or last or head or journal.last  # the last line written
             journal.size, journal.last = size + written, last
             journal.journal, journal.seq = jid, high
             journal.expected = (jid, high)
             # the fresh records are numbered first, first + 1, ... in the batch's order
             if fresh:
-                journal.known.add(ids if fresh is batch else [m.id for m in fresh], first, crcs, attempt, compaction)
+                journal.known.add(fresh_ids, first, crcs, attempt, compaction)
             if commit and ordered:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)
-            left = () if commit else ordered
-            low, top = (first, next_seq - 1) if fresh is batch else (min(seqs), max(seqs))
-            return AppendResult(path, low, top, len(fresh), jid, attempt, left, tuple(seqs))
+            return result
         except OSError as exc:
             raise _offload_error(path, exc, doing) from exc
         finally:
@@ -1312,6 +1402,8 @@ class OffloadStore:
     def _prune(journal: _Journal, kept: Sequence[str]) -> None:
         """Past `_KNOWN` remembered records, forget those of attempts committed before `kept`
         (retries repeat the latest attempts and uncommitted ones)."""
+        if journal.known.positions <= _KNOWN:  # (bounds both figures below, indexing nothing)
+            return
         if len(journal.known) <= _KNOWN and journal.known.garbage <= _KNOWN:
             return
         keep = set(kept)

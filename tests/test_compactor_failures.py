@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 import trio
-from fakes import Recorder, state_in
+from fakes import REAL_FSYNC, Recorder, is_journal_fd, state_in
 
 from cmdc import (
     Compacted,
@@ -24,6 +26,7 @@ from cmdc import (
     SummarizerError,
 )
 from cmdc.compaction import SummaryAttempt, default_should_retry
+from cmdc.events import COMPACTION_FAILED
 from cmdc.synthetic import conversation
 
 
@@ -226,3 +229,110 @@ async def test_a_broken_failover_is_a_summarizer_error(tmp_path: Path) -> None:
         compactor = Compactor(down, failover=failover, retries=0)
         with pytest.raises(SummarizerError, match="failover callable failed"):
             await compactor.force_compact(state)
+
+
+# -- the summary is made while the journal's fsync runs ----------------------------------------------
+
+
+def _journal_fsync(first: Callable[[int], None]) -> Callable[[int], None]:
+    """An fsync that runs `first(fd)` in place of the first journal fsync (the evicted records'),
+    and is the real one otherwise."""
+    done: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if is_journal_fd(fd) and not done:
+            done.append(fd)
+            first(fd)
+        else:
+            REAL_FSYNC(fd)
+
+    return fsync
+
+
+async def test_the_summary_is_made_while_the_journal_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summarizer starts once the evicted messages are written and numbered, while their
+    fsync still runs (this fsync waits for it); the compaction returns after both."""
+    state = state_in(tmp_path, conversation(30))
+    started = threading.Event()
+    synced: list[bool] = []
+
+    def fsync(fd: int) -> None:
+        assert started.wait(10), "the summarizer did not start during the journal's fsync"
+        REAL_FSYNC(fd)
+        synced.append(True)
+
+    async def summarizer(messages: Sequence[Message], instruction: str) -> str:
+        started.set()
+        return "the summary"
+
+    monkeypatch.setattr(os, "fsync", _journal_fsync(fsync))
+    result = await Compactor(summarizer).force_compact(state)
+    assert isinstance(result, Compacted) and synced == [True]
+    offloaded = await OffloadStore(tmp_path / "offload").read("a1")
+    kept = {m.id for m in result.state.messages}
+    assert len(offloaded) == result.report.evicted and not kept & {m.id for m in offloaded}
+    assert {m.id for m in offloaded} | kept >= {m.id for m in state.messages}
+
+
+async def test_a_journal_fsync_failing_after_the_summary_fails_the_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary was made during the fsync; the fsync fails: the compaction raises the
+    journal's error (itself, not in a group), the state is unchanged, the journal refuses
+    later appends."""
+    state = state_in(tmp_path, conversation(30))
+    before = state.to_json()
+    started = threading.Event()
+    summarizer = Recorder()
+    events: list[Event] = []
+
+    async def summarize(messages: Sequence[Message], instruction: str) -> str:
+        started.set()
+        return await summarizer(messages, instruction)
+
+    def fsync(fd: int) -> None:
+        assert started.wait(10)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", _journal_fsync(fsync))
+    with pytest.raises(OffloadError, match="fsync"):
+        await Compactor(summarize, on_event=events.append).force_compact(state)
+    assert len(summarizer.calls) == 1 and state.to_json() == before
+    assert [e.kind for e in events].count(COMPACTION_FAILED) == 1
+    with pytest.raises(OffloadError, match="later appends are refused"):
+        await Compactor(Recorder()).force_compact(state)
+
+
+@pytest.mark.parametrize("fsync_fails", [False, True])
+async def test_a_summarizer_failing_during_the_fsync_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync_fails: bool
+) -> None:
+    """A summarizer that fails while the journal's fsync runs: the compaction raises only once
+    the fsync is over (nothing left half done), with the summarizer's error, or the journal's
+    when that failed too."""
+    state = state_in(tmp_path, conversation(30))
+    started = threading.Event()
+    finished: list[bool] = []
+
+    def fsync(fd: int) -> None:
+        assert started.wait(10)
+        time.sleep(0.2)
+        finished.append(True)
+        if fsync_fails:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        REAL_FSYNC(fd)
+
+    async def broken(messages: Sequence[Message], instruction: str) -> str:
+        started.set()
+        raise RuntimeError("model down")
+
+    monkeypatch.setattr(os, "fsync", _journal_fsync(fsync))
+    expected = (OffloadError, "fsync") if fsync_fails else (CompactionError, "model down")
+    with pytest.raises(expected[0], match=expected[1]):
+        await Compactor(broken, retries=0).force_compact(state)
+    assert finished == [True]
+    if not fsync_fails:  # the attempt is in the journal, uncommitted: a retry reuses its records
+        result = await Compactor(Recorder()).force_compact(state)
+        assert isinstance(result, Compacted)
+        offloaded = await OffloadStore(tmp_path / "offload").read("a1")
+        assert len(offloaded) == len({m.id for m in offloaded}) == result.report.evicted

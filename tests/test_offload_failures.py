@@ -4,7 +4,9 @@ symlinked journal, a failed transcript."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,42 @@ async def test_transcript_failure_raises(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "open", REAL_OPEN)
     assert await OffloadStore(tmp_path).read("a") == msgs
     assert not (tmp_path / "a.md").exists()
+
+
+# -- on_numbered: the records' numbers before the fsync ---------------------------------------------
+
+
+async def test_on_numbered_comes_before_the_fsync_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`on_numbered` runs in trio's thread with what the append returns, while the fsync still
+    runs (this fsync waits for it)."""
+    store = OffloadStore(tmp_path)
+    await store.append("a", users(2))
+    seen: list[Any] = []
+    told = threading.Event()
+
+    def fsync(fd: int) -> None:
+        if is_journal_fd(fd):
+            assert told.wait(10), "on_numbered did not run during the fsync"
+        REAL_FSYNC(fd)
+
+    def on_numbered(result: Any) -> None:
+        seen.append((result, threading.current_thread() is threading.main_thread()))
+        told.set()
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = await store.append("a", users(3, "more"), on_numbered=on_numbered)
+    assert seen == [(result, True)] and (result.first_seq, result.last_seq) == (3, 5)
+
+
+async def test_a_failing_on_numbered_is_logged_and_the_append_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = OffloadStore(tmp_path)
+
+    def broken(result: Any) -> None:
+        raise ValueError("callback bug")
+
+    with caplog.at_level(logging.ERROR, logger="cmdc"):
+        result = await store.append("a", users(2), on_numbered=broken)
+    assert (result.first_seq, result.last_seq) == (1, 2) and len(await store.read("a")) == 2
+    assert "on_numbered callback failed (agent a)" in caplog.text and "callback bug" in caplog.text

@@ -3,9 +3,12 @@ per record) and the end of the file it tracks, checked against plain models."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
+import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,3 +147,74 @@ def test_uncommitted_looks_at_each_committed_run_once() -> None:
         committed.add(attempt)
         assert not known.uncommitted(committed)
         assert known.settled == n + 1
+
+
+_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+
+
+@given(
+    texts=st.lists(_text, min_size=1, max_size=6),
+    first=st.integers(1, 10**12),
+    compaction=st.integers(0, 10**6),
+    ts=st.floats(0, 2e9, allow_nan=False),
+)
+@settings(max_examples=60)
+def test_record_lines_are_the_lines_the_format_defines(
+    texts: list[str], first: int, compaction: int, ts: float
+) -> None:
+    """Each line, read as the module docstring defines it: plain JSON with the keys in order, the
+    record's fields, and a checksum that is the CRC-32 of every byte between the head and the
+    suffix."""
+    messages = [Message.tool_result(f"c{i}", t) for i, t in enumerate(texts)]
+    attempt, journal = "k" + "c" * 16, "j" + "d" * 16
+    data = b"".join(_record_pieces(first, compaction, ts, messages, attempt, journal))
+    lines = data.split(b"\n")
+    assert lines.pop() == b"" and len(lines) == len(messages)
+    for k, (line, message) in enumerate(zip(lines, messages, strict=True)):
+        obj = orjson.loads(line)
+        assert list(obj) == ["message", "compaction", "ts", "seq", "attempt", "journal", "crc"]
+        assert Message.from_json(orjson.dumps(obj["message"])) == message
+        assert (obj["compaction"], obj["ts"], obj["seq"]) == (compaction, ts, first + k)
+        assert (obj["attempt"], obj["journal"]) == (attempt, journal)
+        assert line.startswith(b'{"message":') and line.endswith(b',"crc":"%s"}' % obj["crc"].encode())
+        body = line[len(b'{"message":') : -len(b',"crc":"xxxxxxxx"}')]
+        assert obj["crc"] == f"{zlib.crc32(body):08x}"
+
+
+def test_a_batch_is_indexed_when_a_lookup_first_needs_it() -> None:
+    """Remembering a batch builds no index entry; the first lookup indexes every batch in order
+    (a later batch's number for an id wins), and the bound check indexes nothing."""
+    known = _Known()
+    known.add(["a", "b", "c"], 1, [1, 2, 3], "k" + "1" * 16, 1)
+    known.add(["b", "d"], 4, [5, 6], "k" + "2" * 16, 2)
+    assert known._index == {} and known.positions == 5
+    assert known.get("b") == (4, 5, "k" + "2" * 16, 2)
+    assert known.get("a") == (1, 1, "k" + "1" * 16, 1) and "d" in known and "e" not in known
+    assert len(known) == 4 and known.garbage == 1 and known._pending == []
+    known.add(["e"], 6, [7], None, 3)
+    assert known.index["e"] == 5 and known._pending == []
+
+
+@pytest.mark.parametrize("chunk, join", [(1, 1), (2, 3), (3, 1000)])
+async def test_a_batch_past_a_chunk_is_written_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int, join: int
+) -> None:
+    """Lines built a chunk of records at a time and written a few pieces per call, a message past
+    JOIN_MAX among them: the records read back in order, numbered on, and the end of the file
+    is the one the writer remembers."""
+    import cmdc._fs as fs
+    from cmdc import offload
+
+    monkeypatch.setattr(offload, "_CHUNK", chunk)
+    monkeypatch.setattr(offload, "_JOIN", join)
+    monkeypatch.setattr(fs, "JOIN_MAX", 64)
+    store = OffloadStore(tmp_path)
+    batch = [Message.user(f"m{i} " + ("x" * 100 if i == 4 else "")) for i in range(9)]
+    result = await store.append("a", batch)
+    assert (result.first_seq, result.last_seq, result.seqs) == (1, 9, tuple(range(1, 10)))
+    after = Message.user("after")
+    assert (await store.append("a", [after])).first_seq == 10
+    assert await store.read("a") == [*batch, after]
+    assert (await store.verify("a")).clean
+    data = (tmp_path / "a.jsonl").read_bytes()
+    assert store._journal("a").last == data[data.rstrip(b"\n").rfind(b"\n") + 1 :]

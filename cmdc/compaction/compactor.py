@@ -10,7 +10,7 @@ summarizer).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -425,17 +425,20 @@ class Compactor:
                 f"smallest summary that could replace them ({smallest} tokens)",
             )
 
-        written = await self._offload(state, config, split, compaction, reason)
-        try:
-            task = self._kept_task(state, split)
-            estimated = evicted_tokens if self.options.token_counter is None else None
-            summary = await self._summarize(
-                state, config, split, written, instruction, task, answer_budget, window, estimated
-            )
-            inserted = await self._finalize(state, split, written, compaction, summary, user_budget, task)
-        except CompactionError as exc:
-            self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
-            raise
+        async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
+            try:
+                task = self._kept_task(state, split)
+                estimated = evicted_tokens if self.options.token_counter is None else None
+                summary = await self._summarize(
+                    state, config, split, written, instruction, task, answer_budget, window, estimated
+                )
+                inserted = await self._finalize(state, split, written, compaction, summary, user_budget, task)
+            except CompactionError as exc:
+                self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
+                raise
+            return summary, inserted
+
+        written, (summary, inserted) = await self._offload_then(state, config, split, compaction, reason, summarized)
         return await self._verify(
             state, split, written, compaction, inserted, summary, reason, budget, tokens_before, evicted_tokens, started
         )
@@ -551,11 +554,18 @@ class Compactor:
     # -- offload ----------------------------------------------------------------------------------
 
     async def _offload(
-        self, state: State, config: CompactConfig, split: Split, compaction: int, reason: str
+        self,
+        state: State,
+        config: CompactConfig,
+        split: Split,
+        compaction: int,
+        reason: str,
+        on_numbered: Callable[[AppendResult], object] | None = None,
     ) -> AppendResult:
-        """Write-ahead: the evicted messages are durable before anything else happens, as an
-        attempt that becomes visible when the compaction's state is committed."""
+        """Write-ahead: the evicted messages are durable before the state that drops them
+        exists, as an attempt that becomes visible when the compaction's state is committed."""
         store = self.store_for(config)
+        numbered: dict[str, Any] = {} if on_numbered is None else {"on_numbered": on_numbered}
         try:
             return await store.append(
                 state.agent_id,
@@ -564,10 +574,62 @@ class Compactor:
                 attempt=new_attempt_id(),
                 **_expect(store, state),
                 commit=False,
+                **numbered,
             )
         except OffloadError as exc:
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
             raise
+
+    async def _offload_then(
+        self,
+        state: State,
+        config: CompactConfig,
+        split: Split,
+        compaction: int,
+        reason: str,
+        then: Callable[[AppendResult], Awaitable[T]],
+    ) -> tuple[AppendResult, T]:
+        """`_offload`, then `then(written)`. With the journal store, `then` starts as soon as
+        the records are written and numbered, while the append's fsync runs in its thread; this
+        returns only when both are done, so the evicted messages are durable before the
+        compacted state exists. A failed append is raised (whatever `then` did), else what
+        `then` raised; neither inside an exception group."""
+        store = self.store_for(config)
+        if not isinstance(store, OffloadStore):
+            written = await self._offload(state, config, split, compaction, reason)
+            return written, await then(written)
+        numbered = trio.Event()
+        early: list[AppendResult] = []
+        appended: list[AppendResult] = []
+        failed: list[Exception] = []
+        broke: list[Exception] = []
+        outcome: list[T] = []
+
+        def on_numbered(result: AppendResult) -> None:
+            early.append(result)
+            numbered.set()
+
+        async def offload() -> None:
+            try:
+                appended.append(await self._offload(state, config, split, compaction, reason, on_numbered))
+            except Exception as exc:  # raised after the nursery, as itself
+                failed.append(exc)
+            finally:
+                numbered.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(offload)
+            await numbered.wait()
+            if not failed:
+                try:
+                    outcome.append(await then((early or appended)[0]))
+                except Exception as exc:  # the append is waited for first: nothing is left half done
+                    broke.append(exc)
+        if failed:  # the append's failure first: it makes whatever `then` did moot
+            raise failed[0]
+        if broke:
+            raise broke[0]
+        return appended[0], outcome[0]
 
     def _journal(self, state: State, config: CompactConfig) -> str:
         store = self.store_for(config)
