@@ -102,7 +102,6 @@ _WORD = re.compile(r"\w+")
 _WRITE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-_GROUP = 16384  # pieces per write: about 5 MB of ~400-character messages (two pieces a line)
 _CHUNK = 2048  # records an append builds the lines of at a time
 _JOIN = 1000  # pieces joined per write (~120 kB): a small buffer malloc reuses (a megabyte is mapped
 # and unmapped each time, page faults included: the whole write took ~1.5x as long)
@@ -436,7 +435,11 @@ def _in_trio(callback: Callable[[AppendResult], object], agent_id: str) -> Calla
         except Exception:
             logger.exception("offload: an append's on_numbered callback failed (agent %s)", agent_id)
 
-    return lambda result: token.run_sync_soon(safe, result)
+    def soon(result: AppendResult) -> None:
+        with contextlib.suppress(trio.RunFinishedError):  # an append left to finish after its run ended
+            token.run_sync_soon(safe, result)
+
+    return soon
 
 
 def _record_pieces(
@@ -460,11 +463,6 @@ def _link(journal: str, follows: str | None, agent: str, seq: int) -> bytes:
 
 def _commit_line(attempts: Sequence[str], journal: str, seq: int) -> bytes:
     return _control({"commit": list(attempts), "journal": journal, "seq": seq, "ts": time.time()})
-
-
-def _write_pieces(fd: int, pieces: list[bytes], longest: int | None = None) -> int:
-    """Write `pieces` in order (see `cmdc._fs.write_pieces`); return the bytes written."""
-    return write_pieces(fd, pieces, _GROUP, longest)
 
 
 # -- decoding ---------------------------------------------------------------------------------

@@ -10,13 +10,14 @@ import secrets
 import socket
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import attrs
 import trio
 
 from ._check import choice, is_int, optional_integer, optional_seconds, text
 from ._frozen import thaw
+from ._trio import reraise
 from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Reply, current_chain
 from .bus import EventBus, Subscription
 from .compaction import Compactor
@@ -956,7 +957,7 @@ async def open_runtime(
         # comes out as itself (as trio's own context managers do), more stay a group.
         if len(group.exceptions) != 1:
             raise
-        _reraise(group.exceptions[0])
+        reraise(group.exceptions[0])
     finally:
         if runtime is not None and runtime._leases is not None:  # every agent has ended: give the names up
             with trio.CancelScope(shield=True), trio.move_on_after(10):
@@ -964,16 +965,6 @@ async def open_runtime(
         if chosen is not None and chosen is not store:  # made here from a string: closed here
             with trio.CancelScope(shield=True):
                 await chosen.aclose()
-
-
-def _reraise(exc: BaseException) -> NoReturn:
-    """Raise `exc` keeping its own context (not the group it came in)."""
-    context = exc.__context__
-    try:
-        raise exc
-    finally:
-        exc.__context__ = context
-        del exc, context
 
 
 __all__ = ["Runtime", "open_runtime"]

@@ -328,11 +328,65 @@ async def test_a_summarizer_failing_during_the_fsync_waits_for_it(
 
     monkeypatch.setattr(os, "fsync", _journal_fsync(fsync))
     expected = (OffloadError, "fsync") if fsync_fails else (CompactionError, "model down")
+    events: list[Event] = []
     with pytest.raises(expected[0], match=expected[1]):
-        await Compactor(broken, retries=0).force_compact(state)
+        await Compactor(broken, retries=0, on_event=events.append).force_compact(state)
     assert finished == [True]
+    failures = [e for e in events if e.kind == COMPACTION_FAILED]
+    assert len(failures) == 1 and expected[1] in failures[0].data["error"]
     if not fsync_fails:  # the attempt is in the journal, uncommitted: a retry reuses its records
         result = await Compactor(Recorder()).force_compact(state)
         assert isinstance(result, Compacted)
         offloaded = await OffloadStore(tmp_path / "offload").read("a1")
         assert len(offloaded) == len({m.id for m in offloaded}) == result.report.evicted
+
+
+async def test_a_failed_append_cancels_the_summarizer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal's fsync fails while the summarizer works: the summarizer is cancelled (its
+    summary could not be used), the journal's error is raised at once, one event says so."""
+    state = state_in(tmp_path, conversation(30))
+    started = threading.Event()
+    cancelled: list[bool] = []
+
+    async def slow(messages: Sequence[Message], instruction: str) -> str:
+        started.set()
+        try:
+            await trio.sleep(60)
+        except trio.Cancelled:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    def fsync(fd: int) -> None:
+        assert started.wait(10)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", _journal_fsync(fsync))
+    events: list[Event] = []
+    began = trio.current_time()
+    with pytest.raises(OffloadError, match="fsync"):
+        await Compactor(slow, on_event=events.append).force_compact(state)
+    assert trio.current_time() - began < 30 and cancelled == [True]
+    assert [e.kind for e in events].count(COMPACTION_FAILED) == 1
+
+
+async def test_a_cancel_during_the_summary_comes_out_as_itself(tmp_path: Path) -> None:
+    """A compaction cancelled while its summarizer works raises `trio.Cancelled` itself (code
+    that catches it still does), after the journal's append is done; the state is unchanged."""
+    state = state_in(tmp_path, conversation(30))
+    before = state.to_json()
+    caught: list[BaseException] = []
+
+    async def slow(messages: Sequence[Message], instruction: str) -> str:
+        await trio.sleep(60)
+        return "never"
+
+    with trio.move_on_after(0.5) as scope:
+        try:
+            await Compactor(slow).force_compact(state)
+        except trio.Cancelled as exc:
+            caught.append(exc)
+            raise
+    assert scope.cancelled_caught and len(caught) == 1 and state.to_json() == before
+    assert len(await OffloadStore(tmp_path / "offload").records("a1")) == 0  # written, never committed
+    assert (await OffloadStore(tmp_path / "offload").verify("a1")).uncommitted > 0

@@ -20,6 +20,7 @@ import trio
 
 from .._check import is_int, optional_integer
 from .._stores import _STORES, shared_store
+from .._trio import one_of, reraise
 from ..errors import (
     CompactionAborted,
     CompactionError,
@@ -426,19 +427,19 @@ class Compactor:
             )
 
         async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
-            try:
-                task = self._kept_task(state, split)
-                estimated = evicted_tokens if self.options.token_counter is None else None
-                summary = await self._summarize(
-                    state, config, split, written, instruction, task, answer_budget, window, estimated
-                )
-                inserted = await self._finalize(state, split, written, compaction, summary, user_budget, task)
-            except CompactionError as exc:
-                self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
-                raise
+            task = self._kept_task(state, split)
+            estimated = evicted_tokens if self.options.token_counter is None else None
+            summary = await self._summarize(
+                state, config, split, written, instruction, task, answer_budget, window, estimated
+            )
+            inserted = await self._finalize(state, split, written, compaction, summary, user_budget, task)
             return summary, inserted
 
-        written, (summary, inserted) = await self._offload_then(state, config, split, compaction, reason, summarized)
+        try:
+            written, (summary, inserted) = await self._offload_then(state, config, split, compaction, summarized)
+        except (OffloadError, CompactionError) as exc:  # one event, whichever failed
+            self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
+            raise
         return await self._verify(
             state, split, written, compaction, inserted, summary, reason, budget, tokens_before, evicted_tokens, started
         )
@@ -559,26 +560,21 @@ class Compactor:
         config: CompactConfig,
         split: Split,
         compaction: int,
-        reason: str,
         on_numbered: Callable[[AppendResult], object] | None = None,
     ) -> AppendResult:
         """Write-ahead: the evicted messages are durable before the state that drops them
         exists, as an attempt that becomes visible when the compaction's state is committed."""
         store = self.store_for(config)
         numbered: dict[str, Any] = {} if on_numbered is None else {"on_numbered": on_numbered}
-        try:
-            return await store.append(
-                state.agent_id,
-                split.evicted,
-                compaction=compaction,
-                attempt=new_attempt_id(),
-                **_expect(store, state),
-                commit=False,
-                **numbered,
-            )
-        except OffloadError as exc:
-            self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
-            raise
+        return await store.append(
+            state.agent_id,
+            split.evicted,
+            compaction=compaction,
+            attempt=new_attempt_id(),
+            **_expect(store, state),
+            commit=False,
+            **numbered,
+        )
 
     async def _offload_then(
         self,
@@ -586,17 +582,16 @@ class Compactor:
         config: CompactConfig,
         split: Split,
         compaction: int,
-        reason: str,
         then: Callable[[AppendResult], Awaitable[T]],
     ) -> tuple[AppendResult, T]:
         """`_offload`, then `then(written)`. With the journal store, `then` starts as soon as
         the records are written and numbered, while the append's fsync runs in its thread; this
         returns only when both are done, so the evicted messages are durable before the
-        compacted state exists. A failed append is raised (whatever `then` did), else what
-        `then` raised; neither inside an exception group."""
+        compacted state exists. A failed append cancels `then` (its work is moot) and is
+        raised; else what `then` raised; a cancel as itself, never inside an exception group."""
         store = self.store_for(config)
-        if not isinstance(store, OffloadStore):
-            written = await self._offload(state, config, split, compaction, reason)
+        if type(store).append is not OffloadStore.append:  # a store without on_numbered
+            written = await self._offload(state, config, split, compaction)
             return written, await then(written)
         numbered = trio.Event()
         early: list[AppendResult] = []
@@ -604,6 +599,7 @@ class Compactor:
         failed: list[Exception] = []
         broke: list[Exception] = []
         outcome: list[T] = []
+        moot = trio.CancelScope()
 
         def on_numbered(result: AppendResult) -> None:
             early.append(result)
@@ -611,20 +607,25 @@ class Compactor:
 
         async def offload() -> None:
             try:
-                appended.append(await self._offload(state, config, split, compaction, reason, on_numbered))
+                appended.append(await self._offload(state, config, split, compaction, on_numbered))
             except Exception as exc:  # raised after the nursery, as itself
                 failed.append(exc)
+                moot.cancel()
             finally:
                 numbered.set()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(offload)
-            await numbered.wait()
-            if not failed:
-                try:
-                    outcome.append(await then((early or appended)[0]))
-                except Exception as exc:  # the append is waited for first: nothing is left half done
-                    broke.append(exc)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(offload)
+                await numbered.wait()
+                with moot:
+                    if not failed:
+                        try:
+                            outcome.append(await then((early or appended)[0]))
+                        except Exception as exc:  # the append is waited for first: nothing is left half done
+                            broke.append(exc)
+        except BaseExceptionGroup as group:  # a cancel or an interrupt: the tasks catch the rest
+            reraise(one_of(group))
         if failed:  # the append's failure first: it makes whatever `then` did moot
             raise failed[0]
         if broke:
