@@ -205,7 +205,7 @@ async def test_a_batch_past_a_chunk_is_written_in_order(
     import cmdc._fs as fs
     from cmdc import offload
 
-    monkeypatch.setattr(offload, "_CHUNK", chunk)
+    monkeypatch.setattr(offload, "_LINES_AT_ONCE", chunk)
     monkeypatch.setattr(offload, "_JOIN", join)
     monkeypatch.setattr(fs, "JOIN_MAX", 64)
     store = OffloadStore(tmp_path)
