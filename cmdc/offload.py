@@ -1303,17 +1303,18 @@ class OffloadStore:
             result = AppendResult(path, low, top, len(fresh), jid, attempt, () if commit else ordered, tuple(seqs))
             if numbered is not None:
                 numbered(result)
+            last = commit_line or last or head or journal.last  # the last line written
             doing = "fsync"
             try:
                 os.fsync(fd)
-                # The journal is an archive, rarely read: let its pages go back to the system.
-                os.posix_fadvise(fd, size, written, os.POSIX_FADV_DONTNEED)
+                # The journal is an archive, rarely read: let its pages go back to the system,
+                # but for the last line's, which the next append or commit reads to check the end.
+                os.posix_fadvise(fd, size, max(0, written - len(last)), os.POSIX_FADV_DONTNEED)
                 if size == 0:
                     fsync_dir(path.parent)
             except OSError as exc:
                 journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
                 raise
-            last = commit_line or last or head or journal.last  # the last line written
             journal.size, journal.last = size + written, last
             journal.journal, journal.seq = jid, high
             journal.expected = (jid, high)
