@@ -119,11 +119,13 @@ def _header_split(message: Message) -> tuple[str, str, str]:
 # -- the contraction rule -----------------------------------------------------------------------
 
 
-def contract(inserted: list[Message], limit: int, pointer: Message, count: Count) -> tuple[list[Message], str | None]:
+def contract(
+    inserted: list[Message], limit: int, pointer: Callable[[], Message], count: Count
+) -> tuple[list[Message], str | None]:
     """The inserted messages within `limit` tokens, stepping down as needed: (messages, the
     fallback used or None). "clipped": the summary message clipped; "summary only": other
     inserted messages dropped and the summary clipped; "pointer only": a summary that only
-    names the journal records; "skipped": not even that fits."""
+    names the journal records (`pointer()`, built only then); "skipped": not even that fits."""
     cost = sum(count(m) for m in inserted)
     if cost <= limit:
         return inserted, None
@@ -136,8 +138,9 @@ def contract(inserted: list[Message], limit: int, pointer: Message, count: Count
         shrunk = _shrunk(alone, limit, count)
         if shrunk is not None and len(inserted) > 1:
             return [shrunk], "summary only"
-    if count(pointer) <= limit:
-        return [pointer], "pointer only"
+    smallest = pointer()
+    if count(smallest) <= limit:
+        return [smallest], "pointer only"
     return inserted, "skipped"
 
 

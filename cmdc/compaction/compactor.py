@@ -433,7 +433,7 @@ class Compactor:
                 state, config, split, written, instruction, task, answer_budget, window, estimated
             )
             inserted = await self._finalize(state, split, written, compaction, summary, user_budget, task)
-            return summary, inserted
+            return summary, list(_tag_summaries(inserted, written))  # here, while the fsync runs
 
         try:
             written, (summary, inserted) = await self._offload_then(state, config, split, compaction, summarized)
@@ -730,7 +730,9 @@ class Compactor:
     ) -> Compacted | Skipped:
         """What is inserted fits the budget and costs less than what it replaces (stepping down
         to a pointer when needed); then the new state, its report and the `after_compact` fold."""
-        pointer = _pointer(compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq)
+        def pointer() -> Message:
+            return _pointer(compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq)
+
         inserted, fallback = contract(inserted, min(budget, evicted_tokens - 1), pointer, self.count)
         summary_tokens = sum(self.count(m) for m in inserted)
         if fallback is not None:
@@ -888,7 +890,15 @@ def _journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
 def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
     """The summary messages carry the journal's identity and the attempts to commit with them."""
     tags = {JOURNAL_KEY: written.journal, ATTEMPTS_KEY: list(written.pending)}
-    return tuple(m.evolve(metadata={**m.metadata, **tags}) if m.is_summary else m for m in inserted)
+    return tuple(
+        m.evolve(metadata={**m.metadata, **tags}) if m.is_summary and not _tagged(m, tags) else m for m in inserted
+    )
+
+
+def _tagged(message: Message, tags: dict[str, Any]) -> bool:
+    """Whether `message` carries `tags` already (tagged during the fsync, then kept as it was)."""
+    meta = message.metadata
+    return bool(meta.get(JOURNAL_KEY) == tags[JOURNAL_KEY] and list(meta.get(ATTEMPTS_KEY) or ()) == tags[ATTEMPTS_KEY])
 
 
 # Names this module had before the split, still importable from it.
