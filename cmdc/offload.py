@@ -1309,7 +1309,8 @@ class OffloadStore:
                 os.fsync(fd)
                 # The journal is an archive, rarely read: let its pages go back to the system,
                 # but for the last line's, which the next append or commit reads to check the end.
-                os.posix_fadvise(fd, size, max(0, written - len(last)), os.POSIX_FADV_DONTNEED)
+                if written > len(last):  # (a length of 0 would mean: to the end of the file)
+                    os.posix_fadvise(fd, size, written - len(last), os.POSIX_FADV_DONTNEED)
                 if size == 0:
                     fsync_dir(path.parent)
             except OSError as exc:

@@ -27,6 +27,7 @@ from cmdc import (
 )
 from cmdc.compaction import SummaryAttempt, default_should_retry
 from cmdc.events import COMPACTION_FAILED
+from cmdc.store import FileStore
 from cmdc.synthetic import conversation
 
 
@@ -249,10 +250,15 @@ def _journal_fsync(first: Callable[[int], None]) -> Callable[[int], None]:
     return fsync
 
 
-async def test_the_summary_is_made_while_the_journal_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("file_store", [False, True])
+async def test_the_summary_is_made_while_the_journal_fsyncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file_store: bool
+) -> None:
     """The summarizer starts once the evicted messages are written and numbered, while their
-    fsync still runs (this fsync waits for it); the compaction returns after both."""
+    fsync still runs (this fsync waits for it); the compaction returns after both. So too
+    through the file store a runtime gives its compactors."""
     state = state_in(tmp_path, conversation(30))
+    store = {"store": FileStore(tmp_path / "offload")} if file_store else {}
     started = threading.Event()
     synced: list[bool] = []
 
@@ -266,7 +272,7 @@ async def test_the_summary_is_made_while_the_journal_fsyncs(tmp_path: Path, monk
         return "the summary"
 
     monkeypatch.setattr(os, "fsync", _journal_fsync(fsync))
-    result = await Compactor(summarizer).force_compact(state)
+    result = await Compactor(summarizer, **store).force_compact(state)
     assert isinstance(result, Compacted) and synced == [True]
     offloaded = await OffloadStore(tmp_path / "offload").read("a1")
     kept = {m.id for m in result.state.messages}

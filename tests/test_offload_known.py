@@ -218,3 +218,34 @@ async def test_a_batch_past_a_chunk_is_written_in_order(
     assert (await store.verify("a")).clean
     data = (tmp_path / "a.jsonl").read_bytes()
     assert store._journal("a").last == data[data.rstrip(b"\n").rfind(b"\n") + 1 :]
+
+
+async def test_the_last_line_stays_cached_after_an_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pages an append lets go (`POSIX_FADV_DONTNEED`) never include the last line's, which
+    the next append or commit reads, whatever was written: a head and records, one record, a
+    commit line alone (a length of 0 would mean the whole rest of the file)."""
+    import os
+
+    calls: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        calls.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    store = OffloadStore(tmp_path)
+    path = tmp_path / "a.jsonl"
+
+    def check() -> None:
+        data = path.read_bytes()
+        last = data[data.rstrip(b"\n").rfind(b"\n") + 1 :]
+        assert all(length > 0 and offset + length <= len(data) - len(last) for offset, length in calls), calls
+        calls.clear()
+
+    await store.append("a", [Message.user(f"m{i}") for i in range(3)])
+    check()
+    pending = await store.append("a", [Message.user("one")], commit=False)
+    check()
+    await store.commit("a", pending.pending)
+    check()

@@ -46,7 +46,7 @@ from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, Offlo
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
-from ..store import Store
+from ..store import FileStore, Store
 from ..tokens import TokenCounter, estimate_message_tokens
 from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
 from .breaker import SummarizerBreaker
@@ -590,7 +590,7 @@ class Compactor:
         compacted state exists. A failed append cancels `then` (its work is moot) and is
         raised; else what `then` raised; a cancel as itself, never inside an exception group."""
         store = self.store_for(config)
-        if type(store).append is not OffloadStore.append:  # a store without on_numbered
+        if not _numbers_early(store):
             written = await self._offload(state, config, split, compaction)
             return written, await then(written)
         numbered = trio.Event()
@@ -730,8 +730,9 @@ class Compactor:
     ) -> Compacted | Skipped:
         """What is inserted fits the budget and costs less than what it replaces (stepping down
         to a pointer when needed); then the new state, its report and the `after_compact` fold."""
-        def pointer() -> Message:
-            return _pointer(compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq)
+        def pointer() -> Message:  # tagged as it will be inserted: a counter may count its metadata
+            smallest = _pointer(compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq)
+            return _tag_summaries([smallest], written)[0]
 
         inserted, fallback = contract(inserted, min(budget, evicted_tokens - 1), pointer, self.count)
         summary_tokens = sum(self.count(m) for m in inserted)
@@ -887,6 +888,14 @@ def _journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
     return {"journal_id": written.journal, "journal_seq": max(state.journal_seq, written.last_seq)}
 
 
+def _numbers_early(store: OffloadStore | Store) -> bool:
+    """Whether `store.append` takes `on_numbered`: the journal store, directly or through the
+    file store (a subclass that overrides `append` may not)."""
+    if type(store) is FileStore:
+        store = store.journal
+    return type(store).append is OffloadStore.append
+
+
 def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
     """The summary messages carry the journal's identity and the attempts to commit with them."""
     tags = {JOURNAL_KEY: written.journal, ATTEMPTS_KEY: list(written.pending)}
@@ -897,8 +906,10 @@ def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[
 
 def _tagged(message: Message, tags: dict[str, Any]) -> bool:
     """Whether `message` carries `tags` already (tagged during the fsync, then kept as it was)."""
-    meta = message.metadata
-    return bool(meta.get(JOURNAL_KEY) == tags[JOURNAL_KEY] and list(meta.get(ATTEMPTS_KEY) or ()) == tags[ATTEMPTS_KEY])
+    attempts = message.metadata.get(ATTEMPTS_KEY)
+    if not isinstance(attempts, (list, tuple)) or list(attempts) != tags[ATTEMPTS_KEY]:
+        return False
+    return bool(message.metadata.get(JOURNAL_KEY) == tags[JOURNAL_KEY])
 
 
 # Names this module had before the split, still importable from it.
