@@ -337,6 +337,9 @@ class _Journal:
     parents: dict[str, str | None] = attrs.field(factory=dict)  # journal -> the one it follows (link lines)
     known: _Known = attrs.field(factory=_Known)  # records this writer remembers
     committed: set[str] = attrs.field(factory=set)
+    # uncommitted attempts never to be committed: a message of theirs has a later record (a
+    # retry wrote it again), and committing them would show it at their older number
+    superseded: set[str] = attrs.field(factory=set)
     expected: tuple[str, int] | None = None  # (journal, highest record number) this store last wrote
     users: int = 0  # tasks between `_hold` and its end: while any, the store keeps this object
 
@@ -572,15 +575,19 @@ def _decode_record(line: bytes, where: str) -> JournalRecord:
     return decoded.record
 
 
-def _remember(known: dict[str, Known], committed: set[str], r: JournalRecord) -> None:
+def _remember(known: dict[str, Known], committed: set[str], r: JournalRecord, superseded: set[str]) -> None:
     """Reading a journal back from its end: keep, for each message, the record readers show
     (its earliest record of a committed attempt; `committed` holds the attempts of the
     commit lines read so far, which follow their records), else its latest record (the one a
     retry repeats). Never an older record of an attempt nobody committed: a retry would then
     write the message again while reusing its other records, and committing those would show
-    the message at a number the retry did not report."""
-    if r.message.id not in known or r.attempt in committed:
+    the message at a number the retry did not report. Such an attempt goes to `superseded`:
+    none of its records is reused, so it is never committed."""
+    prior = known.get(r.message.id)
+    if prior is None or r.attempt in committed:
         known[r.message.id] = (r.seq, r.message.json_crc(), r.attempt, r.compaction)
+    elif r.attempt is not None and r.attempt != prior[2]:
+        superseded.add(r.attempt)
 
 
 def _summary_attempts(message: Message) -> tuple[str, ...]:
@@ -1093,6 +1100,7 @@ class OffloadStore:
         last = b""
         known: dict[str, Known] = {}
         committed: set[str] = set()
+        superseded: set[str] = set()
         commit_seen = False
         scanned = 0
         for offset, line in _lines_back(fd, cut):
@@ -1124,7 +1132,7 @@ class OffloadStore:
             if r is not None:
                 if r.attempt is None:
                     break  # written by an older cmdc: nothing to learn further back
-                _remember(known, committed, r)
+                _remember(known, committed, r, superseded)
             # Back past the uncommitted attempts at the end (a retry repeats them) and the
             # latest commits, within a constant budget: never the whole file.
             if scanned > (_RECENT if commit_seen else _SCAN_LIMIT):
@@ -1140,18 +1148,19 @@ class OffloadStore:
         journal.inode, journal.size, journal.last = inode, size, last
         if identity is None:  # an empty file
             journal.journal = None
-            journal.known, journal.committed = _Known(), set()
+            journal.known, journal.committed, journal.superseded = _Known(), set(), set()
             if not same_file:
                 journal.seq = 0 if prior_journal is None else journal.seq
             return
         if identity.journal != prior_journal or not same_file:
-            journal.known, journal.committed = _Known(), set()
+            journal.known, journal.committed, journal.superseded = _Known(), set(), set()
         if identity.journal != prior_journal:
             journal.seq = 0
         journal.journal = identity.journal
         journal.seq = max(journal.seq, identity.seq)
         journal.known.add_records(known)
         journal.committed |= committed
+        journal.superseded |= superseded
 
     def _expect(
         self, fd: int, path: Path, journal: _Journal, agent_id: str, expect: JournalRef | None, events: list[Any]
@@ -1191,7 +1200,7 @@ class OffloadStore:
         if size == 0:
             fsync_dir(path.parent)
         journal.journal, journal.seq = successor, seq
-        journal.known, journal.committed = _Known(), set()
+        journal.known, journal.committed, journal.superseded = _Known(), set(), set()
         journal.parents[successor] = exp_id
         journal.expected = None
         journal.size, journal.last = size + len(line), line
@@ -1357,7 +1366,7 @@ class OffloadStore:
                     continue
                 if r.message.id in wanted and r.attempt is not None:
                     left -= r.message.id not in learned
-                    _remember(learned, committed | journal.committed, r)
+                    _remember(learned, committed | journal.committed, r, journal.superseded)
             elif line.startswith(_HEADS[2]):
                 with contextlib.suppress(OffloadCorrupted):
                     committed.update(_decode_line(line, f"{path}: byte {offset}").attempts)
@@ -1372,7 +1381,10 @@ class OffloadStore:
         number of each message of the batch, -1 where it gets a new one); the uncommitted
         attempts whose records it reuses are added to `pending`. An uncommitted attempt's
         records are reused only by a retry of its compaction that holds every one of them:
-        committing the retry commits the whole attempt."""
+        committing the retry commits the whole attempt. An uncommitted attempt one of whose
+        messages gets a new record here is superseded: its records are never reused again (a
+        batch reusing its other records would commit it, and readers would then show that
+        message at its older number, not the one reported)."""
         done = journal.committed
         partial: set[str | None] = set()
         if journal.known.uncommitted(done):
@@ -1387,13 +1399,15 @@ class OffloadStore:
                 and (
                     known[2] is None
                     or known[2] in journal.committed
-                    or (known[3] == compaction and known[2] not in partial)
+                    or (known[3] == compaction and known[2] not in partial and known[2] not in journal.superseded)
                 )
             ):
                 seqs.append(known[0])
                 if known[2] is not None and known[2] not in journal.committed:
                     pending.add(known[2])
             else:
+                if known is not None and known[2] is not None and known[2] not in journal.committed:
+                    journal.superseded.add(known[2])
                 seqs.append(-1)
                 fresh.append(m)
         return fresh, seqs

@@ -323,6 +323,27 @@ async def test_a_restarted_writer_remembers_the_latest_attempt_of_a_message(tmp_
     assert retry.seqs[:4] == second.seqs and retry.written == 1  # the compaction-4 attempt, reused whole
 
 
+@pytest.mark.parametrize("restart", [False, True])
+async def test_an_attempt_whose_message_was_written_again_is_never_committed(tmp_path: Path, restart: bool) -> None:
+    """Found by the crash test (a message read at 167, its append said 173): attempt A wrote
+    m0-m4; a retry of the same compaction held m0-m2 but not m3-m4, so A was partial and the
+    retry B wrote m0-m2 again. A third append holding all of them reused B's records for m0-m2
+    and A's for m3-m4, so its commit committed A too, and readers showed m0-m2 at A's older
+    numbers. Now A is superseded as soon as B writes one of its messages again (or, for a new
+    process, as soon as it reads both records back): its records are never reused."""
+    m = [Message.user(f"m{i}") for i in range(5)]
+    n, p = Message.user("n"), Message.user("p")
+    store = OffloadStore(tmp_path)
+    await store.append(AGENT, m, compaction=14, commit=False)
+    again = await store.append(AGENT, [*m[:3], n], compaction=14, commit=False)
+    writer = OffloadStore(tmp_path) if restart else store
+    last = await writer.append(AGENT, [*m, n, p], compaction=14)
+    visible = {r.message.id: r.seq for r in await OffloadStore(tmp_path).records(AGENT)}
+    assert [visible[x.id] for x in (*m, n, p)] == list(last.seqs)
+    assert last.seqs[:3] == again.seqs[:3] and last.written == 3  # m3, m4 written again, and p
+    assert (await OffloadStore(tmp_path).verify(AGENT)).uncommitted == 5  # A's records, never shown
+
+
 async def test_a_chain_of_recorded_losses_is_followed_after_a_restart(tmp_path: Path) -> None:
     """j1 vanished (j2 follows it), then j2 was found truncated (j3 follows j2): a restarted
     writer whose state still names j1 goes on in j3 without reporting a loss again."""
