@@ -594,20 +594,21 @@ class Compactor:
             written = await self._offload(state, config, split, compaction)
             return written, await then(written)
         numbered = trio.Event()
-        early: list[AppendResult] = []
-        appended: list[AppendResult] = []
+        results: list[AppendResult] = []  # the append's result, from on_numbered or once it returns
         failed: list[Exception] = []
         broke: list[Exception] = []
         outcome: list[T] = []
         moot = trio.CancelScope()
 
         def on_numbered(result: AppendResult) -> None:
-            early.append(result)
+            results.append(result)
             numbered.set()
 
         async def offload() -> None:
             try:
-                appended.append(await self._offload(state, config, split, compaction, on_numbered))
+                result = await self._offload(state, config, split, compaction, on_numbered)
+                if not results:  # an append that wrote nothing calls no on_numbered
+                    results.append(result)
             except Exception as exc:  # raised after the nursery, as itself
                 failed.append(exc)
                 moot.cancel()
@@ -621,7 +622,7 @@ class Compactor:
                 with moot:
                     if not failed:
                         try:
-                            outcome.append(await then((early or appended)[0]))
+                            outcome.append(await then(results[0]))
                         except Exception as exc:  # the append is waited for first: nothing is left half done
                             broke.append(exc)
         except BaseExceptionGroup as group:  # a cancel or an interrupt: the tasks catch the rest
@@ -630,7 +631,7 @@ class Compactor:
             raise failed[0]
         if broke:
             raise broke[0]
-        return appended[0], outcome[0]
+        return results[0], outcome[0]
 
     def _journal(self, state: State, config: CompactConfig) -> str:
         store = self.store_for(config)
@@ -749,7 +750,8 @@ class Compactor:
             return self._skip(state, "not even a pointer-only summary is smaller than the evicted messages")
         # Kept messages older than everything evicted (the pinned task) stay before the summary.
         before = _held_before_evicted(state, split)
-        messages = (*split.pinned, *split.kept[:before], *_tag_summaries(inserted, written), *split.kept[before:])
+        # (the summaries are tagged already: `summarized`, or `pointer`; a clipped one keeps its tags)
+        messages = (*split.pinned, *split.kept[:before], *inserted, *split.kept[before:])
         new_state = state.evolve(
             messages=messages, compactions=compaction, usage_floor=len(messages), **_journal_fields(state, written)
         )
@@ -899,17 +901,7 @@ def _numbers_early(store: OffloadStore | Store) -> bool:
 def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
     """The summary messages carry the journal's identity and the attempts to commit with them."""
     tags = {JOURNAL_KEY: written.journal, ATTEMPTS_KEY: list(written.pending)}
-    return tuple(
-        m.evolve(metadata={**m.metadata, **tags}) if m.is_summary and not _tagged(m, tags) else m for m in inserted
-    )
-
-
-def _tagged(message: Message, tags: dict[str, Any]) -> bool:
-    """Whether `message` carries `tags` already (tagged during the fsync, then kept as it was)."""
-    attempts = message.metadata.get(ATTEMPTS_KEY)
-    if not isinstance(attempts, (list, tuple)) or list(attempts) != tags[ATTEMPTS_KEY]:
-        return False
-    return bool(message.metadata.get(JOURNAL_KEY) == tags[JOURNAL_KEY])
+    return tuple(m.evolve(metadata={**m.metadata, **tags}) if m.is_summary else m for m in inserted)
 
 
 # Names this module had before the split, still importable from it.
