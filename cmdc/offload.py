@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import inspect
 import os
 import re
 import secrets
@@ -1005,6 +1006,8 @@ class OffloadStore:
             for i, msg in enumerate(batch):
                 if not isinstance(msg, Message):
                     raise InvalidMessage(f"messages[{i}] is a {type(msg).__name__}, not a Message")
+        if on_numbered is not None and (not callable(on_numbered) or inspect.iscoroutinefunction(on_numbered)):
+            raise ConfigError(f"on_numbered must be a plain (not async) function of the result, got {on_numbered!r}")
         numbered = None if on_numbered is None else _in_trio(on_numbered, agent_id)
         args = (agent_id, path, batch, compaction, attempt or new_attempt_id(), expect, commit, numbered)
         result: AppendResult = await self._locked(agent_id, path, self._append_sync, *args)

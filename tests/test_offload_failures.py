@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fakes import REAL_FSYNC, REAL_OPEN, REAL_WRITE, check_clean, is_journal_fd, users
 
-from cmdc.errors import OffloadError
+from cmdc.errors import ConfigError, OffloadError
 from cmdc.offload import OffloadStore
 
 # -- failures -----------------------------------------------------------------------------------
@@ -176,3 +176,18 @@ async def test_a_failing_on_numbered_is_logged_and_the_append_goes_on(
         result = await store.append("a", users(2), on_numbered=broken)
     assert (result.first_seq, result.last_seq) == (1, 2) and len(await store.read("a")) == 2
     assert "on_numbered callback failed (agent a)" in caplog.text and "callback bug" in caplog.text
+
+
+@pytest.mark.parametrize("callback", [42, "print", "async"])
+async def test_an_on_numbered_that_is_no_plain_function_is_refused(tmp_path: Path, callback: Any) -> None:
+    """A non-callable, or an async function (its coroutine would never be awaited), is refused
+    with a ConfigError naming it, before anything is written."""
+    store = OffloadStore(tmp_path)
+
+    async def later(result: Any) -> None:
+        return None
+
+    bad = later if callback == "async" else callback
+    with pytest.raises(ConfigError, match="on_numbered must be a plain"):
+        await store.append("a", users(1), on_numbered=bad)
+    assert not (tmp_path / "a.jsonl").exists()
