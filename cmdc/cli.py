@@ -33,6 +33,7 @@ from ._chatfile import (
 from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo
 from ._fs import stricter_mode
+from ._redact import redact_url
 from ._version import __version__
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
@@ -433,7 +434,7 @@ def _print_report(chat: ChatFile, out: Path, r: CompactionReport, state: State, 
     print(f"  summarizer: {r.summarizer}, {r.attempts} attempt(s), {r.passes} pass(es), {r.duration * 1000:.0f} ms")
     print(
         f"  agent:      {state.agent_id} (compaction #{r.compaction}; read it back: cmdc history "
-        f"{url if url is not None else Path(r.offload_path).parent} {state.agent_id})"
+        f"{redact_url(url) if url is not None else Path(r.offload_path).parent} {state.agent_id})"
     )
 
 

@@ -45,7 +45,6 @@ import re
 import secrets
 import threading
 import time
-import urllib.parse
 import zlib
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -59,6 +58,7 @@ import trio
 from . import _bigjson
 from ._check import flag, integer, is_number, seconds
 from ._fs import run_bounded
+from ._redact import journal_label, redact_url, scrub
 from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
 from .errors import (
     CheckpointCorrupted,
@@ -225,12 +225,8 @@ def is_postgres_url(value: object) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and reprs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    """The URL without its secrets, for messages and reprs (`cmdc._redact.redact_url`)."""
+    return redact_url(url)
 
 
 def _search_text(message: Message) -> str:
@@ -287,7 +283,7 @@ class PostgresCheckpoints:
         await self._store._run(self._store._save_sync, state.agent_id, state, attempts, write=True)
         if attempts and self._store.background_index:  # batches it committed: index them
             self._store._index_later([state.agent_id])
-        return f"{redact(self._store.url)}#checkpoint/{state.agent_id}"
+        return f"{journal_label(self._store.url)}#checkpoint/{state.agent_id}"
 
     async def load(self, agent_id: str) -> State | None:
         validate_agent_id(agent_id)
@@ -336,7 +332,7 @@ class PostgresStore:
         background_index: bool = True,
     ) -> None:
         if not is_postgres_url(url):
-            raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {url!r:.80}")
+            raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {redact_url(str(url))!r:.80}")
         integer(pool_size, "pool_size")
         self.url = url
         self.retries = integer(retries, "retries", minimum=0)
@@ -379,7 +375,7 @@ class PostgresStore:
             try:
                 await trio.to_thread.run_sync(self._start_sync)
             except psycopg.Error as exc:
-                raise StoreUnavailable(f"PostgreSQL store {redact(self.url)}: cannot open: {exc}") from exc
+                raise StoreUnavailable(f"PostgreSQL store {redact(self.url)}: cannot open: {self._scrub(exc)}") from exc
             self._opened = True
             if self.background_index:
                 self._index_later((), scan=True)  # a backlog an earlier process left
@@ -440,8 +436,14 @@ class PostgresStore:
         await self.aclose()
 
     def location(self, agent_id: str) -> str:
-        """How summaries and reports name the agent's journal."""
-        return f"{redact(self.url)}#journal/{validate_agent_id(agent_id)}"
+        """How summaries, reports, events and spans name the agent's journal: the database's
+        label (host, port and name: no user, password or option; see `cmdc._redact`) and the
+        agent, the same whatever credentials the URL carries."""
+        return f"{journal_label(self.url)}#journal/{validate_agent_id(agent_id)}"
+
+    def _scrub(self, exc: BaseException | str) -> str:
+        """An error's text without the URL's secrets (a driver's message may quote them)."""
+        return scrub(str(exc), self.url)
 
     # -- running operations -----------------------------------------------------------------------
     async def _run(self, fn: Callable[..., T], *args: Any, write: bool = False) -> T:
@@ -465,7 +467,7 @@ class PostgresStore:
             except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
                 if attempt == self.retries or time.monotonic() + delay > deadline:
                     raise StoreUnavailable(
-                        f"PostgreSQL store {redact(self.url)}: {type(exc).__name__}: {exc} "
+                        f"PostgreSQL store {redact(self.url)}: {type(exc).__name__}: {self._scrub(exc)} "
                         f"(after {attempt + 1} attempts)"
                     ) from exc
                 time.sleep(delay)
@@ -496,7 +498,7 @@ class PostgresStore:
         try:
             await self._run(self._analyze_sync, write=True)
         except (StoreUnavailable, psycopg.Error) as exc:  # the index is done; the statistics wait
-            logger.warning("cmdc PostgreSQL store: ANALYZE: %s: %s", type(exc).__name__, exc)
+            logger.warning("cmdc PostgreSQL store: ANALYZE: %s: %s", type(exc).__name__, self._scrub(exc))
         return done
 
     def _analyze_sync(self, conn: psycopg.Connection[Any]) -> bool:
@@ -601,9 +603,9 @@ class PostgresStore:
                     try:
                         self._analyze_sync(conn)
                     except psycopg.Error as exc:  # the index is fine; the planner's statistics wait
-                        logger.warning("cmdc PostgreSQL indexer: ANALYZE: %s: %s", type(exc).__name__, exc)
+                        logger.warning("cmdc PostgreSQL indexer: ANALYZE: %s: %s", type(exc).__name__, self._scrub(exc))
             except Exception as exc:  # the thread must not die with work queued: drop this job
-                logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, exc)
+                logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, self._scrub(exc))
                 more = False
             if agent is not None and not more:
                 with self._index_lock:  # unless asked again meanwhile (a batch committed since)
@@ -835,7 +837,7 @@ class PostgresStore:
                     n, more = self._index_sync(conn, agent_id, min(left, INDEX_BATCH))
                     left = left - n if more else 0
             except psycopg.Error as exc:  # the batch has committed: the indexing is left for later
-                logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, exc)
+                logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, self._scrub(exc))
         return journal, seqs, len(fresh), pending
 
     @staticmethod

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import attrs
 import trio
 
+from ._redact import redact_url
 from ._stores import shared_store
 from .checkpoint import CheckpointStore
 from .errors import ConfigError, NameLeased
@@ -347,7 +348,9 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
     if isinstance(spec, (str, os.PathLike)):
         text = os.fspath(spec)
         if not text or "\x00" in str(text) or "://" in str(text):
-            raise ConfigError(f"store must be a directory, a postgresql:// URL or a store object, got {spec!r:.80}")
+            raise ConfigError(
+                f"store must be a directory, a postgresql:// URL or a store object, got {redact_url(text)!r:.80}"
+            )
         return FileStore(text)
     if isinstance(spec, Store):
         return spec

@@ -136,7 +136,7 @@ def _rule(key: str, value: object, modes: tuple[str, ...], window: int | None) -
 
 def _offload_dir(value: object) -> Path:
     if not isinstance(value, (str, os.PathLike)):
-        raise ConfigError(f"config key 'compact_offload_dir' must be a path, got {value!r}")
+        raise ConfigError(f"config key 'compact_offload_dir' must be a path, got {value!r:.80}")
     text = os.fspath(value)
     if not isinstance(text, str) or not text or "\x00" in text:
         raise ConfigError(f"config key 'compact_offload_dir' must be a non-empty path without NUL, got {value!r}")

@@ -1,0 +1,140 @@
+"""Attacks on the PostgreSQL store (issue 24): secrets in the URL, an oversized record, two
+runtimes on one name, the driver's own warnings, a lost indexer connection."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import cmdc
+import cmdc.otel
+from cmdc import open_runtime
+from cmdc._redact import journal_label, redact_url
+from cmdc.compaction import ExtractiveSummarizer
+from cmdc.errors import StoreUnavailable
+from cmdc.postgres import PostgresStore
+from cmdc.providers import ScriptedProvider
+from tests.test_cli import conversation, write_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+PADDING = "\n" + " ".join(f"line {i} of a long report." for i in range(200))
+SECRETS = ("userinfo-PW-1", "query-PW-2", "ssl-PW-3", "passfile-PW-4", "sslkey-PW-5")
+
+
+def with_secrets(url: str) -> str:
+    """`url` (`postgresql://user@/db?host=...`, the test server: trust authentication, which
+    ignores every password) with a secret in each place libpq reads one."""
+    scheme, rest = url.split("://", 1)
+    user, rest = rest.split("@", 1)
+    sep = "&" if "?" in rest else "?"
+    return (
+        f"{scheme}://{user}:{SECRETS[0]}@{rest}{sep}p%61ssword={SECRETS[1]}&sslpassword={SECRETS[2]}"
+        f"&passfile=/nonexistent/{SECRETS[3]}&sslkey=/nonexistent/{SECRETS[4]}"
+    )
+
+
+def leaks(text: object) -> list[str]:
+    return [s for s in SECRETS if s in str(text)]
+
+
+def test_redaction_drops_every_secret_and_the_label_is_stable() -> None:
+    url = "postgresql://me:pw-userinfo@db.example:6543/app?password=pw-query&sslmode=require&passfile=/p/pw-file"
+    assert redact_url(url) == "postgresql://me:***@db.example:6543/app?sslmode=require"
+    assert (
+        redact_url("postgresql://me@h/app?PASSWORD=pw-x&sslkey=/k/pw-key&sslpassword=pw-ssl") == "postgresql://me@h/app"
+    )
+    assert redact_url("postgresql://h/app?dbname=postgresql://u:pw-inner@h/x") == "postgresql://h/app"
+    assert redact_url("postgres://u:p?w-q@h/db") == "postgres://u:***@h/db"  # a `?` inside the password
+    assert redact_url("postgresql://u:p/w@h/db") == "postgresql://u:***@h/db"  # a `/` (libpq fails on it)
+    # the same database through other credentials and options: the same label, with no user
+    assert journal_label(url) == journal_label("postgresql://other@db.example:6543/app?connect_timeout=3")
+    assert journal_label(url) == "postgresql://db.example:6543/app"
+    assert journal_label("postgresql://u@/db?host=/run/pg&port=5433") == "postgresql://%2Frun%2Fpg:5433/db"
+
+
+async def test_a_password_in_the_url_is_never_shown(
+    postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compaction through a runtime whose store URL carries secrets: the summary (sent to the
+    model, journaled, checkpointed), the report, events and logs, the spans, reprs and errors
+    name the store without them."""
+    caplog.set_level(logging.DEBUG)
+    url = with_secrets(postgres_url)
+    exporter = InMemorySpanExporter()
+    tracer = TracerProvider()
+    tracer.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = cmdc.otel.Tracing(tracer_provider=tracer, include_content=True)
+    async with open_runtime(store=url, tracing=tracing, log_events=True) as rt:
+        agent = await rt.spawn(
+            "a1",
+            ScriptedProvider(["one" + PADDING, "two" + PADDING, "three"]),
+            config={"compact_keep": ("messages", 2), "compact_trigger": ("tokens", 100_000)},
+            summarizer=ExtractiveSummarizer(),
+        )
+        await agent.prompt("first")
+        await agent.prompt("second")
+        done = await agent.compact()
+        assert isinstance(done, cmdc.Compacted)
+        state = await agent.state()
+        store = rt.store
+        assert isinstance(store, PostgresStore)
+        shown = [repr(store), repr(store.checkpoints), store.location("a1"), repr(rt)]
+    summary = next(m for m in done.state.messages if m.is_summary)
+    assert done.report.offload_path == f"{journal_label(postgres_url)}#journal/a1"
+    assert done.report.offload_path in summary.text
+    assert not leaks(summary.text) and not leaks(summary.metadata) and not leaks(done.report)
+    assert not leaks(state.to_json().decode())
+    with psycopg.connect(postgres_url) as conn:  # what was checkpointed and journaled
+        rows = conn.execute("SELECT convert_from(state, 'UTF8') FROM cmdc_checkpoints").fetchall()
+        rows += conn.execute("SELECT convert_from(message, 'UTF8') FROM cmdc_records").fetchall()
+    assert rows and not leaks(rows)
+    spans = exporter.get_finished_spans()
+    (compact,) = [s for s in spans if s.name == "compact a1"]
+    assert dict(compact.attributes or {})["cmdc.compaction.journal.path"] == done.report.offload_path
+    assert not leaks([(s.attributes, [e.attributes for e in s.events], s.status.description) for s in spans])
+    assert "compaction_end" in caplog.text and not leaks(caplog.text)
+    assert not leaks(shown)
+
+
+async def test_an_unreachable_store_with_a_password_says_so_without_it(tmp_path: Path) -> None:
+    url = with_secrets(f"postgresql://nobody@/db?host={tmp_path}")
+    store = PostgresStore(url, retries=0, timeout=5)
+    assert not leaks(repr(store))
+    with pytest.raises(StoreUnavailable) as caught:
+        await store.start()
+    assert "cannot open" in str(caught.value) and not leaks(caught.value)
+    with pytest.raises(cmdc.ConfigError) as bad:  # a mistyped scheme: refused without the secret
+        cmdc.store.open_store(url.replace("postgresql://", "postgre://"))
+    assert not leaks(bad.value)
+
+
+def test_cli_output_carries_no_password(postgres_url: str, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "chat.jsonl", conversation())
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    url = with_secrets(postgres_url)
+    for argv in (
+        ["compact", str(path), "--offload-dir", url, "--keep", "4"],
+        ["history", url, "chat"],
+        ["history", url, "chat", "--verify"],
+        ["history", with_secrets(f"postgresql://nobody@/db?host={tmp_path}"), "chat"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "cmdc", *argv], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert done.stdout or done.stderr
+        assert not leaks(done.stdout + done.stderr), argv
+    assert (
+        "#journal/chat"
+        in subprocess.run(
+            [sys.executable, "-m", "cmdc", "history", url, "chat", "--verify"], capture_output=True, text=True, env=env
+        ).stdout
+    )
