@@ -27,7 +27,11 @@ Privacy by default: no prompt, completion, tool argument or result text is recor
 summary, each text clipped to `max_content_chars`).
 
 A span that ends by an exception has an error status and `error.type` (its class name, or
-`cancelled` when its task was cancelled: an aborted turn, a caller that gave up). A tool result
+`cancelled` when its task was cancelled: an aborted turn, a caller that gave up). Without
+`include_content` its status description and `exception` event carry the error's type and
+cmdc's own words for it only (`error_brief`), never its text, which may quote the conversation
+(a summarizer's error, a provider's 400 echoing the prompt); the event's stack trace lists
+the frames only. A tool result
 the tool marked as an error sets `error.type` `tool_error`.
 
 Tracing is off unless asked for: `open_runtime()` without `tracing=` does no tracing work, and
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -58,7 +63,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from ._check import flag, integer
 from ._version import __version__
-from .errors import ConfigError, ContextOverflow
+from .errors import CmdcError, ConfigError, ContextOverflow
 from .events import (
     COMPACTION_FAILED,
     COMPACTION_FALLBACK,
@@ -308,9 +313,23 @@ class _Record:
             span.set_status(Status(StatusCode.ERROR, "cancelled"))
             return
         span.set_attribute("error.type", type(exc).__qualname__)
-        if isinstance(exc, Exception):
-            span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+        if self.content:  # the error's own text, which may quote the conversation
+            if isinstance(exc, Exception):
+                span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+            return
+        brief = error_brief(exc)
+        if isinstance(exc, Exception):  # as record_exception, without the message: frames only
+            span.add_event(
+                "exception",
+                {
+                    "exception.type": type(exc).__name__,
+                    "exception.message": brief,
+                    "exception.stacktrace": "".join(traceback.format_tb(exc.__traceback__))[-8_000:],
+                    "exception.escaped": "False",
+                },
+            )
+        span.set_status(Status(StatusCode.ERROR, brief))
 
     def finish(self) -> None:
         return None
@@ -457,6 +476,25 @@ class _Compaction(_Record):
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+def error_brief(exc: BaseException) -> str:
+    """What a span says of an error without content capture: its type and cmdc's own words
+    for it (the first sentence of a cmdc error class's description, an HTTP status, a context
+    overflow's figures), never the error's text, which may quote a prompt (a summarizer's
+    error, a provider's 400 echoing the request)."""
+    name = type(exc).__name__
+    if not isinstance(exc, CmdcError):
+        return name
+    doc = " ".join((type(exc).__doc__ or "").split("\n\n")[0].split())
+    sentence = doc.split(". ")[0].rstrip(".")
+    parts = [f"{name}: {sentence}" if sentence else name]
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and not isinstance(status, bool):
+        parts.append(f"HTTP {status}")
+    if isinstance(exc, ContextOverflow):
+        parts += [f"{k} {v}" for k, v in (("prompt_tokens", exc.prompt_tokens), ("limit", exc.limit)) if v is not None]
+    return "; ".join(parts)[:500]
 
 
 def _cancelled(exc: BaseException) -> bool:
