@@ -205,6 +205,12 @@ class StoreUnavailable(OffloadError, CheckpointError):
     half-written: the operation happened whole or not at all, and repeating it is safe."""
 
 
+class StoreRefused(OffloadError, CheckpointError):
+    """A store's database refused an operation for a reason a retry would not change (a limit
+    such as PostgreSQL's, a value it rejects). Not retried; the operation's transaction was
+    rolled back, so nothing of it was written. The message names the server's error class."""
+
+
 class ChatFileError(CmdcError):
     """A conversation file that cannot be used: `where` is `path:line` or `path: [index]`."""
 

@@ -68,6 +68,7 @@ from .errors import (
     JournalLost,
     LeaseLost,
     NameLeased,
+    StoreRefused,
     StoreUnavailable,
 )
 from .events import logger
@@ -202,9 +203,44 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 LINKS_MAX = 10_000
 """Recorded losses of one agent's journal a check follows at most (a chain that long, or a cycle
 a hostile row could make, ends the walk: the state's journal is then taken as lost)."""
-_VECTOR = "(to_tsvector('simple', {r}.body) || array_to_tsvector(ARRAY['cmdc agent=' || {r}.agent_id]))"
-"""A record's search vector: its words, and the agent as a lexeme no text can produce (it holds
-a space), so the GIN index can find one agent's matches without reading other agents' rows."""
+SEARCH_PREFIX_CHARS = 65_536
+"""Characters of a record's searchable text that go into its search vector. PostgreSQL refuses a
+vector over 1 MB; a vector costs at most about 6.5 bytes per character of text (a lexeme of one
+4-byte character, its entry, position and separator), so this prefix always fits, whatever the
+text. A record's words past it are not found by a search (its whole text is still journaled)."""
+SEARCH_SCAN_CHARS = 1_000_000
+"""Characters of a record's text scanned for base64 runs (`BASE64_RUN`) before the prefix is taken."""
+BASE64_RUN = 256
+"""A run of at least this many base64 characters (a pasted image's data URL, a blob) is left out
+of the search vector: it holds no word anyone searches, only thousands of random tokens."""
+_SEARCHED = (
+    "left(regexp_replace(left({r}.body, " + str(SEARCH_SCAN_CHARS) + "), "
+    "'[A-Za-z0-9+/=_-]{{" + str(BASE64_RUN - 1) + "}}[A-Za-z0-9+/=_-]+', ' ', 'g'), "  # a count is at most 255
+    + str(SEARCH_PREFIX_CHARS)
+    + ")"
+)
+_VECTOR = (
+    "(to_tsvector('simple', " + _SEARCHED + ") || array_to_tsvector(ARRAY['cmdc agent=' || {r}.agent_id]))"
+)
+"""A record's search vector: the words of its bounded text (`_SEARCHED`), and the agent as a
+lexeme no text can produce (it holds a space), so the GIN index can find one agent's matches
+without reading other agents' rows."""
+_RETRIED_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+"""Server errors retried as a lost connection is: the server shutting down or starting, too
+many connections. Every other server error (a limit, a data error) is deterministic."""
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether `exc` means the connection (or the server) went away, so that the same operation
+    may well succeed on a new connection: a pool that found none, a client-side
+    `OperationalError` (no SQLSTATE), a connection-class (08) state or one of `_RETRIED_STATES`.
+    A deterministic error (`program_limit_exceeded`, a data error...) is not."""
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _RETRIED_STATES
 INDEX_BATCH = 5_000
 """Records the indexer puts in `cmdc_search` per transaction."""
 INDEX_LAG_MAX = 20_000
@@ -230,11 +266,40 @@ def redact(url: str) -> str:
 
 
 def _search_text(message: Message) -> str:
+    """The record's `body`: what its search vector is made of (`_searchable`)."""
     parts = [message.text]
     for call in message.tool_calls:
         parts += [call.name, orjson.dumps(call.to_dict()["arguments"]).decode()]
-    text = " ".join(parts) if len(parts) > 1 else parts[0]  # a huge text is not copied for nothing
+    text = _searchable(" ".join(parts) if len(parts) > 1 else parts[0])  # a huge text is not copied for nothing
     return text.replace("\x00", " ") if "\x00" in text else text
+
+
+_BASE64 = re.compile(f"[A-Za-z0-9+/=_-]{{{BASE64_RUN},}}")
+_BASE64_CHARS = re.compile(r"[A-Za-z0-9+/=_-]*")
+
+
+def _searchable(text: str) -> str:
+    """The first `SEARCH_PREFIX_CHARS` characters of `text` once its base64 runs (`BASE64_RUN`)
+    are each replaced by a space. The work is bounded by the prefix and the runs it skips: the
+    rest of a huge text is not read."""
+    if len(text) <= BASE64_RUN:
+        return text
+    out: list[str] = []
+    pos, left, n = 0, SEARCH_PREFIX_CHARS, len(text)
+    while left > 0 and pos < n:
+        end = min(n, pos + left)
+        run = _BASE64.search(text, pos, end)
+        if run is None:
+            out.append(text[pos:end])
+            left -= end - pos
+            pos = end
+            continue
+        out.append(text[pos : run.start()])
+        out.append(" ")
+        left -= run.start() - pos + 1
+        tail = _BASE64_CHARS.match(text, run.end())
+        pos = tail.end() if tail is not None else run.end()  # the run goes on past the window
+    return "".join(out)
 
 
 def _message_bytes(message: Message) -> tuple[bytes, int]:
@@ -464,7 +529,13 @@ class PostgresStore:
             try:
                 with self._pool.connection() as conn:
                     return fn(conn, *args)
-            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+                if not connection_lost(exc):  # the same operation would fail again: not retried
+                    raise StoreRefused(
+                        f"PostgreSQL store {redact(self.url)}: {type(exc).__name__}"
+                        f"{f' (SQLSTATE {exc.sqlstate})' if isinstance(exc, psycopg.Error) and exc.sqlstate else ''}: "
+                        f"{self._scrub(exc)}"[:2_000]
+                    ) from exc
                 if attempt == self.retries or time.monotonic() + delay > deadline:
                     raise StoreUnavailable(
                         f"PostgreSQL store {redact(self.url)}: {type(exc).__name__}: {self._scrub(exc)} "
@@ -497,7 +568,7 @@ class PostgresStore:
                 done += n
         try:
             await self._run(self._analyze_sync, write=True)
-        except (StoreUnavailable, psycopg.Error) as exc:  # the index is done; the statistics wait
+        except (StoreUnavailable, StoreRefused, psycopg.Error) as exc:  # the index is done; the statistics wait
             logger.warning("cmdc PostgreSQL store: ANALYZE: %s: %s", type(exc).__name__, self._scrub(exc))
         return done
 
@@ -1010,7 +1081,9 @@ class PostgresStore:
         "UNION ALL "
         "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(v.words, q) AS rank FROM cmdc_records r "
         "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
-        "to_tsquery('simple', %(q)s) q, LATERAL (SELECT " + _VECTOR.format(r="r") + " AS words) v "
+        "to_tsquery('simple', %(q)s) q, LATERAL (SELECT "
+        + _VECTOR.format(r="r").replace("{", "{{").replace("}", "}}")  # formatted again below
+        + " AS words) v "
         "WHERE r.agent_id = %(agent)s AND r.seq > %(indexed)s AND v.words @@ q {extra}LIMIT %(cap)s)"
         ") c ORDER BY c.rank DESC, c.seq LIMIT %(limit)s"
     )
@@ -1306,4 +1379,4 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
     return found
 
 
-__all__ = ["PostgresCheckpoints", "PostgresStore", "StoreUnavailable", "is_postgres_url", "migrate"]
+__all__ = ["PostgresCheckpoints", "PostgresStore", "StoreRefused", "StoreUnavailable", "is_postgres_url", "migrate"]

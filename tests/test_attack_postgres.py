@@ -3,26 +3,31 @@ runtimes on one name, the driver's own warnings, a lost indexer connection."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+import trio
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import cmdc
 import cmdc.otel
-from cmdc import open_runtime
+from cmdc import Message, open_runtime, postgres
 from cmdc._redact import journal_label, redact_url
 from cmdc.compaction import ExtractiveSummarizer
-from cmdc.errors import StoreUnavailable
-from cmdc.postgres import PostgresStore
+from cmdc.errors import StoreRefused, StoreUnavailable
+from cmdc.postgres import PostgresStore, connection_lost
 from cmdc.providers import ScriptedProvider
+from cmdc.recall import recall_tool
 from tests.test_cli import conversation, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,3 +143,96 @@ def test_cli_output_carries_no_password(postgres_url: str, tmp_path: Path) -> No
             [sys.executable, "-m", "cmdc", "history", url, "chat", "--verify"], capture_output=True, text=True, env=env
         ).stdout
     )
+
+
+# -- item 3: one oversized record ----------------------------------------------------------------
+
+
+def oversized() -> list[Message]:
+    """Over PostgreSQL's 1 MB limit for a search vector, each: 2 MB of distinct tokens, and a
+    1 MiB image pasted as a base64 data URL."""
+    words = " ".join(f"tok{i:07d}" for i in range(200_000))
+    image = base64.b64encode(random.Random(7).randbytes(1024 * 1024)).decode()
+    return [
+        Message.user("before the flood: apple"),
+        Message.user(f"{words} tailword"),
+        Message.user(f"look at this data:image/png;base64,{image} pasted by cherry"),
+        Message.user("after the flood: banana"),
+    ]
+
+
+async def test_an_oversized_record_does_not_poison_search(postgres_url: str, tmp_path: Path) -> None:
+    """Search, recall, `index()` and `cmdc history --search` keep working for the agent; the
+    oversized record is found by the words of its indexed prefix."""
+    async with PostgresStore(postgres_url, retries=3, timeout=60, background_index=False) as store:
+        await store.append("a1", oversized())
+        # the records past the index mark are searched directly: the same bounded vector
+        for word, seq in (("apple", 1), ("tok0000001", 2), ("cherry", 3), ("banana", 4)):
+            assert [r.seq for r in await store.search("a1", word)] == [seq], word
+        assert await store.index("a1") == 4
+        for word, seq in (("apple", 1), ("tok0000001", 2), ("cherry", 3), ("banana", 4)):
+            assert [r.seq for r in await store.search("a1", word)] == [seq], word
+        assert await store.search("a1", "tailword") == []  # past the indexed prefix
+        found = await recall_tool(store, "a1").run({"query": "banana"})
+        assert "after the flood" in found
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = await trio.run_process(
+        [sys.executable, "-m", "cmdc", "history", postgres_url, "a1", "--search", "banana"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0 and b"after the flood" in done.stdout, done.stderr
+
+
+async def test_the_background_indexer_gets_past_an_oversized_record(postgres_url: str) -> None:
+    async with PostgresStore(postgres_url, retries=3, timeout=60) as store:
+        await store.append("a1", oversized())
+        with trio.fail_after(60):
+            while True:
+                if store_row(postgres_url, "a1") == (4, 4):
+                    break
+                await trio.sleep(0.05)
+        assert [r.seq for r in await store.search("a1", "banana")] == [4]
+
+
+def store_row(url: str, agent: str) -> tuple[int, int] | None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT indexed_seq, seq FROM cmdc_journals WHERE agent_id = %s", (agent,)).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+async def test_a_record_journaled_whole_by_an_older_version_is_searched_by_its_prefix(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows written before the body was bounded hold the whole text: the vector's own bound
+    (the SQL side) keeps them searchable too."""
+    monkeypatch.setattr(postgres, "_searchable", lambda text: text)
+    async with PostgresStore(postgres_url, retries=3, timeout=60, background_index=False) as store:
+        await store.append("a1", oversized())
+        monkeypatch.undo()
+        assert [r.seq for r in await store.search("a1", "banana")] == [4]
+        assert await store.index("a1") == 4
+        assert [r.seq for r in await store.search("a1", "tok0000002")] == [2]
+
+
+async def test_deterministic_sql_errors_are_not_retried_as_a_lost_connection(postgres_url: str) -> None:
+    calls: list[str] = []
+
+    def limit(conn: Any) -> None:
+        calls.append("limit")
+        conn.execute("SELECT to_tsvector('simple', string_agg(md5(i::text), ' ')) FROM generate_series(1, 60000) i")
+
+    def lost(conn: Any) -> None:
+        calls.append("lost")
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    async with PostgresStore(postgres_url, retries=3, timeout=60, background_index=False) as store:
+        with pytest.raises(StoreRefused, match=r"ProgramLimitExceeded \(SQLSTATE 54000\): string is too long"):
+            await store._run(limit)
+        assert calls == ["limit"]  # once: the same statement fails the same way
+        with pytest.raises(StoreUnavailable, match="after 4 attempts"):
+            await store._run(lost)
+        assert calls == ["limit"] + ["lost"] * 4
+        assert connection_lost(psycopg.errors.AdminShutdown()) and not connection_lost(psycopg.errors.DivisionByZero())
