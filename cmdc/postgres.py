@@ -41,6 +41,7 @@ caller gets `StoreUnavailable`.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import threading
@@ -58,7 +59,7 @@ import trio
 from . import _bigjson
 from ._check import flag, integer, is_number, seconds
 from ._fs import run_bounded
-from ._redact import journal_label, redact_url, scrub
+from ._redact import REDACTED, journal_label, redact_url, scrub, secrets_of
 from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
 from .errors import (
     CheckpointCorrupted,
@@ -256,6 +257,44 @@ of the GIN index: hundreds of milliseconds a search at a million records, agains
 server's autovacuum analyzes them too, but only a minute or more later."""
 
 
+_SECRETS: set[str] = set()
+"""The secret values of every store URL this process made a store for (`cmdc._redact`): taken
+out of the driver's log records, which do not know which store they concern."""
+
+
+class _DriverLog(logging.Handler):
+    """psycopg's and psycopg_pool's log records ("error connecting in 'pool-1'", "discarding
+    closed connection"), passed on to the logger `cmdc.postgres.driver` without the URLs'
+    secrets. With no logging configured, Python prints a library's warnings to stderr; through
+    cmdc's logger (a `NullHandler`) nothing is printed unless the application asked for logs."""
+
+    target = logging.getLogger("cmdc.postgres.driver")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if not self.target.isEnabledFor(record.levelno):
+                return
+            text = record.getMessage()
+            for secret in sorted(_SECRETS, key=len, reverse=True):
+                text = text.replace(secret, REDACTED)
+            self.target.log(record.levelno, "%s: %s", record.name, text)
+        except Exception:  # logging never breaks the store
+            return
+
+
+def _quiet_driver() -> None:
+    """Route the driver's loggers through `_DriverLog`, unless the application gave the
+    `psycopg` logger handlers of its own (then its set-up is kept as it is)."""
+    driver = logging.getLogger("psycopg")
+    if driver.handlers:
+        return
+    driver.addHandler(_DriverLog())
+    driver.propagate = False
+
+
+_quiet_driver()
+
+
 def is_postgres_url(value: object) -> bool:
     return isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
 
@@ -400,6 +439,7 @@ class PostgresStore:
             raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {redact_url(str(url))!r:.80}")
         integer(pool_size, "pool_size")
         self.url = url
+        _SECRETS.update(secrets_of(url))
         self.retries = integer(retries, "retries", minimum=0)
         self.timeout = seconds(timeout, "timeout")
         self.checkpoints = PostgresCheckpoints(self)

@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from cmdc.errors import StoreRefused, StoreUnavailable
 from cmdc.postgres import PostgresStore, connection_lost
 from cmdc.providers import ScriptedProvider
 from cmdc.recall import recall_tool
+from tests.conftest import with_database
 from tests.test_cli import conversation, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,3 +238,53 @@ async def test_deterministic_sql_errors_are_not_retried_as_a_lost_connection(pos
             await store._run(lost)
         assert calls == ["limit"] + ["lost"] * 4
         assert connection_lost(psycopg.errors.AdminShutdown()) and not connection_lost(psycopg.errors.DivisionByZero())
+
+
+# -- also found: the driver's own warnings -------------------------------------------------------
+
+NOISY = """
+import logging, sys
+import psycopg, trio
+from cmdc import Message
+from cmdc.postgres import PostgresStore
+
+base, url, name = sys.argv[1], sys.argv[2], sys.argv[3]
+if sys.argv[4] == "logging":
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
+
+async def main() -> None:
+    store = PostgresStore(url, retries=1, timeout=3, pool_size=2)
+    await store.start()
+    await store.append("a", [Message.user("x")])
+    with psycopg.connect(base, autocommit=True) as c:  # every connection of the store ends
+        c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    try:
+        await store.records("a")
+    except Exception as exc:
+        print("raised", type(exc).__name__)
+    await trio.sleep(1.5)  # the pool tries to reconnect in the background meanwhile
+    await store.aclose()
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["no-logging", "logging"])
+def test_the_driver_prints_nothing_without_logging(postgres_url: str, tmp_path: Path, configured: bool) -> None:
+    """psycopg_pool warns through the stdlib `psycopg.pool` logger; without any logging set up
+    Python would print those warnings to stderr. They go to cmdc's logger instead: silent
+    unless the application configured logging, then under `cmdc.postgres.driver`."""
+    script = tmp_path / "noisy.py"
+    script.write_text(NOISY)
+    base = with_database(postgres_url, "postgres")
+    name = urllib.parse.urlsplit(postgres_url).path.strip("/")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, str(script), base, with_secrets(postgres_url), name, "logging" if configured else "-"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "raised StoreUnavailable", done.stderr
+    if not configured:
+        assert done.stderr == ""
+    else:
+        lines = done.stderr.splitlines()
+        assert any(ln.startswith("cmdc.postgres.driver psycopg.pool: ") for ln in lines), done.stderr
+        assert not any(ln.startswith("psycopg") for ln in lines) and not leaks(done.stderr)
