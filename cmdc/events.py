@@ -55,6 +55,8 @@ MCP_SERVER_FAILED = "mcp_server_failed"
 MCP_TOOLS_LIST_FAILED = "mcp_tools_list_failed"
 MCP_TOOLS_CHANGED = "mcp_tools_changed"
 MCP_TOOL_DROPPED = "mcp_tool_dropped"
+INDEX_RETRY = "index_retry"  # a store's search indexer lost its connection: it tries again after `delay` s
+INDEX_FAILED = "index_failed"  # a store's search indexer gave up on an agent for now (left for later)
 
 LEVELS: Mapping[str, int] = MappingProxyType(
     {
@@ -95,6 +97,8 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         MCP_SERVER_FAILED: logging.WARNING,
         MCP_TOOLS_LIST_FAILED: logging.WARNING,
         MCP_TOOL_DROPPED: logging.WARNING,
+        INDEX_RETRY: logging.WARNING,
+        INDEX_FAILED: logging.WARNING,
     }
 )
 """The log level of each kind (an unknown kind logs at INFO)."""
@@ -138,6 +142,8 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         MCP_TOOLS_LIST_FAILED: ("server", "error"),
         MCP_TOOLS_CHANGED: ("server", "tools"),
         MCP_TOOL_DROPPED: ("server", "tool", "reason"),
+        INDEX_RETRY: ("attempt", "delay", "error"),
+        INDEX_FAILED: ("attempts", "error"),
     }
 )
 """The data keys of each kind: an event of a known kind always carries exactly these (a key its

@@ -72,7 +72,7 @@ from .errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from .events import logger
+from .events import INDEX_FAILED, INDEX_RETRY, Event, EventSink, emit, log_event, logger
 from .message import Message
 from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
@@ -244,6 +244,13 @@ def connection_lost(exc: BaseException) -> bool:
     return state is None or state.startswith("08") or state in _RETRIED_STATES
 INDEX_BATCH = 5_000
 """Records the indexer puts in `cmdc_search` per transaction."""
+INDEX_RETRIES = 8
+"""Times the background indexer tries a batch again after losing its connection, before it
+leaves the agent for later."""
+INDEX_RETRY_DELAY = 0.1
+INDEX_RETRY_MAX_DELAY = 5.0
+"""The indexer's backoff: `INDEX_RETRY_DELAY` seconds, doubled at each retry, at most this
+(about 16 s over all 8 retries)."""
 INDEX_LAG_MAX = 20_000
 """Records a journal may hold past its indexed mark: a batch that leaves more (its writer outruns
 the indexer) is indexed in part by its writer, as many as it wrote or as the excess, whichever
@@ -422,9 +429,17 @@ class PostgresStore:
     `timeout`: seconds one operation may take, retries included (a stalled server gives
     `StoreUnavailable`, not a hang); `background_index`: fill the search index in a thread of
     this store after each journal batch commits (otherwise only `index()` fills it; a search
-    finds every committed record either way)."""
+    finds every committed record either way). The indexer retries a batch that lost its
+    connection (`INDEX_RETRIES` times, with backoff up to `INDEX_RETRY_MAX_DELAY` s), each
+    time with an `index_retry` event; past that, or on any other error, it leaves the agent for
+    later with an `index_failed` event. `on_event`: a sink for those events (called from the
+    indexer's thread: it must be thread-safe and quick); they are also logged (`log_event`).
+
+    A store shared by several runtimes is `shared` (its runtimes lease every agent name by
+    default: see `open_runtime`)."""
 
     clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
+    shared: ClassVar[bool] = True  # one database, many processes: runtimes lease names on it by default
 
     def __init__(
         self,
@@ -434,6 +449,7 @@ class PostgresStore:
         retries: int = 3,
         timeout: float = 60.0,
         background_index: bool = True,
+        on_event: EventSink | None = None,
     ) -> None:
         if not is_postgres_url(url):
             raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {redact_url(str(url))!r:.80}")
@@ -457,6 +473,10 @@ class PostgresStore:
         self._index_scan = False
         self._index_stop = False
         self._index_thread: threading.Thread | None = None
+        self._index_wake = threading.Event()  # set by aclose: a retrying indexer stops waiting
+        if on_event is not None and not callable(on_event):
+            raise ConfigError(f"on_event must be a callable taking an Event, got {on_event!r:.80}")
+        self.on_event = on_event
         # `ANALYZE` (see `ANALYZE_MIN`): records indexed since the last one, the search table's
         # rows then; both under `_index_lock`
         self._unanalyzed = 0
@@ -525,12 +545,14 @@ class PostgresStore:
         with self._index_lock:
             self._index_stop = True
             thread = self._index_thread
+        self._index_wake.set()
         if thread is not None:
             await trio.to_thread.run_sync(thread.join, self.timeout)
         await trio.to_thread.run_sync(self._pool.close)
         with self._index_lock:
             self._index_stop = False
             self._index_queue.clear()
+        self._index_wake.clear()
         self._opened = False
 
     async def __aenter__(self) -> PostgresStore:
@@ -690,8 +712,12 @@ class PostgresStore:
 
     def _indexer(self) -> None:
         """The indexer thread: one batch at a time, until nothing is queued or the store closes.
-        A failed batch is logged and left for later (the next batch of that agent, or the next
-        store that opens the database, indexes it); searches find its records meanwhile."""
+        A batch that lost its connection (`connection_lost`) is tried again after a backoff
+        (`INDEX_RETRIES` times at most, an `index_retry` event each); any other failure, or
+        the last retry's, leaves the agent for later (the next batch of that agent, or the
+        next store that opens the database, indexes it) with an `index_failed` event. Searches
+        find its records meanwhile."""
+        failures = 0  # in a row, for the agent at the queue's head
         while True:
             with self._index_lock:
                 scan = self._index_scan
@@ -715,13 +741,29 @@ class PostgresStore:
                         self._analyze_sync(conn)
                     except psycopg.Error as exc:  # the index is fine; the planner's statistics wait
                         logger.warning("cmdc PostgreSQL indexer: ANALYZE: %s: %s", type(exc).__name__, self._scrub(exc))
-            except Exception as exc:  # the thread must not die with work queued: drop this job
+            except Exception as exc:  # the thread must not die with work queued
+                failures += 1
+                if connection_lost(exc) and failures <= INDEX_RETRIES:
+                    delay = min(INDEX_RETRY_MAX_DELAY, INDEX_RETRY_DELAY * 2 ** (failures - 1))
+                    self._index_event(INDEX_RETRY, agent, attempt=failures, delay=delay, error=type(exc).__name__)
+                    with self._index_lock:
+                        self._index_scan = self._index_scan or scan  # the scan is tried again too
+                    self._index_wake.wait(delay)  # aclose cuts the wait short
+                    continue
                 logger.warning("cmdc PostgreSQL indexer: %s: %s (left for later)", type(exc).__name__, self._scrub(exc))
+                self._index_event(INDEX_FAILED, agent, attempts=failures, error=type(exc).__name__)
                 more = False
+            failures = 0
             if agent is not None and not more:
                 with self._index_lock:  # unless asked again meanwhile (a batch committed since)
                     if self._index_queue.get(agent) == asked:
                         del self._index_queue[agent]
+
+    def _index_event(self, kind: str, agent: str | None, **data: Any) -> None:
+        """An indexer event: to `on_event`, if given, and to the log (never raises)."""
+        event = Event(kind, agent, data)
+        emit(self.on_event, event)
+        log_event(event)
 
     # -- the journal --------------------------------------------------------------------------------
     async def append(

@@ -288,3 +288,66 @@ def test_the_driver_prints_nothing_without_logging(postgres_url: str, tmp_path: 
         lines = done.stderr.splitlines()
         assert any(ln.startswith("cmdc.postgres.driver psycopg.pool: ") for ln in lines), done.stderr
         assert not any(ln.startswith("psycopg") for ln in lines) and not leaks(done.stderr)
+
+
+# -- issue 26, item 10: the indexer retries on its own -------------------------------------------
+
+
+async def test_the_indexer_retries_after_losing_its_connection(postgres_url: str) -> None:
+    """The indexer's connection is killed while it waits for the agent's index lock: it tries
+    again on a new connection after a backoff, with an `index_retry` event, and the index
+    catches up without another commit or a call to `index()`."""
+    events: list[cmdc.Event] = []
+    async with PostgresStore(postgres_url, retries=3, timeout=30, on_event=events.append) as store:
+        await store.append("a1", [Message.user("warm up")])
+        with trio.fail_after(30):
+            while True:
+                if store_row(postgres_url, "a1") == (1, 1):
+                    break
+                await trio.sleep(0.02)
+        with psycopg.connect(postgres_url, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s, hashtext('a1'))", (postgres._INDEX_LOCK_CLASS,))
+            await store.append("a1", [Message.user(f"late {i}") for i in range(3)])
+            waiting = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            with trio.fail_after(30):  # the indexer waits for the lock the test holds
+                while True:
+                    pids = [int(p) for (p,) in holder.execute(waiting).fetchall()]
+                    if pids:
+                        break
+                    await trio.sleep(0.02)
+            for pid in pids:
+                holder.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            with trio.fail_after(30):
+                while True:
+                    if any(e.kind == "index_retry" for e in events):
+                        break
+                    await trio.sleep(0.02)
+            holder.execute("SELECT pg_advisory_unlock(%s, hashtext('a1'))", (postgres._INDEX_LOCK_CLASS,))
+        with trio.fail_after(30):  # no commit, no index() call: the indexer catches up alone
+            while True:
+                if store_row(postgres_url, "a1") == (4, 4):
+                    break
+                await trio.sleep(0.05)
+    retry = next(e for e in events if e.kind == "index_retry")
+    assert retry.agent_id == "a1" and retry.data["attempt"] == 1 and retry.data["error"] == "AdminShutdown"
+    assert not any(e.kind == "index_failed" for e in events)
+
+
+async def test_the_indexer_gives_up_after_its_bound(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(postgres, "INDEX_RETRIES", 2)
+    monkeypatch.setattr(postgres, "INDEX_RETRY_DELAY", 0.01)
+    events: list[cmdc.Event] = []
+    async with PostgresStore(postgres_url, retries=3, timeout=30, on_event=events.append) as store:
+
+        def lost(*_: Any) -> tuple[int, bool]:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(store, "_index_sync", lost)
+        await store.append("a1", [Message.user("x")])
+        with trio.fail_after(30):
+            while True:
+                if any(e.kind == "index_failed" for e in events):
+                    break
+                await trio.sleep(0.02)
+    assert [e.data["attempt"] for e in events if e.kind == "index_retry"] == [1, 2]
+    assert [e.data["attempts"] for e in events if e.kind == "index_failed"] == [3]
