@@ -858,6 +858,11 @@ def _naming_targets(delegate: Tool, targets: tuple[str, ...] | None) -> Tool:
     return attrs.evolve(delegate, parameters=parameters)
 
 
+DEFAULT_LEASE_TTL = 30.0
+"""Seconds a name lease lasts by default on a shared store (see `open_runtime`): renewed every
+10 s; a runtime that died without releasing it holds the name this long at most."""
+
+
 @asynccontextmanager
 async def open_runtime(
     *,
@@ -899,6 +904,12 @@ async def open_runtime(
     runtime whose lease was taken over cannot write for that agent any more (`LeaseLost`; the
     agent leaves memory). `lease_owner`: this runtime's name in the leases (default: host, pid
     and a random part).
+
+    With a store many processes share (a `postgresql://` store: its class says `shared`), name
+    leases are on by default, with a ttl of `DEFAULT_LEASE_TTL` (30) seconds: two runtimes on
+    one database never run one agent name at once (the second gets `NameLeased`), whether or
+    not the user knew to ask. A directory store is unchanged: its journals' flocks, and lease
+    flocks when `lease_ttl` is given.
     """
     deactivate_after = optional_seconds(deactivate_after, "deactivate_after")
     max_resident = optional_integer(max_resident, "max_resident")
@@ -921,6 +932,8 @@ async def open_runtime(
     bus = EventBus(log=log_events)
     chosen = None if store is None else open_store(store)
     checkpoints: Checkpoints | None = None if checkpoint_dir is None else FileCheckpoints(checkpoint_dir)
+    if lease_ttl is None and getattr(type(chosen), "shared", False) is True and isinstance(chosen, Leases):
+        lease_ttl = DEFAULT_LEASE_TTL  # a database many processes share: one activation per name, by default
     if lease_ttl is not None and not isinstance(chosen, Leases):
         raise ConfigError(f"name leases (lease_ttl) need a store with leases; {chosen!r:.80} has none")
     if lease_ttl is not None and lease_owner is None:

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import cmdc
 import cmdc.otel
+import cmdc.runtime
 from cmdc import Message, open_runtime, postgres
 from cmdc._redact import journal_label, redact_url
 from cmdc.compaction import ExtractiveSummarizer
@@ -351,3 +352,42 @@ async def test_the_indexer_gives_up_after_its_bound(postgres_url: str, monkeypat
                 await trio.sleep(0.02)
     assert [e.data["attempt"] for e in events if e.kind == "index_retry"] == [1, 2]
     assert [e.data["attempts"] for e in events if e.kind == "index_failed"] == [3]
+
+
+# -- item 6: two runtimes, one database, one name, defaults ----------------------------------------
+
+
+def echo(request: Any) -> str:
+    return f"ack {sum(1 for m in request.messages if m.role == 'user')}"
+
+
+async def test_two_runtimes_on_one_database_never_run_one_name_at_once_by_default(postgres_url: str) -> None:
+    """No lease option given: the second runtime's activation of the name is refused with
+    `NameLeased` while the first holds it, and every acknowledged turn is in the store; once the
+    first runtime is gone, the second goes on from its last commit."""
+    acked: list[str] = []
+    async with (
+        open_runtime(store=postgres_url, log_events=False) as ra,
+        open_runtime(store=postgres_url, log_events=False) as rb,
+    ):
+        xa = await ra.spawn("x", ScriptedProvider([echo], cycle=True))
+        for i in range(5):
+            assert (await xa.prompt(f"a{i}")).text == f"ack {i + 1}"
+            acked.append(f"a{i}")
+        with pytest.raises(cmdc.NameLeased):
+            await rb.spawn("x", ScriptedProvider([echo], cycle=True), resume=True)
+        assert rb.whereis("x") is None
+        for i in range(5, 10):  # the first runtime goes on undisturbed
+            assert (await xa.prompt(f"a{i}")).text == f"ack {i + 1}"
+            acked.append(f"a{i}")
+        assert ra.lease_ttl == rb.lease_ttl == 30.0
+    async with open_runtime(store=postgres_url, log_events=False) as rc:
+        xc = await rc.spawn("x", ScriptedProvider([echo], cycle=True), resume=True)
+        assert (await xc.prompt("c0")).text == "ack 11"
+        users = [m.text for m in (await xc.state()).messages if m.role == "user"]
+    assert users == [*acked, "c0"]
+
+
+async def test_a_directory_store_keeps_its_default(tmp_path: Path) -> None:
+    async with open_runtime(store=str(tmp_path / "s"), log_events=False) as rt:
+        assert rt.lease_ttl is None
