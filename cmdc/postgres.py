@@ -11,7 +11,8 @@
   visible to readers only once the attempt is committed (at once by default). A message that is
   already journaled for the agent (same id, same content) keeps its record: a retried batch
   neither duplicates nor renumbers anything, and a retry after a lost connection is safe.
-- **Search.** `body` (the text a person would search: content, tool names and arguments) feeds
+- **Search.** `body` (the text a person would search: content, tool names and arguments, its
+  first `SEARCH_PREFIX_CHARS` characters without base64 runs, so a vector always fits) feeds
   a `tsvector` per record in `cmdc_search`, with a GIN index, queried with the `simple`
   configuration (no stemming: the words match as the file store matches them). The vectors are
   written after the journal batch commits, by the store's indexer thread (see
@@ -34,9 +35,15 @@
 The driver is psycopg 3 with its connection pool. psycopg's async API runs on asyncio, so each
 operation runs in a worker thread (`trio.to_thread.run_sync`), one pooled connection per
 operation; a caller cancelled mid-operation waits for it (bounded by `timeout`), so a write is
-never half-known. A lost connection (`psycopg.OperationalError`) is retried `retries` times with
-backoff; every operation is idempotent, so a retry loses and duplicates nothing. Past that, the
-caller gets `StoreUnavailable`.
+never half-known. A lost connection (`connection_lost`: no connection from the pool, a client-side
+`OperationalError`, a connection-class SQLSTATE, the server shutting down) or a transaction the
+server rolled back (a deadlock, a serialization failure) is retried `retries` times with backoff;
+every operation is idempotent, so a retry loses and duplicates nothing. Past that, the caller
+gets `StoreUnavailable`. Any other server error (a limit, a rejected value) would
+only fail again: it is not retried, and the caller gets `StoreRefused`.
+
+What the store shows of its URL (reprs, errors, logs, `location`) never holds its secrets: see
+`cmdc._redact`. psycopg's own log records go to cmdc's logger (`_DriverLog`).
 """
 
 from __future__ import annotations
@@ -242,6 +249,13 @@ def connection_lost(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith("08") or state in _RETRIED_STATES
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether the same operation may well succeed if tried again: a lost connection
+    (`connection_lost`), or a transaction the server rolled back for its own reasons (a
+    serialization failure, a deadlock: SQLSTATE class 40). Every operation is idempotent."""
+    return connection_lost(exc) or (isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith("40"))
 INDEX_BATCH = 5_000
 """Records the indexer puts in `cmdc_search` per transaction."""
 INDEX_RETRIES = 8
@@ -592,7 +606,7 @@ class PostgresStore:
                 with self._pool.connection() as conn:
                     return fn(conn, *args)
             except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
-                if not connection_lost(exc):  # the same operation would fail again: not retried
+                if not retryable(exc):  # the same operation would fail again: not retried
                     raise StoreRefused(
                         f"PostgreSQL store {redact(self.url)}: {type(exc).__name__}"
                         f"{f' (SQLSTATE {exc.sqlstate})' if isinstance(exc, psycopg.Error) and exc.sqlstate else ''}: "
@@ -743,7 +757,7 @@ class PostgresStore:
                         logger.warning("cmdc PostgreSQL indexer: ANALYZE: %s: %s", type(exc).__name__, self._scrub(exc))
             except Exception as exc:  # the thread must not die with work queued
                 failures += 1
-                if connection_lost(exc) and failures <= INDEX_RETRIES:
+                if retryable(exc) and failures <= INDEX_RETRIES:
                     delay = min(INDEX_RETRY_MAX_DELAY, INDEX_RETRY_DELAY * 2 ** (failures - 1))
                     self._index_event(INDEX_RETRY, agent, attempt=failures, delay=delay, error=type(exc).__name__)
                     with self._index_lock:

@@ -27,7 +27,7 @@ from cmdc import Message, open_runtime, postgres
 from cmdc._redact import journal_label, redact_url
 from cmdc.compaction import ExtractiveSummarizer
 from cmdc.errors import StoreRefused, StoreUnavailable
-from cmdc.postgres import PostgresStore, connection_lost
+from cmdc.postgres import PostgresStore, connection_lost, retryable
 from cmdc.providers import ScriptedProvider
 from cmdc.recall import recall_tool
 from tests.conftest import with_database
@@ -239,6 +239,7 @@ async def test_deterministic_sql_errors_are_not_retried_as_a_lost_connection(pos
             await store._run(lost)
         assert calls == ["limit"] + ["lost"] * 4
         assert connection_lost(psycopg.errors.AdminShutdown()) and not connection_lost(psycopg.errors.DivisionByZero())
+        assert retryable(psycopg.errors.DeadlockDetected()) and not retryable(psycopg.errors.ProgramLimitExceeded())
 
 
 # -- also found: the driver's own warnings -------------------------------------------------------
