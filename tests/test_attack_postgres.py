@@ -146,6 +146,9 @@ def test_cli_output_carries_no_password(postgres_url: str, tmp_path: Path) -> No
             [sys.executable, "-m", "cmdc", "history", url, "chat", "--verify"], capture_output=True, text=True, env=env
         ).stdout
     )
+    written = [p for p in tmp_path.iterdir() if p.is_file() and p != path]  # the compacted chat file
+    assert written and all(not leaks(p.read_text()) for p in written)
+    assert any(f"{journal_label(postgres_url)}#journal/chat" in p.read_text() for p in written)
 
 
 # -- item 3: one oversized record ----------------------------------------------------------------
