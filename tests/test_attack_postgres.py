@@ -395,3 +395,25 @@ async def test_two_runtimes_on_one_database_never_run_one_name_at_once_by_defaul
 async def test_a_directory_store_keeps_its_default(tmp_path: Path) -> None:
     async with open_runtime(store=str(tmp_path / "s"), log_events=False) as rt:
         assert rt.lease_ttl is None
+
+
+def test_an_unreachable_server_prints_nothing(tmp_path: Path) -> None:
+    """No server behind the URL from the start, no logging configured: the typed error is the
+    only outcome, nothing on stderr (neither the driver's nor the pool's warnings)."""
+    code = (
+        "import sys, trio\n"
+        "from cmdc.postgres import PostgresStore\n"
+        "async def main():\n"
+        "    store = PostgresStore(sys.argv[1], retries=1, timeout=3)\n"
+        "    for op in (store.start, lambda: store.records('a')):\n"
+        "        try:\n"
+        "            await op()\n"
+        "        except Exception as exc:\n"
+        "            print(type(exc).__name__)\n"
+        "    await store.aclose()\n"
+        "trio.run(main)\n"
+    )
+    url = with_secrets(f"postgresql://nobody@/db?host={tmp_path}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.split() == ["StoreUnavailable", "StoreUnavailable"] and done.stderr == "", done.stderr
