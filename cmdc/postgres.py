@@ -278,9 +278,19 @@ of the GIN index: hundreds of milliseconds a search at a million records, agains
 server's autovacuum analyzes them too, but only a minute or more later."""
 
 
-_SECRETS: set[str] = set()
-"""The secret values of every store URL this process made a store for (`cmdc._redact`): taken
-out of the driver's log records, which do not know which store they concern."""
+_SECRETS: tuple[str, ...] = ()
+"""The secret values of every store URL this process made a store for (`cmdc._redact`), longest
+first: taken out of the driver's log records, which do not know which store they concern.
+Replaced whole (under `_SECRETS_LOCK`), so the driver's threads read it without a lock."""
+_SECRETS_LOCK = threading.Lock()
+
+
+def _remember_secrets(url: str) -> None:
+    global _SECRETS
+    found = secrets_of(url)
+    if found and not set(found) <= set(_SECRETS):
+        with _SECRETS_LOCK:
+            _SECRETS = tuple(sorted(set(_SECRETS) | set(found), key=len, reverse=True))
 
 
 class _DriverLog(logging.Handler):
@@ -296,7 +306,7 @@ class _DriverLog(logging.Handler):
             if not self.target.isEnabledFor(record.levelno):
                 return
             text = record.getMessage()
-            for secret in sorted(_SECRETS, key=len, reverse=True):
+            for secret in _SECRETS:
                 text = text.replace(secret, REDACTED)
             self.target.log(record.levelno, "%s: %s", record.name, text)
         except Exception:  # logging never breaks the store
@@ -469,7 +479,7 @@ class PostgresStore:
             raise ConfigError(f"a PostgreSQL store needs a postgresql:// URL, got {redact_url(str(url))!r:.80}")
         integer(pool_size, "pool_size")
         self.url = url
-        _SECRETS.update(secrets_of(url))
+        _remember_secrets(url)
         self.retries = integer(retries, "retries", minimum=0)
         self.timeout = seconds(timeout, "timeout")
         self.checkpoints = PostgresCheckpoints(self)
