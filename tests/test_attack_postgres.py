@@ -417,3 +417,24 @@ def test_an_unreachable_server_prints_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.split() == ["StoreUnavailable", "StoreUnavailable"] and done.stderr == "", done.stderr
+
+
+def test_the_indexed_prefix_always_fits_a_search_vector(postgres_url: str) -> None:
+    """The worst texts for a vector's size per character (distinct one-character words of 4-byte
+    characters, hyphenated compounds, short distinct tokens...), far past the prefix: the
+    vector of what is indexed stays well under PostgreSQL's 1 MB."""
+    n = postgres.SEARCH_PREFIX_CHARS * 3
+    alnum = "abcdefghijklmnopqrstuvwxyz0123456789"
+    texts = {
+        "4-byte words": " ".join(chr(0x20000 + i) for i in range(n)),
+        "3-byte words": " ".join(chr(0x4E00 + i % 20_000) for i in range(n)),
+        "compounds": "-".join(chr(0x4E00 + i % 20_000) for i in range(n)),
+        "2-letter words": " ".join(a + b for a in alnum for b in alnum) * 60,
+        "hosts and paths": " ".join(f"h{i}.io/p{i}" for i in range(n)),
+    }
+    with psycopg.connect(postgres_url) as conn:
+        for name, text in texts.items():
+            body = postgres._searchable(text)
+            assert len(body) <= postgres.SEARCH_PREFIX_CHARS
+            row = conn.execute("SELECT pg_column_size(to_tsvector('simple', %s))", (body,)).fetchone()
+            assert row is not None and row[0] < 1_048_575 // 2, (name, row[0])
