@@ -71,6 +71,7 @@ from ._fs import (
     fsync_dir,
     joined,
     make_dirs,
+    refuse_linked,
     run_bounded,
     write_all,
     write_pieces,
@@ -825,8 +826,9 @@ def _move_aside(side: Path, source: Path, chunks: Sequence[tuple[int, bytes, str
         out += (note.encode(), data, b"\n")
         moved += len(data)
     new = not os.path.lexists(side)
-    fd = os.open(side, _WRITE_FLAGS, 0o600)
+    fd = os.open(side, _WRITE_FLAGS | os.O_NONBLOCK, 0o600)  # a planted FIFO: an error, not a hang
     try:
+        refuse_linked(fd, side)
         write_all(fd, b"".join(out))
         os.fsync(fd)
     finally:
@@ -1056,6 +1058,7 @@ class OffloadStore:
                 make_dirs(path.parent)
                 fd = os.open(path, _JOURNAL_FLAGS, 0o600)
             try:
+                refuse_linked(fd, path)
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 st = os.fstat(fd)
                 try:
@@ -1528,6 +1531,7 @@ class OffloadStore:
         except OSError as exc:
             raise _offload_error(path, exc, "open") from exc
         try:
+            refuse_linked(fd, path)
             fcntl.flock(fd, fcntl.LOCK_EX)
             with open(fd, "rb", closefd=False) as f:
                 data = f.read()
