@@ -12,10 +12,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cmdc.cli import main
 from cmdc.errors import OffloadCorrupted
 from cmdc.message import Message
 from cmdc.offload import ATTEMPTS_KEY, OffloadStore, _decode_line, _scan
@@ -242,3 +244,28 @@ def test_a_line_that_only_looks_joined_stays_damaged() -> None:
         raise AssertionError("a joined line decodes")
     assert visible(joined + b"\n") == {}
     assert _scan(joined + b"\n", Path("j")).damaged[0].reason != "two lines joined by a damaged newline"
+
+
+def test_cmdc_compact_journal_survives_a_flipped_commit_bit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The report's case, through the command: a `cmdc compact` journal, one bit flipped in its
+    commit line: `cmdc history` still lists every record, `--verify` names the damage, and
+    `--repair` gives back the journal as written."""
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(
+        "".join(f'{{"role":"{r}","content":"turn {i} {r}"}}\n' for i in range(12) for r in ("user", "assistant"))
+    )
+    journals = tmp_path / "journals"
+    assert main(["compact", str(chat), "--offload-dir", str(journals), "--keep", "4"]) == 0
+    path = journals / "chat.jsonl"
+    data = path.read_bytes()
+    before = visible(data)
+    assert len(before) > 10
+    commit = data.index(b'{"commit":')
+    path.write_bytes(flipped(data, (commit + 20) * 8 + 2))
+    assert visible(path.read_bytes()) == before
+    capsys.readouterr()
+    assert main(["history", str(journals), "chat"]) == 0
+    assert f"{len(before)} records from 1 compaction(s)" in capsys.readouterr().out
+    assert main(["history", str(journals), "chat", "--verify"]) == 1  # damaged: said so
+    assert main(["history", str(journals), "chat", "--repair"]) == 0
+    assert path.read_bytes() == data
