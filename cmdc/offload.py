@@ -592,8 +592,7 @@ def _fused(
     changed the newline between them: both lines, decoded, as (start, line, counts); else [].
     Only a damaged line is looked at, and both halves must pass their checksums (a line's
     valid JSON never holds `"}`, a control byte or `*`/`J`, then `{"`)."""
-    for m in _FUSED.finditer(data, start, end):
-        cut = m.start() + 2
+    for cut in _fused_cuts(data, start, end):
         try:
             first = _decode_at(data, start, cut, where, max_chars, words)
             second = _decode_at(data, cut + 1, end, where, max_chars, words)
@@ -634,6 +633,27 @@ def _twin(data: bytes, start: int, end: int, size: int) -> bytes:
             continue
         return other
     return b""
+
+
+def _in_order(parts: Sequence[tuple[int, _Line, Any]], last_seq: int) -> bool:
+    """Whether `parts` (from `_fused`) are lines, their records numbered on past `last_seq`."""
+    for _, decoded, _ in parts:
+        if decoded.kind == "message" and decoded.seq <= last_seq:
+            return False
+        last_seq = max(last_seq, decoded.seq)
+    return bool(parts)
+
+
+def _fused_cuts(data: bytes, start: int, end: int) -> Iterator[int]:
+    """Where, in `data[start:end]`, a damaged newline may join two lines: the offsets of the
+    changed byte, searched `_bigjson.PIECE` bytes per call (a huge line is many short calls)."""
+    pos = start
+    while pos < end:
+        stop = min(end, pos + _bigjson.PIECE)
+        for m in _FUSED.finditer(data, pos, min(end, stop + 4)):  # a match may run past the piece
+            if m.start() < stop:
+                yield m.start() + 2
+        pos = stop
 
 
 def _fused_lines(line: bytes, where: str) -> list[_Line]:
@@ -770,29 +790,28 @@ def _scan(
     end = data.rfind(b"\n") + 1
     fused: dict[int, int] = {}
     for number, (offset, nl) in enumerate(_lines(data, end) if spans is None else spans, 1):
-        where = f"{path}: line {number}"
         try:
-            try:
-                parts = [(offset, *_decode_at(data, offset, nl, where, max_chars, words))]
-            except OffloadCorrupted:
-                parts = _fused(data, offset, nl, where, max_chars, words)
-                if not parts:
-                    raise
-            high = last_seq
-            for _, decoded, _ in parts:
-                if decoded.kind == "message" and decoded.seq <= high:
-                    raise OffloadCorrupted(f"seq {decoded.seq} does not follow {high}")
-                high = max(high, decoded.seq)
+            decoded, counts = _decode_at(data, offset, nl, f"{path}: line {number}", max_chars, words)
+            if decoded.kind == "message" and decoded.seq <= last_seq:
+                raise OffloadCorrupted(f"seq {decoded.seq} does not follow {last_seq}")
         except OffloadCorrupted as exc:
-            damaged.append(Damage(number, offset, nl + 1 - offset, str(exc).rsplit(": ", 1)[-1]))
-            continue
-        if len(parts) > 1:  # both lines are read; a repair puts the newline back
+            parts = _fused(data, offset, nl, f"{path}: line {number}", max_chars, words)
+            if not _in_order(parts, last_seq):
+                damaged.append(Damage(number, offset, nl + 1 - offset, str(exc).rsplit(": ", 1)[-1]))
+                continue
+            # two whole lines joined by a damaged newline: both read; a repair puts it back
             fused[offset] = parts[1][0] - 1
             damaged.append(Damage(number, offset, nl + 1 - offset, "two lines joined by a damaged newline"))
-        for start, decoded, counts in parts:
+            for start, part, part_counts in parts:
+                last_seq = max(last_seq, part.seq)
+                journal = part.journal or journal
+                lines.append((start, part))
+                if part_counts is not None:
+                    counted[part.seq] = part_counts
+        else:
             last_seq = max(last_seq, decoded.seq)
             journal = decoded.journal or journal
-            lines.append((start, decoded))
+            lines.append((offset, decoded))
             if counts is not None:
                 counted[decoded.seq] = counts
     # Each attempt's compaction: the first commit line naming it (attempts committed together
@@ -1481,7 +1500,7 @@ class OffloadStore:
                     continue  # damaged: readers skip it too
                 if seq <= since:
                     break
-                if line.startswith(_ID_HEAD) and _FUSED.search(line) is None:  # (a fused line: decoded)
+                if line.startswith(_ID_HEAD) and next(_fused_cuts(line, 0, len(line)), -1) < 0:  # (else decoded)
                     end = line.find(b'"', len(_ID_HEAD))
                     if line[len(_ID_HEAD) : end].decode("utf-8", "replace") not in wanted:
                         continue

@@ -269,3 +269,21 @@ def test_cmdc_compact_journal_survives_a_flipped_commit_bit(tmp_path: Path, caps
     assert main(["history", str(journals), "chat", "--verify"]) == 1  # damaged: said so
     assert main(["history", str(journals), "chat", "--repair"]) == 0
     assert path.read_bytes() == data
+
+
+async def test_a_huge_line_joined_to_its_commit_is_read_whole(tmp_path: Path) -> None:
+    """A 3 MB record (read in pieces) whose newline is flipped: the record and its commit lines
+    both read, by readers (texts whole and cut) and by a search."""
+    store = OffloadStore(tmp_path)
+    big = msg("needle " + "x" * 3_000_000)
+    await store.append(AGENT, [msg("small"), big])
+    path = store.path_for(AGENT)
+    data = path.read_bytes()
+    nl = data.index(b"\n", data.index(b"needle"))
+    path.write_bytes(data[:nl] + b"\x0e" + data[nl + 1 :])
+    assert [m.text for m in await store.read(AGENT)] == ["small", big.text]
+    cut = await store.records(AGENT, max_chars=10)
+    assert cut[1].message.text == "needle xxx" and cut[1].clipped == len(big.text) - 10
+    assert [r.message.id for r in await store.search(AGENT, "needle")] == [big.id]
+    await store.repair(AGENT)
+    assert path.read_bytes() == data
