@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from cmdc.cli import main
 from cmdc.errors import OffloadCorrupted
 from cmdc.message import Message
-from cmdc.offload import ATTEMPTS_KEY, OffloadStore, _decode_line, _scan
+from cmdc.offload import ATTEMPTS_KEY, JournalRef, OffloadStore, _decode_line, _scan
 
 AGENT = "a1"
 
@@ -287,3 +287,30 @@ async def test_a_huge_line_joined_to_its_commit_is_read_whole(tmp_path: Path) ->
     assert [r.message.id for r in await store.search(AGENT, "needle")] == [big.id]
     await store.repair(AGENT)
     assert path.read_bytes() == data
+
+
+@pytest.mark.parametrize("recent", [None, 1])
+async def test_a_writer_learns_records_of_a_joined_line_as_readers_see_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recent: int | None
+) -> None:
+    """A new writer whose caller's state is behind the journal reuses the records of a batch
+    it repeats, the two lines a damaged newline joined included, so the numbers it reports are
+    the ones readers show (learned from the end of the file, or, with `recent=1`, looked up
+    further back by the learn-back path)."""
+    from cmdc import offload
+
+    if recent is not None:
+        monkeypatch.setattr(offload, "_RECENT", recent)
+    store = OffloadStore(tmp_path)
+    batch = [msg("one"), msg("two")]
+    first = await store.append(AGENT, batch, compaction=1)
+    await store.append(AGENT, [msg("three")], compaction=2)
+    path = store.path_for(AGENT)
+    data = path.read_bytes()
+    nl = data.index(b"\n", data.index(b'"one"'))
+    path.write_bytes(data[:nl] + b"\x0b" + data[nl + 1 :])  # the lines of "one" and "two" joined
+    writer = OffloadStore(tmp_path)
+    again = await writer.append(AGENT, [*batch, msg("four")], compaction=1, expect=JournalRef(first.journal, 0))
+    assert again.seqs[:2] == first.seqs and again.written == 1
+    shown = {r.message.text: r.seq for r in await writer.records(AGENT)}
+    assert shown == {"one": 1, "two": 2, "three": 3, "four": 4}
