@@ -133,6 +133,21 @@ def atomic_write(path: Path, data: bytes | Sequence[bytes], mode: int = 0o600) -
     fsync_dir(path.parent)
 
 
+def refuse_linked(fd: int, path: Path) -> None:
+    """Raise `OSError` (naming `path`) unless the open `fd` is a regular file with one link.
+    Checked on the descriptor, not by a stat before the open (which a swap between the two
+    would defeat): a hard link planted at `path` by someone who may write the directory would
+    make a write through `fd` land in the linked file, outside the store."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path} is not a regular file: refusing to write to it")
+    if st.st_nlink > 1:
+        raise OSError(
+            f"{path} has {st.st_nlink} hard links (one planted there would make writes land in another "
+            "file): refusing to write to it; remove the link"
+        )
+
+
 def stricter_mode(path: Path, default: int = 0o600) -> int:
     """`default`, or the permission bits of the existing file `path` when they are stricter."""
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import trio
 
 from ._check import seconds
-from ._fs import fsync_dir, make_dirs, run_bounded, write_pieces
+from ._fs import fsync_dir, make_dirs, refuse_linked, run_bounded, write_pieces
 from .errors import CheckpointCorrupted, CheckpointError
 from .state import State, validate_agent_id
 
@@ -110,6 +110,7 @@ class CheckpointStore:
         doing = "write"
         try:
             try:
+                refuse_linked(fd, temp)  # linked in the moment since its creation: never written through
                 os.fchmod(fd, 0o600)
                 write_pieces(fd, data)
                 doing = "fsync"

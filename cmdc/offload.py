@@ -5,6 +5,7 @@
     {"journal":"j…","follows":null,"agent":"a1","seq":0,"ts":…,"crc":"…"}      identity / link
     {"message":{…},"compaction":3,"ts":…,"seq":17,"attempt":"k…","journal":"j…","crc":"…"}
     {"commit":["k…"],"journal":"j…","seq":17,"ts":…,"crc":"…"}                 commit marker
+    {"commit":["k…"],"journal":"j…","seq":17,"ts":…,"crc":"…"}                 (its copy)
 
 Every line starts with a fixed head (`{"message":`, `{"journal":`, `{"commit":`) and ends with
 the fixed suffix `,"crc":"xxxxxxxx"}`, the CRC-32 of every byte between them: a flipped byte
@@ -35,8 +36,15 @@ by one before a restart, and is not reported again.
 **Damage.** A damaged line (checksum, shape, broken JSON) is skipped by readers, counted and
 reported as an event; a torn or damaged tail is moved to `<agent_id>.jsonl.damaged` by the next
 writer before it appends; `repair` rewrites the journal keeping every valid line, moving the
-damaged bytes to the same side file. `<root>/<agent_id>.md` is a transcript for people, written
-on request by `write_transcript`.
+damaged bytes to the same side file. One flipped bit costs at most the record whose line it
+lands in: a commit is written as two identical lines (one damaged copy hides nothing; a repair
+writes it back from its twin; journals of one commit line each, written before, are read as
+ever), and a damaged line that is two whole lines joined by a damaged newline (both halves pass
+their checksums) is read as the two (a repair puts the newline back; so does a writer, for the
+file's last one). `<root>/<agent_id>.md` is a transcript for people, written on request by
+`write_transcript`. The journal, its side file (and the file store's lease files) are refused
+when they are not a regular file with one link: a hard link planted at the name would make a
+write land outside the store.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ from ._fs import (
     fsync_dir,
     joined,
     make_dirs,
+    refuse_linked,
     run_bounded,
     write_all,
     write_pieces,
@@ -466,7 +475,11 @@ def _link(journal: str, follows: str | None, agent: str, seq: int) -> bytes:
 
 
 def _commit_line(attempts: Sequence[str], journal: str, seq: int) -> bytes:
-    return _control({"commit": list(attempts), "journal": journal, "seq": seq, "ts": time.time()})
+    """A commit, as two identical lines: one damaged copy (a flipped bit, a bad sector's worth
+    of it) costs nothing, the other commits the attempts; a damaged newline between them is
+    recovered by `_fused`. Readers and writers treat a repeated commit as one."""
+    line = _control({"commit": list(attempts), "journal": journal, "seq": seq, "ts": time.time()})
+    return line + line
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -568,6 +581,86 @@ def _decode_at(
     return _Line("commit", seq, obj["journal"], attempts=tuple(attempts)), None
 
 
+_NEWLINE_FLIPS = bytes(0x0A ^ (1 << k) for k in range(8))  # a newline with one bit flipped
+_FUSED = re.compile(rb'"\}[' + re.escape(_NEWLINE_FLIPS) + rb']\{"')  # where such a newline joins two lines
+
+
+def _fused(
+    data: bytes, start: int, end: int, where: str, max_chars: int | None = None, words: Sequence[str] | None = None
+) -> list[tuple[int, _Line, Counter[str] | None]]:
+    """A damaged line `data[start:end]` that is two whole lines joined where a flipped bit
+    changed the newline between them: both lines, decoded, as (start, line, counts); else [].
+    Only a damaged line is looked at, and both halves must pass their checksums (a line's
+    valid JSON never holds `"}`, a control byte or `*`/`J`, then `{"`)."""
+    for cut in _fused_cuts(data, start, end):
+        try:
+            first = _decode_at(data, start, cut, where, max_chars, words)
+            second = _decode_at(data, cut + 1, end, where, max_chars, words)
+        except OffloadCorrupted:
+            continue
+        return [(start, *first), (cut + 1, *second)]
+    return []
+
+
+def _newline_flipped(tail: bytes) -> bool:
+    """Whether `tail` (the end of a file, past its last newline) is a whole line whose newline
+    a flipped bit changed (a torn write never ends so: after a line's end comes its newline)."""
+    if not tail or tail[-1] not in _NEWLINE_FLIPS:
+        return False
+    try:
+        _decode_at(tail, 0, len(tail) - 1, "tail")
+    except OffloadCorrupted:
+        return False
+    return True
+
+
+def _twin(data: bytes, start: int, end: int, size: int) -> bytes:
+    """For the damaged line `data[start:end]` (newline included) of a journal of `size`
+    bytes: the intact commit line beside it when the damaged one is its copy (as long, a few
+    bits apart: see `_commit_line`), to be written in its place so the commit has two copies
+    again; else b"" (the line is dropped)."""
+    line = data[start:end]
+    before = data.rfind(b"\n", 0, start - 1) + 1 if start else start
+    after = data.find(b"\n", end, size) + 1 if end < size else end
+    for other in (data[before:start], data[end:after]):
+        if len(other) != len(line) or not other.startswith(_HEADS[2]):
+            continue
+        if (int.from_bytes(other, "big") ^ int.from_bytes(line, "big")).bit_count() > 8:
+            continue
+        try:
+            _decode_line(other[:-1], "twin")
+        except OffloadCorrupted:
+            continue
+        return other
+    return b""
+
+
+def _in_order(parts: Sequence[tuple[int, _Line, Any]], last_seq: int) -> bool:
+    """Whether `parts` (from `_fused`) are lines, their records numbered on past `last_seq`."""
+    for _, decoded, _ in parts:
+        if decoded.kind == "message" and decoded.seq <= last_seq:
+            return False
+        last_seq = max(last_seq, decoded.seq)
+    return bool(parts)
+
+
+def _fused_cuts(data: bytes, start: int, end: int) -> Iterator[int]:
+    """Where, in `data[start:end]`, a damaged newline may join two lines: the offsets of the
+    changed byte, searched `_bigjson.PIECE` bytes per call (a huge line is many short calls)."""
+    pos = start
+    while pos < end:
+        stop = min(end, pos + _bigjson.PIECE)
+        for m in _FUSED.finditer(data, pos, min(end, stop + 4)):  # a match may run past the piece
+            if m.start() < stop:
+                yield m.start() + 2
+        pos = stop
+
+
+def _fused_lines(line: bytes, where: str) -> list[_Line]:
+    """`_fused` of a line on its own: the two lines, or []."""
+    return [decoded for _, decoded, _ in _fused(line, 0, len(line), where)]
+
+
 def _decode_record(line: bytes, where: str) -> JournalRecord:
     """A message line's record; any other line or any damage raises `OffloadCorrupted`."""
     decoded = _decode_line(line, where)
@@ -611,6 +704,7 @@ class _Scan:
     torn: int
     size: int
     counts: dict[int, Counter[str]] = attrs.field(factory=dict)  # seq -> words of a huge message
+    fused: dict[int, int] = attrs.field(factory=dict)  # a line that is two (`_fused`): its offset -> the cut
 
 
 _ATTEMPTS_BYTES = b'"cmdc.attempts"'
@@ -694,13 +788,26 @@ def _scan(
     counted: dict[int, Counter[str]] = {}
     last_seq, journal = 0, None
     end = data.rfind(b"\n") + 1
+    fused: dict[int, int] = {}
     for number, (offset, nl) in enumerate(_lines(data, end) if spans is None else spans, 1):
         try:
             decoded, counts = _decode_at(data, offset, nl, f"{path}: line {number}", max_chars, words)
             if decoded.kind == "message" and decoded.seq <= last_seq:
                 raise OffloadCorrupted(f"seq {decoded.seq} does not follow {last_seq}")
         except OffloadCorrupted as exc:
-            damaged.append(Damage(number, offset, nl + 1 - offset, str(exc).rsplit(": ", 1)[-1]))
+            parts = _fused(data, offset, nl, f"{path}: line {number}", max_chars, words)
+            if not _in_order(parts, last_seq):
+                damaged.append(Damage(number, offset, nl + 1 - offset, str(exc).rsplit(": ", 1)[-1]))
+                continue
+            # two whole lines joined by a damaged newline: both read; a repair puts it back
+            fused[offset] = parts[1][0] - 1
+            damaged.append(Damage(number, offset, nl + 1 - offset, "two lines joined by a damaged newline"))
+            for start, part, part_counts in parts:
+                last_seq = max(last_seq, part.seq)
+                journal = part.journal or journal
+                lines.append((start, part))
+                if part_counts is not None:
+                    counted[part.seq] = part_counts
         else:
             last_seq = max(last_seq, decoded.seq)
             journal = decoded.journal or journal
@@ -736,7 +843,16 @@ def _scan(
             records.append(r)
             batches.add(group[r.attempt] if r.attempt is not None else ("legacy", r.compaction))
     return _Scan(
-        records, journal, len(batches), uncommitted, duplicates, tuple(damaged), len(data) - end, len(data), counted
+        records,
+        journal,
+        len(batches),
+        uncommitted,
+        duplicates,
+        tuple(damaged),
+        len(data) - end,
+        len(data),
+        counted,
+        fused,
     )
 
 
@@ -825,8 +941,9 @@ def _move_aside(side: Path, source: Path, chunks: Sequence[tuple[int, bytes, str
         out += (note.encode(), data, b"\n")
         moved += len(data)
     new = not os.path.lexists(side)
-    fd = os.open(side, _WRITE_FLAGS, 0o600)
+    fd = os.open(side, _WRITE_FLAGS | os.O_NONBLOCK, 0o600)  # a planted FIFO: an error, not a hang
     try:
+        refuse_linked(fd, side)
         write_all(fd, b"".join(out))
         os.fsync(fd)
     finally:
@@ -1056,6 +1173,7 @@ class OffloadStore:
                 make_dirs(path.parent)
                 fd = os.open(path, _JOURNAL_FLAGS, 0o600)
             try:
+                refuse_linked(fd, path)
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 st = os.fstat(fd)
                 try:
@@ -1094,7 +1212,13 @@ class OffloadStore:
             try:
                 _decode_line(torn, "torn tail")
             except OffloadCorrupted:
-                chunks.append((cut, torn, "torn record (no newline)"))
+                if _newline_flipped(torn):  # a whole line whose newline a flipped bit changed
+                    os.ftruncate(fd, size - 1)  # (a crash here leaves the line without it: kept below)
+                    write_all(fd, b"\n")
+                    os.fsync(fd)
+                    cut = size
+                else:
+                    chunks.append((cut, torn, "torn record (no newline)"))
             else:  # complete but for its newline: keep it
                 write_all(fd, b"\n")
                 os.fsync(fd)
@@ -1106,39 +1230,49 @@ class OffloadStore:
         superseded: set[str] = set()
         commit_seen = False
         scanned = 0
+        stop = False
         for offset, line in _lines_back(fd, cut):
             scanned += len(line) + 1
+            where = f"{path}: byte {offset}"
             try:
-                decoded = _decode_line(line, f"{path}: byte {offset}")
+                parts = [_decode_line(line, where)]
             except OffloadCorrupted as exc:
-                if identity is None:  # damage at the end: moved aside below
-                    if scanned > _SCAN_LIMIT:
-                        raise OffloadCorrupted(
-                            f"{path}: the last {scanned} bytes are damaged; run `cmdc history "
-                            f"{path.parent} {agent_id} --repair`"
-                        ) from None
-                    chunks.append((offset, line, str(exc).rsplit(": ", 1)[-1]))
-                    cut = offset
-                continue
-            if identity is None:
-                identity, last = decoded, line + b"\n"
-            if decoded.kind == "journal":
-                assert decoded.journal is not None
-                journal.parents[decoded.journal] = decoded.follows
-                if decoded is not identity:  # the head of the journal the file ends with
+                parts = _fused_lines(line, where)[::-1]  # two lines: read back, the last first
+                if not parts:
+                    if identity is None:  # damage at the end: moved aside below
+                        if scanned > _SCAN_LIMIT:
+                            raise OffloadCorrupted(
+                                f"{path}: the last {scanned} bytes are damaged; run `cmdc history "
+                                f"{path.parent} {agent_id} --repair`"
+                            ) from None
+                        chunks.append((offset, line, str(exc).rsplit(": ", 1)[-1]))
+                        cut = offset
+                    continue
+            for decoded in parts:
+                if identity is None:
+                    identity, last = decoded, line + b"\n"
+                if decoded.kind == "journal":
+                    assert decoded.journal is not None
+                    journal.parents[decoded.journal] = decoded.follows
+                    if decoded is not identity:  # the head of the journal the file ends with
+                        stop = True
+                        break
+                if decoded.kind == "commit":
+                    committed.update(decoded.attempts)
+                    commit_seen = True
+                    continue
+                r = decoded.record
+                if r is not None:
+                    if r.attempt is None:
+                        stop = True  # written by an older cmdc: nothing to learn further back
+                        break
+                    _remember(known, committed, r, superseded)
+                # Back past the uncommitted attempts at the end (a retry repeats them) and the
+                # latest commits, within a constant budget: never the whole file.
+                if scanned > (_RECENT if commit_seen else _SCAN_LIMIT):
+                    stop = True
                     break
-            if decoded.kind == "commit":
-                committed.update(decoded.attempts)
-                commit_seen = True
-                continue
-            r = decoded.record
-            if r is not None:
-                if r.attempt is None:
-                    break  # written by an older cmdc: nothing to learn further back
-                _remember(known, committed, r, superseded)
-            # Back past the uncommitted attempts at the end (a retry repeats them) and the
-            # latest commits, within a constant budget: never the whole file.
-            if scanned > (_RECENT if commit_seen else _SCAN_LIMIT):
+            if stop:
                 break
         if chunks:
             chunks.reverse()
@@ -1315,7 +1449,7 @@ class OffloadStore:
             result = AppendResult(path, low, top, len(fresh), jid, attempt, () if commit else ordered, tuple(seqs))
             if numbered is not None:
                 numbered(result)
-            last = commit_line or last or head or journal.last  # the last line written
+            last = commit_line[len(commit_line) // 2 :] or last or head or journal.last  # the last line written
             doing = "fsync"
             try:
                 os.fsync(fd)
@@ -1350,6 +1484,13 @@ class OffloadStore:
         learned: dict[str, Known] = {}
         committed: set[str] = set()
         left = len(wanted)
+
+        def take(r: JournalRecord) -> None:
+            nonlocal left
+            if r.message.id in wanted and r.attempt is not None:
+                left -= r.message.id not in learned
+                _remember(learned, committed | journal.committed, r, journal.superseded)
+
         for offset, line in _lines_back(fd, journal.size):
             if line.startswith(_HEAD):
                 k = line.rfind(b',"seq":') + 7
@@ -1359,20 +1500,25 @@ class OffloadStore:
                     continue  # damaged: readers skip it too
                 if seq <= since:
                     break
-                if line.startswith(_ID_HEAD):
+                if line.startswith(_ID_HEAD) and next(_fused_cuts(line, 0, len(line)), -1) < 0:  # (else decoded)
                     end = line.find(b'"', len(_ID_HEAD))
                     if line[len(_ID_HEAD) : end].decode("utf-8", "replace") not in wanted:
                         continue
                 try:
-                    r = _decode_record(line, f"{path}: byte {offset}")
-                except OffloadCorrupted:
-                    continue
-                if r.message.id in wanted and r.attempt is not None:
-                    left -= r.message.id not in learned
-                    _remember(learned, committed | journal.committed, r, journal.superseded)
+                    take(_decode_record(line, f"{path}: byte {offset}"))
+                except OffloadCorrupted:  # damaged: readers skip it too, unless it is two lines
+                    for part in _fused_lines(line, f"{path}: byte {offset}")[::-1]:
+                        if part.record is not None and part.seq > since:
+                            take(part.record)
+                        committed.update(part.attempts)
             elif line.startswith(_HEADS[2]):
-                with contextlib.suppress(OffloadCorrupted):
+                try:
                     committed.update(_decode_line(line, f"{path}: byte {offset}").attempts)
+                except OffloadCorrupted:
+                    for part in _fused_lines(line, f"{path}: byte {offset}")[::-1]:
+                        if part.record is not None and part.seq > since:
+                            take(part.record)
+                        committed.update(part.attempts)
         journal.known.add_records(learned, only_new=True)
         journal.committed |= committed
 
@@ -1464,7 +1610,7 @@ class OffloadStore:
             except OSError as exc:
                 journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
                 raise
-            journal.size, journal.last = size + len(line), line
+            journal.size, journal.last = size + len(line), line[len(line) // 2 :]  # (its second copy)
             journal.committed.update(wanted)
             self._prune(journal, wanted)
             return True
@@ -1487,7 +1633,10 @@ class OffloadStore:
                 try:
                     high = _decode_line(line, f"{path}: byte {offset}").seq
                 except OffloadCorrupted:
-                    continue
+                    parts = _fused_lines(line, f"{path}: byte {offset}")
+                    if not parts:
+                        continue
+                    high = parts[-1].seq
                 break
             return max(high, journal.seq) + 1
         except OSError as exc:
@@ -1528,6 +1677,7 @@ class OffloadStore:
         except OSError as exc:
             raise _offload_error(path, exc, "open") from exc
         try:
+            refuse_linked(fd, path)
             fcntl.flock(fd, fcntl.LOCK_EX)
             with open(fd, "rb", closefd=False) as f:
                 data = f.read()
@@ -1543,9 +1693,16 @@ class OffloadStore:
             offset = 0
             while offset < end:
                 nl = data.index(b"\n", offset) + 1
-                if offset not in bad:
+                if offset in scan.fused:  # two lines: the newline between them put back
+                    cut = scan.fused[offset]
+                    kept += (data[offset:cut], b"\n", data[cut + 1 : nl])
+                elif offset not in bad:
                     kept.append(data[offset:nl])
+                else:
+                    kept.append(_twin(data, offset, nl, end))
                 offset = nl
+            if scan.torn and _newline_flipped(data[end:]):  # a whole last line: its newline put back
+                kept.append(data[end:-1] + b"\n")
             side = path.with_name(path.name + ".damaged")
             moved = _move_aside(side, path, chunks)
             atomic_write(path, b"".join(kept))

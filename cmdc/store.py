@@ -57,9 +57,10 @@ import attrs
 import trio
 
 from ._redact import redact_url
+from ._fs import refuse_linked
 from ._stores import shared_store
 from .checkpoint import CheckpointStore
-from .errors import ConfigError, NameLeased
+from .errors import ConfigError, NameLeased, StoreUnavailable
 from .message import Message
 from .offload import AppendResult, JournalRecord, JournalReport, OffloadStore
 from .state import State, validate_agent_id
@@ -249,8 +250,17 @@ class FileStore:
 
         def lock() -> int:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # no symlink followed, no hard link written through (the file is truncated and
+            # written): a planted one is refused, naming the file
             try:
+                fd = os.open(path, _LEASE_FLAGS, 0o600)
+            except OSError as exc:
+                raise StoreUnavailable(f"lease file {path}: open failed: {os.strerror(exc.errno or 0)}") from None
+            try:
+                try:
+                    refuse_linked(fd, path)
+                except OSError as exc:
+                    raise StoreUnavailable(f"lease file {exc}") from None
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
@@ -304,6 +314,9 @@ def _store_report(agent_id: str, report: JournalReport) -> StoreReport:
     return StoreReport(
         agent_id, report.journal, report.records, report.compactions, report.uncommitted, damaged, report.moved
     )
+
+
+_LEASE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class FileCheckpoints(CheckpointStore):

@@ -26,26 +26,29 @@ async def test_torn_tail_at_every_offset(tmp_path: Path) -> None:
     await store.append("a", msgs[:2])
     await store.append("a", msgs[2:], compaction=1)
     data = (src / "a.jsonl").read_bytes()
-    commit_start = data.rindex(b"\n", 0, len(data) - 1) + 1
-    start = data.rindex(b"\n", 0, commit_start - 1) + 1  # the last message line, then its commit
+    twin = data.rindex(b"\n", 0, len(data) - 1) + 1  # the last message line, then its commit twice
+    commit_start = data.rindex(b"\n", 0, twin - 1) + 1
+    start = data.rindex(b"\n", 0, commit_start - 1) + 1
+    assert data[commit_start:twin] == data[twin:]
     extra = Message.user("after the crash")
     for cut in range(start, len(data)):
         d = tmp_path / f"c{cut}"
         d.mkdir()
         (d / "a.jsonl").write_bytes(data[:cut])
         s = OffloadStore(d)
-        assert await s.read("a") == msgs[:2], cut
+        assert await s.read("a") == msgs[: 3 if cut >= twin else 2], cut
         assert (d / "a.jsonl").read_bytes() == data[:cut]  # readers never write
         r = await s.append("a", [extra])
         kept = cut >= commit_start - 1  # a line that lacks only its newline is completed, not moved
         assert r.written == 1 and r.first_seq == (4 if kept else 3)
-        completed = cut == len(data) - 1
-        assert await s.read("a") == [*msgs[:2], *([msgs[2]] if completed else []), extra]
+        committed = cut >= twin - 1
+        assert await s.read("a") == [*msgs[:2], *([msgs[2]] if committed else []), extra]
         check_clean(d / "a.jsonl")
-        assert (d / "a.jsonl").read_bytes().startswith(data[: commit_start if kept else start])
+        line = twin if committed else commit_start if kept else start  # where the torn line starts
+        assert (d / "a.jsonl").read_bytes().startswith(data[:line])
         side = d / "a.jsonl.damaged"
-        if cut not in (start, commit_start - 1, commit_start) and not completed:  # torn bytes are moved aside
-            assert data[start if cut < commit_start else commit_start : cut] in side.read_bytes()
+        if cut not in (start, commit_start - 1, commit_start, twin - 1, twin, len(data) - 1):  # torn bytes moved aside
+            assert data[line:cut] in side.read_bytes()
         shutil.rmtree(d)
 
 
@@ -82,15 +85,20 @@ async def test_flipped_byte_in_a_record_is_skipped_and_counted(tmp_path: Path) -
             assert events[-1].kind == "journal_damaged" and events[-1].data["damaged"] == len(report.damaged)
 
 
-async def test_corrupt_last_complete_line_is_moved_aside(tmp_path: Path) -> None:
+@pytest.mark.parametrize("copies", [2, 1])
+async def test_corrupt_last_complete_line_is_moved_aside(tmp_path: Path, copies: int) -> None:
+    """The last line, a commit, damaged. Written twice (as cmdc writes it), the other copy still
+    commits the batch; written once (by an older cmdc), the batch is hidden until committed again."""
     store = OffloadStore(tmp_path)
     msgs = users(3)
     await store.append("a", msgs)
     path = tmp_path / "a.jsonl"
     data = bytearray(path.read_bytes())
-    data[-30] ^= 0x04  # in the commit line: the batch is no longer committed
+    if copies == 1:
+        del data[data.rindex(b"\n", 0, len(data) - 1) + 1 :]
+    data[-30] ^= 0x04  # in the (last) commit line
     path.write_bytes(bytes(data) + b'{"torn')
-    assert await OffloadStore(tmp_path).read("a") == []
+    assert await OffloadStore(tmp_path).read("a") == (msgs if copies == 2 else [])
     events: list[Any] = []
     r = await OffloadStore(tmp_path, on_event=events.append).append("a", users(1, "after"))
     assert r.first_seq == 4  # the records of the uncommitted batch keep their numbers
