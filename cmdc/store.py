@@ -56,8 +56,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import attrs
 import trio
 
-from ._redact import redact_url
 from ._fs import refuse_linked
+from ._redact import redact_url
 from ._stores import shared_store
 from .checkpoint import CheckpointStore
 from .errors import ConfigError, NameLeased, StoreUnavailable
