@@ -67,10 +67,12 @@ import trio
 from . import _bigjson
 from ._check import integer, seconds
 from ._fs import (
+    DirProbe,
     atomic_write,
     fsync_dir,
     joined,
     make_dirs,
+    os_cause,
     run_bounded,
     write_all,
     write_pieces,
@@ -915,9 +917,25 @@ class OffloadStore:
         self.root = Path(os.path.abspath(root))
         self.on_event = on_event
         self._journals: dict[str, _Journal] = {}
+        self._probe = DirProbe(self.root)
 
     def __repr__(self) -> str:
         return f"OffloadStore({str(self.root)!r})"
+
+    async def check_usable(self) -> None:
+        """Check once that journals can be written under `root` (created if missing; a probe
+        file created, written, fsync'd and removed); `OffloadError` naming the directory and
+        the cause if not. A runtime calls it at spawn, before any model request."""
+        if self._probe.ok:
+            return
+        try:
+            await run_bounded(self._probe.run, limit=self.write_timeout)
+        except OSError as exc:
+            raise OffloadError(f"offload directory {self.root} is not usable: {os_cause(exc)}") from None
+        except trio.TooSlowError:
+            raise OffloadError(
+                f"offload directory {self.root} is not usable: a test write took over {self.write_timeout} s"
+            ) from None
 
     def path_for(self, agent_id: str) -> Path:
         """The journal's path; raises `ConfigError` for an unsafe agent id."""

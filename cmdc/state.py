@@ -32,7 +32,27 @@ def validate_agent_id(agent_id: object) -> str:
     return agent_id
 
 
+_CHECKED: dict[int, Mapping[str, Any]] = {}
+"""Configs this module froze and validated, by id (held, so an id is not reused): a state
+made from another's config (`evolve`, a spawn, a checkpoint's state) takes it as it is."""
+_CHECKED_MAX = 256
+
+
 def _convert_config(value: object) -> Mapping[str, Any]:
+    if value is not None and _CHECKED.get(id(value)) is value:
+        return value  # type: ignore[return-value]  # frozen and checked here before
+    frozen = _frozen_config(value)
+    if frozen:
+        from .compaction.config import CompactConfig  # here: the compaction package imports this module
+
+        CompactConfig.from_mapping(frozen, need_window=False)  # every key known, every value well-formed
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[id(frozen)] = frozen
+    return frozen
+
+
+def _frozen_config(value: object) -> Mapping[str, Any]:
     try:
         frozen = freeze_mapping(value, "config")  # type: ignore[arg-type]
     except TypeError as exc:

@@ -3,12 +3,18 @@ offload directories and stores checked before any model call, the default trigge
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 from fakes import Recorder, make_state, res
 
-from cmdc import Compactor, Message, OffloadStore, ToolCall
+from cmdc import Compactor, Message, OffloadStore, ToolCall, _fs, open_runtime
 from cmdc.compaction import Compacted
+from cmdc.errors import CheckpointError, OffloadError
+from cmdc.providers import ExtractiveSummarizer
+from cmdc.providers.base import ModelRequest
+from cmdc.tokens import estimate_message_tokens
 
 SECTIONS = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
 
@@ -40,3 +46,105 @@ async def test_a_small_reduce_limit_clips_small_tool_arguments_and_results(tmp_p
     assert len(seen[msgs[2].id].text) <= 40
     journal = {m.id: m for m in await OffloadStore(tmp_path).read("a1")}  # whole there
     assert journal[msgs[1].id].tool_calls[0].arguments["body"] == body and journal[msgs[2].id].text == "r" * 200
+
+
+# -- item 1: an unusable offload directory or store fails at open_runtime / spawn --------------
+
+
+class Counting:
+    """A provider that counts its requests (none may be made before the check)."""
+
+    context_window = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, request: object) -> Message:
+        self.calls += 1
+        return Message.assistant("done")
+
+
+def _blocked(tmp_path: Path) -> Path:
+    """A directory path that cannot be made, even by root: its parent is a regular file."""
+    (tmp_path / "a-file").write_text("x")
+    return tmp_path / "a-file" / "journals"
+
+
+async def test_spawn_refuses_an_unusable_offload_directory_before_any_model_request(tmp_path: Path) -> None:
+    bad = _blocked(tmp_path)
+    provider = Counting()
+    async with open_runtime(log_events=False) as rt:
+        with pytest.raises(
+            OffloadError, match=rf"offload directory {re.escape(str(bad))} is not usable: Not a directory"
+        ):
+            await rt.spawn("a1", provider, config={"compact_offload_dir": str(bad)})
+        assert rt.whereis("a1") is None
+        good = await rt.spawn("a2", provider, config={"compact_offload_dir": str(tmp_path / "ok")})
+        assert (await good.prompt("hi")).text == "done"
+    assert provider.calls == 1  # only the good agent's
+    assert [p.name for p in (tmp_path / "ok").iterdir()] == []  # the probe file is removed
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs sysfs")
+async def test_spawn_refuses_sysfs(tmp_path: Path) -> None:
+    async with open_runtime(log_events=False) as rt:
+        with pytest.raises(OffloadError, match="/sys/kernel/cmdc is not usable"):
+            await rt.spawn("a1", Counting(), config={"compact_offload_dir": "/sys/kernel/cmdc"})
+
+
+async def test_open_runtime_refuses_an_unusable_store_or_checkpoint_directory(tmp_path: Path) -> None:
+    bad = _blocked(tmp_path)
+    with pytest.raises(OffloadError, match=rf"{re.escape(str(bad))} is not usable"):
+        async with open_runtime(store=bad, log_events=False):
+            pytest.fail("the runtime opened")
+    with pytest.raises(CheckpointError, match=rf"checkpoint directory {re.escape(str(bad))} is not usable"):
+        async with open_runtime(checkpoint_dir=bad, log_events=False):
+            pytest.fail("the runtime opened")
+
+
+async def test_a_directory_is_probed_once_for_many_agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probes: list[Path] = []
+    real = _fs.probe_dir
+
+    def counting(directory: Path) -> None:
+        probes.append(directory)
+        real(directory)
+
+    monkeypatch.setattr(_fs, "probe_dir", counting)
+    config = {"compact_offload_dir": str(tmp_path / "shared")}
+    async with open_runtime(log_events=False) as rt:
+        for i in range(30):
+            await rt.spawn(f"a{i}", Counting(), config=config)
+    assert probes == [tmp_path / "shared"]
+    async with open_runtime(store=tmp_path / "store", log_events=False) as rt:
+        for i in range(30):
+            await rt.spawn(f"b{i}", Counting(), config=config)  # the store wins over the config's directory
+    assert probes == [tmp_path / "shared", tmp_path / "store"]
+
+
+# -- item 5: the default trigger is a fraction of a declared window ---------------------------
+
+
+class Sizes:
+    """Answers briefly; records each request's size (cmdc's estimate of its messages)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    async def complete(self, request: ModelRequest) -> Message:
+        self.sizes.append(sum(estimate_message_tokens(m) for m in request.messages))
+        return Message.assistant("noted")
+
+
+async def test_a_declared_window_without_a_trigger_compacts_before_the_window(tmp_path: Path) -> None:
+    window = 4_000
+    provider = Sizes()
+    config = {"context_window": window, "compact_offload_dir": str(tmp_path)}
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("a1", provider, config=config, summarizer=ExtractiveSummarizer())
+        for i in range(20):
+            await agent.prompt(f"step {i}: " + "lorem ipsum dolor " * 100)  # about 450 tokens each
+        state = await agent.state()
+    assert state.compactions >= 2
+    assert max(provider.sizes) < window  # before: the trigger stayed at 170,000, far past the window
+    assert max(provider.sizes) > 0.6 * window  # and it was not compacting at every turn
