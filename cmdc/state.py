@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,14 +33,16 @@ def validate_agent_id(agent_id: object) -> str:
     return agent_id
 
 
-_CHECKED: dict[int, Mapping[str, Any]] = {}
-"""Configs this module froze and validated, by id (held, so an id is not reused): a state
-made from another's config (`evolve`, a spawn, a checkpoint's state) takes it as it is."""
-_CHECKED_MAX = 256
+_CHECKED: OrderedDict[int, Mapping[str, Any]] = OrderedDict()
+"""Configs this module froze and validated, by id (held, so an id is not reused), least
+recently used first: a state made from another's config (`evolve`, a spawn, a checkpoint's
+state) takes it as it is, neither copied nor checked again."""
+_CHECKED_MAX = 4096
 
 
 def _convert_config(value: object) -> Mapping[str, Any]:
     if value is not None and _CHECKED.get(id(value)) is value:
+        _CHECKED.move_to_end(id(value))
         return value  # type: ignore[return-value]  # frozen and checked here before
     frozen = _frozen_config(value)
     if frozen:
@@ -47,7 +50,7 @@ def _convert_config(value: object) -> Mapping[str, Any]:
 
         CompactConfig.from_mapping(frozen, need_window=False)  # every key known, every value well-formed
         if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
+            _CHECKED.popitem(last=False)
         _CHECKED[id(frozen)] = frozen
     return frozen
 
