@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+import attrs
 import orjson
 import trio
 
@@ -48,6 +49,7 @@ from .errors import (
 )
 from .events import JOURNAL_DAMAGED, Event
 from .message import Message
+from .message import _encode_default as encode_default
 from .offload import JournalRecord, JournalReport, OffloadStore
 from .state import State, validate_agent_id
 from .store import Store, open_store
@@ -338,6 +340,7 @@ def _compact(args: argparse.Namespace) -> int:
     compact (the journal is written first), then write the output."""
     path: Path = args.file
     chat = read_chat(path)  # every message is checked and converted before any write
+    chat = attrs.evolve(chat, messages=_stable_ids(chat.messages))  # the first ones are let go
     if args.agent is not None:
         try:
             agent = validate_agent_id(args.agent)
@@ -361,7 +364,7 @@ def _compact(args: argparse.Namespace) -> int:
     summarizer = _summarizer(args)
     state = State(
         agent_id=agent,
-        messages=_stable_ids(chat.messages),
+        messages=chat.messages,
         config={"compact_keep": ("messages", args.keep), "compact_offload_dir": str(offload)},
         compactions=_last_compaction(chat),
     )
@@ -383,11 +386,12 @@ def _stable_ids(messages: Sequence[Message]) -> tuple[Message, ...]:
     that came before it, so compacting the same file again journals nothing twice."""
     out: list[Message] = []
     digest = b""
+    sha256, dumps, sort = hashlib.sha256, orjson.dumps, orjson.OPT_SORT_KEYS
     for m in messages:
-        data = m.to_dict()
-        data.pop("id", None)
-        digest = hashlib.sha256(digest + orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).digest()
-        out.append(m.evolve(id="f" + digest[:12].hex()))
+        data = m._plain()  # to_dict() without the copy: the same JSON with sorted keys
+        del data["id"]
+        digest = sha256(digest + dumps(data, default=encode_default, option=sort)).digest()
+        out.append(m._with_id("f" + digest[:12].hex()))
     return tuple(out)
 
 

@@ -3,13 +3,19 @@ offload directories and stores checked before any model call, the default trigge
 
 from __future__ import annotations
 
+import hashlib
 import re
+import tracemalloc
 from pathlib import Path
 
+import orjson
 import pytest
 from fakes import Recorder, make_state, res
 
+from benchmarks.compact_file import write_chat
 from cmdc import Compactor, Message, OffloadStore, ToolCall, _fs, open_runtime
+from cmdc._chatfile import read_chat
+from cmdc.cli import _stable_ids
 from cmdc.compaction import Compacted
 from cmdc.errors import CheckpointError, OffloadError
 from cmdc.providers import ExtractiveSummarizer
@@ -148,3 +154,50 @@ async def test_a_declared_window_without_a_trigger_compacts_before_the_window(tm
     assert state.compactions >= 2
     assert max(provider.sizes) < window  # before: the trigger stayed at 170,000, far past the window
     assert max(provider.sizes) > 0.6 * window  # and it was not compacting at every turn
+
+
+# -- item 7: `cmdc compact` on a large file: memory ---------------------------------------------
+
+
+def test_a_cached_message_json_takes_its_own_size() -> None:
+    """orjson's result keeps the buffer it wrote into (4 KB and up, ~8x a 1 KB message): the
+    JSON a message keeps is copied to its own size."""
+    messages = [Message.tool_result(f"c{i}", "word " * 200) for i in range(500)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        encoded = [m.to_json() for m in messages]
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    size = sum(len(e) for e in encoded)
+    assert kept < 1.5 * size  # before: about 8x
+
+
+def test_a_jsonl_file_is_read_a_line_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jsonl"
+    write_chat(path, 4_000_000)
+    tracemalloc.start()
+    try:
+        chat = read_chat(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    live = sum(len(m.text) for m in chat.messages)
+    # before: the whole file, then every line again, then the messages (about 3.4x the file)
+    assert peak < 2 * path.stat().st_size and live > 0.8 * path.stat().st_size
+
+
+def test_stable_ids_are_the_documented_digest(tmp_path: Path) -> None:
+    """`_stable_ids` (made faster) gives the ids it always gave: a re-compacted file journals nothing twice."""
+    path = tmp_path / "chat.jsonl"
+    write_chat(path, 200_000)
+    chat = read_chat(path)
+    digest, expected = b"", []
+    for m in chat.messages:
+        data = m.to_dict()
+        data.pop("id")
+        digest = hashlib.sha256(digest + orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).digest()
+        expected.append(m.evolve(id="f" + digest[:12].hex()))
+    got = _stable_ids(chat.messages)
+    assert list(got) == expected and [m.to_json() for m in got] == [m.to_json() for m in expected]
