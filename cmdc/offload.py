@@ -1443,7 +1443,13 @@ class OffloadStore:
             return
         keep = set(kept)
         done = journal.committed
-        journal.known = journal.known.kept(lambda a: a is not None and (a in keep or a not in done))
+
+        def kept_attempt(a: str | None) -> bool:
+            return a is not None and (a in keep or a not in done)
+
+        if all(kept_attempt(run[0]) for run in journal.known.runs) and journal.known.garbage <= _KNOWN:
+            return  # every record would be kept: the copy (a second index of them all) would be the same
+        journal.known = journal.known.kept(kept_attempt)
 
     def _commit_sync(
         self,
