@@ -13,7 +13,7 @@ import pytest
 from fakes import Recorder, make_state, res
 
 from benchmarks.compact_file import write_chat
-from cmdc import Compactor, Message, OffloadStore, ToolCall, _fs, open_runtime
+from cmdc import Compactor, Message, OffloadStore, ToolCall, _fs, offload, open_runtime
 from cmdc._chatfile import read_chat
 from cmdc.cli import _stable_ids
 from cmdc.compaction import Compacted
@@ -201,3 +201,21 @@ def test_stable_ids_are_the_documented_digest(tmp_path: Path) -> None:
         expected.append(m.evolve(id="f" + digest[:12].hex()))
     got = _stable_ids(chat.messages)
     assert list(got) == expected and [m.to_json() for m in got] == [m.to_json() for m in expected]
+
+
+async def test_committing_a_large_attempt_does_not_copy_what_the_writer_remembers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(offload, "_KNOWN", 100)  # past it, a commit prunes what it may forget
+    store = OffloadStore(tmp_path)
+    first = [Message.user(f"m{i}") for i in range(300)]
+    written = await store.append("a1", first, compaction=1, attempt=offload.new_attempt_id(), commit=False)
+    known = store._journals["a1"].known
+    assert await store.commit("a1", [written.attempt])
+    assert store._journals["a1"].known is known  # every record kept: nothing to copy (was a full rebuild)
+    second = [Message.user(f"n{i}") for i in range(300)]
+    again = await store.append("a1", second, compaction=2, attempt=offload.new_attempt_id(), commit=False)
+    assert await store.commit("a1", [again.attempt])
+    pruned = store._journals["a1"].known
+    assert pruned is not known and len(pruned) == 300  # the first attempt's records forgotten
+    assert [m.text for m in await store.read("a1")] == [m.text for m in first + second]
