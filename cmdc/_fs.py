@@ -50,7 +50,7 @@ def probe_dir(directory: Path) -> None:
     make_dirs(directory)
     if not os.path.isdir(directory):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
-    probe, fd = create_temp(directory / ".cmdc-probe")
+    probe, fd = create_temp(directory / "cmdc-probe")  # .cmdc-probe.<random>.tmp
     try:
         try:
             write_all(fd, b"\n")

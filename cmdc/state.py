@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -39,6 +39,11 @@ recently used first: a state made from another's config (`evolve`, a spawn, a ch
 state) takes it as it is, neither copied nor checked again."""
 _CHECKED_MAX = 4096
 
+config_checks: list[Callable[[Mapping[str, Any]], object]] = []
+"""What checks a state's config when it is made (`ConfigError` for an unknown key or a
+malformed value): the layer that reads the config registers its check here (the compaction
+package: `CompactConfig`), as this layer cannot import it."""
+
 
 def _convert_config(value: object) -> Mapping[str, Any]:
     if value is not None and _CHECKED.get(id(value)) is value:
@@ -46,9 +51,8 @@ def _convert_config(value: object) -> Mapping[str, Any]:
         return value  # type: ignore[return-value]  # frozen and checked here before
     frozen = _frozen_config(value)
     if frozen:
-        from .compaction.config import CompactConfig  # here: the compaction package imports this module
-
-        CompactConfig.from_mapping(frozen, need_window=False)  # every key known, every value well-formed
+        for check in config_checks:  # every key known, every value well-formed
+            check(frozen)
         if len(_CHECKED) >= _CHECKED_MAX:
             _CHECKED.popitem(last=False)
         _CHECKED[id(frozen)] = frozen

@@ -13,6 +13,7 @@ import attrs
 
 from .._check import integer, is_int
 from ..errors import ConfigError
+from ..state import config_checks
 
 DEFAULT_TRIGGER: tuple[str, int] = ("tokens", 170_000)
 DEFAULT_KEEP: tuple[str, int] = ("messages", 6)
@@ -182,3 +183,12 @@ def _prompt(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"config key 'compact_summary_prompt' must be a non-empty string, got {value!r}")
     return value
+
+
+def _check_state_config(config: Mapping[str, Any]) -> None:
+    """`State`'s check of a config when it is made: a `fraction` may wait for its window (a
+    runtime fills it in from the provider at spawn)."""
+    CompactConfig.from_mapping(config, need_window=False)
+
+
+config_checks.append(_check_state_config)
