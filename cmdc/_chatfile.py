@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -55,6 +55,7 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 _SUMMARY_HEAD = re.compile(r"\[Conversation summary #(\d+)\]")
 _HEADING = re.compile(r"^#{1,6}\s*(?:\d+[.)]\s*)?(.+?)\s*:?\s*$")
 _BOM = b"\xef\xbb\xbf"
+_SPACE = re.compile(rb"\s*")
 _CMDC_PREFIX = "cmdc."
 
 
@@ -83,7 +84,7 @@ def detect_format(path: Path, data: bytes) -> Format:
         return "jsonl"
     if suffix == ".json":
         return "json"
-    return "json" if data.lstrip()[:1] == b"[" else "jsonl"
+    return "json" if _first_byte(data) == b"[" else "jsonl"
 
 
 MAX_CHAT_BYTES = 1 << 30
@@ -99,7 +100,9 @@ def read_chat(path: Path, data: bytes | None = None) -> ChatFile:
     Only regular files are read (a FIFO would block, `/dev/zero` never ends), at most
     `MAX_CHAT_BYTES`; JSONL is read a line at a time (the file is never held whole)."""
     if data is not None:
-        return _parse(path, data)
+        box = [data]
+        del data
+        return _parse(path, box)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once
     except FileNotFoundError:
@@ -124,7 +127,9 @@ def read_chat(path: Path, data: bytes | None = None) -> ChatFile:
             raise ChatFileError(path, f"cannot read it: {os.strerror(exc.errno) if exc.errno else exc}") from None
     if len(data) > MAX_CHAT_BYTES:
         raise ChatFileError(path, f"grew past the {MAX_CHAT_BYTES:,} bytes read")
-    return _parse(path, data)
+    box = [data]
+    del data
+    return _parse(path, box)
 
 
 def read_stream(stream: BinaryIO, name: Path = STDIN) -> bytes:
@@ -178,14 +183,36 @@ def _stream_jsonl(path: Path, f: BinaryIO) -> ChatFile | None:
     return ChatFile(path=path, format="jsonl", messages=tuple(messages))
 
 
-def _parse(path: Path, data: bytes) -> ChatFile:
-    data = data.removeprefix(_BOM)
-    if not data.strip():
+def _first_byte(data: bytes) -> bytes:
+    """The first byte that is not whitespace (b"" if none), without copying `data`."""
+    start = _SPACE.match(data)
+    at = 0 if start is None else start.end()
+    return data[at : at + 1]
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """`data.split(b"\\n")`, one line at a time (not every line at once beside `data`)."""
+    start = 0
+    while start <= len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        yield data[start:end]
+        start = end + 1
+
+
+def _parse(path: Path, box: list[bytes]) -> ChatFile:
+    """The conversation in `box`'s one item, taken out of it: the caller holds no other
+    reference, so the bytes are freed as soon as a JSON document is parsed."""
+    data = box.pop().removeprefix(_BOM)
+    first = _first_byte(data)
+    if not first:
         raise ChatFileError(path, "the file is empty: it holds no messages")
     fmt = detect_format(path, data)
-    envelope = _envelope(path, data) if fmt == "json" or data.lstrip()[:1] == b"{" else None
+    envelope = _envelope(path, data) if fmt == "json" or first == b"{" else None
     if envelope is not None:
         fmt = "json"
+        del data  # parsed: the objects replace the bytes
     converter = _Converter()
     messages: list[Message] = []
     if envelope is not None:
@@ -195,7 +222,7 @@ def _parse(path: Path, data: bytes) -> ChatFile:
             except _Problem as exc:
                 raise ChatFileError(path, f"messages[{index}]: {exc}") from None
     elif fmt == "jsonl":
-        for number, line in enumerate(data.split(b"\n"), 1):
+        for number, line in enumerate(_lines(data), 1):
             if not line.strip():
                 continue
             try:
@@ -211,6 +238,7 @@ def _parse(path: Path, data: bytes) -> ChatFile:
             items = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise ChatFileError(path, f"not valid JSON ({_json_problem(exc, with_line=True)})") from None
+        del data  # parsed: the objects replace the bytes
         if not isinstance(items, list):
             raise ChatFileError(
                 path,
