@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import attrs
 import orjson
@@ -54,6 +55,7 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 _SUMMARY_HEAD = re.compile(r"\[Conversation summary #(\d+)\]")
 _HEADING = re.compile(r"^#{1,6}\s*(?:\d+[.)]\s*)?(.+?)\s*:?\s*$")
 _BOM = b"\xef\xbb\xbf"
+_SPACE = re.compile(rb"\s*")
 _CMDC_PREFIX = "cmdc."
 
 
@@ -82,26 +84,135 @@ def detect_format(path: Path, data: bytes) -> Format:
         return "jsonl"
     if suffix == ".json":
         return "json"
-    return "json" if data.lstrip()[:1] == b"[" else "jsonl"
+    return "json" if _first_byte(data) == b"[" else "jsonl"
 
 
-def read_chat(path: Path) -> ChatFile:
-    """Read, check and convert a conversation file; raise `ChatFileError` on the first problem."""
+MAX_CHAT_BYTES = 1 << 30
+"""The largest conversation read (1 GiB): a file or standard input past it is refused."""
+
+STDIN = Path("<stdin>")
+"""The name standard input goes by in messages."""
+
+
+def read_chat(path: Path, data: bytes | None = None) -> ChatFile:
+    """Read, check and convert a conversation file; raise `ChatFileError` on the first problem.
+    `data`: the conversation's bytes, already read (standard input), named `path` in messages.
+    Only regular files are read (a FIFO would block, `/dev/zero` never ends), at most
+    `MAX_CHAT_BYTES`; JSONL is read a line at a time (the file is never held whole)."""
+    if data is not None:
+        box = [data]
+        del data
+        return _parse(path, box)
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens at once
     except FileNotFoundError:
         raise ChatFileError(path, "no such file") from None
-    except IsADirectoryError:
-        raise ChatFileError(path, "is a directory, not a conversation file") from None
     except OSError as exc:
         raise ChatFileError(path, f"cannot read it: {os.strerror(exc.errno) if exc.errno else exc}") from None
-    data = data.removeprefix(_BOM)
-    if not data.strip():
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ChatFileError(path, "is a directory, not a conversation file")
+        if not stat.S_ISREG(info.st_mode):
+            raise ChatFileError(path, f"is {_file_kind(info.st_mode)}, not a regular file (use - for standard input)")
+        if info.st_size > MAX_CHAT_BYTES:
+            raise ChatFileError(path, f"is {info.st_size:,} bytes, more than the {MAX_CHAT_BYTES:,} read")
+        try:
+            streamed = _stream_jsonl(path, f)
+            if streamed is not None:
+                return streamed
+            f.seek(0)
+            data = f.read(MAX_CHAT_BYTES + 1)
+        except OSError as exc:
+            raise ChatFileError(path, f"cannot read it: {os.strerror(exc.errno) if exc.errno else exc}") from None
+    if len(data) > MAX_CHAT_BYTES:
+        raise ChatFileError(path, f"grew past the {MAX_CHAT_BYTES:,} bytes read")
+    box = [data]
+    del data
+    return _parse(path, box)
+
+
+def read_stream(stream: BinaryIO, name: Path = STDIN) -> bytes:
+    """All of `stream` (standard input), at most `MAX_CHAT_BYTES`, else `ChatFileError`."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := stream.read(1 << 20):
+        size += len(chunk)
+        if size > MAX_CHAT_BYTES:
+            raise ChatFileError(name, f"more than the {MAX_CHAT_BYTES:,} bytes read")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    kinds.append((stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _stream_jsonl(path: Path, f: BinaryIO) -> ChatFile | None:
+    """A JSONL file read line by line; None when the file is not plainly JSONL (by its suffix
+    or first character a JSON document, its first line not one message, or one line holding
+    a request body): then it is read whole."""
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return None
+    converter = _Converter()
+    messages: list[Message] = []
+    first = True
+    for number, line in enumerate(f, 1):
+        if first:
+            line = line.removeprefix(_BOM)
+        if not line.strip():
+            continue
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            if first:
+                return None  # a JSON document over several lines, or not JSON at all
+            raise ChatFileError(path, f"not valid JSON ({_json_problem(exc)})", line=number) from None
+        if first and (not isinstance(obj, dict) or ("role" not in obj and "messages" in obj)):
+            return None  # an array, or a request body: read whole
+        first = False
+        try:
+            messages.append(converter.convert(obj))
+        except _Problem as exc:
+            raise ChatFileError(path, str(exc), line=number) from None
+    if first:
+        return None  # blank: said by the whole-file reader
+    return ChatFile(path=path, format="jsonl", messages=tuple(messages))
+
+
+def _first_byte(data: bytes) -> bytes:
+    """The first byte that is not whitespace (b"" if none), without copying `data`."""
+    start = _SPACE.match(data)
+    at = 0 if start is None else start.end()
+    return data[at : at + 1]
+
+
+def _lines(data: bytes) -> Iterator[bytes]:
+    """`data.split(b"\\n")`, one line at a time (not every line at once beside `data`)."""
+    start = 0
+    while start <= len(data):
+        end = data.find(b"\n", start)
+        if end < 0:
+            end = len(data)
+        yield data[start:end]
+        start = end + 1
+
+
+def _parse(path: Path, box: list[bytes]) -> ChatFile:
+    """The conversation in `box`'s one item, taken out of it: the caller holds no other
+    reference, so the bytes are freed as soon as a JSON document is parsed."""
+    data = box.pop().removeprefix(_BOM)
+    first = _first_byte(data)
+    if not first:
         raise ChatFileError(path, "the file is empty: it holds no messages")
     fmt = detect_format(path, data)
-    envelope = _envelope(path, data) if fmt == "json" or data.lstrip()[:1] == b"{" else None
+    envelope = _envelope(path, data) if fmt == "json" or first == b"{" else None
     if envelope is not None:
         fmt = "json"
+        del data  # parsed: the objects replace the bytes
     converter = _Converter()
     messages: list[Message] = []
     if envelope is not None:
@@ -111,7 +222,7 @@ def read_chat(path: Path) -> ChatFile:
             except _Problem as exc:
                 raise ChatFileError(path, f"messages[{index}]: {exc}") from None
     elif fmt == "jsonl":
-        for number, line in enumerate(data.split(b"\n"), 1):
+        for number, line in enumerate(_lines(data), 1):
             if not line.strip():
                 continue
             try:
@@ -127,13 +238,15 @@ def read_chat(path: Path) -> ChatFile:
             items = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise ChatFileError(path, f"not valid JSON ({_json_problem(exc, with_line=True)})") from None
+        del data  # parsed: the objects replace the bytes
         if not isinstance(items, list):
             raise ChatFileError(
                 path,
                 f'expected a JSON array of messages, an object with a "messages" array, or JSONL (one message '
                 f"per line), got {_kind(items)}",
             )
-        for index, obj in enumerate(items):
+        for index in range(len(items)):
+            obj, items[index] = items[index], None  # each object freed once converted
             try:
                 messages.append(converter.convert(obj))
             except _Problem as exc:
@@ -435,6 +548,7 @@ __all__ = [
     "detect_format",
     "encode_chat",
     "read_chat",
+    "read_stream",
     "to_openai",
     "write_atomic",
 ]

@@ -44,6 +44,51 @@ def make_dirs(directory: Path) -> None:
         fsync_dir(d.parent)
 
 
+def probe_dir(directory: Path) -> None:
+    """Check that files can be made in `directory` (created, with its parents, if missing):
+    create a probe file, write a byte, fsync it, remove it. Raises the `OSError` met."""
+    make_dirs(directory)
+    if not os.path.isdir(directory):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
+    probe, fd = create_temp(directory / "cmdc-probe")  # .cmdc-probe.<random>.tmp
+    try:
+        try:
+            write_all(fd, b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+        raise
+    os.unlink(probe)
+
+
+def os_cause(exc: OSError) -> str:
+    """An `OSError` for people: its description, and the file it names."""
+    text = os.strerror(exc.errno) if exc.errno else str(exc)
+    return f"{text} ({exc.filename})" if exc.filename else text
+
+
+class DirProbe:
+    """`probe_dir` once per directory of one store, however many callers (agents spawned on
+    the same directory share one probe; a failed probe is tried again by the next caller)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ok = False
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        """Blocking: probe the directory unless that was done."""
+        if self.ok:
+            return
+        with self._lock:
+            if not self.ok:
+                probe_dir(self.directory)
+                self.ok = True
+
+
 TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import trio
 
 from ._check import seconds
-from ._fs import fsync_dir, make_dirs, refuse_linked, run_bounded, write_pieces
+from ._fs import DirProbe, fsync_dir, make_dirs, os_cause, refuse_linked, run_bounded, write_pieces
 from .errors import CheckpointCorrupted, CheckpointError
 from .state import State, validate_agent_id
 
@@ -52,9 +52,24 @@ class CheckpointStore:
         self._locks: dict[str, trio.Lock] = {}
         self._leftovers: dict[str, list[str]] | None = None  # temp files seen by the first save
         self._scan_lock = threading.Lock()
+        self._probe = DirProbe(self.root)
 
     def __repr__(self) -> str:
         return f"CheckpointStore({str(self.root)!r})"
+
+    async def check_usable(self) -> None:
+        """Check once that checkpoints can be written under `root` (as
+        `OffloadStore.check_usable`); `CheckpointError` naming the directory and the cause."""
+        if self._probe.ok:
+            return
+        try:
+            await run_bounded(self._probe.run, limit=self.write_timeout)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint directory {self.root} is not usable: {os_cause(exc)}") from None
+        except trio.TooSlowError:
+            raise CheckpointError(
+                f"checkpoint directory {self.root} is not usable: a test write took over {self.write_timeout} s"
+            ) from None
 
     def path_for(self, agent_id: str) -> Path:
         """The checkpoint's path; raises `ConfigError` for an unsafe agent id."""

@@ -1,8 +1,19 @@
 """The `cmdc` command: `cmdc demo`, `cmdc compact FILE`, `cmdc history DIR AGENT`.
 
-Exit codes: 0 success; 1 a runtime failure (a turn or a summarizer failed, a retention check of
-the demo failed, a write failed); 2 a usage or input error (bad options, a missing or malformed
-file, an unsafe agent id), in which case nothing has been written.
+Exit codes, the same in every subcommand (`EXIT_CODES`):
+
+- 0: done.
+- 1: the work failed: a turn, a summarizer or a retention check failed, a store or its server
+  failed or could not be reached (PostgreSQL down: `StoreUnavailable`), a write failed, a
+  journal checked with `--verify` is damaged.
+- 2: the input or a usage error, found before any work: a bad flag or value (the subcommand's
+  usage is printed), a missing, malformed or non-regular input file, a directory that cannot
+  be used (cannot be created or written), an unsafe agent id, no journal for that agent.
+  Nothing has been written.
+- 130: interrupted (Ctrl-C); 141: stdout closed early (`cmdc history ... | head`).
+
+`-` reads standard input where a file is read (`cmdc compact -`), and writes to standard
+output where one is written (`--out -`, `history --markdown -`).
 """
 
 from __future__ import annotations
@@ -16,23 +27,26 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
+import attrs
 import orjson
 import trio
 
 from ._chatfile import (
+    STDIN,
     ChatFile,
     agent_id_for,
     default_output,
     encode_chat,
     read_chat,
+    read_stream,
     to_openai,
     write_atomic,
 )
 from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo
-from ._fs import stricter_mode
+from ._fs import os_cause, probe_dir, stricter_mode
 from ._redact import redact_url
 from ._version import __version__
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
@@ -45,15 +59,19 @@ from .errors import (
     DemoError,
     OffloadCorrupted,
     OffloadError,
+    StoreUnavailable,
     UsageError,
 )
 from .events import JOURNAL_DAMAGED, Event
 from .message import Message
+from .message import _encode_default as encode_default
 from .offload import JournalRecord, JournalReport, OffloadStore
 from .state import State, validate_agent_id
 from .store import Store, open_store
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
+
+EXIT_CODES = {0: "done", 1: "the work failed", 2: "the input or a usage error (nothing written)"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="cmdc",
         description="An actor runtime for LLM agents on trio, with durable context compaction.",
-        epilog="Exit codes: 0 ok, 1 a runtime failure, 2 a usage or input error (nothing written).",
+        epilog="Exit codes (every subcommand): 0 done, 1 the work failed (a turn, a summarizer, a store or "
+        "server unreachable, a write), 2 the input or a usage error (nothing written). - is standard input.",
     )
     parser.add_argument("--version", action="version", version=f"cmdc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -155,9 +174,11 @@ def _parser() -> argparse.ArgumentParser:
             "file is checked before anything is written."
         ),
     )
-    compact.add_argument("file", type=Path, metavar="FILE")
+    compact.add_argument("file", metavar="FILE", help="the conversation file, or - for standard input")
     compact.add_argument(
-        "--out", type=Path, help="the compacted conversation (default FILE's stem + .compacted.jsonl / .json)"
+        "--out",
+        help="the compacted conversation (default FILE's stem + .compacted.jsonl / .json; with FILE -, or "
+        "--out -: standard output, and the report goes to stderr)",
     )
     compact.add_argument(
         "--offload-dir",
@@ -209,7 +230,8 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         const="",
         metavar="OUT",
-        help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, also copy it there",
+        help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, also copy it "
+        "there (- prints it)",
     )
     history.add_argument(
         "--limit", type=_positive, help="at most N records (the listing: the last N; --search: default 10)"
@@ -258,7 +280,9 @@ def _silence_stdout() -> None:
 def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the subcommand's parser, so its usage is the one printed
+            _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except UsageError as exc:
         print(f"cmdc: error: {exc}", file=sys.stderr)
         return 2
@@ -289,6 +313,31 @@ def _main(argv: Sequence[str] | None) -> int:
         return 130
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of subcommand `command` (the top-level one without a subcommand)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    return parser
+
+
+def _usable_dir(directory: Path, what: str) -> None:
+    """Refuse (`UsageError`) a directory that cannot be used, before anything is written: its
+    nearest existing ancestor must be a directory in which a probe file can be created,
+    written, fsync'd and removed (nothing is created on the way: a missing directory is made
+    by the work)."""
+    existing = directory
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{what} {directory}: {existing} is not a directory")
+    try:
+        probe_dir(existing)
+    except OSError as exc:
+        raise UsageError(f"{what} {directory}: cannot write in {existing}: {os_cause(exc)}") from None
+
+
 # -- demo ---------------------------------------------------------------------------------------
 
 
@@ -315,6 +364,8 @@ def _demo(args: argparse.Namespace) -> int:
         )
     if args.offload_dir is not None and args.offload_dir.exists() and not args.offload_dir.is_dir():
         raise UsageError(f"--offload-dir {args.offload_dir} exists and is not a directory")
+    if args.offload_dir is not None:
+        _usable_dir(args.offload_dir, "--offload-dir")
     code, _stats = trio.run(run_demo, options)
     return code
 
@@ -337,8 +388,11 @@ def _summarizer(args: argparse.Namespace) -> Summarizer:
 def _compact(args: argparse.Namespace) -> int:
     """Check everything (the file, the agent id, the paths, the summarizer's settings), then
     compact (the journal is written first), then write the output."""
-    path: Path = args.file
-    chat = read_chat(path)  # every message is checked and converted before any write
+    piped = args.file == "-"
+    path = STDIN if piped else Path(args.file)
+    # every message is checked and converted before any write; standard input is read with a bound
+    chat = read_chat(path, read_stream(sys.stdin.buffer) if piped else None)
+    chat = attrs.evolve(chat, messages=_stable_ids(chat.messages))  # the first ones are let go
     if args.agent is not None:
         try:
             agent = validate_agent_id(args.agent)
@@ -346,23 +400,25 @@ def _compact(args: argparse.Namespace) -> int:
             raise UsageError(f"--agent: {exc}") from None
     else:
         agent = agent_id_for(path)
-    out: Path = args.out or default_output(path, chat.format)
+    to_stdout = args.out == "-" or (piped and args.out is None)
+    out: Path = Path(args.out) if args.out and not to_stdout else default_output(path, chat.format)
     # absolute, so the summary names a journal that can be found from anywhere
     url = args.offload_dir if isinstance(args.offload_dir, str) else None  # a store URL
     offload = (Path(".") if url is not None else (args.offload_dir or path.parent / DEFAULT_OFFLOAD)).absolute()
-    if out.is_dir():
+    if not to_stdout and out.is_dir():
         raise UsageError(f"--out {out} is a directory")
-    if not out.parent.is_dir():
+    if not to_stdout and not out.parent.is_dir():
         raise UsageError(f"--out {out}: no such directory {out.parent}")
     if url is None and offload.exists() and not offload.is_dir():
-        raise UsageError(f"the offload directory {offload} exists and is not a directory")
+        raise UsageError(f"--offload-dir {offload} exists and is not a directory")
     if url is None:
-        _check_writable(offload)
-    _check_writable(out.parent)
+        _usable_dir(offload, "--offload-dir")
+    if not to_stdout:
+        _usable_dir(out.parent, "--out")
     summarizer = _summarizer(args)
     state = State(
         agent_id=agent,
-        messages=_stable_ids(chat.messages),
+        messages=chat.messages,
         config={"compact_keep": ("messages", args.keep), "compact_offload_dir": str(offload)},
         compactions=_last_compaction(chat),
     )
@@ -373,8 +429,15 @@ def _compact(args: argparse.Namespace) -> int:
         print(f"{path}: nothing to compact ({result.reason}); {len(chat.messages)} messages, nothing written")
         return 0
     objects = [to_openai(m, annotate=args.annotate) for m in result.state.messages]
+    data = encode_chat(objects, chat.format, chat.envelope)
+    if to_stdout:  # the conversation on stdout, the report on stderr
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        _print_report(chat, Path("-"), result.report, result.state, url, file=sys.stderr)
+        return 0
     # 0600, or the input's mode when it is stricter: the output holds the same conversation
-    write_atomic(out, encode_chat(objects, chat.format, chat.envelope), mode=stricter_mode(path))
+    write_atomic(out, data, mode=stricter_mode(path))
     _print_report(chat, out, result.report, result.state, url)
     return 0
 
@@ -384,21 +447,13 @@ def _stable_ids(messages: Sequence[Message]) -> tuple[Message, ...]:
     that came before it, so compacting the same file again journals nothing twice."""
     out: list[Message] = []
     digest = b""
+    sha256, dumps, sort = hashlib.sha256, orjson.dumps, orjson.OPT_SORT_KEYS
     for m in messages:
-        data = m.to_dict()
-        data.pop("id", None)
-        digest = hashlib.sha256(digest + orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).digest()
-        out.append(m.evolve(id="f" + digest[:12].hex()))
+        data = m._plain()  # to_dict() without the copy: the same JSON with sorted keys
+        del data["id"]
+        digest = sha256(digest + dumps(data, default=encode_default, option=sort)).digest()
+        out.append(m._with_id("f" + digest[:12].hex()))
     return tuple(out)
-
-
-def _check_writable(directory: Path) -> None:
-    """Refuse a directory that cannot be written (or created) before anything is written."""
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write to {directory} ({existing} is not a writable directory)")
 
 
 async def _run_compaction(
@@ -406,6 +461,8 @@ async def _run_compaction(
 ) -> Compacted | Skipped:
     store = None if url is None else open_store(url)
     try:
+        if store is not None:
+            await store.start()  # an unreachable server fails here (1), whatever the file holds
         return await Compactor(summarizer, store=store).force_compact(state, instruction=instruction, reason="manual")
     except CompactionIncomplete as exc:  # compacted, but the kept messages alone are still large
         print(f"cmdc compact: warning: {exc}", file=sys.stderr)
@@ -427,14 +484,22 @@ def _last_compaction(chat: ChatFile) -> int:
     return max((n for n in numbers if is_int(n) and n >= 0), default=0)
 
 
-def _print_report(chat: ChatFile, out: Path, r: CompactionReport, state: State, url: str | None = None) -> None:
-    print(f"compacted {chat.path} ({chat.format}, {r.messages_before} messages) -> {out} ({r.messages_after} messages)")
-    print(f"  tokens:     {r.tokens_before:,} -> {r.tokens_after:,} (summary {r.summary_tokens:,})")
-    print(f"  evicted:    {r.evicted} messages -> {r.offload_path} (records {r.first_seq}-{r.last_seq})")
-    print(f"  summarizer: {r.summarizer}, {r.attempts} attempt(s), {r.passes} pass(es), {r.duration * 1000:.0f} ms")
+def _print_report(
+    chat: ChatFile, out: Path, r: CompactionReport, state: State, url: str | None = None, file: TextIO | None = None
+) -> None:
+    file = file or sys.stdout
+    head = f"compacted {chat.path} ({chat.format}, {r.messages_before} messages)"
+    print(f"{head} -> {out} ({r.messages_after} messages)", file=file)
+    print(f"  tokens:     {r.tokens_before:,} -> {r.tokens_after:,} (summary {r.summary_tokens:,})", file=file)
+    print(f"  evicted:    {r.evicted} messages -> {r.offload_path} (records {r.first_seq}-{r.last_seq})", file=file)
+    print(
+        f"  summarizer: {r.summarizer}, {r.attempts} attempt(s), {r.passes} pass(es), {r.duration * 1000:.0f} ms",
+        file=file,
+    )
     print(
         f"  agent:      {state.agent_id} (compaction #{r.compaction}; read it back: cmdc history "
-        f"{redact_url(url) if url is not None else Path(r.offload_path).parent} {state.agent_id})"
+        f"{redact_url(url) if url is not None else Path(r.offload_path).parent} {state.agent_id})",
+        file=file,
     )
 
 
@@ -468,7 +533,7 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"{journal}: no journal for agent {agent!r}{hint}")
     if args.range and args.range[0] > args.range[1]:
         raise UsageError(f"--range {args.range[0]} {args.range[1]}: FIRST must not be after LAST")
-    if args.markdown:
+    if args.markdown and args.markdown != "-":
         target = Path(args.markdown)
         if target.is_dir() or not target.parent.is_dir():
             raise UsageError(f"--markdown {target}: not a file path in an existing directory")
@@ -528,7 +593,12 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
         return 0
     if args.markdown is not None:
         md = await store.write_transcript(agent)
-        if args.markdown:
+        if args.markdown == "-":
+            data = await trio.to_thread.run_sync(md.read_bytes)
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        elif args.markdown:
             data = await trio.to_thread.run_sync(md.read_bytes)
             target = Path(args.markdown)
             await trio.to_thread.run_sync(write_atomic, target, data, stricter_mode(target))
@@ -572,6 +642,8 @@ def _history_store(args: argparse.Namespace) -> int:
         raise UsageError(f"--repair: the store {store!r} cannot repair a journal (it has no repair method)")
     try:
         code: int = trio.run(_show_store_history, args, store, agent)
+    except StoreUnavailable:
+        raise  # the server failed or cannot be reached: the work failed (1), as in every subcommand
     except OffloadError as exc:
         raise UsageError(str(exc)) from None
     return code
@@ -606,7 +678,9 @@ async def _show_store_history(args: argparse.Namespace, store: Store, agent: str
             return 0
         if args.markdown is not None:
             text = await store.transcript(agent)
-            if args.markdown:
+            if args.markdown == "-":
+                print(text, end="")
+            elif args.markdown:
                 await trio.to_thread.run_sync(write_atomic, Path(args.markdown), text.encode())
                 print(args.markdown)
             else:

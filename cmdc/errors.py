@@ -228,6 +228,11 @@ class ChatFileError(CmdcError):
         super().__init__(f"{where}: {problem}")
 
 
+class CmdcDeprecationWarning(DeprecationWarning):
+    """A cmdc API that is deprecated; the message names its replacement. The project's own
+    tests turn it into an error (pyproject's `filterwarnings`), so cmdc never uses one itself."""
+
+
 class UsageError(CmdcError):
     """A usage or input error of the `cmdc` command: exit code 2, nothing written."""
 

@@ -366,11 +366,26 @@ class Message:
                 if isinstance(content, str) and len(content) > 4 * _CHECK_SLICE:
                     data = self._json_in_slices(content)
                 else:
-                    data = orjson.dumps(self._plain(), default=_encode_default)
+                    # copied to a bytes object of its own size: orjson's result keeps the
+                    # buffer it wrote into, 4 KB and up to about 10x the JSON, and this one is kept
+                    data = bytes(memoryview(orjson.dumps(self._plain(), default=_encode_default)))
             except orjson.JSONEncodeError as exc:
                 raise InvalidMessage(f"message {self.id} cannot be stored as JSON: {exc}") from None
             object.__setattr__(self, "_json", data)
         return data
+
+    def _with_id(self, new_id: str) -> Message:
+        """This message under another id, without checking it again (its fields were checked
+        when it was made); the JSON is encoded again when asked for (it holds the id)."""
+        new = object.__new__(Message)
+        for name in _FIELDS:
+            object.__setattr__(new, name, getattr(self, name))
+        _check_nonempty(new_id, "message id")
+        object.__setattr__(new, "id", new_id)
+        object.__setattr__(new, "_tokens", self._tokens)
+        object.__setattr__(new, "_json", None)
+        object.__setattr__(new, "_json_crc", None)
+        return new
 
     def _json_in_slices(self, content: str) -> bytes:
         plain = self._plain()
@@ -404,6 +419,10 @@ def _part_to_dict(p: Part) -> dict[str, Any]:
     if isinstance(p, TextPart):
         return {"type": "text", "text": p.text}
     return {"type": "image", "source": p.source, "media_type": p.media_type}
+
+
+_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "is_error", "usage", "metadata")
+"""Every field of `Message` but its id (`_with_id` copies them)."""
 
 
 def _encode_default(value: object) -> object:

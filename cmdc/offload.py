@@ -75,10 +75,12 @@ import trio
 from . import _bigjson
 from ._check import integer, seconds
 from ._fs import (
+    DirProbe,
     atomic_write,
     fsync_dir,
     joined,
     make_dirs,
+    os_cause,
     refuse_linked,
     run_bounded,
     write_all,
@@ -1032,9 +1034,25 @@ class OffloadStore:
         self.root = Path(os.path.abspath(root))
         self.on_event = on_event
         self._journals: dict[str, _Journal] = {}
+        self._probe = DirProbe(self.root)
 
     def __repr__(self) -> str:
         return f"OffloadStore({str(self.root)!r})"
+
+    async def check_usable(self) -> None:
+        """Check once that journals can be written under `root` (created if missing; a probe
+        file created, written, fsync'd and removed); `OffloadError` naming the directory and
+        the cause if not. A runtime calls it at spawn, before any model request."""
+        if self._probe.ok:
+            return
+        try:
+            await run_bounded(self._probe.run, limit=self.write_timeout)
+        except OSError as exc:
+            raise OffloadError(f"offload directory {self.root} is not usable: {os_cause(exc)}") from None
+        except trio.TooSlowError:
+            raise OffloadError(
+                f"offload directory {self.root} is not usable: a test write took over {self.write_timeout} s"
+            ) from None
 
     def path_for(self, agent_id: str) -> Path:
         """The journal's path; raises `ConfigError` for an unsafe agent id."""
@@ -1571,7 +1589,13 @@ class OffloadStore:
             return
         keep = set(kept)
         done = journal.committed
-        journal.known = journal.known.kept(lambda a: a is not None and (a in keep or a not in done))
+
+        def kept_attempt(a: str | None) -> bool:
+            return a is not None and (a in keep or a not in done)
+
+        if all(kept_attempt(run[0]) for run in journal.known.runs) and journal.known.garbage <= _KNOWN:
+            return  # every record would be kept: the copy (a second index of them all) would be the same
+        journal.known = journal.known.kept(kept_attempt)
 
     def _commit_sync(
         self,

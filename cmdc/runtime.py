@@ -26,6 +26,7 @@ from .compaction.summary import ExtractiveSummarizer, Summarizer
 from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused, MailboxFull
 from .events import ACTIVATED, DEACTIVATED, LEASE_LOST, STOPPED, Event
 from .message import Message
+from .offload import OffloadStore
 from .plugins import Plugin
 from .providers.base import Provider
 from .recall import MIN_BUDGET, recall_tool
@@ -315,17 +316,21 @@ class Runtime:
             if instructed is not state:  # not what a new State is: activation must load it
                 state, fresh = instructed, None
         window = getattr(provider, "context_window", None)
-        if "context_window" not in state.config and _uses_fraction(state.config) and is_int(window) and window > 0:
-            # A `fraction` needs the model's window: the provider knows it (written into the
-            # config, so a checkpoint keeps it).
+        wants_window = _uses_fraction(state.config) or "compact_trigger" not in state.config
+        if "context_window" not in state.config and wants_window and is_int(window) and window > 0:
+            # A `fraction` needs the model's window, and so does the default trigger (0.85 of
+            # it): the provider knows it (written into the config, so a checkpoint keeps it).
             state, fresh = state.evolve(config={**state.config, "context_window": window}), None
         compactor = self._compactor(summarizer if summarizer is not None else provider, plugins, options)
-        compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
+        settings = compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
+        if self.store is None:  # journals go to the config's directory: unusable fails the spawn too
+            journals = compactor.store_for(settings)
+            if isinstance(journals, OffloadStore):
+                await journals.check_usable()
         given = await self._live_tools(tools)
         if recall:
             if any(isinstance(t, Tool) and t.name == "recall" for t in given):
                 raise ConfigError("recall=True adds a tool named 'recall', but one of the given tools has that name")
-            settings = compactor.compact_config(state)
             budget = _recall_budget(settings.context_window or getattr(provider, "context_window", None))
             given += (recall_tool(compactor.store_for(settings), name, budget_tokens=budget),)
         if grants.children:
@@ -939,8 +944,10 @@ async def open_runtime(
     if lease_ttl is not None and lease_owner is None:
         lease_owner = f"{socket.gethostname()[:100]}:{os.getpid()}:{secrets.token_hex(4)}"
     if chosen is not None:
-        await chosen.start()
+        await chosen.start()  # the file store probes its directory, PostgreSQL connects
         checkpoints = chosen.checkpoints
+    elif isinstance(checkpoints, FileCheckpoints):
+        await checkpoints.check_usable()
     runtime: Runtime | None = None
     try:
         async with trio.open_nursery() as nursery:

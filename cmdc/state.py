@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -32,7 +33,33 @@ def validate_agent_id(agent_id: object) -> str:
     return agent_id
 
 
+_CHECKED: OrderedDict[int, Mapping[str, Any]] = OrderedDict()
+"""Configs this module froze and validated, by id (held, so an id is not reused), least
+recently used first: a state made from another's config (`evolve`, a spawn, a checkpoint's
+state) takes it as it is, neither copied nor checked again."""
+_CHECKED_MAX = 4096
+
+config_checks: list[Callable[[Mapping[str, Any]], object]] = []
+"""What checks a state's config when it is made (`ConfigError` for an unknown key or a
+malformed value): the layer that reads the config registers its check here (the compaction
+package: `CompactConfig`), as this layer cannot import it."""
+
+
 def _convert_config(value: object) -> Mapping[str, Any]:
+    if value is not None and _CHECKED.get(id(value)) is value:
+        _CHECKED.move_to_end(id(value))
+        return value  # type: ignore[return-value]  # frozen and checked here before
+    frozen = _frozen_config(value)
+    if frozen:
+        for check in config_checks:  # every key known, every value well-formed
+            check(frozen)
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.popitem(last=False)
+        _CHECKED[id(frozen)] = frozen
+    return frozen
+
+
+def _frozen_config(value: object) -> Mapping[str, Any]:
     try:
         frozen = freeze_mapping(value, "config")  # type: ignore[arg-type]
     except TypeError as exc:

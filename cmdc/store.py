@@ -187,7 +187,9 @@ class FileStore:
         return self._checkpoints
 
     async def start(self) -> None:
-        return None
+        """Check once that the directory is usable (created if missing, a probe file written
+        and removed): `OffloadError` naming it and the cause, before any agent runs."""
+        await self.journal.check_usable()
 
     async def aclose(self) -> None:
         return None

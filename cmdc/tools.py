@@ -26,7 +26,7 @@ import trio
 
 from ._check import optional_seconds
 from ._frozen import freeze, freeze_mapping, thaw
-from .errors import ConfigError
+from .errors import CmdcDeprecationWarning, ConfigError
 from .errors import ToolArgumentsError as ToolArgumentsError  # its old home: old imports keep working
 from .providers.base import ToolSchema
 
@@ -111,7 +111,7 @@ class Tool:
         if len(args) == 1 and not kwargs and isinstance(args[0], Mapping) and not self._takes_mapping:
             warnings.warn(
                 "calling a Tool with a mapping of model arguments is deprecated: use `await tool.run(arguments)`",
-                DeprecationWarning,
+                CmdcDeprecationWarning,
                 stacklevel=2,
             )
             return self.run(args[0])

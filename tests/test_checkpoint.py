@@ -311,7 +311,7 @@ def test_a_state_in_pieces_is_its_json() -> None:
     """A checkpoint is written from `State.json_pieces()`: joined, `to_json()` exactly."""
     from cmdc import Message, State
 
-    empty = State(agent_id="a", config={"k": "é"})
+    empty = State(agent_id="a", config={"x-k": "é"})
     assert b"".join(empty.json_pieces()) == empty.to_json()
     state = empty.append(Message.user("one"), Message.tool_result("c", "x" * 2_000_000), Message.user("three"))
     assert b"".join(state.json_pieces()) == state.to_json()

@@ -79,8 +79,16 @@ def test_history_verify_and_repair_over_a_url(
 
 
 def test_history_over_an_unreachable_url_fails_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # no server behind the URL: a usage error after the store's few bounded attempts, not the
-    # pool reconnecting (and logging each failure) for its whole timeout
-    assert main(["history", f"postgresql://nobody@/db?host={tmp_path}", "chat"]) == 2
+    # no server behind the URL: the work failed (1, as in every subcommand) after the store's few
+    # bounded attempts, not the pool reconnecting (and logging each failure) for its whole timeout
+    url = f"postgresql://nobody@/db?host={tmp_path}"
+    assert main(["history", url, "chat"]) == 1
     err = capsys.readouterr().err
     assert "cannot open" in err and "pool" not in err
+    assert main(["history", url, "chat", "--search", "x"]) == 1
+    assert "StoreUnavailable" in capsys.readouterr().err
+    conversation = tmp_path / "c.jsonl"
+    conversation.write_text('{"role": "user", "content": "hi"}\n' * 12)
+    assert main(["compact", str(conversation), "--offload-dir", url, "--keep", "2"]) == 1
+    assert "StoreUnavailable" in capsys.readouterr().err
+    assert not (tmp_path / "c.compacted.jsonl").exists()

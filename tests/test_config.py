@@ -86,14 +86,56 @@ def test_bad_values_name_the_key(key: str, value: object) -> None:
     assert repr(key) in str(info.value)
 
 
+def _needs_window(value: object) -> bool:
+    return isinstance(value, tuple) and value == ("fraction", 0.5)
+
+
 @pytest.mark.parametrize(("key", "value"), BAD)
-def test_bad_config_through_the_compactor(key: str, value: object) -> None:
-    state = State(agent_id="a", config={key: value})
+def test_bad_config_is_refused_when_the_state_is_made(key: str, value: object) -> None:
+    if _needs_window(value):  # the runtime fills the window in from the provider: the compactor refuses
+        state = State(agent_id="a", config={key: value})
+        with pytest.raises(ConfigError, match=key):
+            Compactor().should_compact(state)
+        return
     with pytest.raises(ConfigError, match=key):
-        Compactor().should_compact(state)
+        State(agent_id="a", config={key: value})
+    good = State(agent_id="a").to_dict()
+    good["config"] = {key: value}
+    with pytest.raises(ConfigError, match=key):
+        State.from_dict(good)
 
 
-def test_unknown_compact_key_is_refused() -> None:
+def test_unknown_keys_are_refused_with_the_closest_known_one() -> None:
     with pytest.raises(ConfigError, match="compact_trigerr"):
         CompactConfig.from_mapping({"compact_trigerr": ("tokens", 5)})
-    CompactConfig.from_mapping({"max_steps": 5})  # other keys belong to other layers
+    with pytest.raises(ConfigError, match=r"'context_windw' \(did you mean 'context_window'\?\)"):
+        State(agent_id="a", config={"context_windw": 64_000})
+    with pytest.raises(ConfigError, match="unknown config key 'foo'; known keys: compact_keep"):
+        State.from_json(b'{"agent_id": "a", "config": {"foo": 1}}')
+    with pytest.raises(ConfigError, match="max_steps"):  # an agent option, not a config key
+        State(agent_id="a", config={"max_steps": 5})
+
+
+def test_keys_namespaced_for_user_data_are_kept() -> None:
+    config = {"x-ticket": "T-12", "myapp.user": {"id": 7}, "compact_keep": ("messages", 3)}
+    state = State(agent_id="a", config=config)
+    assert state.config["x-ticket"] == "T-12" and state.config["myapp.user"]["id"] == 7
+    assert State.from_json(state.to_json()).config == state.config
+
+
+def test_a_checked_config_is_not_checked_again() -> None:
+    state = State(agent_id="a", config={"compact_trigger": ("tokens", 50)})
+    assert state.evolve(compactions=1).config is state.config  # taken as it is: no copy, no re-check
+    assert State(agent_id="b", config=state.config).config is state.config
+    mutable = {"compact_trigger": ("tokens", 50)}
+    State(agent_id="c", config=mutable)
+    mutable["compact_trigger"] = ("tokens", -1)  # a dict given again is checked again
+    with pytest.raises(ConfigError, match="compact_trigger"):
+        State(agent_id="c", config=mutable)
+
+
+def test_the_default_trigger_is_a_fraction_of_a_known_window() -> None:
+    assert CompactConfig.from_mapping({"context_window": 64_000}).token_trigger == 54_400
+    assert CompactConfig.from_mapping({}).token_trigger == 170_000
+    given = {"context_window": 64_000, "compact_trigger": ("tokens", 60_000)}
+    assert CompactConfig.from_mapping(given).token_trigger == 60_000

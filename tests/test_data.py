@@ -77,7 +77,7 @@ def test_state_round_trip_with_config_tuples() -> None:
         "compact_trigger": [("tokens", 100), ("messages", 30)],
         "compact_keep": ("messages", 4),
         "context_window": 1000,
-        "nested": {"a": [1, 2.5, None, True]},
+        "x-nested": {"a": [1, 2.5, None, True]},
     }
     state = State(agent_id="a1", messages=msgs, config=config, compactions=2)
     again = State.from_json(state.to_json())

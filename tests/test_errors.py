@@ -46,7 +46,8 @@ def test_every_public_exception_class_is_defined_in_errors() -> None:
 def test_every_error_derives_from_cmdc_error() -> None:
     classes = [c for c in vars(errors).values() if inspect.isclass(c) and c.__module__ == "cmdc.errors"]
     assert len(classes) > 30
-    assert all(issubclass(c, errors.CmdcError) for c in classes)
+    assert all(issubclass(c, errors.CmdcError) for c in classes if not issubclass(c, Warning))
+    assert all(issubclass(c, DeprecationWarning) for c in classes if issubclass(c, Warning))
 
 
 @pytest.mark.parametrize(

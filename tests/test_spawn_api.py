@@ -271,6 +271,9 @@ async def test_a_fraction_takes_the_window_the_provider_knows(tmp_path: Path) ->
         mine = await rt.spawn("a2", SimulatedModel(context_window=6_000), config={**fraction, "context_window": 9_000})
         assert (await mine.state()).config["context_window"] == 9_000  # an explicit window wins
         plain = await rt.spawn("a3", SimulatedModel(context_window=6_000), config=cfg(tmp_path))
-        assert "context_window" not in (await plain.state()).config  # not needed: not added
+        assert (await plain.state()).config["context_window"] == 6_000  # the default trigger is 0.85 of it
+        tokens = cfg(tmp_path, compact_trigger=("tokens", 5_000))
+        fixed = await rt.spawn("a5", SimulatedModel(context_window=6_000), config=tokens)
+        assert "context_window" not in (await fixed.state()).config  # not needed: not added
         with pytest.raises(ConfigError, match="context_window"):  # a provider that does not know
             await rt.spawn("a4", Echo(), config=cfg(tmp_path, compact_keep=("fraction", 0.2)))

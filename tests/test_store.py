@@ -396,7 +396,7 @@ async def test_a_runtime_keeps_journals_and_checkpoints_in_its_store(store_spec:
         assert (await a.prompt("apple 8")).text == "noted apple 8"  # activated from the store
         assert (await a.state()).compactions == saved.compactions or (await a.state()).compactions > 0
         recall = rt._agents["a1"].tools["recall"]
-        found = await recall({"query": "apple 1"})
+        found = await recall.run({"query": "apple 1"})
         assert "apple 1" in found
         assert sorted(await rt.store.checkpoints.agents()) == ["a1", "b1"]
 

@@ -49,9 +49,14 @@ def reduced(messages: Sequence[Message], limit: int | None, written: AppendResul
     tokens_of = list(map(_CACHED_TOKENS, messages))
     if None in tokens_of:
         tokens_of = [m._tokens or estimate_message_tokens(m) for m in messages]
-    # smaller ones cannot hold an image part or a base64 run (picked out in C: no loop here)
-    for i in compress(range(len(tokens_of)), map(_MEDIA_MIN_TOKENS.__le__, tokens_of)):
+    # Smaller ones cannot hold an image part or a base64 run, nor pass the limit (picked out
+    # in C: no loop here). A limit below the media floor lowers the floor of the size check.
+    floor = min(_MEDIA_MIN_TOKENS, cap + 1)
+    for i in compress(range(len(tokens_of)), map(floor.__le__, tokens_of)):
         m, tokens = messages[i], tokens_of[i]
+        if tokens < _MEDIA_MIN_TOKENS:
+            large.append(i)  # below the media floor, so above the limit
+            continue
         encoded = m.to_json()
         if b"base64," in encoded or may_hold_base64(encoded):
             plain = without_media(m, where)

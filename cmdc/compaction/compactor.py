@@ -13,7 +13,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import attrs
 import trio
@@ -72,7 +72,18 @@ class _Option(Generic[T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, compactor: Compactor, owner: type | None = None) -> T:
+    def __repr__(self) -> str:
+        return f"<Compactor option {self.name!r} (see CompactorOptions)>"
+
+    @overload
+    def __get__(self, compactor: None, owner: type | None = None) -> _Option[T]: ...
+
+    @overload
+    def __get__(self, compactor: Compactor, owner: type | None = None) -> T: ...
+
+    def __get__(self, compactor: Compactor | None, owner: type | None = None) -> T | _Option[T]:
+        if compactor is None:  # read on the class (help(), inspect, autodoc): the descriptor
+            return self
         value: T = getattr(compactor.options, self.name)
         return value
 

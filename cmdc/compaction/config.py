@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ import attrs
 
 from .._check import integer, is_int
 from ..errors import ConfigError
+from ..state import config_checks
 
 DEFAULT_TRIGGER: tuple[str, int] = ("tokens", 170_000)
 DEFAULT_KEEP: tuple[str, int] = ("messages", 6)
@@ -42,9 +44,37 @@ The next step, directly in line with the user's latest request.
 If an earlier summary appears first, fold it in: nothing it says may be lost unless it is obsolete.
 """
 
+DEFAULT_WINDOW_FRACTION = 0.85
+"""Without a `compact_trigger`, the trigger is this fraction of the context window when one is
+known (configured, or reported by the provider), else `DEFAULT_TRIGGER`."""
+
 COMPACT_KEYS = frozenset(
     {"compact_trigger", "compact_keep", "compact_offload_dir", "compact_summary_prompt", "context_window"}
 )
+KNOWN_KEYS = COMPACT_KEYS
+"""Every key cmdc reads from `state.config`."""
+
+USER_KEY_PREFIX = "x-"
+
+
+def is_user_key(key: str) -> bool:
+    """Whether `key` is namespaced for the application's own data (`x-...`, or `app.name` with a
+    dot), which cmdc keeps and never reads."""
+    return key.startswith(USER_KEY_PREFIX) or "." in key
+
+
+def check_keys(config: Mapping[str, Any]) -> None:
+    """Refuse a key cmdc does not know (`ConfigError` naming the closest known key) unless it
+    is namespaced for user data (`is_user_key`)."""
+    for key in config:
+        if key in KNOWN_KEYS or is_user_key(key):
+            continue
+        close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"unknown config key {key!r}{hint}; known keys: {', '.join(sorted(KNOWN_KEYS))}. "
+            f"Keys for your own data start with {USER_KEY_PREFIX!r} or hold a '.' (e.g. 'myapp.user')"
+        )
 
 
 @attrs.frozen
@@ -84,15 +114,21 @@ class CompactConfig:
         return min(figures) if figures else None
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> CompactConfig:
-        """Read and validate the compaction keys; anything malformed raises `ConfigError`."""
-        for key in config:
-            if key.startswith("compact_") and key not in COMPACT_KEYS:
-                raise ConfigError(f"unknown config key {key!r}; known keys: {sorted(COMPACT_KEYS)}")
+    def from_mapping(cls, config: Mapping[str, Any], *, need_window: bool = True) -> CompactConfig:
+        """Read and validate the config; an unknown key (see `check_keys`) or anything
+        malformed raises `ConfigError`. `need_window=False` accepts a `fraction` rule without a
+        `context_window` (a `State` is checked so: the runtime fills the window in from the
+        provider at spawn; a compactor needs it)."""
+        check_keys(config)
         window = _context_window(config.get("context_window"))
-        triggers = _triggers(config.get("compact_trigger", DEFAULT_TRIGGER), window)
+        if "compact_trigger" in config:
+            triggers = _triggers(config["compact_trigger"], window, need_window)
+        elif window is not None:
+            triggers = (Threshold("fraction", DEFAULT_WINDOW_FRACTION),)
+        else:
+            triggers = (Threshold(*DEFAULT_TRIGGER),)
         keep_modes = ("messages", "fraction", "tokens")
-        keep = _rule("compact_keep", config.get("compact_keep", DEFAULT_KEEP), keep_modes, window)
+        keep = _rule("compact_keep", config.get("compact_keep", DEFAULT_KEEP), keep_modes, window, need_window)
         return cls(
             triggers=triggers,
             keep=keep,
@@ -108,16 +144,16 @@ def _context_window(value: object) -> int | None:
     return integer(value, "config key 'context_window'")
 
 
-def _triggers(value: object, window: int | None) -> tuple[Threshold, ...]:
+def _triggers(value: object, window: int | None, need_window: bool) -> tuple[Threshold, ...]:
     modes = ("tokens", "fraction", "messages")
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
-        return tuple(_rule("compact_trigger", v, modes, window) for v in value)
+        return tuple(_rule("compact_trigger", v, modes, window, need_window) for v in value)
     if isinstance(value, (list, tuple)) and not value:
         raise ConfigError("config key 'compact_trigger' must not be an empty list")
-    return (_rule("compact_trigger", value, modes, window),)
+    return (_rule("compact_trigger", value, modes, window, need_window),)
 
 
-def _rule(key: str, value: object, modes: tuple[str, ...], window: int | None) -> Threshold:
+def _rule(key: str, value: object, modes: tuple[str, ...], window: int | None, need_window: bool) -> Threshold:
     shape = f"a pair (mode, value) with mode one of {list(modes)}"
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise ConfigError(f"config key {key!r} must be {shape}, got {value!r}")
@@ -127,7 +163,7 @@ def _rule(key: str, value: object, modes: tuple[str, ...], window: int | None) -
     if mode == "fraction":
         if not isinstance(number, float) or not 0.0 < number <= 1.0:  # a float: 1 is a count
             raise ConfigError(f"config key {key!r}: a fraction must be a float in (0, 1], got {number!r}")
-        if window is None:
+        if window is None and need_window:
             raise ConfigError(f"config key {key!r}: {value!r} needs 'context_window' to be set")
     elif not is_int(number) or number < 1:
         raise ConfigError(f"config key {key!r}: a {mode} count must be an integer >= 1, got {number!r}")
@@ -147,3 +183,12 @@ def _prompt(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"config key 'compact_summary_prompt' must be a non-empty string, got {value!r}")
     return value
+
+
+def _check_state_config(config: Mapping[str, Any]) -> None:
+    """`State`'s check of a config when it is made: a `fraction` may wait for its window (a
+    runtime fills it in from the provider at spawn)."""
+    CompactConfig.from_mapping(config, need_window=False)
+
+
+config_checks.append(_check_state_config)
