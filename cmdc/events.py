@@ -55,6 +55,8 @@ MCP_SERVER_FAILED = "mcp_server_failed"
 MCP_TOOLS_LIST_FAILED = "mcp_tools_list_failed"
 MCP_TOOLS_CHANGED = "mcp_tools_changed"
 MCP_TOOL_DROPPED = "mcp_tool_dropped"
+MCP_SERVER_RESTART = "mcp_server_restart"  # a stdio server that died is started again (after `delay` s)
+MCP_SERVER_GAVE_UP = "mcp_server_gave_up"  # a stdio server died once more after `restarts` restarts: it stays down
 
 LEVELS: Mapping[str, int] = MappingProxyType(
     {
@@ -95,6 +97,8 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         MCP_SERVER_FAILED: logging.WARNING,
         MCP_TOOLS_LIST_FAILED: logging.WARNING,
         MCP_TOOL_DROPPED: logging.WARNING,
+        MCP_SERVER_RESTART: logging.WARNING,
+        MCP_SERVER_GAVE_UP: logging.WARNING,
     }
 )
 """The log level of each kind (an unknown kind logs at INFO)."""
@@ -138,6 +142,8 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         MCP_TOOLS_LIST_FAILED: ("server", "error"),
         MCP_TOOLS_CHANGED: ("server", "tools"),
         MCP_TOOL_DROPPED: ("server", "tool", "reason"),
+        MCP_SERVER_RESTART: ("server", "restarts", "delay", "error"),
+        MCP_SERVER_GAVE_UP: ("server", "restarts", "error"),
     }
 )
 """The data keys of each kind: an event of a known kind always carries exactly these (a key its
