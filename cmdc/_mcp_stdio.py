@@ -56,15 +56,28 @@ class Oversized:
     tail: bytes
 
 
+@attrs.frozen
+class Pieces:
+    """A long line as the chunks it came in (joined by `join`, in a worker thread)."""
+
+    parts: tuple[bytes, ...]
+
+    def join(self) -> bytes:
+        return b"".join(self.parts)
+
+
 class LineReader:
     """Splits a byte stream into lines, linearly and within a bound: `feed` returns the lines a
     chunk completes (bytes, without the newline) and an `Oversized` for each line past `cap`.
 
-    `held` is the bytes it holds (at most `cap`, or `keep + TAIL_BYTES` for a line past it);
-    `copied` counts the bytes copied by joins (each line's bytes once)."""
+    A line past `join_elsewhere` bytes comes as its `Pieces`, for the caller to join where the
+    copy cannot stall anyone (a worker thread). `held` is the bytes it holds (at most `cap`, or
+    `keep + TAIL_BYTES` for a line past it); `copied` counts the bytes its own joins copied
+    (each line's bytes once at most, never a line re-joined per chunk)."""
 
-    def __init__(self, cap: int, keep: int) -> None:
+    def __init__(self, cap: int, keep: int, join_elsewhere: int = OFF_THREAD_BYTES) -> None:
         self.cap = cap
+        self.join_elsewhere = join_elsewhere
         self.keep = min(cap, keep)
         self.copied = 0
         self._parts: list[bytes] = []
@@ -76,9 +89,9 @@ class LineReader:
     def held(self) -> int:
         return sum(len(p) for p in self._parts) + (len(self._head or b"") + len(self._tail))
 
-    def feed(self, chunk: bytes | bytearray) -> list[bytes | Oversized]:
+    def feed(self, chunk: bytes | bytearray) -> list[bytes | Pieces | Oversized]:
         chunk = bytes(chunk)  # a stream may hand over a bytearray (mutable): one copy of the chunk
-        out: list[bytes | Oversized] = []
+        out: list[bytes | Pieces | Oversized] = []
         start = 0
         while (end := chunk.find(b"\n", start)) >= 0:
             self._add(chunk[start:end] if start or end < len(chunk) else chunk)
@@ -103,13 +116,17 @@ class LineReader:
         self._tail += piece[-TAIL_BYTES:]
         del self._tail[:-TAIL_BYTES]
 
-    def _finish(self) -> bytes | Oversized:
-        line: bytes | Oversized
+    def _finish(self) -> bytes | Pieces | Oversized:
+        line: bytes | Pieces | Oversized
         if self._head is not None:
             line = Oversized(self._size, self._head, bytes(self._tail))
+        elif len(self._parts) == 1:
+            line = self._parts[0]
+        elif self._size > self.join_elsewhere:
+            line = Pieces(tuple(self._parts))
         else:
-            line = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-            self.copied += len(line) if len(self._parts) > 1 else 0
+            line = b"".join(self._parts)
+            self.copied += len(line)
         self._parts, self._size, self._head = [], 0, None
         self._tail.clear()
         return line
@@ -173,7 +190,12 @@ def clipped_reply(line: Oversized, request: tuple[int | str, str], cap: int, kee
     return SessionMessage(message)
 
 
-def parse_line(line: bytes) -> SessionMessage | Exception:
+def parse_line(line: bytes | Pieces) -> SessionMessage | Exception:
+    """A line as a message, or the error that says why it is not one (the session surfaces it)."""
+    if isinstance(line, Pieces):
+        line = line.join()
+    if not line.strip():
+        return ValueError("an empty line")
     try:
         message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError as exc:
@@ -236,7 +258,7 @@ async def stdio_transport(
                             await read_send.send(message)
         link.closed.set()
 
-    async def _message(line: bytes | Oversized) -> SessionMessage | Exception | None:
+    async def _message(line: bytes | Pieces | Oversized) -> SessionMessage | Exception | None:
         if isinstance(line, Oversized):
             link.oversized += 1
             rid = reply_id(line)
@@ -245,10 +267,10 @@ async def stdio_transport(
                 link.dropped += 1
                 return None
             return await trio.to_thread.run_sync(clipped_reply, line, (rid, method), max_message_bytes, keep_bytes)
-        if not line.strip():
-            return None
-        if len(line) > OFF_THREAD_BYTES:
+        if isinstance(line, Pieces) or len(line) > OFF_THREAD_BYTES:
             message = await trio.to_thread.run_sync(parse_line, line)
+        elif not line.strip():
+            return None
         else:
             message = parse_line(line)
         if (

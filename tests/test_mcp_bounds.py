@@ -14,7 +14,7 @@ import trio
 
 import cmdc
 import cmdc.mcp
-from cmdc._mcp_stdio import LineReader, Oversized, clipped_reply, head_text, reply_id
+from cmdc._mcp_stdio import LineReader, Oversized, Pieces, clipped_reply, head_text, reply_id
 from cmdc.events import MCP_SERVER_GAVE_UP, MCP_SERVER_RESTART, TOOL_START
 from cmdc.providers import ScriptedProvider
 
@@ -71,6 +71,11 @@ def test_the_reader_joins_each_line_once_and_never_holds_more_than_the_cap() -> 
     out = [x for p in [*pieces, b"\n", b"\n".join([text, text, b""])] for x in reader.feed(p)]
     assert out == [text, text, text]
     assert reader.copied - before == len(text)  # only the chunked one needed a join
+
+    # a long line under the cap comes as its pieces, joined by the caller in a worker thread
+    reader = LineReader(cap=4 * MB, keep=1024, join_elsewhere=10)
+    [long] = [x for p in [*pieces, b"\n"] for x in reader.feed(p)]
+    assert isinstance(long, Pieces) and long.join() == text and reader.copied == 0
 
 
 def test_an_oversized_reply_is_replaced_by_a_clipped_result_or_an_error() -> None:
