@@ -187,3 +187,18 @@ def test_a_tool_call_with_many_arguments_is_estimated_without_a_thawed_copy() ->
     assert cmdc.tokens.estimate_message_tokens(message) == cmdc.tokens.MESSAGE_OVERHEAD + (
         cmdc.tokens.TOOL_CALL_OVERHEAD + 1 + (len(orjson.dumps(wide(1000))) + 3) // 4
     )
+
+
+def test_keys_are_counted_unparsed_only_when_surely_too_many() -> None:
+    """An OpenAI arguments text with more `":` than the bound outside strings is refused before it
+    is parsed; quotes and colons inside a string value do not count."""
+    from cmdc.providers._http import tool_call
+
+    quoted = orjson.dumps({"text": '":' * 20_000}).decode()  # 20,000 escaped `\":` in one value
+    invalid: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    kept = tool_call("c1", "open", quoted, invalid, ReplyLimits(), refused)
+    assert kept.arguments["text"] == '":' * 20_000 and refused == {} and invalid == {}
+    keys = orjson.dumps(wide(10_001)).decode()
+    assert dict(tool_call("c2", "open", keys, invalid, ReplyLimits(), refused).arguments) == {}
+    assert "more than 10,000 values in all" in refused["c2"]

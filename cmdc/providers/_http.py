@@ -267,6 +267,12 @@ def tool_call(
         raise ProviderError(f"the model called a tool without a name (call {cid!r}, arguments {arguments!r:.200})")
     raw: str | None = None
     value: object = arguments
+    bounds = f"max_argument_values={limits.max_argument_values:,}, max_argument_depth={limits.max_argument_depth}"
+    if isinstance(arguments, str) and _surely_too_many_keys(arguments, limits.max_argument_values):
+        if refused is not None:  # refused unparsed: parsing them would stall every agent
+            many = f"more than {limits.max_argument_values:,} values in all, {len(arguments):,} characters"
+            refused[cid] = f"the arguments of this call were refused: {many} (the limits: {bounds})"
+        return ToolCall(id=cid, name=name, arguments={})
     if isinstance(arguments, str):
         if arguments.strip():
             try:
@@ -279,11 +285,10 @@ def tool_call(
         value = {}
     if raw is None and not isinstance(value, Mapping):
         raw = arguments if isinstance(arguments, str) else orjson.dumps(arguments, default=str).decode()
-    if raw is None and (why := past_bounds(value, limits.max_argument_values, limits.max_argument_depth)):
+    if raw is None and (past := past_bounds(value, limits.max_argument_values, limits.max_argument_depth)):
         size = f", {len(arguments):,} characters" if isinstance(arguments, str) else ""
-        bounds = f"max_argument_values={limits.max_argument_values:,}, max_argument_depth={limits.max_argument_depth}"
         if refused is not None:
-            refused[cid] = f"the arguments of this call were refused: {why}{size} (the limits: {bounds})"
+            refused[cid] = f"the arguments of this call were refused: {past}{size} (the limits: {bounds})"
         return ToolCall(id=cid, name=name, arguments={})
     if raw is None:
         try:
@@ -292,6 +297,13 @@ def tool_call(
             raw = orjson.dumps(arguments, default=str).decode() if not isinstance(arguments, str) else arguments
     invalid[cid] = raw
     return ToolCall(id=cid, name=name, arguments={})
+
+
+def _surely_too_many_keys(text: str, most: int) -> bool:
+    """Whether a JSON text surely has more than `most` object keys, found by counting, not
+    parsing: outside a string a key ends `":`; inside one, `":` only comes escaped (`\\":`). The
+    count is a lower bound (a key with a space before its colon is not counted)."""
+    return len(text) > 2 * most and text.count('":') - text.count('\\":') > most
 
 
 def reply_metadata(
