@@ -109,10 +109,15 @@ class LineReader:
             self._parts.append(piece)
             return
         if self._head is None:  # this piece takes the line past the cap: keep its head only
-            self._parts.append(piece[: max(0, self.keep - (self._size - len(piece)))])
-            head = b"".join(self._parts)[: self.keep]
-            self.copied += len(head)
-            self._head, self._parts = head, []
+            self._parts.append(piece)
+            head, room = [], self.keep
+            for part in self._parts:  # only the first `keep` bytes are copied
+                if room <= 0:
+                    break
+                head.append(part[:room])
+                room -= len(head[-1])
+            self._head, self._parts = b"".join(head), []
+            self.copied += len(self._head)
         self._tail += piece[-TAIL_BYTES:]
         del self._tail[:-TAIL_BYTES]
 
