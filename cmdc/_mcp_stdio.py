@@ -22,7 +22,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -217,6 +217,8 @@ class Link:
     the server exited; `oversized` counts replies past the cap."""
 
     closed: trio.Event = attrs.field(factory=trio.Event)
+    on_oversized: Callable[[int, str | None], None] = lambda size, method: None
+    """Told of each message past the cap: its size, and the method it answers (None: dropped)."""
     returncode: int | None = None
     oversized: int = 0
     dropped: int = 0
@@ -268,6 +270,7 @@ async def stdio_transport(
             link.oversized += 1
             rid = reply_id(line)
             method = pending.pop(rid, None) if rid is not None else None
+            link.on_oversized(line.size, method)
             if rid is None or method is None:
                 link.dropped += 1
                 return None

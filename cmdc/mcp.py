@@ -53,6 +53,7 @@ from ._clip import clip
 from ._mcp_stdio import Link, stdio_transport
 from .errors import ConfigError, MCPServerError, MCPToolError
 from .events import (
+    MCP_MESSAGE_CLIPPED,
     MCP_SERVER_FAILED,
     MCP_SERVER_GAVE_UP,
     MCP_SERVER_RESTART,
@@ -179,7 +180,13 @@ class MCPTools:
         tools current. Returns why it ended when a stdio server's link closed (it exited); fails
         with `MCPServerError` when it did not start (listed no tools within the deadline)."""
         started = False
-        link = Link()
+        cap = self.max_message_bytes
+
+        def oversized(size: int, method: str | None) -> None:
+            what = f"a reply to {method}, clipped" if method else "not a reply to a pending request, dropped"
+            _log(MCP_MESSAGE_CLIPPED, self.name, bytes=size, cap=cap, message=what)
+
+        link = Link(on_oversized=oversized)
         # The start's deadline is a scope around the whole connection (a scope left while the
         # client it was entered around is still open would corrupt trio's scope stack).
         try:

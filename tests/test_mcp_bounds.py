@@ -15,7 +15,7 @@ import trio
 import cmdc
 import cmdc.mcp
 from cmdc._mcp_stdio import LineReader, Oversized, Pieces, clipped_reply, head_text, reply_id
-from cmdc.events import MCP_SERVER_GAVE_UP, MCP_SERVER_RESTART, TOOL_START
+from cmdc.events import MCP_MESSAGE_CLIPPED, MCP_SERVER_GAVE_UP, MCP_SERVER_RESTART, TOOL_START
 from cmdc.providers import ScriptedProvider
 
 call = ScriptedProvider.tool_call
@@ -101,9 +101,14 @@ def test_an_oversized_reply_is_replaced_by_a_clipped_result_or_an_error() -> Non
 
 
 @pytest.mark.parametrize("order", ["id-first", "id-last"])
-async def test_a_100_mb_result_is_clipped_and_a_neighbour_keeps_working(tmp_path: Path, order: str) -> None:
+async def test_a_100_mb_result_is_clipped_and_a_neighbour_keeps_working(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, order: str
+) -> None:
     """The server writes 50 MB of one line, then waits until the neighbour agent has answered
     five prompts (it could not, were the trio thread stuck re-joining the line), then the rest."""
+    logged: list[Any] = []
+    monkeypatch.setattr(cmdc.mcp, "logging_enabled", lambda: True)
+    monkeypatch.setattr(cmdc.mcp, "log_event", logged.append)
     pause = tmp_path / "go-on"
     server = hostile(*(["--id-last"] if order == "id-last" else []))
     provider = ScriptedProvider(
@@ -136,6 +141,12 @@ async def test_a_100_mb_result_is_clipped_and_a_neighbour_keeps_working(tmp_path
     assert note is not None and 100 * MB < int(note[1].replace(",", "")) < 100 * MB + 200
     assert len(clipped.encode()) <= 256 * 1024  # within max_result_bytes, the note kept
     assert results[1].content.startswith("after from")  # the server is still usable
+    [event] = [e for e in logged if e.kind == MCP_MESSAGE_CLIPPED]
+    assert event.data["server"] == "hostile" and event.data["cap"] == 16 * MB
+    assert (
+        event.data["bytes"] == int(note[1].replace(",", ""))
+        and event.data["message"] == "a reply to tools/call, clipped"
+    )
 
 
 def test_the_message_cap_is_checked() -> None:
