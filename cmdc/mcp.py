@@ -10,7 +10,10 @@ FastMCP: plain Python functions) in this process. Each is a `ToolSource`: the ru
 in its own nursery at the first spawn that names it (the server's tools are listed before
 `spawn` returns; a server that cannot start fails the spawn), shares it between the agents
 given it, and stops it when the runtime closes: a child process is ended (stdin closed, then
-SIGTERM, then SIGKILL to its process group, each wait bounded) and reaped, never orphaned.
+SIGTERM, then SIGKILL, each wait bounded) with every process it started (it runs in its own
+process group, on Linux below a child subreaper: `cmdc/_mcp_reaper.py`), never orphaned. A
+stdio server that died is restarted (`Restarts`), and its messages are read by a bounded reader
+(`cmdc/_mcp_stdio.py`: `max_message_bytes`, a tool result past it clipped with a note).
 
 The server's tools become cmdc `Tool` values: their JSON schemas are the parameters the model
 sees and the arguments are checked against them, and a call runs under the agent's tool timeout
