@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from cmdc.providers import ScriptedProvider
 
 call = ScriptedProvider.tool_call
 HOSTILE = str(Path(__file__).with_name("mcp_hostile.py"))
+ROOT = str(Path(__file__).resolve().parent.parent)
 MB = 1 << 20
 
 
@@ -241,3 +243,42 @@ async def test_a_server_that_keeps_dying_is_given_up_on(monkeypatch: pytest.Monk
     assert gave_up.data["restarts"] == 3 and "did not start" in gave_up.data["error"]
     assert starts.read_text() == "4"  # the first start and three restarts
     assert results[1].is_error and "not restarted again after 3 restarts in a row" in results[1].content
+
+
+RUNTIME = """
+import sys, trio, cmdc, cmdc.mcp
+from cmdc.providers import ScriptedProvider
+
+async def main():
+    server = cmdc.mcp.stdio(sys.executable, sys.argv[1], "--pids", sys.argv[2], name="hostile")
+    async with cmdc.open_runtime(log_events=False) as rt:
+        await rt.spawn("a1", ScriptedProvider([]), tools=[server])
+        print("ready", flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+async def test_a_killed_runtime_takes_its_servers_processes_with_it(tmp_path: Path) -> None:
+    """The runtime's process is SIGKILLed (no clean-up of its own runs): the reaper is told by
+    the kernel (PR_SET_PDEATHSIG) and ends the server, its child and its setsid grandchild."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    pids_file = tmp_path / "pids"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-c", RUNTIME, HOSTILE, str(pids_file)], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert process.stdout is not None
+        with trio.fail_after(30):
+            assert (await process.stdout.receive_some(64)).startswith(b"ready")
+        pids = [int(p) for p in pids_file.read_text().split()]
+        assert all(alive(p) for p in pids)
+    finally:
+        process.kill()
+        await process.wait()
+    with trio.fail_after(20):
+        while any(alive(p) for p in pids):  # noqa: ASYNC110  # polled: other processes
+            await trio.sleep(0.01)
