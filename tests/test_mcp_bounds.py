@@ -282,3 +282,18 @@ async def test_a_killed_runtime_takes_its_servers_processes_with_it(tmp_path: Pa
     with trio.fail_after(20):
         while any(alive(p) for p in pids):  # noqa: ASYNC110  # polled: other processes
             await trio.sleep(0.01)
+
+
+def test_the_stall_benchmark_prints_its_figures() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.mcp_stall", "--mb", "1", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert done.returncode == 0, done.stderr
+    header, _, row = done.stdout.splitlines()
+    assert header.startswith("reader: cmdc stdio transport; idle (the machine's own noise): longest stall")
+    assert row.split()[0] == "1" and 200_000 < int(row.split()[-1].replace(",", "")) <= 256 * 1024  # clipped

@@ -5,6 +5,10 @@ large ones are validated in a worker thread, and error texts are clipped."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -202,3 +206,18 @@ def test_keys_are_counted_unparsed_only_when_surely_too_many() -> None:
     keys = orjson.dumps(wide(10_001)).decode()
     assert dict(tool_call("c2", "open", keys, invalid, ReplyLimits(), refused).arguments) == {}
     assert "more than 10,000 values in all" in refused["c2"]
+
+
+def test_the_argument_benchmark_prints_its_figures() -> None:
+    root = str(Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.argument_stall", "--keys", "20000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("keys 20,000: reply ")
+    assert "not run: the arguments of this call were refused: more than 10,000 values in all" in done.stdout
