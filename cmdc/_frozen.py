@@ -64,3 +64,29 @@ def thaw(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [thaw(v) for v in value]
     return value
+
+
+def past_bounds(value: Any, max_values: int, max_depth: int) -> str | None:
+    """Why a JSON-like value is too large to take, or None: more than `max_values` values in
+    all (object members and array items, counted through every level), or containers nested
+    deeper than `max_depth`. Looks at no more than `max_values` values: the cost is bounded
+    however large the value is."""
+    count = 0
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if not children:
+            continue
+        if depth >= max_depth:
+            return f"nested deeper than {max_depth} levels"
+        count += len(children)
+        if count > max_values:
+            return f"more than {max_values:,} values in all"
+        todo.extend((child, depth + 1) for child in children)
+    return None

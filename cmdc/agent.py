@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextvars
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, get_args
 
 import attrs
 import trio
 
 from ._check import choice, integer, optional_integer, optional_seconds, seconds, validator
+from ._frozen import past_bounds
 from .compaction import Compactor
 from .errors import (
     AgentStopped,
@@ -83,7 +84,14 @@ from .plugins import (
     fold,
     sort_plugins,
 )
-from .providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY, ModelRequest, Provider, ToolSchema
+from .providers.base import (
+    CONTEXT_EXCEEDED_KEY,
+    REFUSED_ARGUMENTS_KEY,
+    STOP_REASON_KEY,
+    ModelRequest,
+    Provider,
+    ToolSchema,
+)
 from .report import Compacted, Skipped
 from .state import State
 from .tools import Tool, ToolSet
@@ -156,6 +164,10 @@ class AgentOptions:
       `AgentRef.queued()` shows them, `AgentRef.clear_queued()` drops them.
     - `summarizer_timeout`: seconds one summarizer attempt may take before it counts as failed
       (retried, then failed over like any failed attempt: `SummarizerTimeout`); None: no bound.
+    - `max_tool_argument_values`, `max_tool_argument_depth`: one tool call's arguments with more
+      values in all (object members and array items, through every level; 10,000), or nested
+      deeper (32 levels), are not validated nor run: the model reads an error saying so. (The
+      HTTP providers refuse them already while reading the reply: `ReplyLimits`.)
     """
 
     max_steps: int = attrs.field(default=25, validator=_positive)
@@ -173,6 +185,8 @@ class AgentOptions:
     max_continuations: int = attrs.field(default=2, validator=_non_negative)
     max_queued: int = attrs.field(default=256, validator=_positive)
     summarizer_timeout: float | None = attrs.field(default=300.0, validator=validator(optional_seconds, _OPTION))
+    max_tool_argument_values: int = attrs.field(default=10_000, validator=_positive)
+    max_tool_argument_depth: int = attrs.field(default=32, validator=_positive)
 
 
 class _Reply:
@@ -1134,8 +1148,14 @@ class Agent:
             for i in range(limit, len(calls)):
                 results[i] = Message.tool_result(calls[i].id, why, is_error=True)
             self._emit(TOOL_CALLS_REFUSED, refused=len(calls) - limit, limit=limit)
+        refused = reply.metadata.get(REFUSED_ARGUMENTS_KEY)
+        refused = refused if isinstance(refused, Mapping) else {}
         async with trio.open_nursery() as nursery:
             for i, call in enumerate(calls[:limit]):
+                reason = refused.get(call.id)
+                if isinstance(reason, str):  # the provider did not keep its arguments: never run
+                    results[i] = Message.tool_result(call.id, f"tool {call.name!r} not run: {reason}", is_error=True)
+                    continue
                 nursery.start_soon(self._run_tool, state, call, results, i, aborted, nursery.cancel_scope)
         if aborted:  # raised here, not inside the nursery: the caller gets PluginAborted itself
             raise aborted[0]
@@ -1186,6 +1206,15 @@ class Agent:
             return call, Message.tool_result(
                 call.id, f"unknown tool {call.name!r}; available tools: {known}", is_error=True
             )
+        options = self.options
+        why = past_bounds(call.arguments, options.max_tool_argument_values, options.max_tool_argument_depth)
+        if why is not None:
+            bounds = (
+                f"max_tool_argument_values={options.max_tool_argument_values:,}, "
+                f"max_tool_argument_depth={options.max_tool_argument_depth}"
+            )
+            text = f"tool {call.name!r} not run: its arguments were refused: {why} (the limits: {bounds})"
+            return call, Message.tool_result(call.id, text, is_error=True)
         timeout = tool.timeout if tool.timeout is not None else self.options.tool_timeout
         try:
             with trio.fail_after(math.inf if timeout is None else timeout):

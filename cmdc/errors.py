@@ -149,6 +149,10 @@ class AgentNotFound(CmdcError):
     """No agent is registered under that name."""
 
 
+_SHOWN = 20  # problems a ToolArgumentsError's text lists
+_ERROR_CHARS = 300  # characters of one problem shown
+
+
 class ToolArgumentsError(CmdcError, ValueError):
     """A model's tool arguments do not match the tool's schema; `errors` lists every problem."""
 
@@ -156,7 +160,11 @@ class ToolArgumentsError(CmdcError, ValueError):
         self.errors = tuple(errors)
         self.tool = tool
         head = f"invalid arguments for tool {tool!r}" if tool else "invalid arguments"
-        super().__init__(f"{head}:\n" + "\n".join(f"- {e}" for e in self.errors))
+        # The text the model reads is bounded: the first problems, each clipped, then a count.
+        shown = [e if len(e) <= _ERROR_CHARS else f"{e[:_ERROR_CHARS]}... (clipped)" for e in self.errors[:_SHOWN]]
+        if len(self.errors) > _SHOWN:
+            shown.append(f"... and {len(self.errors) - _SHOWN:,} more listed problems not shown")
+        super().__init__(f"{head}:\n" + "\n".join(f"- {e}" for e in shown))
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.errors, self.tool))

@@ -57,6 +57,9 @@ MCP_TOOLS_CHANGED = "mcp_tools_changed"
 MCP_TOOL_DROPPED = "mcp_tool_dropped"
 INDEX_RETRY = "index_retry"  # a store's search indexer lost its connection: it tries again after `delay` s
 INDEX_FAILED = "index_failed"  # a store's search indexer gave up on an agent for now (left for later)
+MCP_SERVER_RESTART = "mcp_server_restart"  # a stdio server that died is started again (after `delay` s)
+MCP_SERVER_GAVE_UP = "mcp_server_gave_up"  # a stdio server died once more after `restarts` restarts: it stays down
+MCP_MESSAGE_CLIPPED = "mcp_message_clipped"  # a stdio server's message past `max_message_bytes` (never held whole)
 
 LEVELS: Mapping[str, int] = MappingProxyType(
     {
@@ -99,6 +102,9 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         MCP_TOOL_DROPPED: logging.WARNING,
         INDEX_RETRY: logging.WARNING,
         INDEX_FAILED: logging.WARNING,
+        MCP_SERVER_RESTART: logging.WARNING,
+        MCP_SERVER_GAVE_UP: logging.WARNING,
+        MCP_MESSAGE_CLIPPED: logging.WARNING,
     }
 )
 """The log level of each kind (an unknown kind logs at INFO)."""
@@ -144,6 +150,9 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         MCP_TOOL_DROPPED: ("server", "tool", "reason"),
         INDEX_RETRY: ("attempt", "delay", "error"),
         INDEX_FAILED: ("attempts", "error"),
+        MCP_SERVER_RESTART: ("server", "restarts", "delay", "error"),
+        MCP_SERVER_GAVE_UP: ("server", "restarts", "error"),
+        MCP_MESSAGE_CLIPPED: ("server", "bytes", "cap", "message"),
     }
 )
 """The data keys of each kind: an event of a known kind always carries exactly these (a key its

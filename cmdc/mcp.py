@@ -10,7 +10,10 @@ FastMCP: plain Python functions) in this process. Each is a `ToolSource`: the ru
 in its own nursery at the first spawn that names it (the server's tools are listed before
 `spawn` returns; a server that cannot start fails the spawn), shares it between the agents
 given it, and stops it when the runtime closes: a child process is ended (stdin closed, then
-SIGTERM, then SIGKILL to its process group, each wait bounded) and reaped, never orphaned.
+SIGTERM, then SIGKILL, each wait bounded) with every process it started (it runs in its own
+process group, on Linux below a child subreaper: `cmdc/_mcp_reaper.py`), never orphaned. A
+stdio server that died is restarted (`Restarts`), and its messages are read by a bounded reader
+(`cmdc/_mcp_stdio.py`: `max_message_bytes`, a tool result past it clipped with a note).
 
 The server's tools become cmdc `Tool` values: their JSON schemas are the parameters the model
 sees and the arguments are checked against them, and a call runs under the agent's tool timeout
@@ -40,7 +43,6 @@ import trio
 try:
     import mcp_types
     from mcp import Client, MCPError, StdioServerParameters
-    from mcp.client.stdio import stdio_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.server.lowlevel import Server as LowLevelServer
     from mcp.server.mcpserver import MCPServer
@@ -51,9 +53,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from ._check import integer, optional_seconds, seconds, validator
 from ._clip import clip
+from ._mcp_stdio import Link, stdio_transport
 from .errors import ConfigError, MCPServerError, MCPToolError
 from .events import (
+    MCP_MESSAGE_CLIPPED,
     MCP_SERVER_FAILED,
+    MCP_SERVER_GAVE_UP,
+    MCP_SERVER_RESTART,
     MCP_TOOL_DROPPED,
     MCP_TOOLS_CHANGED,
     MCP_TOOLS_LIST_FAILED,
@@ -63,19 +69,44 @@ from .events import (
 )
 from .tools import Tool, ToolSet
 
-__all__ = ["MCPServerError", "MCPToolError", "MCPTools", "http", "in_process", "stdio"]
+__all__ = ["MCPServerError", "MCPToolError", "MCPTools", "Restarts", "http", "in_process", "stdio"]
 
 MAX_TOOLS = 512
 """Tools listed from one server beyond this many are dropped (a hostile or broken server)."""
 MAX_DESCRIPTION_BYTES = 4096
 MAX_SCHEMA_BYTES = 64 * 1024
 STDERR_TAIL_BYTES = 4096
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The default cap on one message from a stdio server (`stdio(max_message_bytes=...)`)."""
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def _prefix(_inst: object, _attr: object, value: object) -> None:
     if not isinstance(value, str) or _SAFE.search(value) or len(value) > 32:
         raise ConfigError(f"prefix must be at most 32 letters, digits, '_' or '-', got {value!r}")
+
+
+@attrs.frozen
+class Restarts:
+    """How a stdio server that died is restarted: after `backoff` seconds, doubling with each
+    restart up to `max_backoff`, at most `max_restarts` times in a row; a server that ran
+    `reset_after` seconds before dying starts the count again. Each restart is an
+    `mcp_server_restart` event, giving up an `mcp_server_gave_up` event. Meanwhile (and after
+    giving up) its tools answer the model that the server is not running."""
+
+    max_restarts: int = attrs.field(default=5, validator=validator(integer, "Restarts.{}", minimum=0))
+    backoff: float = attrs.field(default=0.5, validator=validator(seconds, "Restarts.{}"))
+    max_backoff: float = attrs.field(default=30.0, validator=validator(seconds, "Restarts.{}"))
+    reset_after: float = attrs.field(default=60.0, validator=validator(seconds, "Restarts.{}"))
+
+    def delay(self, restart: int) -> float:
+        """Seconds to wait before restart number `restart` (1, 2, ...)."""
+        return float(min(self.max_backoff, self.backoff * 2 ** min(restart - 1, 62)))
+
+
+def _restarts(_inst: object, _attr: object, value: object) -> None:
+    if value is not None and not isinstance(value, Restarts):
+        raise ConfigError(f"restarts must be a cmdc.mcp.Restarts or None, got {value!r:.80}")
 
 
 @attrs.frozen(eq=False)  # hashed by identity: the runtime starts each one once
@@ -91,14 +122,74 @@ class MCPTools:
     max_result_bytes: int = attrs.field(default=256 * 1024, validator=validator(integer, "{}", minimum=256))
     headers: Mapping[str, str] | None = attrs.field(default=None, repr=False)
     stderr: TextIO | None = attrs.field(default=None, repr=False)
+    max_message_bytes: int = attrs.field(
+        default=MAX_MESSAGE_BYTES, validator=validator(integer, "{}", minimum=64 * 1024)
+    )
+    restarts: Restarts | None = attrs.field(default=None, validator=_restarts)  # type: ignore[assignment]
 
     async def serve(self, *, task_status: trio.TaskStatus[ToolSet] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the server, list its tools, report them through `task_status`, then keep them
         current until cancelled. Before its tools are listed a failure raises `MCPServerError`;
-        after, it is only recorded (`ToolSet.error`, and each call says so)."""
+        after, it is only recorded (`ToolSet.error`, and each call says so), and a stdio server
+        with `restarts` is started again (see `Restarts`)."""
         live = ToolSet(self.name)
         tail = bytearray()  # the end of the server's stderr, for error messages
+        policy = self.restarts if isinstance(self.target, StdioServerParameters) else None
+        current: list[Client] = []  # the connection whose tools are listed now
         started = False
+        restarts = 0
+
+        def ready() -> None:
+            nonlocal started
+            live.error = None
+            if not started:
+                started = True
+                task_status.started(live)
+
+        while True:
+            since = trio.current_time()
+            try:
+                why = await self._connection(live, tail, current, ready)
+            except MCPServerError as exc:
+                if not started:
+                    raise
+                why = str(exc)
+            except Exception as exc:
+                if not started:
+                    why = f"{_why(exc)}{_stderr_note(tail)}"
+                    raise MCPServerError(f"MCP server {self.name!r} did not start: {why}") from exc
+                why = _why(exc)
+            current.clear()
+            stopped = f"MCP server {self.name!r} is not running: {why}"
+            if policy is None:
+                live.error = stopped
+                _log(MCP_SERVER_FAILED, self.name, error=f"{stopped}{_stderr_note(tail)}")
+                return
+            if trio.current_time() - since >= policy.reset_after:
+                restarts = 0
+            if restarts >= policy.max_restarts:
+                live.error = f"{stopped}; not restarted again after {restarts} restarts in a row (max_restarts)"
+                _log(MCP_SERVER_GAVE_UP, self.name, restarts=restarts, error=f"{why}{_stderr_note(tail)}")
+                return
+            restarts += 1
+            delay = policy.delay(restarts)
+            again = f"restart {restarts} of at most {policy.max_restarts}, in {delay:g} s"
+            live.error = f"{stopped}; restarting it ({again})"
+            _log(MCP_SERVER_RESTART, self.name, restarts=restarts, delay=delay, error=f"{why}{_stderr_note(tail)}")
+            await trio.sleep(delay)
+
+    async def _connection(self, live: ToolSet, tail: bytearray, current: list[Client], ready: Any) -> str:
+        """One run of the server: connect, list its tools into `live`, call `ready()`, keep the
+        tools current. Returns why it ended when a stdio server's link closed (it exited); fails
+        with `MCPServerError` when it did not start (listed no tools within the deadline)."""
+        started = False
+        cap = self.max_message_bytes
+
+        def oversized(size: int, method: str | None) -> None:
+            what = f"a reply to {method}, clipped" if method else "not a reply to a pending request, dropped"
+            _log(MCP_MESSAGE_CLIPPED, self.name, bytes=size, cap=cap, message=what)
+
+        link = Link(on_oversized=oversized)
         # The start's deadline is a scope around the whole connection (a scope left while the
         # client it was entered around is still open would corrupt trio's scope stack).
         try:
@@ -114,33 +205,38 @@ class MCPTools:
                             with contextlib.suppress(trio.WouldBlock):  # one pending refresh is enough
                                 changed_send.send_nowait(None)
 
-                    client = Client(self._transport(errlog), cache=None, message_handler=on_message)
-                    # Its exit stops a child process; the SDK shields that and bounds each wait (a
-                    # scope of ours around it would cross the client's own task group).
+                    client = Client(self._transport(errlog, link), cache=None, message_handler=on_message)
+                    # Its exit stops a child process, shielded, each wait bounded (a scope of
+                    # ours around it would cross the client's own task group).
                     await stack.enter_async_context(client)
                     if errlog is not None and errlog is not self.stderr:
                         errlog.close()  # the child has its own copy
-                    live.replace(await self._list(client, live, tail))
+                    current[:] = [client]
+                    live.replace(await self._list(client, live, tail, current))
                     scope.deadline = math.inf
                     caps = client.server_capabilities.tools
                     if caps is not None and caps.list_changed and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                         listening = True
                         nursery.start_soon(self._listen, client, changed_send)
-                    nursery.start_soon(self._relist, client, live, tail, changed_receive)
+                    nursery.start_soon(self._relist, client, live, tail, current, changed_receive)
                     started = True
-                    task_status.started(live)
-                    await trio.sleep_forever()
+                    ready()
+                    if not isinstance(self.target, StdioServerParameters):
+                        await trio.sleep_forever()
+                    await link.closed.wait()
+                    nursery.cancel_scope.cancel()
             if not started:  # the deadline passed
                 why = f"no answer within {self.connect_timeout} s"
                 raise MCPServerError(f"MCP server {self.name!r} did not start: {why}{_stderr_note(tail)}")
         except MCPServerError:
             raise
         except Exception as exc:
-            why = _why(exc)
             if not started:
-                raise MCPServerError(f"MCP server {self.name!r} did not start: {why}{_stderr_note(tail)}") from exc
-            live.error = f"MCP server {self.name!r} stopped: {why}{_stderr_note(tail)}"
-            _log(MCP_SERVER_FAILED, self.name, error=live.error)
+                why = f"{_why(exc)}{_stderr_note(tail)}"
+                raise MCPServerError(f"MCP server {self.name!r} did not start: {why}") from exc
+            raise
+        code = link.returncode
+        return "it exited" + (f" with status {code}" if code else "") if code is not None else "its output ended"
 
     # -- connecting -------------------------------------------------------------------------
     def _stderr_pipe(self, nursery: trio.Nursery, stack: contextlib.AsyncExitStack, tail: bytearray) -> TextIO | None:
@@ -156,10 +252,12 @@ class MCPTools:
         nursery.start_soon(_keep_tail, trio.lowlevel.FdStream(read_fd), tail)
         return errlog
 
-    def _transport(self, errlog: TextIO | None) -> Any:
+    def _transport(self, errlog: TextIO | None, link: Link) -> Any:
         target = self.target
         if isinstance(target, StdioServerParameters):
-            return stdio_client(target, errlog=errlog) if errlog is not None else stdio_client(target)
+            return stdio_transport(
+                target, errlog, max_message_bytes=self.max_message_bytes, keep_bytes=self.max_result_bytes, link=link
+            )
         if isinstance(target, str):
             http_client = create_mcp_http_client(headers=dict(self.headers or {}))
             return streamable_http_client(target, http_client=http_client)
@@ -174,12 +272,17 @@ class MCPTools:
                         changed.send_nowait(None)
 
     async def _relist(
-        self, client: Client, live: ToolSet, tail: bytearray, changed: trio.MemoryReceiveChannel[None]
+        self,
+        client: Client,
+        live: ToolSet,
+        tail: bytearray,
+        current: list[Client],
+        changed: trio.MemoryReceiveChannel[None],
     ) -> None:
         async for _ in changed:
             try:
                 with trio.fail_after(self.connect_timeout):
-                    tools = await self._list(client, live, tail)
+                    tools = await self._list(client, live, tail, current)
             except Exception as exc:  # keep the listing it had; a dead server's calls say so
                 _log(MCP_TOOLS_LIST_FAILED, self.name, error=_why(exc))
                 continue
@@ -187,7 +290,7 @@ class MCPTools:
             _log(MCP_TOOLS_CHANGED, self.name, tools=len(tools))
 
     # -- tools --------------------------------------------------------------------------------
-    async def _list(self, client: Client, live: ToolSet, tail: bytearray) -> list[Tool]:
+    async def _list(self, client: Client, live: ToolSet, tail: bytearray, current: list[Client]) -> list[Tool]:
         specs: list[mcp_types.Tool] = []
         cursor: str | None = None
         for _page in range(64):  # a paginator that never ends cannot hang the listing
@@ -199,14 +302,20 @@ class MCPTools:
         tools: list[Tool] = []
         names: set[str] = set()
         for spec in specs[:MAX_TOOLS]:
-            made = self._tool(client, live, tail, spec, names)
+            made = self._tool(client, live, tail, current, spec, names)
             if made is not None:
                 names.add(made.name)
                 tools.append(made)
         return tools
 
     def _tool(
-        self, client: Client, live: ToolSet, tail: bytearray, spec: mcp_types.Tool, taken: set[str]
+        self,
+        client: Client,
+        live: ToolSet,
+        tail: bytearray,
+        current: list[Client],
+        spec: mcp_types.Tool,
+        taken: set[str],
     ) -> Tool | None:
         """The cmdc tool for one listed MCP tool, or None (logged) when it cannot be one: a
         schema that is not a JSON object schema, too large, or a name taken after cleaning."""
@@ -231,8 +340,10 @@ class MCPTools:
                 result = await client.call_tool(remote, arguments)
             except MCPError as exc:
                 if exc.code == mcp_types.CONNECTION_CLOSED and exc.message == "Connection closed":
-                    live.error = f"MCP server {server!r} is not running: its connection closed (it exited or crashed)"
-                    raise MCPServerError(f"{live.error}{_stderr_note(tail)}") from None
+                    gone = f"MCP server {server!r} is not running: its connection closed (it exited or crashed)"
+                    if current and current[0] is client and live.error is None:
+                        live.error = gone  # until the serve loop says more (restarting, or not)
+                    raise MCPServerError(f"{gone}{_stderr_note(tail)}") from None
                 # the server refused the request (unknown tool, bad parameters, its own failure)
                 raise MCPToolError(f"MCP server {server!r} refused the call: {exc.message}") from None
             except Exception as exc:  # the connection failed: a dead or broken server
@@ -288,6 +399,8 @@ def stdio(
     connect_timeout: float = 30.0,
     max_result_bytes: int = 256 * 1024,
     stderr: TextIO | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    restarts: Restarts | None = Restarts(),  # frozen: one shared default is safe
 ) -> MCPTools:
     """An MCP server run as a child process speaking over its stdin and stdout.
 
@@ -295,14 +408,23 @@ def stdio(
     `prefix`: put before each tool's name (two servers with a tool of one name need one).
     `timeout`: seconds per call (None: the agent's `tool_timeout`); `connect_timeout`: for
     the start and each listing. `stderr`: where the server's stderr goes (a file with a file
-    descriptor); by default it is drained and its last lines are quoted in error messages."""
+    descriptor); by default it is drained and its last lines are quoted in error messages.
+    `max_message_bytes`: the most one message from the server may take (16 MiB); a tool
+    result past it is clipped to its start with a note saying so, its size and the cap, and
+    never held whole. `restarts`: how a server that died is started again (`Restarts`: 5
+    times in a row at most, backing off from 0.5 s); None: it stays down.
+
+    The server runs in its own session and process group, on Linux below a child subreaper:
+    when it stops (the runtime closes, or it dies), every process it started ends with it."""
     if not isinstance(command, str) or not command or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"stdio() takes a command and string arguments, got {command!r:.80} {args!r:.80}")
     params = StdioServerParameters(
         command=command, args=list(args), env=None if env is None else dict(env), cwd=None if cwd is None else str(cwd)
     )
     label = name or os.path.basename(args[-1] if command in ("npx", "uvx") and args else command)
-    return MCPTools(label, params, prefix, timeout, connect_timeout, max_result_bytes, None, stderr)
+    return MCPTools(
+        label, params, prefix, timeout, connect_timeout, max_result_bytes, None, stderr, max_message_bytes, restarts
+    )
 
 
 def http(

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import logging
 import os
 import pickle
 import secrets
@@ -1194,11 +1195,12 @@ async def open_cluster(
     made = open_store(spec)
     await made.start()
     started = False
+    ray_level = logging.getLogger("ray").level  # put back when the Ray started here shuts down
     actors: list[_NodeRef] = []
     try:
         if not ray.is_initialized():
-            await trio.to_thread.run_sync(lambda: ray.init(address=address, log_to_driver=False))
             started = True
+            await trio.to_thread.run_sync(_start_ray, address)
         alive = [n for n in await trio.to_thread.run_sync(ray.nodes) if n.get("Alive")]
         alive.sort(key=lambda n: n["NodeID"])
         if count is not None:
@@ -1233,7 +1235,16 @@ async def open_cluster(
                     ray.kill(node.handle, no_restart=True)
             if started:
                 await trio.to_thread.run_sync(ray.shutdown)
+                logging.getLogger("ray").setLevel(ray_level)
             await made.aclose()
+
+
+def _start_ray(address: str | None) -> None:
+    """Start (or join) Ray for `open_cluster`, quietly: a library prints nothing. Ray's driver
+    logger (its own stderr handler) is set to ERROR while the Ray started here runs: its notices
+    at start (a SIGTERM handler not set from a worker thread, token authentication, "Started a
+    local Ray instance") are not printed; errors still are."""
+    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
 
 
 __all__ = ["ClusterAgentRef", "ClusterRuntime", "ClusterSubscription", "Node", "open_cluster"]

@@ -40,6 +40,7 @@ _CUT_MIN_TOKENS = 100  # with less room than this, a record that does not fit is
 _LISTED = 10  # how many seqs of records not shown the closing note names
 _ALONE_OVERHEAD = 200  # bytes of notes around a record read alone (intro line)
 _WORD = re.compile(r"\w")  # what the journal search counts as a word character
+MAX_SEQ = 2**63 - 1  # a record number past a 64-bit integer names no record (and no store column holds it)
 
 DESCRIPTION = (
     "Read back earlier parts of this conversation that were moved out of your context. When the "
@@ -98,6 +99,24 @@ def _seq_list(seqs: Sequence[int]) -> str:
 def _quote(query: str) -> str:
     query = " ".join(query.split())
     return orjson.dumps(clip(query, 80, keep="head", marker="…")).decode()
+
+
+def _shown(number: int) -> str:
+    """A number for an error message: a huge one by its size (its digits could be thousands)."""
+    return str(number) if abs(number) <= MAX_SEQ else f"a {number.bit_length()}-bit number"
+
+
+def _not_text(query: str) -> str | None:
+    """Why `query` cannot be searched for as text (a lone surrogate: not Unicode text, as a
+    message refuses it; a NUL character: no store keeps one in text), or None."""
+    if "\0" in query:
+        return f"it holds a NUL character at position {query.index(chr(0))}"
+    if not query.isascii():
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"it holds a lone surrogate (U+{ord(query[exc.start]):04X}) at position {exc.start}"
+    return None
 
 
 def _span(records: Sequence[JournalRecord]) -> str:
@@ -261,15 +280,19 @@ def recall_tool(
             errors.append(
                 f"query is {len(query)} characters long, at most {MAX_QUERY_CHARS}: use a few distinctive words"
             )
+        elif query is not None and (bad := _not_text(query)) is not None:
+            errors.append(f"query is not valid text: {bad}")
         elif query is not None and not _WORD.search(query):
             errors.append(f"query {_quote(query)} has no words to search for")
         for key, value in (("first", first), ("last", last)):
             if value is not None and value < 1:
-                errors.append(f"{key} must be a record number, 1 or more; got {value}")
+                errors.append(f"{key} must be a record number, 1 or more; got {_shown(value)}")
+            elif value is not None and value > MAX_SEQ:
+                errors.append(f"{key} must be a record number, at most {MAX_SEQ}; got {_shown(value)}")
         if first is not None and last is not None and first > last:
             errors.append(f"first ({first}) must not be greater than last ({last})")
         if not 1 <= limit <= MAX_LIMIT:
-            errors.append(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
+            errors.append(f"limit must be between 1 and {MAX_LIMIT}, got {_shown(limit)}")
         if errors:
             raise ToolArgumentsError(errors, tool=name)
         if query is not None:

@@ -37,7 +37,8 @@ def _estimate(message: Message) -> int:
         n = sum(estimate_text_tokens(p.text) if isinstance(p, TextPart) else IMAGE_TOKENS for p in content)
     for call in message.tool_calls:
         n += TOOL_CALL_OVERHEAD + estimate_text_tokens(call.name)
-        n += (len(orjson.dumps(call.to_dict()["arguments"])) + 3) // 4
+        # orjson walks the frozen arguments itself (a read-only mapping through `dict`): no thawed copy
+        n += (len(orjson.dumps(call.arguments, default=dict)) + 3) // 4
     return n + MESSAGE_OVERHEAD
 
 

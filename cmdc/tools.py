@@ -25,7 +25,7 @@ import orjson
 import trio
 
 from ._check import optional_seconds
-from ._frozen import freeze, freeze_mapping, thaw
+from ._frozen import freeze, freeze_mapping, past_bounds, thaw
 from .errors import CmdcDeprecationWarning, ConfigError
 from .errors import ToolArgumentsError as ToolArgumentsError  # its old home: old imports keep working
 from .providers.base import ToolSchema
@@ -35,6 +35,12 @@ ToolFn = Callable[..., Any]
 Converter = Callable[[Any], Any]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+VALIDATE_IN_THREAD = 1_000
+"""Arguments with more values than this (through every level) are validated in a worker thread."""
+MAX_DEPTH_IN_PLACE = 16
+MAX_ERRORS = 100
+"""The most problems `validate_arguments` collects; past it, it only counts them."""
 
 
 def _freeze_parameters(value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -96,8 +102,12 @@ class Tool:
 
     async def run(self, arguments: Mapping[str, Any]) -> str:
         """Run the tool as a model's call does: check `arguments` (`ToolArgumentsError`), call
-        the function (a plain one in a worker thread), and render its result as text."""
-        kwargs = self.validate(arguments)
+        the function (a plain one in a worker thread), and render its result as text. Large
+        arguments (past `VALIDATE_IN_THREAD` values) are checked in a worker thread."""
+        if past_bounds(arguments, VALIDATE_IN_THREAD, MAX_DEPTH_IN_PLACE) is None:
+            kwargs = self.validate(arguments)
+        else:
+            kwargs = await trio.to_thread.run_sync(self.validate, arguments)
         if self.is_async:
             result = await self.fn(**kwargs)
         else:
@@ -272,15 +282,32 @@ def _check_object(schema: Mapping[str, Any], value: Mapping[str, Any], path: str
     return out
 
 
+class _Problems(list[str]):
+    """The problems found: the first `MAX_ERRORS` kept, the rest only counted."""
+
+    more = 0
+
+    def append(self, item: str) -> None:
+        if len(self) < MAX_ERRORS:
+            super().append(item)
+        else:
+            self.more += 1
+
+    def extend(self, items: typing.Iterable[str]) -> None:
+        for item in items:
+            self.append(item)
+
+
 def validate_arguments(schema: Mapping[str, Any], arguments: object) -> dict[str, Any]:
     """Check tool arguments against a JSON schema; return them as plain data (integral floats
-    given for integers become ints) or raise `ToolArgumentsError` listing every problem."""
+    given for integers become ints) or raise `ToolArgumentsError` listing the problems (the
+    first `MAX_ERRORS`, then how many more)."""
     if not isinstance(arguments, Mapping):
         raise ToolArgumentsError([f"arguments: expected an object, got {_describe(arguments)}"])
-    errors: list[str] = []
+    errors = _Problems()
     checked = _check(schema, arguments, "arguments", errors)
     if errors:
-        raise ToolArgumentsError(errors)
+        raise ToolArgumentsError([*errors, *([f"... and {errors.more:,} more problems"] if errors.more else [])])
     out: dict[str, Any] = thaw(checked)
     return out
 

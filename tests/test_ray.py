@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -367,3 +369,28 @@ async def test_a_node_added_later_takes_agents(cluster: Cluster, postgres_url: s
                 assert (await b.prompt("ask the new node")).text == "pong"
             finally:
                 await trio.to_thread.run_sync(lambda: cluster.remove_node(added))
+
+
+QUIET_START = """
+import sys, trio, cmdc, cmdc.ray
+from cmdc.providers import ScriptedProvider
+
+async def main():
+    async with cmdc.ray.open_cluster(None, store=sys.argv[1], nodes=1, discover_every=None) as rt:
+        ref = await rt.spawn("a1", ScriptedProvider(["hi"]))
+        print((await ref.prompt("x")).text)
+
+trio.run(main)
+"""
+
+
+def test_a_ray_started_by_open_cluster_prints_nothing(tmp_path: Path) -> None:
+    """`open_cluster(None, ...)` starts a local Ray from a worker thread: Ray's notices (no SIGTERM
+    handler off the main thread, token authentication, "Started a local Ray instance") are not
+    printed. In a fresh process, without the module's cluster."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_START, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "hi\n", "")

@@ -240,6 +240,14 @@ async def test_search_without_hits_suggests_other_words(tmp_path: Path) -> None:
         ({"first": "one"}, "arguments.first: expected integer or null"),
         ({"first": True}, "arguments.first: expected integer or null"),
         ({"query": "x", "page": 2}, 'unknown argument "page"'),
+        # hostile values: typed errors, never a TypeError or ValueError from deeper down
+        ({"query": "\ud800"}, "query is not valid text: it holds a lone surrogate (U+D800) at position 0"),
+        ({"query": "deploy \udfff code"}, "lone surrogate (U+DFFF) at position 7"),
+        ({"query": "deploy\x00code"}, "query is not valid text: it holds a NUL character at position 6"),
+        ({"first": 2**63}, "first must be a record number, at most 9223372036854775807; got a 64-bit number"),
+        ({"first": 1, "last": 10**5000}, "last must be a record number, at most 9223372036854775807; got a 16610-bit"),
+        ({"first": -(10**5000)}, "first must be a record number, 1 or more; got a 16610-bit number"),
+        ({"query": "x", "limit": 10**5000}, "limit must be between 1 and 50, got a 16610-bit number"),
     ],
 )
 async def test_bad_arguments_give_clear_errors(tmp_path: Path, args: dict[str, Any], message: str) -> None:

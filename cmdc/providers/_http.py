@@ -42,6 +42,7 @@ import orjson
 import trio
 
 from .._check import flag, integer, is_number, optional_seconds, text
+from .._frozen import past_bounds
 from ..errors import (
     ConfigError,
     ConnectionFailed,
@@ -53,7 +54,13 @@ from ..errors import (
     TooManyToolCalls,
 )
 from ..message import ImagePart, Message, ToolCall
-from .base import CONTEXT_EXCEEDED_KEY, INVALID_ARGUMENTS_KEY, OUTPUT_REDUCED_KEY, STOP_REASON_KEY
+from .base import (
+    CONTEXT_EXCEEDED_KEY,
+    INVALID_ARGUMENTS_KEY,
+    OUTPUT_REDUCED_KEY,
+    REFUSED_ARGUMENTS_KEY,
+    STOP_REASON_KEY,
+)
 from .overflow import classify, retryable
 
 MAX_RETRY_AFTER = 60.0
@@ -105,23 +112,34 @@ class ReplyLimits:
     - `max_tool_calls`: tool calls in one reply: `TooManyToolCalls`;
     - `max_stream_seconds`: one response, from sending the request to its last byte (an endless
       trickle of bytes never trips httpx's read timeout): `ProviderTimeout`; None: no bound.
+
+    Per tool call, not failing the reply: arguments with more than `max_argument_values` values
+    in all (object members and array items, through every level; 10,000) or nested deeper than
+    `max_argument_depth` (32) are not kept: the call is delivered with arguments `{}` and the
+    reason in metadata `cmdc.refused_tool_arguments`, and the agent answers the model with it.
     """
 
     max_reply_bytes: int = 16 * 1024 * 1024
     max_line_bytes: int = 4 * 1024 * 1024
     max_tool_calls: int = 256
     max_stream_seconds: float | None = 600.0
+    max_argument_values: int = 10_000
+    max_argument_depth: int = 32
 
     def __attrs_post_init__(self) -> None:
         integer(self.max_reply_bytes, "ReplyLimits.max_reply_bytes")
         integer(self.max_line_bytes, "ReplyLimits.max_line_bytes")
         integer(self.max_tool_calls, "ReplyLimits.max_tool_calls")
         optional_seconds(self.max_stream_seconds, "ReplyLimits.max_stream_seconds")
+        integer(self.max_argument_values, "ReplyLimits.max_argument_values", minimum=1)
+        integer(self.max_argument_depth, "ReplyLimits.max_argument_depth", minimum=1)
 
     def check_tool_calls(self, n: int, name: str) -> None:
         if n > self.max_tool_calls:
             raise TooManyToolCalls(f"{name}: the reply has more than {self.max_tool_calls} tool calls (max_tool_calls)")
 
+
+_DEFAULT_LIMITS = ReplyLimits()
 
 Parse = Callable[[httpx.Response], Awaitable[Message]]
 """Reads a successful response (JSON or SSE) into an assistant message, or raises."""
@@ -230,16 +248,31 @@ def new_call_id() -> str:
 # -- tool calls ------------------------------------------------------------------------------------
 
 
-def tool_call(call_id: str | None, name: object, arguments: object, invalid: dict[str, str]) -> ToolCall:
+def tool_call(
+    call_id: str | None,
+    name: object,
+    arguments: object,
+    invalid: dict[str, str],
+    limits: ReplyLimits | None = None,
+    refused: dict[str, str] | None = None,
+) -> ToolCall:
     """A `ToolCall` from a model's call. Arguments that are not a JSON object (text that does not
     parse, a list, a number) are delivered as `{}` and their raw text recorded in `invalid`
     (reply metadata `cmdc.invalid_tool_arguments`): the tool's validation then answers the model
-    with a readable error and the agent keeps working."""
+    with a readable error and the agent keeps working. Arguments past the `limits`' argument
+    bounds are delivered as `{}` and the reason recorded in `refused` (nothing of them kept)."""
     cid = call_id or new_call_id()
+    limits = limits or _DEFAULT_LIMITS
     if not isinstance(name, str) or not name:
         raise ProviderError(f"the model called a tool without a name (call {cid!r}, arguments {arguments!r:.200})")
     raw: str | None = None
     value: object = arguments
+    bounds = f"max_argument_values={limits.max_argument_values:,}, max_argument_depth={limits.max_argument_depth}"
+    if isinstance(arguments, str) and _surely_too_many_keys(arguments, limits.max_argument_values):
+        if refused is not None:  # refused unparsed: parsing them would stall every agent
+            many = f"more than {limits.max_argument_values:,} values in all, {len(arguments):,} characters"
+            refused[cid] = f"the arguments of this call were refused: {many} (the limits: {bounds})"
+        return ToolCall(id=cid, name=name, arguments={})
     if isinstance(arguments, str):
         if arguments.strip():
             try:
@@ -252,6 +285,11 @@ def tool_call(call_id: str | None, name: object, arguments: object, invalid: dic
         value = {}
     if raw is None and not isinstance(value, Mapping):
         raw = arguments if isinstance(arguments, str) else orjson.dumps(arguments, default=str).decode()
+    if raw is None and (past := past_bounds(value, limits.max_argument_values, limits.max_argument_depth)):
+        size = f", {len(arguments):,} characters" if isinstance(arguments, str) else ""
+        if refused is not None:
+            refused[cid] = f"the arguments of this call were refused: {past}{size} (the limits: {bounds})"
+        return ToolCall(id=cid, name=name, arguments={})
     if raw is None:
         try:
             return ToolCall(id=cid, name=name, arguments=value)
@@ -261,13 +299,32 @@ def tool_call(call_id: str | None, name: object, arguments: object, invalid: dic
     return ToolCall(id=cid, name=name, arguments={})
 
 
-def reply_metadata(stop_reason: object, invalid: Mapping[str, str]) -> dict[str, Any]:
+def _surely_too_many_keys(text: str, most: int) -> bool:
+    """Whether a JSON text surely has more than `most` object keys, found by counting, not
+    parsing: outside a string a key ends `":`; inside one, `":` only comes escaped (`\\":`). The
+    count is a lower bound (a key with a space before its colon is not counted)."""
+    return len(text) > 2 * most and text.count('":') - text.count('\\":') > most
+
+
+def reply_metadata(
+    stop_reason: object, invalid: Mapping[str, str], refused: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     metadata: dict[str, Any] = {}
     if isinstance(stop_reason, str) and stop_reason:
         metadata[STOP_REASON_KEY] = stop_reason
     if invalid:
-        metadata[INVALID_ARGUMENTS_KEY] = dict(invalid)
+        metadata[INVALID_ARGUMENTS_KEY] = {k: _clip_raw(v) for k, v in invalid.items()}
+    if refused:
+        metadata[REFUSED_ARGUMENTS_KEY] = dict(refused)
     return metadata
+
+
+_RAW_KEPT = 4096
+
+
+def _clip_raw(raw: str) -> str:
+    """Invalid arguments' raw text as kept in the reply's metadata: its first 4,096 characters."""
+    return raw if len(raw) <= _RAW_KEPT else f"{raw[:_RAW_KEPT]}... [{len(raw) - _RAW_KEPT:,} more characters not kept]"
 
 
 # -- images ----------------------------------------------------------------------------------------

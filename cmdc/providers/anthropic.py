@@ -176,7 +176,7 @@ class AnthropicProvider(HTTPProvider):
             if data.get("error") is not None:
                 raise classify(response.status_code, response.headers, data)
             raise ProviderError(f"{self.name}: the response has no content: {str(data)[:200]}")
-        reply = _Reply()
+        reply = _Reply(limits=self.limits)
         content = items(data.get("content"), "content")
         self.limits.check_tool_calls(
             sum(isinstance(b, Mapping) and b.get("type") == "tool_use" for b in content), self.name
@@ -259,6 +259,7 @@ class _Reply:
     blocks: list[_Block] = attrs.field(factory=list)
     usage: dict[str, Any] = attrs.field(factory=dict)
     stop_reason: object = None
+    limits: ReplyLimits | None = None
 
     def block(self, data: Mapping[str, Any]) -> _Block:
         kind = data.get("type")
@@ -274,13 +275,14 @@ class _Reply:
 
     def message(self) -> Message:
         invalid: dict[str, str] = {}
+        refused: dict[str, str] = {}
         calls: list[ToolCall] = []
         for b in self.blocks:
             if b.kind != "tool_use":
                 continue
             arguments: object = "".join(b.json) if b.json else b.input
-            calls.append(tool_call(b.id, b.name, arguments, invalid))
-        metadata = reply_metadata(self.stop_reason, invalid)
+            calls.append(tool_call(b.id, b.name, arguments, invalid, self.limits, refused))
+        metadata = reply_metadata(self.stop_reason, invalid, refused)
         if self.stop_reason == CONTEXT_WINDOW_EXCEEDED:
             metadata[CONTEXT_EXCEEDED_KEY] = True
         text = "".join("".join(b.text) for b in self.blocks if b.kind == "text")
@@ -310,7 +312,7 @@ class _Stream:
         self.response = response
         self.limits, self.name = limits, name
         self.calls = 0
-        self.reply = _Reply()
+        self.reply = _Reply(limits=limits)
         self.open: dict[int, _Block] = {}
         self.stopped = False
 

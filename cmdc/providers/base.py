@@ -22,6 +22,10 @@ full window, not because it was finished."""
 INVALID_ARGUMENTS_KEY = "cmdc.invalid_tool_arguments"
 """{call id: raw text} for tool calls whose arguments were not a JSON object (delivered with
 arguments `{}`, so the tool's validation answers the model with a readable error)."""
+REFUSED_ARGUMENTS_KEY = "cmdc.refused_tool_arguments"
+"""{call id: why} for tool calls whose arguments were past `ReplyLimits.max_argument_values` or
+`max_argument_depth` (delivered with arguments `{}`, never run: the agent answers the model with
+why; the raw text is not kept)."""
 OUTPUT_REDUCED_KEY = "cmdc.output_limit_reduced_to"
 """The lowered output limit a reply was produced with after an `OutputBudgetOverflow`."""
 

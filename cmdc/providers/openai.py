@@ -194,6 +194,7 @@ class OpenAIProvider(HTTPProvider):
         message = choice.get("message")
         message = message if isinstance(message, Mapping) else {}
         invalid: dict[str, str] = {}
+        refused: dict[str, str] = {}
         calls: list[ToolCall] = []
         raw_calls = items(message.get("tool_calls"), "tool_calls")
         self.limits.check_tool_calls(len(raw_calls), self.name)
@@ -202,12 +203,13 @@ class OpenAIProvider(HTTPProvider):
                 continue
             fn = raw.get("function")
             fn = fn if isinstance(fn, Mapping) else {}
-            calls.append(tool_call(_str(raw.get("id")), fn.get("name"), fn.get("arguments"), invalid))
+            arguments = fn.get("arguments")
+            calls.append(tool_call(_str(raw.get("id")), fn.get("name"), arguments, invalid, self.limits, refused))
         return Message.assistant(
             _text(message.get("content")),
             tool_calls=_unique(calls),
             usage=_usage(data.get("usage")),
-            metadata=reply_metadata(choice.get("finish_reason"), invalid),
+            metadata=reply_metadata(choice.get("finish_reason"), invalid, refused),
         )
 
     async def _read_stream(self, response: httpx.Response) -> Message:
@@ -371,13 +373,14 @@ class _Stream:
         if not self.done and self.finish_reason is None:
             raise IncompleteStream(f"{name}: the stream ended before [DONE] or a finish reason")
         invalid: dict[str, str] = {}
+        refused: dict[str, str] = {}
         calls = [
-            tool_call(parts.id, parts.name, "".join(parts.arguments), invalid)
+            tool_call(parts.id, parts.name, "".join(parts.arguments), invalid, self.limits, refused)
             for _, parts in sorted(self.calls.items())
         ]
         return Message.assistant(
             "".join(self.text),
             tool_calls=_unique(calls),
             usage=self.usage,
-            metadata=reply_metadata(self.finish_reason, invalid),
+            metadata=reply_metadata(self.finish_reason, invalid, refused),
         )
