@@ -543,6 +543,7 @@ class Agent:
         "current",
         "deactivating",
         "done",
+        "futile",
         "in_flight",
         "known_window",
         "last_active",
@@ -636,6 +637,7 @@ class Agent:
         self.compact_reason: str | None = None  # the model asked for a compaction (compact_context)
         self.request_count = 0  # model requests made by this task (the thrash guard's clock)
         self.compacted_at: deque[int] = deque()  # the request count at each compaction
+        self.futile = 0  # compactions in a row that left the context over a trigger
         self.known_window: int | None = None  # the window the last ContextOverflow reported
         if ref is None:
             self.ref = AgentRef(self)
@@ -988,7 +990,9 @@ class Agent:
         state = await self._mask(state)
         if not forced and requested is None and trio.current_time() < self.compaction_resume_at:
             return state
-        if forced or requested is not None or self.compactor.should_compact(state):
+        # Only size counts for the guard: a `messages` trigger refills by design, one step at a time.
+        sized = forced or requested is not None or self._over_tokens(state)
+        if sized or self.compactor.should_compact(state):
             self._guard(state)
         try:
             with self._compaction_span("forced" if forced else "auto", state, due=forced) as span:
@@ -1003,7 +1007,9 @@ class Agent:
         except CompactionAborted:
             raise  # a plugin's Abort ends the turn with the error
         except CompactionIncomplete as exc:  # compacted, yet still over a trigger: keep the gain
-            self.compacted_at.append(self.request_count)
+            if sized:
+                self.compacted_at.append(self.request_count)
+            self.futile += 1
             self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
             self._emit(ERROR, error=str(exc), during="compaction", retry_in=self.options.compaction_cooldown)
             return exc.state
@@ -1012,8 +1018,14 @@ class Agent:
             self._emit(ERROR, error=repr(exc), during="compaction", retry_in=self.options.compaction_cooldown)
             return state
         if isinstance(outcome, Compacted):
-            self.compacted_at.append(self.request_count)
+            if sized:
+                self.compacted_at.append(self.request_count)
+            self.futile = 0
         return outcome.state
+
+    def _over_tokens(self, state: State) -> bool:
+        trigger = self.compactor.compact_config(state).token_trigger
+        return trigger is not None and self.compactor.estimate_tokens(state) >= trigger
 
     # -- the cheap tiers (see cmdc.compaction.tiers) and the thrash guard -----------------------
     async def _cap(self, state: State, reply: Message, results: list[Message]) -> tuple[State, list[Message]]:
@@ -1060,22 +1072,24 @@ class Agent:
         requests already, and the context over the trigger again: stop, say what is too big."""
         config = self.compactor.compact_config(state)
         n, m = config.tiers.thrash
-        while self.compacted_at and self.compacted_at[0] <= self.request_count - m:
+        while self.compacted_at and self.compacted_at[0] < self.request_count - m:
             self.compacted_at.popleft()
-        if len(self.compacted_at) < n:
+        if len(self.compacted_at) < n and self.futile < n:
             return
         budget = self.compactor.budgets(config, self.known_window)[0]
         task = None
         if self.compactor.pin_task:
             task = next((x.id for x in state.messages if x.role == "user" and not x.is_summary), None)
         culprit, advice, figures = diagnose(state, config, self.compactor.count, budget, task)
-        count = len(self.compacted_at)
+        count = max(len(self.compacted_at), self.futile)
+        how = f"within {m} model requests" if len(self.compacted_at) >= n else "in a row, each left over the trigger"
         self._emit(COMPACTION_THRASH, compactions=count, requests=m, culprit=culprit, figures=figures)
         self.compacted_at.clear()
+        self.futile = 0
         raise CompactionThrashing(
-            f"agent {self.name!r}: {count} compactions within {m} model requests and the "
-            f"context (~{figures['tokens']} tokens) is over the compaction trigger ({figures['trigger']} tokens) "
-            f"again; stopped instead of compacting once more. Too big: {advice}. Figures: pins "
+            f"agent {self.name!r}: {count} compactions {how}, and the context (~{figures['tokens']} tokens) is "
+            f"over the compaction trigger ({figures['trigger']} tokens) again; stopped instead of compacting once "
+            f"more. Too big: {advice}. Figures: pins "
             f"{figures['pins']}, kept {figures['kept']}, largest message {figures['largest_message']}, "
             f"summary budget {figures['summary_budget']} tokens (compact_thrash={n, m}).",
             culprit=culprit,
@@ -1123,6 +1137,7 @@ class Agent:
                             span.record(outcome)
                     except CompactionIncomplete as incomplete:
                         outcome = Compacted(incomplete.state, incomplete.report)
+                        self.futile += 1
                     if isinstance(outcome, Compacted):
                         self.compacted_at.append(self.request_count)
                         forced += 1

@@ -228,7 +228,8 @@ def diagnose(
     held = {m.id for m in split.held}
     pins = sum(count(m) for m in split.pinned) + sum(count(m) for m in split.held)
     kept = sum(count(m) for m in split.kept if m.id not in held)
-    largest = max(state.messages, key=count, default=None)
+    system = {m.id for m in split.pinned}  # the system prompt counts as pins; any other message may be "one huge"
+    largest = max((m for m in state.messages if m.id not in system), key=count, default=None)
     big = 0 if largest is None else count(largest)
     trigger = config.token_trigger or 0
     figures = {
@@ -262,12 +263,13 @@ def diagnose(
 
 
 def evictable_gain(state: State, config: CompactConfig, count: Count, summary_budget: int) -> int:
-    """A conservative estimate of what a compaction would free now: what it evicts less the
-    summary budget (the most a summary may take)."""
+    """An estimate of what a compaction would free now: what it evicts, less the summary's
+    likely size (a third of that, at most the summary budget)."""
     split = split_messages(
         state.messages, config.keep, context_window=config.context_window, count=count, index=state.call_index
     )
-    return max(0, sum(count(m) for m in split.evicted) - summary_budget)
+    evicted = sum(count(m) for m in split.evicted)
+    return max(0, evicted - min(summary_budget, evicted // 3))
 
 
 __all__ = [
