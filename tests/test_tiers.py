@@ -296,10 +296,7 @@ def test_placeholders_are_byte_stable() -> None:
     m = Message.tool_result("c1", "hit\n" * 500)
     one, two = placeholder(m, call, 17), placeholder(Message.tool_result("c1", "hit\n" * 500), call, 17)
     assert one.text == two.text and one.to_json().split(b'"id"')[0] == two.to_json().split(b'"id"')[0]
-    assert one.text == (
-        '[grep(paths=["a","b"], pattern=TODO x) result masked to save context: 2000 bytes, whole in journal '
-        "record 17; recall(record=17) reads it back]"
-    )
+    assert one.text == '[masked grep(paths=["a","b"], pattern=TODO x): 2000 bytes, journal record 17; recall(record=17)]'
 
 
 async def test_a_small_batch_is_not_worth_a_cache_break(tmp_path: Path) -> None:

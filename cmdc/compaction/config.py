@@ -70,7 +70,7 @@ TIER_KEYS = frozenset(
 DEFAULT_TOOL_RESULT_LIMIT = 8_000
 """Tokens: a tool result past this is capped at arrival (about 6% of a 128k window)."""
 DEFAULT_PREVIEW = 1_000
-DEFAULT_MASK_TRIGGER = 0.5
+DEFAULT_MASK_TRIGGER = 0.3
 DEFAULT_MASK_KEEP = 3
 DEFAULT_MIN_GAIN = 4_000
 DEFAULT_THRASH: tuple[int, int] = (3, 3)
@@ -237,7 +237,7 @@ class TierConfig:
       name, a limit or None (never capped). `tool_result_preview`: the preview's size in tokens
       (default 1,000; at most half the limit).
     - `mask_tool_results` (default True): past `mask_trigger` (a share of the token trigger,
-      default 0.5), the results of tool uses older than the newest `mask_keep` (default 3) are
+      default 0.3), the results of tool uses older than the newest `mask_keep` (default 3) are
       journaled and replaced by a one-line placeholder, in one batch, when it frees at least
       `mask_at_least` tokens (default 4,000, at most a twentieth of the token trigger);
       `mask_exclude` names tools whose results are never masked.

@@ -149,10 +149,7 @@ def placeholder(message: Message, call: ToolCall | None, record: int) -> Message
     name = call.name if call is not None else "tool"
     capped = message.metadata.get(CAPPED_KEY)
     size = capped["bytes"] if capped is not None else utf8_len(message.text)
-    text = (
-        f"[{name}({gist(call)}) result masked to save context: {size} bytes, whole in journal record "
-        f"{record}; recall(record={record}) reads it back]"
-    )
+    text = f"[masked {name}({gist(call)}): {size} bytes, journal record {record}; recall(record={record})]"
     meta = {"record": record, "from": message.metadata.get(CAPPED_KEY, {}).get("from", message.id), "tool": name}
     return Message.tool_result(message.tool_call_id or "", text, is_error=message.is_error, metadata={MASKED_KEY: meta})
 
