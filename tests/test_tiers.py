@@ -277,7 +277,7 @@ async def test_masking_replaces_old_results_in_one_batch_and_spares_a_summary(tm
     originals = {f"c{i}": await tools[0 if i % 5 else 1].run(calls[f"c{i}"].arguments) for i in range(24)}
     for m in masked:
         record = m.metadata[MASKED_KEY]["record"]
-        assert f"record {record}" in m.text and calls[m.tool_call_id].arguments["path"] in m.text
+        assert f"recall(record={record})" in m.text and calls[m.tool_call_id].arguments["path"] in m.text
         [r] = await store.read_range("m", record, record)
         assert r.message.text == originals[m.tool_call_id or ""]  # byte-exact
     batches = [e for e in events if e.kind == "tool_results_masked"]
@@ -296,7 +296,7 @@ def test_placeholders_are_byte_stable() -> None:
     m = Message.tool_result("c1", "hit\n" * 500)
     one, two = placeholder(m, call, 17), placeholder(Message.tool_result("c1", "hit\n" * 500), call, 17)
     assert one.text == two.text and one.to_json().split(b'"id"')[0] == two.to_json().split(b'"id"')[0]
-    assert one.text == '[masked grep(paths=["a","b"], pattern=TODO x): 2000 bytes, journal record 17; recall(record=17)]'
+    assert one.text == '[masked grep(paths=["a","b"], pattern=TODO x): 2000 bytes; recall(record=17)]'
 
 
 async def test_a_small_batch_is_not_worth_a_cache_break(tmp_path: Path) -> None:

@@ -149,7 +149,7 @@ def placeholder(message: Message, call: ToolCall | None, record: int) -> Message
     name = call.name if call is not None else "tool"
     capped = message.metadata.get(CAPPED_KEY)
     size = capped["bytes"] if capped is not None else utf8_len(message.text)
-    text = f"[masked {name}({gist(call)}): {size} bytes, journal record {record}; recall(record={record})]"
+    text = f"[masked {name}({gist(call)}): {size} bytes; recall(record={record})]"  # the record, by its number
     meta = {"record": record, "from": message.metadata.get(CAPPED_KEY, {}).get("from", message.id), "tool": name}
     return Message.tool_result(message.tool_call_id or "", text, is_error=message.is_error, metadata={MASKED_KEY: meta})
 
