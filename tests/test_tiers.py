@@ -508,3 +508,18 @@ async def test_rehydration_reinjects_the_newest_reads_within_budget(tmp_path: Pa
     assert "todo" not in note.text
     with pytest.raises(ConfigError, match="max_files"):
         RehydrateReads(max_files=0)
+
+
+async def test_mcp_results_are_capped_too(tmp_path: Path) -> None:
+    import cmdc.mcp
+    from tests.test_mcp import demo_server
+
+    model = ScriptedProvider([ScriptedProvider.tool_call("big", {"size": 100_000}, id="b1"), "done"])
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("mcp", model, tools=[cmdc.mcp.in_process(demo_server())], config=cfg(tmp_path))
+        await agent.prompt("go")
+        state = await agent.state()
+    result = next(m for m in state.messages if m.role == "tool")
+    record = result.metadata[CAPPED_KEY]["record"]
+    [r] = await journal(tmp_path).read_range("mcp", record, record)
+    assert r.message.text == "x" * 100_000 and len(result.text) < 6_000
