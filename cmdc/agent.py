@@ -1044,18 +1044,19 @@ class Agent:
             self._emit(TOOL_RESULT_CAPPED, **figures)
         return state, capped
 
-    async def _mask(self, state: State) -> State:
+    async def _mask(self, state: State, *, overflow: bool = False) -> State:
         """Past the soft threshold, old tool results masked in one batch (journaled first),
-        when the batch frees at least `mask_at_least` tokens."""
+        when the batch frees at least `mask_at_least` tokens. After an overflow (`overflow`),
+        whatever masking frees: it is cheaper than a forced compaction."""
         config = self.compactor.compact_config(state)
         tiers, trigger = config.tiers, config.token_trigger
-        if not tiers.mask_tool_results or trigger is None:
+        if not tiers.mask_tool_results or (trigger is None and not overflow):
             return state
         tokens = self.compactor.estimate_tokens(state)
-        if tokens < trigger * tiers.mask_trigger:
+        if not overflow and trigger is not None and tokens < trigger * tiers.mask_trigger:
             return state
         plan = plan_mask(state, config, self.compactor.count)
-        if not plan.indices or plan.freed < tiers.gain(trigger):
+        if not plan.indices or (not overflow and trigger is not None and plan.freed < tiers.gain(trigger)):
             return state
         try:
             masked, records = await apply_mask(self.compactor.store_for(config), state, plan)
@@ -1129,6 +1130,11 @@ class Agent:
                 if exc.limit:
                     self.known_window = exc.limit
                 why = f"still too long after {forced} forced compactions"
+                masked = await self._mask(state, overflow=True)
+                if masked is not state:  # cheap before expensive: masked, then retried
+                    state = masked
+                    self._emit(RETRY, after="overflow", forced=forced)
+                    continue
                 if forced < self.options.max_forced_compactions:
                     self._guard(state)
                     try:

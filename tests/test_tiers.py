@@ -523,3 +523,29 @@ async def test_mcp_results_are_capped_too(tmp_path: Path) -> None:
     record = result.metadata[CAPPED_KEY]["record"]
     [r] = await journal(tmp_path).read_range("mcp", record, record)
     assert r.message.text == "x" * 100_000 and len(result.text) < 6_000
+
+
+async def test_an_overflow_masks_before_it_forces_a_compaction(tmp_path: Path) -> None:
+    tools, script = chatty(6, size=8_000)
+    overflow = cmdc.ContextOverflow("prompt is too long", prompt_tokens=13_000, limit=12_000)
+    model = ScriptedProvider([*script, overflow, "done"])
+    summarizer = Recorder("summary")
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("o", model, tools=list(tools), config=cfg(tmp_path), summarizer=summarizer)
+        assert (await agent.prompt("go")).text == "done"
+        state = await agent.state()
+    assert state.compactions == 0 and not summarizer.calls  # no summary: masking was enough
+    assert sum(MASKED_KEY in m.metadata for m in state.messages) == 3  # all but the newest three
+    assert len(model.requests[-1].messages) == len(model.requests[-2].messages)  # the same request, masked
+
+
+def test_rehydration_options_are_checked() -> None:
+    for kwargs, name in (
+        ({"max_files": 0}, "max_files"),
+        ({"file_tokens": 2}, "file_tokens"),
+        ({"total_tokens": "lots"}, "total_tokens"),
+        ({"patterns": [""]}, "patterns"),
+        ({"patterns": []}, "patterns"),
+    ):
+        with pytest.raises(ConfigError, match=name):
+            RehydrateReads(**kwargs)
