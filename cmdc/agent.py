@@ -548,6 +548,7 @@ class Agent:
         "known_window",
         "last_active",
         "leaving",
+        "mask_hint",
         "name",
         "on_active",
         "on_exit",
@@ -638,6 +639,7 @@ class Agent:
         self.request_count = 0  # model requests made by this task (the thrash guard's clock)
         self.compacted_at: deque[int] = deque()  # the request count at each compaction
         self.futile = 0  # compactions in a row that left the context over a trigger
+        self.mask_hint: tuple[int, int] | None = None  # (tokens, freed) of the last plan not worth it
         self.known_window: int | None = None  # the window the last ContextOverflow reported
         if ref is None:
             self.ref = AgentRef(self)
@@ -1055,9 +1057,17 @@ class Agent:
         tokens = self.compactor.estimate_tokens(state)
         if not overflow and trigger is not None and tokens < trigger * tiers.mask_trigger:
             return state
+        # The last plan freed too little at `hint[0]` tokens; one now frees at most that plus
+        # what came since: until that could be enough, nothing is planned (O(1) per step).
+        hint = self.mask_hint
+        hopeless = hint is not None and hint[0] <= tokens and hint[1] + tokens - hint[0] < tiers.gain(trigger)
+        if not overflow and hopeless:
+            return state
         plan = plan_mask(state, config, self.compactor.count)
         if not plan.indices or (not overflow and trigger is not None and plan.freed < tiers.gain(trigger)):
+            self.mask_hint = (tokens, plan.freed)
             return state
+        self.mask_hint = None
         try:
             masked, records = await apply_mask(self.compactor.store_for(config), state, plan)
         except OffloadError as exc:

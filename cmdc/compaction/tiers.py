@@ -20,7 +20,9 @@ message once, at its first committed record, like any other. A later compaction 
 the preview or the placeholder journals that message too (a new id: a record of its own), and
 its summary names those records; the original stays at the record the placeholder names.
 Nothing is ever uncommitted here, so no commit is owed and no summary needs to carry the
-batch's attempt (the exactly-once rules hold as for a committed `append`).
+batch's attempt (the exactly-once rules hold as for a committed `append`). An original that an
+abandoned compaction attempt (uncommitted: its state was thrown away) also holds gets a record
+of its own, and that attempt is superseded, never committed (see `OffloadStore.append`).
 """
 
 from __future__ import annotations
