@@ -371,7 +371,9 @@ def test_masking_and_caps_never_split_a_tool_pair(messages: list[Message], keep:
         masked, records = await apply_mask(store, state, plan)
         assert pairs(masked.messages) == pairs(state.messages)
         tool_at = [i for i, m in enumerate(messages) if m.role == "tool"]
-        assert not set(plan.indices) & set(tool_at[len(tool_at) - keep :] if keep else ())
+        last_reply = max(i for i, m in enumerate(messages) if m.role == "assistant")
+        unseen = {i for i in tool_at if i > last_reply}  # the model has not read them yet
+        assert not set(plan.indices) & (set(tool_at[len(tool_at) - keep :] if keep else ()) | unseen)
         for i, record in zip(plan.indices, records, strict=True):
             assert store.records[record].text == messages[i].text
             assert masked.messages[i].metadata[MASKED_KEY]["record"] == record
@@ -549,3 +551,15 @@ def test_rehydration_options_are_checked() -> None:
     ):
         with pytest.raises(ConfigError, match=name):
             RehydrateReads(**kwargs)
+
+
+async def test_results_the_model_has_not_read_are_never_masked(tmp_path: Path) -> None:
+    tools, _ = chatty(0, size=3_000)
+    calls = [ToolCall(id=f"p{i}", name="read_file", arguments={"path": f"src/p{i}.py"}) for i in range(20)]
+    model = ScriptedProvider([Message.assistant("", tool_calls=calls), "read them all"])
+    config = cfg(tmp_path, compact_trigger=("tokens", 40_000), mask_at_least=100)
+    async with open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("u", model, tools=list(tools), config=config)
+        await agent.prompt("read twenty files")
+    seen = [m for m in model.requests[1].messages if m.role == "tool"]
+    assert len(seen) == 20 and not any(MASKED_KEY in m.metadata for m in seen)  # over the soft threshold, all read

@@ -165,10 +165,15 @@ class MaskPlan:
 
 
 def plan_mask(state: State, config: CompactConfig, count: Count) -> MaskPlan:
-    """Every tool result older than the newest `mask_keep` tool uses, not excluded, not masked."""
+    """Every tool result older than the newest `mask_keep` tool uses, not excluded, not masked,
+    and seen by the model already (the results after its last reply never are masked)."""
     tiers = config.tiers
-    results = [i for i, m in enumerate(state.messages) if m.role == "tool"]
-    older = results[: max(0, len(results) - tiers.mask_keep)]
+    messages = state.messages
+    seen = len(messages)
+    while seen > 0 and messages[seen - 1].role != "assistant":
+        seen -= 1
+    results = [i for i, m in enumerate(messages) if m.role == "tool"]
+    older = [i for i in results[: max(0, len(results) - tiers.mask_keep)] if i < seen]
     calls = tool_names(state) if older else {}
     chosen: list[int] = []
     freed = 0
