@@ -2,6 +2,7 @@
 
 from ._version import __version__
 from .agent import AgentOptions, AgentRef
+from .compact_tool import compact_context_tool
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
     CompactConfig,
@@ -20,6 +21,7 @@ from .errors import (
     CompactionAborted,
     CompactionError,
     CompactionIncomplete,
+    CompactionThrashing,
     ConfigError,
     ContextOverflow,
     HTTPProviderError,
@@ -55,6 +57,7 @@ from .plugins import (
     Plugin,
     Skip,
 )
+from .rehydrate import RehydrateReads
 from .runtime import Runtime, open_runtime
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
@@ -80,6 +83,7 @@ __all__ = [
     "CompactionError",
     "CompactionIncomplete",
     "CompactionReport",
+    "CompactionThrashing",
     "Compactor",
     "ConfigError",
     "ContextOverflow",
@@ -104,6 +108,7 @@ __all__ = [
     "Plugin",
     "PluginAborted",
     "ProviderError",
+    "RehydrateReads",
     "RequestSkipped",
     "Runtime",
     "Skip",
@@ -117,6 +122,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "TurnAborted",
+    "compact_context_tool",
     "estimate_message_tokens",
     "estimate_tokens_from_messages",
     "open_runtime",

@@ -21,7 +21,9 @@ import trio
 
 from ._check import choice, integer, optional_integer, optional_seconds, seconds, validator
 from ._frozen import past_bounds
+from .compact_tool import CompactionDesk, current_desk
 from .compaction import Compactor
+from .compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
 from .errors import (
     AgentStopped,
     CheckpointError,
@@ -29,6 +31,7 @@ from .errors import (
     CompactionAborted,
     CompactionError,
     CompactionIncomplete,
+    CompactionThrashing,
     ConfigError,
     ContextOverflow,
     InvalidMessage,
@@ -43,6 +46,8 @@ from .errors import (
     TurnAborted,
 )
 from .events import (
+    COMPACTION_REQUESTED,
+    COMPACTION_THRASH,
     CONTINUED,
     ERROR,
     OVERFLOW,
@@ -55,6 +60,8 @@ from .events import (
     STOPPED,
     TOOL_CALLS_REFUSED,
     TOOL_END,
+    TOOL_RESULT_CAPPED,
+    TOOL_RESULTS_MASKED,
     TOOL_START,
     TURN_END,
     TURN_START,
@@ -543,15 +550,19 @@ class Agent:
         "checkpointed",
         "checkpoints",
         "compact_next",
+        "compact_reason",
+        "compacted_at",
         "compaction_resume_at",
         "compactor",
         "current",
         "deactivating",
         "done",
+        "futile",
         "in_flight",
         "known_window",
         "last_active",
         "leaving",
+        "mask_hint",
         "name",
         "on_active",
         "on_exit",
@@ -562,6 +573,7 @@ class Agent:
         "provider",
         "question",
         "ref",
+        "request_count",
         "restart_count",
         "saved",
         "serving",
@@ -637,6 +649,11 @@ class Agent:
         self.restart_count = 0
         self.compaction_resume_at = -math.inf
         self.compact_next = False
+        self.compact_reason: str | None = None  # the model asked for a compaction (compact_context)
+        self.request_count = 0  # model requests made by this task (the thrash guard's clock)
+        self.compacted_at: deque[int] = deque()  # the request count at each compaction
+        self.futile = 0  # compactions in a row that left the context over a trigger
+        self.mask_hint: tuple[int, int] | None = None  # (tokens, freed) of the last plan not worth it
         self.known_window: int | None = None  # the window the last ContextOverflow reported
         if ref is None:
             self.ref = AgentRef(self)
@@ -935,7 +952,9 @@ class Agent:
             if cut is not None:
                 self.compact_next = True  # the model ran out of room: compact before the next step
             if reply.tool_calls:
-                state = state.append(reply, *await self._run_tools(state, reply))
+                results = await self._run_tools(state, reply)
+                state, results = await self._cap(state, reply, results)
+                state = state.append(reply, *results)
                 await self._commit(state)
                 continue
             if cut is not None and len(parts) < self.options.max_continuations:
@@ -983,18 +1002,30 @@ class Agent:
         the request goes ahead uncompacted and automatic compaction rests for
         `compaction_cooldown` seconds; an overflow still forces one."""
         forced, self.compact_next = self.compact_next, False
-        if not forced and trio.current_time() < self.compaction_resume_at:
+        requested, self.compact_reason = self.compact_reason, None
+        state = await self._mask(state)
+        if not forced and requested is None and trio.current_time() < self.compaction_resume_at:
             return state
+        # Only size counts for the guard: a `messages` trigger refills by design, one step at a time.
+        sized = forced or requested is not None or self._over_tokens(state)
+        if sized or self.compactor.should_compact(state):
+            self._guard(state)
         try:
             with self._compaction_span("forced" if forced else "auto", state, due=forced) as span:
                 if forced:
                     outcome = await self.compactor.force_compact(state)
+                elif requested is not None:
+                    instruction = f"The agent asked for this compaction, for this reason: {requested}"
+                    outcome = await self.compactor.force_compact(state, instruction=instruction, reason="requested")
                 else:
                     outcome = await self.compactor.maybe_compact(state)
                 span.record(outcome)
         except CompactionAborted:
             raise  # a plugin's Abort ends the turn with the error
         except CompactionIncomplete as exc:  # compacted, yet still over a trigger: keep the gain
+            if sized:
+                self.compacted_at.append(self.request_count)
+            self.futile += 1
             self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
             self._emit(ERROR, error=str(exc), during="compaction", retry_in=self.options.compaction_cooldown)
             return exc.state
@@ -1002,7 +1033,107 @@ class Agent:
             self.compaction_resume_at = trio.current_time() + self.options.compaction_cooldown
             self._emit(ERROR, error=repr(exc), during="compaction", retry_in=self.options.compaction_cooldown)
             return state
+        if isinstance(outcome, Compacted):
+            if sized:
+                self.compacted_at.append(self.request_count)
+            self.futile = 0
         return outcome.state
+
+    def _over_tokens(self, state: State) -> bool:
+        trigger = self.compactor.compact_config(state).token_trigger
+        return trigger is not None and self.compactor.estimate_tokens(state) >= trigger
+
+    # -- the cheap tiers (see cmdc.compaction.tiers) and the thrash guard -----------------------
+    async def _cap(self, state: State, reply: Message, results: list[Message]) -> tuple[State, list[Message]]:
+        """Tool results over their limit: journaled whole (durably) first, then a preview in
+        their place. If the journal fails, the results stay whole (nothing is lost; an error
+        event says so)."""
+        config = self.compactor.compact_config(state)
+        calls = {c.id: c for c in reply.tool_calls}
+        try:
+            store = self.compactor.store_for(config)
+            capped, state, done = await cap_results(store, state, config, calls, results, self.compactor.count)
+        except OffloadError as exc:
+            self._emit(ERROR, error=repr(exc), during="tool result cap")
+            return state, results
+        for figures in done:
+            self._emit(TOOL_RESULT_CAPPED, **figures)
+        return state, capped
+
+    async def _mask(self, state: State, *, overflow: bool = False) -> State:
+        """Past the soft threshold, old tool results masked in one batch (journaled first),
+        when the batch frees at least `mask_at_least` tokens. After an overflow (`overflow`),
+        whatever masking frees: it is cheaper than a forced compaction."""
+        config = self.compactor.compact_config(state)
+        tiers, trigger = config.tiers, config.token_trigger
+        if not tiers.mask_tool_results or (trigger is None and not overflow):
+            return state
+        tokens = self.compactor.estimate_tokens(state)
+        if not overflow and trigger is not None and tokens < trigger * tiers.mask_trigger:
+            return state
+        # The last plan freed too little at `hint[0]` tokens; one now frees at most that plus
+        # what came since: until that could be enough, nothing is planned (O(1) per step).
+        hint = self.mask_hint
+        hopeless = hint is not None and hint[0] <= tokens and hint[1] + tokens - hint[0] < tiers.gain(trigger)
+        if not overflow and hopeless:
+            return state
+        plan = plan_mask(state, config, self.compactor.count)
+        if not plan.indices or (not overflow and trigger is not None and plan.freed < tiers.gain(trigger)):
+            self.mask_hint = (tokens, plan.freed)
+            return state
+        self.mask_hint = None
+        try:
+            masked, records = await apply_mask(self.compactor.store_for(config), state, plan)
+        except OffloadError as exc:
+            self._emit(ERROR, error=repr(exc), during="masking")
+            return state
+        after = self.compactor.estimate_tokens(masked)
+        freed = tokens - after
+        self._emit(TOOL_RESULTS_MASKED, masked=len(plan.indices), freed=freed, tokens_before=tokens, records=records)
+        return masked
+
+    def _guard(self, state: State) -> None:
+        """The thrash guard: `compact_thrash` = (n, m); n compactions within the last m model
+        requests already, and the context over the trigger again: stop, say what is too big."""
+        config = self.compactor.compact_config(state)
+        n, m = config.tiers.thrash
+        while self.compacted_at and self.compacted_at[0] < self.request_count - m:
+            self.compacted_at.popleft()
+        if len(self.compacted_at) < n and self.futile < n:
+            return
+        budget = self.compactor.budgets(config, self.known_window)[0]
+        task = None
+        if self.compactor.pin_task:
+            task = next((x.id for x in state.messages if x.role == "user" and not x.is_summary), None)
+        culprit, advice, figures = diagnose(state, config, self.compactor.count, budget, task)
+        count = max(len(self.compacted_at), self.futile)
+        how = f"within {m} model requests" if len(self.compacted_at) >= n else "in a row, each left over the trigger"
+        self._emit(COMPACTION_THRASH, compactions=count, requests=m, culprit=culprit, figures=figures)
+        self.compacted_at.clear()
+        self.futile = 0
+        raise CompactionThrashing(
+            f"agent {self.name!r}: {count} compactions {how}, and the context (~{figures['tokens']} tokens) is "
+            f"over the compaction trigger ({figures['trigger']} tokens) again; stopped instead of compacting once "
+            f"more. Too big: {advice}. Figures: pins "
+            f"{figures['pins']}, kept {figures['kept']}, largest message {figures['largest_message']}, "
+            f"summary budget {figures['summary_budget']} tokens (compact_thrash={n, m}).",
+            culprit=culprit,
+            figures=figures,
+        )
+
+    def _desk(self, state: State) -> CompactionDesk:
+        """What the `compact_context` tool may ask during this step's tool calls."""
+
+        def estimate() -> tuple[int, int]:
+            config = self.compactor.compact_config(state)
+            budget = self.compactor.budgets(config, self.known_window)[0]
+            gain = evictable_gain(state, config, self.compactor.count, budget)
+            return gain, config.tiers.min_gain_for(config.token_trigger)
+
+        def report(reason: str, gain: int, minimum: int, accepted: bool) -> None:
+            self._emit(COMPACTION_REQUESTED, reason=reason, estimated_gain=gain, min_gain=minimum, accepted=accepted)
+
+        return CompactionDesk(estimate, report)
 
     async def _request(self, state: State) -> tuple[State, Message]:
         """The model request. On `ContextOverflow`: forced compactions (at most
@@ -1011,6 +1142,7 @@ class Agent:
         forced, clipped = 0, False
         while True:
             request = ModelRequest(state.messages, self.tool_schemas, self.options.max_output_tokens)
+            self.request_count += 1
             self._emit(REQUEST, messages=len(state.messages), tokens=state.token_usage)
             t0 = trio.current_time()
             try:
@@ -1022,14 +1154,22 @@ class Agent:
                 if exc.limit:
                     self.known_window = exc.limit
                 why = f"still too long after {forced} forced compactions"
+                masked = await self._mask(state, overflow=True)
+                if masked is not state:  # cheap before expensive: masked, then retried
+                    state = masked
+                    self._emit(RETRY, after="overflow", forced=forced)
+                    continue
                 if forced < self.options.max_forced_compactions:
+                    self._guard(state)
                     try:
                         with self._compaction_span("forced", state) as span:
                             outcome = await self.compactor.force_compact(state, window=exc.limit)
                             span.record(outcome)
                     except CompactionIncomplete as incomplete:
                         outcome = Compacted(incomplete.state, incomplete.report)
+                        self.futile += 1
                     if isinstance(outcome, Compacted):
+                        self.compacted_at.append(self.request_count)
                         forced += 1
                         state = outcome.state
                         self._emit(RETRY, after="overflow", forced=forced)
@@ -1150,13 +1290,22 @@ class Agent:
             self._emit(TOOL_CALLS_REFUSED, refused=len(calls) - limit, limit=limit)
         refused = reply.metadata.get(REFUSED_ARGUMENTS_KEY)
         refused = refused if isinstance(refused, Mapping) else {}
-        async with trio.open_nursery() as nursery:
-            for i, call in enumerate(calls[:limit]):
-                reason = refused.get(call.id)
-                if isinstance(reason, str):  # the provider did not keep its arguments: never run
-                    results[i] = Message.tool_result(call.id, f"tool {call.name!r} not run: {reason}", is_error=True)
-                    continue
-                nursery.start_soon(self._run_tool, state, call, results, i, aborted, nursery.cancel_scope)
+        desk = self._desk(state)
+        token = current_desk.set(desk)  # copied into each tool's task: compact_context finds it
+        try:
+            async with trio.open_nursery() as nursery:
+                for i, call in enumerate(calls[:limit]):
+                    reason = refused.get(call.id)
+                    if isinstance(reason, str):  # the provider did not keep its arguments: never run
+                        results[i] = Message.tool_result(
+                            call.id, f"tool {call.name!r} not run: {reason}", is_error=True
+                        )
+                        continue
+                    nursery.start_soon(self._run_tool, state, call, results, i, aborted, nursery.cancel_scope)
+        finally:
+            current_desk.reset(token)
+        if desk.reason is not None:
+            self.compact_reason = desk.reason
         if aborted:  # raised here, not inside the nursery: the caller gets PluginAborted itself
             raise aborted[0]
         return results  # type: ignore[return-value]  # every slot is filled once the nursery closes

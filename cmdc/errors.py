@@ -67,6 +67,19 @@ class CompactionIncomplete(CompactionError):
         self.report = report
 
 
+class CompactionThrashing(CompactionError):
+    """Compactions kept repeating while the context kept coming back over the trigger (the
+    thrash guard: `compact_thrash` compactions within that many model requests). The turn
+    fails instead of spinning the summarizer; the message says what is too big. `culprit`: one
+    of "pins", "kept", "message", "summary" (the largest share of what a compaction cannot
+    remove); `figures`: the token figures behind it."""
+
+    def __init__(self, message: str, *, culprit: str, figures: dict[str, int]) -> None:
+        super().__init__(message)
+        self.culprit = culprit
+        self.figures = figures
+
+
 class CompactionAborted(CompactionError):
     """A `before_compact` plugin returned `Abort`."""
 

@@ -40,6 +40,10 @@ ERROR = "error"
 PLUGIN_ERROR = "plugin_error"
 PINS_OVER_BUDGET = "pins_over_budget"
 TOOL_RESULTS_CLIPPED = "tool_results_clipped"
+TOOL_RESULT_CAPPED = "tool_result_capped"  # a tool result over its limit was journaled; the context got a preview
+TOOL_RESULTS_MASKED = "tool_results_masked"  # old tool results were journaled and replaced by placeholders
+COMPACTION_THRASH = "compaction_thrash"  # the thrash guard stopped a compaction loop (the turn fails)
+COMPACTION_REQUESTED = "compaction_requested"  # the model asked for a compaction (compact_context)
 RESTART = "restart"
 EVENTS_DROPPED = "events_dropped"
 JOURNAL_LOST = "journal_lost"
@@ -79,6 +83,10 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         COMPACTION_SKIPPED: logging.INFO,
         COMPACTION_FALLBACK: logging.INFO,
         TOOL_RESULTS_CLIPPED: logging.INFO,
+        TOOL_RESULT_CAPPED: logging.INFO,
+        TOOL_RESULTS_MASKED: logging.INFO,
+        COMPACTION_REQUESTED: logging.INFO,
+        COMPACTION_THRASH: logging.WARNING,
         OVERFLOW: logging.INFO,
         CONTINUED: logging.INFO,
         RETRY: logging.INFO,
@@ -126,6 +134,10 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         SUMMARIZER_FALLBACK: ("summarizer", "attempts", "error"),
         SUMMARIZER_SUSPENDED: ("summarizer", "failures", "compactions", "error"),
         TOOL_RESULTS_CLIPPED: ("clipped", "offload_path"),
+        TOOL_RESULT_CAPPED: ("tool", "call_id", "tokens", "limit", "record"),
+        TOOL_RESULTS_MASKED: ("masked", "freed", "tokens_before", "records"),
+        COMPACTION_REQUESTED: ("reason", "estimated_gain", "min_gain", "accepted"),
+        COMPACTION_THRASH: ("compactions", "requests", "culprit", "figures"),
         OVERFLOW: ("prompt_tokens", "limit", "forced"),
         CONTINUED: ("stop_reason", "tokens", "window", "continuation"),
         RETRY: ("after", "forced", "clipped"),

@@ -12,10 +12,12 @@ import bisect
 import re
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
 import orjson
+import trio
 
 from ._check import integer
 from ._clip import clip
@@ -51,7 +53,9 @@ DESCRIPTION = (
     "earlier instructions) instead of guessing. Either search by words (query), or read a range of "
     "records (first, and optionally last), not both. Each record shows its number, the compaction "
     "that moved it out, and its role. The output is bounded in size: when it says records were "
-    "left out or cut, read those by range."
+    "left out or cut, read those by range. A large tool result capped or masked in your context "
+    "names its record: read parts of it with record and line_start/line_end (lines, from 1) or "
+    "byte_start/byte_end (bytes, from 0, end excluded)."
 )
 
 Footer = Callable[[list[int]], str | None]
@@ -175,6 +179,52 @@ def render_records(
     return text
 
 
+def record_part(
+    record: JournalRecord,
+    budget_bytes: int,
+    lines: tuple[int | None, int | None] | None,
+    span: tuple[int | None, int | None] | None,
+) -> str:
+    """One record's text, or the lines or bytes asked for, within `budget_bytes` (cut at the
+    last whole line that fits, with a note saying where to go on). Pure; may take a while on a
+    huge record (run it in a worker thread)."""
+    text = _body(record.message)
+    header = _header(record)
+    if span is not None:
+        data = text.encode("utf-8")
+        first = span[0] or 0
+        end = min(len(data), span[1] if span[1] is not None else len(data))
+        if first >= len(data):
+            return f"{header}\nThe record holds {len(data)} bytes: byte_start={first} is past its end."
+        room = max(1, budget_bytes - len(header) - 200)
+        stop = min(end, first + room)
+        piece = data[first:stop].decode("utf-8", "ignore")  # a character cut at an edge is left out
+        where = f"bytes {first}-{stop} of {len(data)} (end excluded)"
+        more = f"\n[… continue with record={record.seq}, byte_start={stop}]" if stop < end else ""
+        return f"{header} {where}\n{piece}{more}"
+    rows = text.splitlines(keepends=True)
+    first = (lines[0] if lines is not None else None) or 1
+    last = min(len(rows), (lines[1] if lines is not None else None) or len(rows))
+    if first > len(rows):
+        return f"{header}\nThe record holds {len(rows)} lines: line_start={first} is past its end."
+    room = max(1, budget_bytes - len(header) - 200)
+    out: list[str] = []
+    used, n = 0, first
+    while n <= last:
+        size = len(rows[n - 1].encode("utf-8"))
+        if used + size > room:
+            if not out:  # one line larger than the budget: its head
+                out.append(_head(rows[n - 1], room) + "\n[… the line goes on; read it with byte ranges]\n")
+                n += 1
+            break
+        out.append(rows[n - 1])
+        used += size
+        n += 1
+    where = f"lines {first}-{n - 1} of {len(rows)}"
+    more = f"\n[… continue with record={record.seq}, line_start={n}]" if n <= last else ""
+    return f"{header} {where}\n{''.join(out)}{more}"
+
+
 def recall_tool(
     store: OffloadStore | Store, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall"
 ) -> Tool:
@@ -257,8 +307,27 @@ def recall_tool(
 
         return await render(intro, chosen, footer)
 
+    async def part(
+        seq: int, lines: tuple[int | None, int | None] | None, span: tuple[int | None, int | None] | None
+    ) -> str:
+        found = await store.read_range(agent_id, seq, seq)
+        if not found:
+            records = await store.records(agent_id, **cut)
+            if not records:
+                return nothing_yet()
+            return f"No record {seq}: the journal holds records {_span(records)}."
+        return await trio.to_thread.run_sync(partial(record_part, found[0], budget_tokens * 4, lines, span))
+
     async def recall(
-        query: str | None = None, first: int | None = None, last: int | None = None, limit: int = 8
+        query: str | None = None,
+        first: int | None = None,
+        last: int | None = None,
+        limit: int = 8,
+        record: int | None = None,
+        line_start: int | None = None,
+        line_end: int | None = None,
+        byte_start: int | None = None,
+        byte_end: int | None = None,
     ) -> str:
         """Read back messages that were moved out of the context.
 
@@ -269,9 +338,40 @@ def recall_tool(
                 Left out with last given: the 20 records before last.
             last: The last record to read, inclusive; defaults to first + 20.
             limit: The most records a search returns, 1 to 50.
+            record: One record to read in parts (a capped or masked tool result names it).
+            line_start: With record: the first line to show, from 1.
+            line_end: With record: the last line to show, inclusive.
+            byte_start: With record: the first byte to show, from 0.
+            byte_end: With record: where the bytes shown end (excluded).
         """
         errors: list[str] = []
         ranged = first is not None or last is not None
+        by_lines = line_start is not None or line_end is not None
+        by_bytes = byte_start is not None or byte_end is not None
+        if record is not None or by_lines or by_bytes:
+            if record is None:
+                errors.append("line_start/line_end and byte_start/byte_end read parts of one record: give record")
+            elif record < 1:
+                errors.append(f"record must be a record number, 1 or more; got {record}")
+            if query is not None or ranged:
+                errors.append("give record (one record, in parts) without query or first/last")
+            if by_lines and by_bytes:
+                errors.append("give either line_start/line_end or byte_start/byte_end, not both")
+            bounds: tuple[tuple[str, int | None, int], ...] = (("line_start", line_start, 1), ("line_end", line_end, 1))
+            bounds += (("byte_start", byte_start, 0), ("byte_end", byte_end, 1))
+            for key, value, low in bounds:
+                if value is not None and value < low:
+                    errors.append(f"{key} must be {low} or more, got {value}")
+            if line_start is not None and line_end is not None and line_start > line_end:
+                errors.append(f"line_start ({line_start}) must not be greater than line_end ({line_end})")
+            if byte_start is not None and byte_end is not None and byte_start >= byte_end:
+                errors.append(f"byte_start ({byte_start}) must be less than byte_end ({byte_end})")
+            if errors:
+                raise ToolArgumentsError(errors, tool=name)
+            assert record is not None
+            return await part(
+                record, (line_start, line_end) if by_lines else None, (byte_start, byte_end) if by_bytes else None
+            )
         if query is not None and ranged:
             errors.append("give either query (search by words) or first/last (read a range of records), not both")
         elif query is None and not ranged:

@@ -210,3 +210,13 @@ def test_recall_stall_prints_its_figures() -> None:
     f = recall_stall.run(200, 1, out=lines.append)
     assert f["answered"] and f["pings"] > 0
     assert any(line.startswith("longest scheduling stall while an agent recalls:") for line in lines)
+
+
+def test_the_context_economy_benchmark_prints_its_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import context_economy
+
+    context_economy.main(["--turns", "3", "--seeds", "1"])
+    out = capsys.readouterr().out
+    for policy in context_economy.POLICIES:
+        assert f"context_economy: {policy}" in out
+    assert "prefix breaks" in out and "summarizer calls" in out and "retention" in out

@@ -57,8 +57,9 @@ def test_the_extractive_summarizer_is_the_same_object_everywhere() -> None:
 # DESIGN.md's layers. A new module gets its layer here (the test below names any that has none).
 LAYERS = {
     0: "message state errors tokens events groups report synthetic _check _clip _frozen _fs _trio _version _search"
-    " _bigjson",
-    1: "plugins compaction providers offload _stores store postgres checkpoint tools recall tracing otel mcp",
+    " _bigjson _redact _mcp_reaper",
+    1: "plugins compaction providers offload _stores store postgres checkpoint tools recall tracing otel mcp"
+    " compact_tool rehydrate _mcp_stdio",
     2: "agent runtime bus ray",
     3: "cli _demo _chatfile __init__ __main__",
 }

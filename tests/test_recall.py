@@ -272,7 +272,9 @@ def test_construction_is_checked(tmp_path: Path) -> None:
     t = recall_tool(store, "a1", name="history")
     assert t.name == "history"
     assert "summary" in t.description and "exact detail" in t.description
-    assert set(t.parameters["properties"]) == {"query", "first", "last", "limit"}
+    assert set(t.parameters["properties"]) == {
+        "query", "first", "last", "limit", "record", "line_start", "line_end", "byte_start", "byte_end"
+    }  # fmt: skip
     assert not t.parameters["required"]
 
 

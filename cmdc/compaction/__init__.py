@@ -10,7 +10,7 @@ message), `finalize` (what replaces the evicted messages), `clip` (what a compac
 from ..report import Compacted, CompactionReport, Skipped
 from .breaker import SummarizerBreaker
 from .compactor import Compactor, SummaryAttempt, default_should_retry
-from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold
+from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold, TierConfig
 from .cutoff import Split, split_messages
 from .options import SUMMARY_BUDGET, CompactorOptions
 from .summary import ExtractiveSummarizer, Summarizer, render_transcript
@@ -30,6 +30,7 @@ __all__ = [
     "SummarizerBreaker",
     "SummaryAttempt",
     "Threshold",
+    "TierConfig",
     "default_should_retry",
     "render_transcript",
     "split_messages",

@@ -61,7 +61,7 @@ from .summary import Summarizer, pointer_message
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
 _CACHED_TOKENS = attrgetter("_tokens")
 
-Reason = Literal["auto", "forced", "manual"]
+Reason = Literal["auto", "forced", "manual", "requested"]
 T = TypeVar("T")
 
 
@@ -302,8 +302,8 @@ class Compactor:
         for this call only (for example "focus on the API changes"). `window`: the model's
         context window when known (a `ContextOverflow` reports it); the budgets for preserved
         user messages and pins then stay within a share of it."""
-        if reason not in ("auto", "forced", "manual"):
-            raise ConfigError(f"reason must be 'auto', 'forced' or 'manual', got {reason!r}")
+        if reason not in ("auto", "forced", "manual", "requested"):
+            raise ConfigError(f"reason must be 'auto', 'forced', 'manual' or 'requested', got {reason!r}")
         if instruction is not None and not isinstance(instruction, str):
             raise ConfigError(f"instruction must be a string, got {type(instruction).__name__}")
         optional_integer(window, "window")

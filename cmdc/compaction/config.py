@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from .._check import integer, is_int
+from .._check import integer, is_int, optional_integer
 from ..errors import ConfigError
 from ..state import config_checks
 
@@ -49,9 +49,39 @@ DEFAULT_WINDOW_FRACTION = 0.85
 known (configured, or reported by the provider), else `DEFAULT_TRIGGER`."""
 
 COMPACT_KEYS = frozenset(
-    {"compact_trigger", "compact_keep", "compact_offload_dir", "compact_summary_prompt", "context_window"}
+    {
+        "compact_trigger",
+        "compact_keep",
+        "compact_offload_dir",
+        "compact_summary_prompt",
+        "context_window",
+        "compact_thrash",
+        "compact_min_gain",
+    }
 )
-KNOWN_KEYS = COMPACT_KEYS
+TIER_KEYS = frozenset(
+    {
+        "tool_result_limit",
+        "tool_result_limits",
+        "tool_result_preview",
+        "mask_tool_results",
+        "mask_trigger",
+        "mask_keep",
+        "mask_at_least",
+        "mask_exclude",
+    }
+)
+"""The cheap tiers' keys (see `TierConfig`); with `COMPACT_KEYS`, every key of these families."""
+
+DEFAULT_TOOL_RESULT_LIMIT = 8_000
+"""Tokens: a tool result past this is capped at arrival (about 6% of a 128k window)."""
+DEFAULT_PREVIEW = 1_000
+DEFAULT_MASK_TRIGGER = 0.3
+DEFAULT_MASK_KEEP = 3
+DEFAULT_MIN_GAIN = 4_000
+DEFAULT_THRASH: tuple[int, int] = (3, 3)
+
+KNOWN_KEYS = COMPACT_KEYS | TIER_KEYS
 """Every key cmdc reads from `state.config`."""
 
 USER_KEY_PREFIX = "x-"
@@ -101,6 +131,7 @@ class CompactConfig:
     offload_dir: Path = Path(DEFAULT_OFFLOAD_DIR)
     summary_prompt: str = attrs.field(default=DEFAULT_SUMMARY_PROMPT, repr=False)
     context_window: int | None = None
+    tiers: TierConfig = attrs.field(factory=lambda: TierConfig())
 
     @property
     def token_trigger(self) -> int | None:
@@ -135,6 +166,7 @@ class CompactConfig:
             offload_dir=_offload_dir(config.get("compact_offload_dir", DEFAULT_OFFLOAD_DIR)),
             summary_prompt=_prompt(config.get("compact_summary_prompt", DEFAULT_SUMMARY_PROMPT)),
             context_window=window,
+            tiers=TierConfig.from_mapping(config),
         )
 
 
@@ -189,6 +221,133 @@ def _check_state_config(config: Mapping[str, Any]) -> None:
     """`State`'s check of a config when it is made: a `fraction` may wait for its window (a
     runtime fills it in from the provider at spawn)."""
     CompactConfig.from_mapping(config, need_window=False)
+    TierConfig.from_mapping(config)
 
 
 config_checks.append(_check_state_config)
+
+
+# -- the cheap tiers: caps at arrival, masking, the thrash guard ---------------------------------
+
+
+def _key(name: str) -> str:
+    return f"config key {name!r}"
+
+
+def _optional_limit(value: object, name: str) -> int | None:
+    return optional_integer(value, _key(name))
+
+
+def _limits(value: object) -> tuple[tuple[str, int | None], ...]:
+    name = "tool_result_limits"
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{_key(name)} must be a mapping of tool names to token limits (or None), got {value!r:.80}")
+    out: list[tuple[str, int | None]] = []
+    for tool, limit in value.items():
+        if not isinstance(tool, str) or not tool:
+            raise ConfigError(f"{_key(name)}: tool names must be non-empty strings, got {tool!r:.80}")
+        out.append((tool, optional_integer(limit, f"{_key(name)}[{tool!r}]")))
+    return tuple(sorted(out))
+
+
+def _names(value: object, name: str) -> frozenset[str]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ConfigError(f"{_key(name)} must be a list of tool names, got {value!r:.80}")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ConfigError(f"{_key(name)}: tool names must be non-empty strings, got {item!r:.80}")
+    return frozenset(value)
+
+
+def _share(value: object, name: str) -> float:
+    if not isinstance(value, float) or not 0.0 < value <= 1.0:
+        raise ConfigError(f"{_key(name)} must be a float in (0, 1] (a share of the token trigger), got {value!r:.80}")
+    return value
+
+
+def _pair(value: object, name: str) -> tuple[int, int]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ConfigError(f"{_key(name)} must be a pair (compactions, requests), got {value!r:.80}")
+    return integer(value[0], f"{_key(name)}: compactions"), integer(value[1], f"{_key(name)}: requests")
+
+
+@attrs.frozen
+class TierConfig:
+    """The cheap tiers before a summary, read from `state.config` (each key checked; a bad
+    value raises `ConfigError` naming it).
+
+    - `tool_result_limit` (tokens, or None: no cap): a tool result (MCP results included) past
+      it is journaled whole and the context gets a head/tail preview naming its journal record.
+      Default: 8,000, at most a quarter of the token trigger. `tool_result_limits`: per tool
+      name, a limit or None (never capped). `tool_result_preview`: the preview's size in tokens
+      (default 1,000; at most half the limit).
+    - `mask_tool_results` (default True): past `mask_trigger` (a share of the token trigger,
+      default 0.3), the results of tool uses older than the newest `mask_keep` (default 3) are
+      journaled and replaced by a one-line placeholder, in one batch, when it frees at least
+      `mask_at_least` tokens (default 4,000, at most a twentieth of the token trigger);
+      `mask_exclude` names tools whose results are never masked.
+    - `compact_thrash` (compactions, requests), default (3, 3): that many compactions within
+      that many model requests, and the next one fails the turn with `CompactionThrashing`.
+    - `compact_min_gain` (tokens): the least a compaction the model asks for (the
+      `compact_context` tool) must free; default as `mask_at_least`'s.
+    """
+
+    tool_result_limit: int | None = DEFAULT_TOOL_RESULT_LIMIT
+    limit_given: bool = False
+    tool_result_limits: tuple[tuple[str, int | None], ...] = ()
+    tool_result_preview: int = DEFAULT_PREVIEW
+    mask_tool_results: bool = True
+    mask_trigger: float = DEFAULT_MASK_TRIGGER
+    mask_keep: int = DEFAULT_MASK_KEEP
+    mask_at_least: int | None = None
+    mask_exclude: frozenset[str] = frozenset()
+    thrash: tuple[int, int] = DEFAULT_THRASH
+    min_gain: int | None = None
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> TierConfig:
+        given = "tool_result_limit" in config
+        mask = config.get("mask_tool_results", True)
+        if not isinstance(mask, bool):
+            raise ConfigError(f"{_key('mask_tool_results')} must be True or False, got {mask!r:.80}")
+        return cls(
+            tool_result_limit=_optional_limit(
+                config.get("tool_result_limit", DEFAULT_TOOL_RESULT_LIMIT), "tool_result_limit"
+            ),
+            limit_given=given,
+            tool_result_limits=_limits(config.get("tool_result_limits", {})),
+            tool_result_preview=integer(
+                config.get("tool_result_preview", DEFAULT_PREVIEW), _key("tool_result_preview"), minimum=16
+            ),
+            mask_tool_results=mask,
+            mask_trigger=_share(config.get("mask_trigger", DEFAULT_MASK_TRIGGER), "mask_trigger"),
+            mask_keep=integer(config.get("mask_keep", DEFAULT_MASK_KEEP), _key("mask_keep"), minimum=0),
+            mask_at_least=_optional_limit(config.get("mask_at_least"), "mask_at_least"),
+            mask_exclude=_names(config.get("mask_exclude", ()), "mask_exclude"),
+            thrash=_pair(config.get("compact_thrash", DEFAULT_THRASH), "compact_thrash"),
+            min_gain=_optional_limit(config.get("compact_min_gain"), "compact_min_gain"),
+        )
+
+    def limit_for(self, tool: str, trigger: int | None) -> int | None:
+        """The cap for `tool`'s results in tokens (None: not capped)."""
+        for name, limit in self.tool_result_limits:
+            if name == tool:
+                return limit
+        limit = self.tool_result_limit
+        if limit is not None and not self.limit_given and trigger is not None:
+            limit = max(64, min(limit, trigger // 4))
+        return limit
+
+    def preview_for(self, limit: int) -> int:
+        return max(16, min(self.tool_result_preview, limit // 2))
+
+    def gain(self, trigger: int | None) -> int:
+        """`mask_at_least` (or its default for `trigger`)."""
+        if self.mask_at_least is not None:
+            return self.mask_at_least
+        return DEFAULT_MIN_GAIN if trigger is None else max(1, min(DEFAULT_MIN_GAIN, trigger // 20))
+
+    def min_gain_for(self, trigger: int | None) -> int:
+        if self.min_gain is not None:
+            return self.min_gain
+        return DEFAULT_MIN_GAIN if trigger is None else max(1, min(DEFAULT_MIN_GAIN, trigger // 20))
