@@ -49,7 +49,8 @@ async def one(mb: int) -> tuple[float, float, float, int]:
     worst = 0.0
     turns = 0
     async with cmdc.open_runtime(log_events=False) as rt:
-        agent = await rt.spawn("a1", provider, tools=[server])
+        # no cap at arrival (the tiers'): what is measured is the MCP reader and its own clip
+        agent = await rt.spawn("a1", provider, tools=[server], config={"tool_result_limit": None})
         neighbour = await rt.spawn("n1", ScriptedProvider([f"a{i}" for i in range(100_000)]))
         done = trio.Event()
         gc.collect()

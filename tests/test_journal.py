@@ -170,7 +170,8 @@ async def test_failed_forced_compactions_never_show(tmp_path: Path) -> None:
             model,
             tools=[read_file],
             summarizer=ExtractiveSummarizer(),
-            config=agent_config(offload, compact_trigger=("messages", 10_000)),
+            # no masking: an overflow masks old results (a committed batch) before it forces a compaction
+            config=agent_config(offload, compact_trigger=("messages", 10_000), mask_tool_results=False),
         )
         for i in range(4):
             await agent.prompt(f"task {i}")

@@ -117,7 +117,8 @@ async def test_a_100_mb_result_is_clipped_and_a_neighbour_keeps_working(
         [call("huge", {"size": 100 * MB, "pause": str(pause)}), call("echo", {"text": "after"}), "done"]
     )
     async with cmdc.open_runtime(log_events=False) as rt:
-        agent = await rt.spawn("a1", provider, tools=[server])
+        # no cap at arrival (the tiers'): this test is about the MCP reader's own clip
+        agent = await rt.spawn("a1", provider, tools=[server], config={"tool_result_limit": None})
         neighbour = await rt.spawn("n1", ScriptedProvider([f"answer {i}" for i in range(5)]))
 
         async def neighbour_turns(sub: Any) -> None:

@@ -224,7 +224,7 @@ async def test_an_agent_clips_a_huge_tail_and_retries_once(tmp_path: Path) -> No
             "clip",
             Sized([plan], cycle=True),
             tools=[dump],
-            config={"compact_offload_dir": str(tmp_path)},
+            config={"compact_offload_dir": str(tmp_path), "tool_result_limit": None},
         )
         reply = await agent.prompt("dump the log")
         assert reply.text.startswith("the log was") and int(reply.text.split()[-2]) < 20_000
