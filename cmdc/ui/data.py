@@ -1,0 +1,731 @@
+"""What the web page shows, read from a running runtime or from a store (no web framework here).
+
+`Recorder` follows a runtime's event bus (one all-agents subscription) and keeps, per agent,
+bounded figures: compactions by reason, the timeline of turns and compactions, the last turns'
+span trees, last activity. Pages read it; the live-update streams are woken by it and coalesce
+what changed (`Watcher`), so a slow page never holds an event, and never an agent.
+
+`LiveSource` and `StoreSource` answer the same questions (the agents, one agent, its journal).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from ..bus import Subscription
+from ..compaction.config import CompactConfig
+from ..errors import CmdcError
+from ..events import (
+    ACTIVATED,
+    COMPACTION_END,
+    COMPACTION_FAILED,
+    COMPACTION_FALLBACK,
+    COMPACTION_START,
+    DEACTIVATED,
+    ERROR,
+    EVENTS_DROPPED,
+    REQUEST,
+    RESPONSE,
+    STOPPED,
+    SUMMARIZER_ATTEMPT,
+    SUMMARIZER_FALLBACK,
+    TOOL_END,
+    TOOL_START,
+    TURN_END,
+    TURN_START,
+    Event,
+)
+from ..message import Message
+from ..offload import JournalRecord, OffloadStore
+from ..report import CompactionReport
+from ..runtime import Runtime
+from ..state import State, validate_agent_id
+from ..store import FileStore, Store
+
+POINTS = 400  # timeline entries kept per agent
+TURNS = 8  # span trees kept per agent
+SPANS_PER_TURN = 200  # children of one turn kept (a turn with more shows how many were left out)
+PLACEHOLDER = re.compile(r"\[[^\[\]\n]{1,120}, [0-9.]+ [KM]?B omitted")
+
+
+class Journal(Protocol):
+    """The journal reads the page needs (an `OffloadStore` or a `Store`)."""
+
+    async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]: ...
+
+    async def read_range(
+        self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
+    ) -> list[JournalRecord]: ...
+
+    async def search(
+        self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
+    ) -> list[JournalRecord]: ...
+
+
+class Reader:
+    """A `Journal` over any store: a store that clips records itself (`clips_records`, as both
+    shipped stores and `OffloadStore` do) is asked to; another one's records are clipped here."""
+
+    def __init__(self, store: OffloadStore | Store) -> None:
+        self.store: Any = store
+        self.clips = isinstance(store, OffloadStore) or getattr(type(store), "clips_records", False) is True
+
+    def __repr__(self) -> str:
+        return f"Reader({self.store!r})"
+
+    async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
+        if self.clips:
+            return list(await self.store.records(agent_id, max_chars=max_chars))
+        return _clipped(await self.store.records(agent_id), max_chars)
+
+    async def read_range(
+        self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
+        if self.clips:
+            return list(await self.store.read_range(agent_id, first_seq, last_seq, max_chars=max_chars))
+        return _clipped(await self.store.read_range(agent_id, first_seq, last_seq), max_chars)
+
+    async def search(
+        self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
+    ) -> list[JournalRecord]:
+        if self.clips:
+            return list(await self.store.search(agent_id, query, limit, max_chars=max_chars))
+        return _clipped(await self.store.search(agent_id, query, limit), max_chars)
+
+
+def _clipped(records: Iterable[JournalRecord], max_chars: int | None) -> list[JournalRecord]:
+    out = []
+    for r in records:
+        text = r.message.text
+        if max_chars is not None and len(text) > max_chars:
+            r = attrs.evolve(r, message=r.message.evolve(content=text[:max_chars]), clipped=len(text) - max_chars)
+        out.append(r)
+    return out
+
+
+@attrs.frozen
+class AgentRow:
+    """One agent on the agents page."""
+
+    name: str
+    state: str  # running, idle, deactivated, failed, stopped; stored (from a store)
+    tokens: int | None
+    trigger: int | None
+    window: int | None
+    auto: int = 0
+    forced: int = 0
+    manual: int = 0
+    failed: int = 0
+    compactions: int = 0
+    last: float | None = None  # wall-clock time of its last activity
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.define
+class Span:
+    """A piece of a turn's work, from the events that open and close it."""
+
+    name: str
+    start: float
+    end: float | None = None
+    detail: str = ""
+    error: bool = False
+    children: list[Span] = attrs.field(factory=list)
+    dropped: int = 0
+
+    def add(self, child: Span) -> None:
+        if len(self.children) < SPANS_PER_TURN:
+            self.children.append(child)
+        else:
+            self.dropped += 1
+
+
+@attrs.define
+class AgentLog:
+    """What the recorder knows of one agent."""
+
+    auto: int = 0
+    forced: int = 0
+    manual: int = 0
+    failed: int = 0
+    last: float | None = None  # wall clock
+    tokens: int | None = None
+    ended: str | None = None  # "failed", "stopped" once it stopped for good
+    deactivated: bool = False
+    points: deque[dict[str, Any]] = attrs.field(factory=lambda: deque(maxlen=POINTS))
+    turns: deque[Span] = attrs.field(factory=lambda: deque(maxlen=TURNS))
+    turn: Span | None = None
+    open: dict[str, Span] = attrs.field(factory=dict)  # open spans of the current turn
+    attempts: int = 0  # summarizer attempts of the running compaction
+    failed_attempts: int = 0
+    fallbacks: list[str] = attrs.field(factory=list)
+
+
+class Watcher:
+    """One live page's view of the changes: the agents that changed since it last looked
+    (a set, so a burst of events for one agent is one update) and a wake-up. Bounded by the
+    number of agents; past `limit` it just asks for everything."""
+
+    def __init__(self, agent: str | None, limit: int = 2_000) -> None:
+        self.agent = agent
+        self.changed: set[str] = set()
+        self.everything = False
+        self.limit = limit
+        self._wake = trio.Event()
+
+    def mark(self, name: str) -> None:
+        if self.agent is not None and name != self.agent:
+            return
+        if not self.everything:
+            self.changed.add(name)
+            if len(self.changed) > self.limit:
+                self.everything, self.changed = True, set()
+        self._wake.set()
+
+    def mark_all(self) -> None:
+        self.everything, self.changed = True, set()
+        self._wake.set()
+
+    async def wait(self) -> tuple[bool, set[str]]:
+        """Wait for a change; return (everything, the agents changed) and start over."""
+        await self._wake.wait()
+        self._wake = trio.Event()
+        out = (self.everything, self.changed)
+        self.everything, self.changed = False, set()
+        return out
+
+
+class Recorder:
+    """Keeps per-agent figures from the event bus; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, AgentLog] = {}
+        self.watchers: set[Watcher] = set()
+        self.dropped = 0
+        self._offset = time.time() - _now()
+
+    def wall(self, t: float) -> float:
+        """A trio clock time as wall-clock seconds."""
+        return t + self._offset
+
+    def log(self, name: str) -> AgentLog:
+        log = self.logs.get(name)
+        if log is None:
+            log = self.logs[name] = AgentLog()
+        return log
+
+    async def run(self, subscription: Subscription) -> None:
+        with subscription:
+            async for event in subscription:
+                self.record(event)
+
+    def record(self, event: Event) -> None:
+        name = event.agent_id
+        if name is None:
+            if event.kind == EVENTS_DROPPED:
+                self.dropped += int(event.data.get("count") or 0)
+                for w in self.watchers:
+                    w.mark_all()
+            return
+        log = self.log(name)
+        now = self.wall(event.time) if event.time else time.time()
+        log.last = now
+        _handlers.get(event.kind, _ignore)(log, event, now)
+        for w in self.watchers:
+            w.mark(name)
+
+
+def _now() -> float:
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return 0.0
+
+
+def _ignore(log: AgentLog, event: Event, now: float) -> None:
+    return None
+
+
+def _turn_start(log: AgentLog, event: Event, now: float) -> None:
+    tokens = event.data.get("tokens")
+    log.tokens = tokens if isinstance(tokens, int) else log.tokens
+    log.turn = Span("turn", now, detail=f"{event.data.get('messages')} messages, {tokens} tokens")
+    log.open = {}
+    log.points.append({"kind": "turn", "time": now, "tokens": log.tokens})
+
+
+def _turn_end(log: AgentLog, event: Event, now: float) -> None:
+    turn = log.turn
+    if turn is None:
+        return
+    turn.end = now
+    usage = event.data.get("usage")
+    steps = event.data.get("steps")
+    bits = [f"{steps} steps" if steps is not None else ""]
+    if usage is not None:
+        bits.append(f"usage {getattr(usage, 'input_tokens', '?')} in / {getattr(usage, 'output_tokens', '?')} out")
+    if event.data.get("aborted"):
+        turn.error = True
+        bits.append(f"aborted: {event.data.get('reason')}")
+    turn.detail = f"{turn.detail}; {', '.join(b for b in bits if b)}"
+    log.turns.append(turn)
+    log.turn, log.open = None, {}
+
+
+def _child(log: AgentLog, key: str, span: Span) -> None:
+    parent = log.open.get("compaction") if key.startswith("summarizer") else None
+    target = parent or log.turn
+    if target is not None:
+        target.add(span)
+    if span.end is None:
+        log.open[key] = span
+
+
+def _close(log: AgentLog, key: str, now: float, detail: str = "", error: bool = False) -> Span | None:
+    span = log.open.pop(key, None)
+    if span is not None:
+        span.end = now
+        if detail:
+            span.detail = f"{span.detail}; {detail}" if span.detail else detail
+        span.error = span.error or error
+    return span
+
+
+def _request(log: AgentLog, event: Event, now: float) -> None:
+    tokens = event.data.get("tokens")
+    if isinstance(tokens, int):
+        log.tokens = tokens
+    _child(log, "request", Span("model request", now, detail=f"{event.data.get('messages')} messages, {tokens} tokens"))
+
+
+def _response(log: AgentLog, event: Event, now: float) -> None:
+    usage = event.data.get("usage")
+    calls = event.data.get("tool_calls")
+    detail = f"{getattr(usage, 'output_tokens', '?')} tokens out" if usage is not None else ""
+    if calls:
+        detail += f", {calls} tool calls"
+    _close(log, "request", now, detail)
+
+
+def _tool_start(log: AgentLog, event: Event, now: float) -> None:
+    _child(log, f"tool:{event.data.get('call_id')}", Span(f"tool {event.data.get('tool')}", now))
+
+
+def _tool_end(log: AgentLog, event: Event, now: float) -> None:
+    error = event.data.get("error")
+    _close(log, f"tool:{event.data.get('call_id')}", now, f"error: {error}" if error else "", bool(error))
+
+
+def _compaction_start(log: AgentLog, event: Event, now: float) -> None:
+    log.attempts = log.failed_attempts = 0
+    log.fallbacks = []
+    reason = event.data.get("reason")
+    _child(log, "compaction", Span(f"compaction ({reason})", now, detail=f"{event.data.get('tokens')} tokens"))
+
+
+def _compaction_end(log: AgentLog, event: Event, now: float) -> None:
+    report = event.data.get("report")
+    if not isinstance(report, CompactionReport):
+        return
+    reason = report.reason
+    if reason == "forced":
+        log.forced += 1
+    elif reason == "manual":
+        log.manual += 1
+    else:
+        log.auto += 1
+    log.tokens = report.tokens_after
+    log.points.append(
+        {
+            "kind": "compaction",
+            "time": now,
+            "reason": reason,
+            "before": report.tokens_before,
+            "after": report.tokens_after,
+            "evicted": report.evicted,
+            "first_seq": report.first_seq,
+            "last_seq": report.last_seq,
+            "compaction": report.compaction,
+            "summarizer": report.summarizer,
+            "attempts": report.attempts,
+            "failed_attempts": log.failed_attempts,
+            "fallback": report.fallback or (", ".join(log.fallbacks) or None),
+            "passes": report.passes,
+            "duration": report.duration,
+        }
+    )
+    _close(
+        log,
+        "compaction",
+        now,
+        f"{report.tokens_before} -> {report.tokens_after} tokens, {report.evicted} evicted "
+        f"(records {report.first_seq}-{report.last_seq})",
+    )
+
+
+def _compaction_failed(log: AgentLog, event: Event, now: float) -> None:
+    log.failed += 1
+    error = str(event.data.get("error"))
+    log.points.append(
+        {"kind": "failed", "time": now, "reason": event.data.get("reason"), "error": error, "tokens": log.tokens}
+    )
+    _close(log, "compaction", now, f"failed: {error}", True)
+
+
+def _attempt(log: AgentLog, event: Event, now: float) -> None:
+    log.attempts += 1
+    ok = bool(event.data.get("ok"))
+    if not ok:
+        log.failed_attempts += 1
+    d = event.data
+    detail = f"{d.get('role')} attempt {d.get('attempt')}: " + (
+        f"{d.get('chunk_tokens')} -> {d.get('output_tokens')} tokens" if ok else f"failed: {d.get('error')}"
+    )
+    _child(log, "summarizer", Span(f"summarizer {d.get('summarizer')}", now, end=now, detail=detail, error=not ok))
+
+
+def _fallback(log: AgentLog, event: Event, now: float) -> None:
+    d = event.data
+    what = d.get("fallback") or d.get("summarizer")
+    log.fallbacks.append(str(what))
+    _child(log, "summarizer-fallback", Span(f"fallback {what}", now, end=now, detail=str(d.get("error") or "")))
+
+
+def _stopped(log: AgentLog, event: Event, now: float) -> None:
+    reason = event.data.get("reason")
+    log.ended = "failed" if reason in ("crashed", "failed") else "stopped"
+
+
+def _error(log: AgentLog, event: Event, now: float) -> None:
+    if event.data.get("crashed") and log.turn is not None:
+        log.turn.error = True
+
+
+def _deactivated(log: AgentLog, event: Event, now: float) -> None:
+    log.deactivated = True
+
+
+def _activated(log: AgentLog, event: Event, now: float) -> None:
+    log.deactivated = False
+
+
+_handlers = {
+    TURN_START: _turn_start,
+    TURN_END: _turn_end,
+    REQUEST: _request,
+    RESPONSE: _response,
+    TOOL_START: _tool_start,
+    TOOL_END: _tool_end,
+    COMPACTION_START: _compaction_start,
+    COMPACTION_END: _compaction_end,
+    COMPACTION_FAILED: _compaction_failed,
+    COMPACTION_FALLBACK: _fallback,
+    SUMMARIZER_ATTEMPT: _attempt,
+    SUMMARIZER_FALLBACK: _fallback,
+    STOPPED: _stopped,
+    ERROR: _error,
+    DEACTIVATED: _deactivated,
+    ACTIVATED: _activated,
+}
+
+
+@attrs.frozen
+class AgentDetail:
+    """One agent's page: its row, its context, its timeline and its last turns."""
+
+    row: AgentRow
+    messages: tuple[Message, ...] | None  # None: no state known (a journal without a checkpoint)
+    points: tuple[dict[str, Any], ...]
+    turns: tuple[Span, ...]
+    journal: Journal | None
+    live: bool
+
+
+def _thresholds(config: Any) -> tuple[int | None, int | None]:
+    try:
+        parsed = CompactConfig.from_mapping(config)
+    except CmdcError:
+        return None, None
+    return parsed.token_trigger, parsed.context_window
+
+
+class Source(Protocol):
+    live: bool
+    writable: bool
+    title: str
+
+    async def rows(self) -> list[AgentRow]: ...
+
+    def rows_of(self, names: Iterable[str]) -> list[AgentRow]: ...
+
+    async def detail(self, name: str) -> AgentDetail | None: ...
+
+    def journal(self, name: str) -> Journal | None: ...
+
+    async def compact(self, name: str) -> str: ...
+
+
+class LiveSource:
+    """A running runtime's agents (`Runtime.observe` gives their tasks without activating them)."""
+
+    live = True
+
+    def __init__(self, runtime: Runtime, recorder: Recorder, *, writable: bool = False) -> None:
+        self.runtime = runtime
+        self.recorder = recorder
+        self.writable = writable
+        self.title = "live runtime"
+        self._thresholds: dict[int, tuple[Any, tuple[int | None, int | None]]] = {}
+
+    def _limits(self, config: Any) -> tuple[int | None, int | None]:
+        cached = self._thresholds.get(id(config))
+        if cached is not None and cached[0] is config:
+            return cached[1]
+        figures = _thresholds(config)
+        if len(self._thresholds) > 10_000:
+            self._thresholds.clear()
+        self._thresholds[id(config)] = (config, figures)
+        return figures
+
+    def row(self, name: str) -> AgentRow:
+        log = self.recorder.logs.get(name)
+        agent = self.runtime.observe(name)
+        ref = self.runtime.whereis(name)
+        tokens = trigger = window = None
+        last = None
+        if agent is not None:
+            state = agent.state
+            tokens = state.token_usage
+            trigger, window = self._limits(state.config)
+            window = window or agent.known_window
+            last = self.recorder.wall(agent.last_active)
+            status = "running" if agent.serving else "idle"
+        elif ref is not None and ref.running:
+            status = "deactivated"
+        else:
+            status = "failed" if log is not None and log.ended == "failed" else "stopped"
+        if log is not None:
+            if log.ended == "failed":
+                status = "failed"
+            if tokens is None:
+                tokens = log.tokens
+            last = log.last if last is None or (log.last is not None and log.last > last) else last
+            return AgentRow(
+                name,
+                status,
+                tokens,
+                trigger,
+                window,
+                log.auto,
+                log.forced,
+                log.manual,
+                log.failed,
+                agent.state.compactions if agent is not None else log.auto + log.forced + log.manual,
+                last,
+            )
+        compactions = agent.state.compactions if agent is not None else 0
+        return AgentRow(name, status, tokens, trigger, window, compactions=compactions, last=last)
+
+    async def rows(self) -> list[AgentRow]:
+        names = self.runtime.agents
+        gone = [n for n, log in self.recorder.logs.items() if log.ended is not None and n not in set(names)]
+        return [self.row(n) for n in [*names, *gone[-100:]]]
+
+    def rows_of(self, names: Iterable[str]) -> list[AgentRow]:
+        return [self.row(n) for n in names]
+
+    def journal(self, name: str) -> Journal | None:
+        if self.runtime.store is not None:
+            return Reader(self.runtime.store)
+        agent = self.runtime.observe(name)
+        if agent is None:
+            return None
+        return Reader(agent.compactor.store_for(agent.compactor.compact_config(agent.state)))
+
+    async def detail(self, name: str) -> AgentDetail | None:
+        log = self.recorder.logs.get(name)
+        if self.runtime.whereis(name) is None and log is None:
+            return None
+        agent = self.runtime.observe(name)
+        messages: tuple[Message, ...] | None = None
+        if agent is not None:
+            messages = agent.state.messages
+        elif self.runtime.checkpoints is not None:
+            try:
+                saved = await self.runtime.checkpoints.load(name)
+            except CmdcError:
+                saved = None
+            messages = None if saved is None else saved.messages
+        points = tuple(log.points) if log is not None else ()
+        journal = self.journal(name)
+        if not any(p["kind"] == "compaction" for p in points) and journal is not None:
+            points = (*await journal_points(journal, name), *points)
+        turns = tuple(log.turns) if log is not None else ()
+        if log is not None and log.turn is not None:
+            turns = (*turns, log.turn)
+        return AgentDetail(self.row(name), messages, points, turns, journal, True)
+
+    async def compact(self, name: str) -> str:
+        ref = self.runtime.whereis(name)
+        if ref is None:
+            return f"no running agent is called {name}"
+        outcome = await ref.compact()
+        report = getattr(outcome, "report", None)
+        if report is not None:
+            return f"compacted: {report.tokens_before} -> {report.tokens_after} tokens"
+        return f"skipped: {getattr(outcome, 'reason', '')}"
+
+
+class StoreSource:
+    """A store's agents, read-only: checkpoints (each agent's last state) and journals."""
+
+    live = False
+    writable = False
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.reader = Reader(store)
+        self.title = str(store)
+        self._cache: dict[str, tuple[float, AgentRow, State | None]] = {}
+
+    async def names(self) -> list[str]:
+        names = set(await self.store.checkpoints.agents())
+        if isinstance(self.store, FileStore):
+            names.update(await trio.to_thread.run_sync(_journal_names, self.store.root))
+        return sorted(names)
+
+    def _stamp(self, name: str) -> float | None:
+        """When the file store last wrote this agent (None: not the file store, or nothing)."""
+        if not isinstance(self.store, FileStore):
+            return None
+        best = None
+        for suffix in (".state.json", ".jsonl"):
+            try:
+                m = os.stat(self.store.root / f"{name}{suffix}").st_mtime
+            except OSError:
+                continue
+            best = m if best is None else max(best, m)
+        return best
+
+    async def _load(self, name: str) -> tuple[AgentRow, State | None]:
+        stamp = await trio.to_thread.run_sync(self._stamp, name)
+        cached = self._cache.get(name)
+        if cached is not None and stamp is not None and cached[0] == stamp:
+            return cached[1], cached[2]
+        try:
+            state = await self.store.checkpoints.load(name)
+        except CmdcError:
+            state = None
+        if state is None:
+            row = AgentRow(name, "journal only", None, None, None, last=stamp)
+        else:
+            trigger, window = _thresholds(state.config)
+            row = AgentRow(
+                name, "stored", state.token_usage, trigger, window, compactions=state.compactions, last=stamp
+            )
+        if stamp is not None:
+            self._cache[name] = (stamp, row, state)
+        return row, state
+
+    async def rows(self) -> list[AgentRow]:
+        return [(await self._load(n))[0] for n in await self.names()]
+
+    def rows_of(self, names: Iterable[str]) -> list[AgentRow]:
+        return [c[1] for n in names if (c := self._cache.get(n)) is not None]
+
+    def journal(self, name: str) -> Journal | None:
+        return self.reader
+
+    async def detail(self, name: str) -> AgentDetail | None:
+        validate_agent_id(name)
+        if name not in await self.names():
+            return None
+        row, state = await self._load(name)
+        points = await journal_points(self.reader, name)
+        return AgentDetail(row, None if state is None else state.messages, tuple(points), (), self.reader, False)
+
+    async def compact(self, name: str) -> str:
+        return "a store is shown read-only"
+
+
+def _journal_names(root: Path) -> list[str]:
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        if entry.endswith(".jsonl") and not entry.startswith("."):
+            try:
+                out.append(validate_agent_id(entry[: -len(".jsonl")]))
+            except CmdcError:
+                continue
+    return out
+
+
+async def journal_points(journal: Journal, name: str) -> list[dict[str, Any]]:
+    """The compactions a journal shows (what a store keeps without the events): per
+    compaction, when, how many records and their estimated tokens, their range."""
+    try:
+        records = await journal.records(name, max_chars=0)
+    except CmdcError:
+        return []
+    groups: dict[int, list[JournalRecord]] = {}
+    for r in records:
+        groups.setdefault(r.compaction, []).append(r)
+    out = []
+    for n, group in sorted(groups.items()):
+        chars = sum(r.clipped + len(r.message.text) for r in group)
+        out.append(
+            {
+                "kind": "compaction",
+                "time": group[-1].timestamp,
+                "reason": "journal",
+                "evicted": len(group),
+                "evicted_tokens": chars // 4,
+                "first_seq": group[0].seq,
+                "last_seq": group[-1].seq,
+                "compaction": n,
+            }
+        )
+    return out
+
+
+def badges(message: Message) -> list[str]:
+    """What marks a message in the context view: pinned, summary, pointer, clipped, placeholder."""
+    meta = message.metadata
+    out = []
+    if message.role == "system" or meta.get("cmdc.pinned"):
+        out.append("pinned")
+    if message.is_summary:
+        out.append("summary")
+    if meta.get("cmdc.pointer_only"):
+        out.append("pointer only")
+    if meta.get("cmdc.clipped_from"):
+        out.append("preview (clipped)")
+    kind = meta.get("cmdc.kind")
+    if isinstance(kind, str) and kind not in ("summary",):
+        out.append(kind)
+    text = message.text
+    if "omitted" in text and PLACEHOLDER.search(text[:200_000]):
+        out.append("placeholder")
+    return out
+
+
+def summary_range(message: Message) -> tuple[int, int] | None:
+    """The journal records a summary replaced (its `cmdc.first_seq`..`cmdc.last_seq`)."""
+    first, last = message.metadata.get("cmdc.first_seq"), message.metadata.get("cmdc.last_seq")
+    if isinstance(first, int) and isinstance(last, int) and 0 < first <= last:
+        return first, last
+    return None
