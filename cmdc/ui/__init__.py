@@ -69,8 +69,10 @@ async def serve_store(
     port: int = 0,
     host: str = "127.0.0.1",
     on_ready: Callable[[UIServer], Any] | None = None,
+    task_status: trio.TaskStatus[UIServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve a store's page (read-only) until cancelled; `on_ready(server)` once it listens."""
+    """Serve a store's page (read-only) until cancelled; `on_ready(server)` once it listens
+    (or `server = await nursery.start(serve_store, store)`)."""
     port, host = _check(port, host)
     _require()
     from ..store import open_store
@@ -85,6 +87,7 @@ async def serve_store(
             server = await start_server(nursery, app, host=host, port=port)
             if on_ready is not None:
                 on_ready(server)
+            task_status.started(server)
     finally:
         if chosen is not store:
             with trio.CancelScope(shield=True):
