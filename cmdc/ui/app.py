@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from importlib import resources
 from typing import Any
@@ -91,11 +92,13 @@ class Guard:
             return
         if scope["type"] != "http":
             return  # no websockets: the connection is closed unanswered
+        started = time.perf_counter()
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
         async def secured(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+                took = f"app;dur={(time.perf_counter() - started) * 1000:.2f}".encode()
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS, (b"server-timing", took)]
             await send(message)
 
         host = headers.get("host", "")

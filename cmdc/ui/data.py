@@ -605,21 +605,27 @@ class StoreSource:
             names.update(await trio.to_thread.run_sync(_journal_names, self.store.root))
         return sorted(names)
 
-    def _stamp(self, name: str) -> float | None:
-        """When the file store last wrote this agent (None: not the file store, or nothing)."""
+    def _stamps(self, names: list[str]) -> list[float | None]:
+        """When the file store last wrote each agent (None: not the file store, or nothing)."""
         if not isinstance(self.store, FileStore):
-            return None
-        best = None
-        for suffix in (".state.json", ".jsonl"):
-            try:
-                m = os.stat(self.store.root / f"{name}{suffix}").st_mtime
-            except OSError:
-                continue
-            best = m if best is None else max(best, m)
-        return best
+            return [None] * len(names)
+        out: list[float | None] = []
+        for name in names:
+            best = None
+            for suffix in (".state.json", ".jsonl"):
+                try:
+                    m = os.stat(self.store.root / f"{name}{suffix}").st_mtime
+                except OSError:
+                    continue
+                best = m if best is None else max(best, m)
+            out.append(best)
+        return out
 
-    async def _load(self, name: str) -> tuple[AgentRow, State | None]:
-        stamp = await trio.to_thread.run_sync(self._stamp, name)
+    async def _load(
+        self, name: str, stamp: float | None = None, stamped: bool = False
+    ) -> tuple[AgentRow, State | None]:
+        if not stamped:
+            stamp = (await trio.to_thread.run_sync(self._stamps, [name]))[0]
         cached = self._cache.get(name)
         if cached is not None and stamp is not None and cached[0] == stamp:
             return cached[1], cached[2]
@@ -639,7 +645,23 @@ class StoreSource:
         return row, state
 
     async def rows(self) -> list[AgentRow]:
-        return [(await self._load(n))[0] for n in await self.names()]
+        names = await self.names()
+        stamps = await trio.to_thread.run_sync(self._stamps, names)  # one thread hop for all
+        rows: list[AgentRow | None] = [None] * len(names)
+        limit = trio.Semaphore(8)  # checkpoints not cached yet are read 8 at a time
+
+        async def load(i: int) -> None:
+            async with limit:
+                rows[i] = (await self._load(names[i], stamps[i], True))[0]
+
+        async with trio.open_nursery() as nursery:
+            for i, (name, stamp) in enumerate(zip(names, stamps, strict=True)):
+                cached = self._cache.get(name)
+                if cached is not None and stamp is not None and cached[0] == stamp:
+                    rows[i] = cached[1]
+                else:
+                    nursery.start_soon(load, i)
+        return [r for r in rows if r is not None]
 
     def rows_of(self, names: Iterable[str]) -> list[AgentRow]:
         return [c[1] for n in names if (c := self._cache.get(n)) is not None]
