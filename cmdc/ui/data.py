@@ -132,20 +132,26 @@ class AgentRow:
         return attrs.asdict(self)
 
 
-@attrs.define
 class Span:
-    """A piece of a turn's work, from the events that open and close it."""
+    """A piece of a turn's work, from the events that open and close it: their kinds and data
+    are kept as they came (formatting waits for a page to show it: recording stays cheap)."""
 
-    name: str
-    start: float
-    end: float | None = None
-    detail: str = ""
-    error: bool = False
-    children: list[Span] = attrs.field(factory=list)
-    dropped: int = 0
+    __slots__ = ("children", "data", "dropped", "end", "end_data", "error", "kind", "start")
+
+    def __init__(self, kind: str, start: float, data: Any, end: float | None = None) -> None:
+        self.kind = kind  # the opening event's kind
+        self.start = start
+        self.data = data  # the opening event's data
+        self.end = end
+        self.end_data: Any = None  # the closing event's data
+        self.error = False
+        self.children: list[Span] | None = None
+        self.dropped = 0
 
     def add(self, child: Span) -> None:
-        if len(self.children) < SPANS_PER_TURN:
+        if self.children is None:
+            self.children = [child]
+        elif len(self.children) < SPANS_PER_TURN:
             self.children.append(child)
         else:
             self.dropped += 1
@@ -166,7 +172,7 @@ class AgentLog:
     points: deque[dict[str, Any]] = attrs.field(factory=lambda: deque(maxlen=POINTS))
     turns: deque[Span] = attrs.field(factory=lambda: deque(maxlen=TURNS))
     turn: Span | None = None
-    open: dict[str, Span] = attrs.field(factory=dict)  # open spans of the current turn
+    open: dict[Any, Span] = attrs.field(factory=dict)  # open spans of the current turn
     attempts: int = 0  # summarizer attempts of the running compaction
     failed_attempts: int = 0
     fallbacks: list[str] = attrs.field(factory=list)
@@ -259,8 +265,9 @@ def _ignore(log: AgentLog, event: Event, now: float) -> None:
 
 def _turn_start(log: AgentLog, event: Event, now: float) -> None:
     tokens = event.data.get("tokens")
-    log.tokens = tokens if isinstance(tokens, int) else log.tokens
-    log.turn = Span("turn", now, detail=f"{event.data.get('messages')} messages, {tokens} tokens")
+    if isinstance(tokens, int):
+        log.tokens = tokens
+    log.turn = Span(TURN_START, now, event.data)
     log.open = {}
     log.points.append({"kind": "turn", "time": now, "tokens": log.tokens})
 
@@ -269,22 +276,13 @@ def _turn_end(log: AgentLog, event: Event, now: float) -> None:
     turn = log.turn
     if turn is None:
         return
-    turn.end = now
-    usage = event.data.get("usage")
-    steps = event.data.get("steps")
-    bits = [f"{steps} steps" if steps is not None else ""]
-    if usage is not None:
-        bits.append(f"usage {getattr(usage, 'input_tokens', '?')} in / {getattr(usage, 'output_tokens', '?')} out")
-    if event.data.get("aborted"):
-        turn.error = True
-        bits.append(f"aborted: {event.data.get('reason')}")
-    turn.detail = f"{turn.detail}; {', '.join(b for b in bits if b)}"
+    turn.end, turn.end_data = now, event.data
+    turn.error = bool(event.data.get("aborted"))
     log.turns.append(turn)
     log.turn, log.open = None, {}
 
 
-def _child(log: AgentLog, key: str, span: Span) -> None:
-    parent = log.open.get("compaction") if key.startswith("summarizer") else None
+def _open(log: AgentLog, key: Any, span: Span, parent: Span | None = None) -> None:
     target = parent or log.turn
     if target is not None:
         target.add(span)
@@ -292,46 +290,36 @@ def _child(log: AgentLog, key: str, span: Span) -> None:
         log.open[key] = span
 
 
-def _close(log: AgentLog, key: str, now: float, detail: str = "", error: bool = False) -> Span | None:
+def _close(log: AgentLog, key: Any, now: float, data: Any, error: bool = False) -> None:
     span = log.open.pop(key, None)
     if span is not None:
-        span.end = now
-        if detail:
-            span.detail = f"{span.detail}; {detail}" if span.detail else detail
+        span.end, span.end_data = now, data
         span.error = span.error or error
-    return span
 
 
 def _request(log: AgentLog, event: Event, now: float) -> None:
     tokens = event.data.get("tokens")
     if isinstance(tokens, int):
         log.tokens = tokens
-    _child(log, "request", Span("model request", now, detail=f"{event.data.get('messages')} messages, {tokens} tokens"))
+    _open(log, REQUEST, Span(REQUEST, now, event.data))
 
 
 def _response(log: AgentLog, event: Event, now: float) -> None:
-    usage = event.data.get("usage")
-    calls = event.data.get("tool_calls")
-    detail = f"{getattr(usage, 'output_tokens', '?')} tokens out" if usage is not None else ""
-    if calls:
-        detail += f", {calls} tool calls"
-    _close(log, "request", now, detail)
+    _close(log, REQUEST, now, event.data)
 
 
 def _tool_start(log: AgentLog, event: Event, now: float) -> None:
-    _child(log, f"tool:{event.data.get('call_id')}", Span(f"tool {event.data.get('tool')}", now))
+    _open(log, (TOOL_START, event.data.get("call_id")), Span(TOOL_START, now, event.data))
 
 
 def _tool_end(log: AgentLog, event: Event, now: float) -> None:
-    error = event.data.get("error")
-    _close(log, f"tool:{event.data.get('call_id')}", now, f"error: {error}" if error else "", bool(error))
+    _close(log, (TOOL_START, event.data.get("call_id")), now, event.data, bool(event.data.get("error")))
 
 
 def _compaction_start(log: AgentLog, event: Event, now: float) -> None:
     log.attempts = log.failed_attempts = 0
     log.fallbacks = []
-    reason = event.data.get("reason")
-    _child(log, "compaction", Span(f"compaction ({reason})", now, detail=f"{event.data.get('tokens')} tokens"))
+    _open(log, COMPACTION_START, Span(COMPACTION_START, now, event.data))
 
 
 def _compaction_end(log: AgentLog, event: Event, now: float) -> None:
@@ -365,13 +353,7 @@ def _compaction_end(log: AgentLog, event: Event, now: float) -> None:
             "duration": report.duration,
         }
     )
-    _close(
-        log,
-        "compaction",
-        now,
-        f"{report.tokens_before} -> {report.tokens_after} tokens, {report.evicted} evicted "
-        f"(records {report.first_seq}-{report.last_seq})",
-    )
+    _close(log, COMPACTION_START, now, event.data)
 
 
 def _compaction_failed(log: AgentLog, event: Event, now: float) -> None:
@@ -380,26 +362,22 @@ def _compaction_failed(log: AgentLog, event: Event, now: float) -> None:
     log.points.append(
         {"kind": "failed", "time": now, "reason": event.data.get("reason"), "error": error, "tokens": log.tokens}
     )
-    _close(log, "compaction", now, f"failed: {error}", True)
+    _close(log, COMPACTION_START, now, event.data, True)
 
 
 def _attempt(log: AgentLog, event: Event, now: float) -> None:
     log.attempts += 1
-    ok = bool(event.data.get("ok"))
-    if not ok:
+    span = Span(SUMMARIZER_ATTEMPT, now, event.data, end=now)
+    if not event.data.get("ok"):
         log.failed_attempts += 1
-    d = event.data
-    detail = f"{d.get('role')} attempt {d.get('attempt')}: " + (
-        f"{d.get('chunk_tokens')} -> {d.get('output_tokens')} tokens" if ok else f"failed: {d.get('error')}"
-    )
-    _child(log, "summarizer", Span(f"summarizer {d.get('summarizer')}", now, end=now, detail=detail, error=not ok))
+        span.error = True
+    _open(log, None, span, log.open.get(COMPACTION_START))
 
 
 def _fallback(log: AgentLog, event: Event, now: float) -> None:
-    d = event.data
-    what = d.get("fallback") or d.get("summarizer")
+    what = event.data.get("fallback") or event.data.get("summarizer")
     log.fallbacks.append(str(what))
-    _child(log, "summarizer-fallback", Span(f"fallback {what}", now, end=now, detail=str(d.get("error") or "")))
+    _open(log, None, Span(event.kind, now, event.data, end=now), log.open.get(COMPACTION_START))
 
 
 def _stopped(log: AgentLog, event: Event, now: float) -> None:
@@ -539,7 +517,8 @@ class LiveSource:
 
     async def rows(self) -> list[AgentRow]:
         names = self.runtime.agents
-        gone = [n for n, log in self.recorder.logs.items() if log.ended is not None and n not in set(names)]
+        running = set(names)
+        gone = [n for n, log in self.recorder.logs.items() if log.ended is not None and n not in running]
         return [self.row(n) for n in [*names, *gone[-100:]]]
 
     def rows_of(self, names: Iterable[str]) -> list[AgentRow]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from ..events import COMPACTION_START, REQUEST, SUMMARIZER_ATTEMPT, TOOL_START, TURN_START
 from ..message import Message
 from ..offload import JournalRecord
 from .data import AgentDetail, AgentRow, Span, badges, summary_range
@@ -268,15 +269,67 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def span_tree(span: Span, depth: int = 0) -> str:
+def _get(data: Any, key: str) -> Any:
+    return data.get(key) if data is not None else None
+
+
+def span_label(span: Span) -> tuple[str, str]:
+    """A span's name and its figures, in words (from the events that opened and closed it)."""
+    d, e = span.data, span.end_data
+    if span.kind == TURN_START:
+        bits = [f"{_get(d, 'messages')} messages, {_get(d, 'tokens')} tokens"]
+        if e is not None:
+            usage = _get(e, "usage")
+            bits.append(f"{_get(e, 'steps')} steps")
+            if usage is not None:
+                bits.append(
+                    f"usage {getattr(usage, 'input_tokens', '?')} in / {getattr(usage, 'output_tokens', '?')} out"
+                )
+            if _get(e, "aborted"):
+                bits.append(f"aborted: {_get(e, 'reason')}")
+        return "turn", "; ".join(bits)
+    if span.kind == REQUEST:
+        detail = f"{_get(d, 'messages')} messages, {_get(d, 'tokens')} tokens"
+        if e is not None:
+            usage = _get(e, "usage")
+            detail += f"; {getattr(usage, 'output_tokens', '?')} tokens out"
+            if _get(e, "tool_calls"):
+                detail += f", {_get(e, 'tool_calls')} tool calls"
+        return "model request", detail
+    if span.kind == TOOL_START:
+        error = _get(e, "error")
+        return f"tool {_get(d, 'tool')}", f"error: {error}" if error else ""
+    if span.kind == COMPACTION_START:
+        detail = f"{_get(d, 'tokens')} tokens"
+        report = _get(e, "report")
+        if report is not None:
+            detail += (
+                f"; {report.tokens_before} -> {report.tokens_after} tokens, {report.evicted} evicted "
+                f"(records {report.first_seq}-{report.last_seq})"
+            )
+        elif _get(e, "error") is not None:
+            detail += f"; failed: {_get(e, 'error')}"
+        return f"compaction ({_get(d, 'reason')})", detail
+    if span.kind == SUMMARIZER_ATTEMPT:
+        if _get(d, "ok"):
+            outcome = f"{_get(d, 'chunk_tokens')} -> {_get(d, 'output_tokens')} tokens"
+        else:
+            outcome = f"failed: {_get(d, 'error')}"
+        return f"summarizer {_get(d, 'summarizer')}", f"{_get(d, 'role')} attempt {_get(d, 'attempt')}: {outcome}"
+    what = _get(d, "fallback") or _get(d, "summarizer")
+    return f"fallback {what}", str(_get(d, "error") or "")
+
+
+def span_tree(span: Span) -> str:
     took = "…" if span.end is None else f"{(span.end - span.start) * 1000:,.0f} ms"
-    kids = "".join(span_tree(c, depth + 1) for c in span.children)
+    name, detail = span_label(span)
+    kids = "".join(span_tree(c) for c in span.children or ())
     if span.dropped:
         kids += f'<li class="muted">… {span.dropped:,} more</li>'
     inner = f"<ul>{kids}</ul>" if kids else ""
     return (
-        f'<li class="span{" bad" if span.error else ""}"><b>{esc(span.name)}</b> '
-        f'<span class="took">{esc(took)}</span> <span class="muted">{esc(span.detail)}</span>{inner}</li>'
+        f'<li class="span{" bad" if span.error else ""}"><b>{esc(name)}</b> '
+        f'<span class="took">{esc(took)}</span> <span class="muted">{esc(detail)}</span>{inner}</li>'
     )
 
 
