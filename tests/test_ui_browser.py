@@ -175,6 +175,8 @@ def test_live_demo_page(browser: Any, tmp_path: Path) -> None:
         wait_for("the timeline", lambda: browser.find_elements(By.CSS_SELECTOR, "svg#timeline g.compaction"))
         assert browser.find_elements(By.CSS_SELECTOR, "svg#timeline circle.turn")
         shoot(browser, tmp_path, "timeline.png")
+        browser.execute_script("document.getElementById('context').scrollIntoView()")
+        shoot(browser, tmp_path, "context.png")
 
         def open_range() -> str:
             link = browser.find_element(By.CSS_SELECTOR, "#context a.replaced")

@@ -53,6 +53,7 @@ from ..store import FileStore, Store
 
 POINTS = 400  # timeline entries kept per agent
 TURNS = 8  # span trees kept per agent
+BATCH = 0.05  # seconds the recorder lets events gather between batches
 SPANS_PER_TURN = 200  # children of one turn kept (a turn with more shows how many were left out)
 PLACEHOLDER = re.compile(r"\[[^\[\]\n]{1,120}, [0-9.]+ [KM]?B omitted")
 
@@ -232,24 +233,49 @@ class Recorder:
         return log
 
     async def run(self, subscription: Subscription) -> None:
+        """Record the subscription's events until it ends: what has arrived, then a short
+        sleep while more gather (one wake-up per batch, not one per event: an agent's turn
+        pays for none); the pages' watchers hear once per batch which agents changed."""
+        changed: set[str] = set()
         with subscription:
-            async for event in subscription:
-                self.record(event)
+            while True:
+                try:
+                    changed.add(self.record(await subscription.receive()))
+                    while True:
+                        changed.add(self.record(subscription.receive_nowait()))
+                except trio.WouldBlock:
+                    self._tell(changed)
+                    changed = set()
+                    await trio.sleep(BATCH)
+                except trio.EndOfChannel:
+                    self._tell(changed)
+                    return
 
-    def record(self, event: Event) -> None:
+    def _tell(self, changed: set[str]) -> None:
+        changed.discard("")
+        if self.watchers and changed:
+            for w in self.watchers:
+                for name in changed:
+                    w.mark(name)
+
+    def record(self, event: Event) -> str:
+        """Take `event` into the figures; return its agent's name ("" for none)."""
         name = event.agent_id
         if name is None:
             if event.kind == EVENTS_DROPPED:
                 self.dropped += int(event.data.get("count") or 0)
                 for w in self.watchers:
                     w.mark_all()
-            return
-        log = self.log(name)
-        now = self.wall(event.time) if event.time else time.time()
+            return ""
+        log = self.logs.get(name)
+        if log is None:
+            log = self.logs[name] = AgentLog()
+        now = event.time + self._offset if event.time else time.time()
         log.last = now
-        _handlers.get(event.kind, _ignore)(log, event, now)
-        for w in self.watchers:
-            w.mark(name)
+        handler = _handlers.get(event.kind)
+        if handler is not None:
+            handler(log, event, now)
+        return name
 
 
 def _now() -> float:
@@ -257,10 +283,6 @@ def _now() -> float:
         return trio.current_time()
     except RuntimeError:
         return 0.0
-
-
-def _ignore(log: AgentLog, event: Event, now: float) -> None:
-    return None
 
 
 def _turn_start(log: AgentLog, event: Event, now: float) -> None:
