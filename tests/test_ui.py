@@ -188,27 +188,36 @@ async def test_huge_record_is_clipped_with_a_raw_link(tmp_path: Path) -> None:
     assert len(rest.text) == 500_000 and "link" not in rest.headers
 
 
-async def test_store_page_reads_checkpoints_and_journals(tmp_path: Path) -> None:
-    store_dir = tmp_path / "store"
-    async with cmdc.open_runtime(store=str(store_dir), log_events=False) as rt:
+async def _check_store_page(store: str, tmp_path: Path) -> None:
+    async with cmdc.open_runtime(store=store, log_events=False) as rt:
         agent = await rt.spawn("keeper", SimulatedModel(seed=2), config=small_config(tmp_path))
         for turn in range(6):
             await agent.prompt(f"turn {turn}: remember the flamingo token " + "words " * 60)
         compactions = (await agent.state()).compactions
     assert compactions >= 1
     async with trio.open_nursery() as nursery:
-        servers = [await nursery.start(serve_store, str(store_dir))]
-        async with client(servers[0]) as c:
+        server = await nursery.start(serve_store, store)
+        async with client(server) as c:
             home = (await c.get("/")).text
             page = (await c.get("/agent/keeper")).text
             found = (await c.get("/agent/keeper/journal", params={"q": "flamingo"})).text
+            ranged = (await c.get("/agent/keeper/journal", params={"first": 1, "last": 3})).text
             events = await c.get("/events")
-            refused = await c.post("/agent/keeper/compact", headers={"origin": f"http://127.0.0.1:{servers[0].port}"})
+            refused = await c.post("/agent/keeper/compact", headers={"origin": f"http://127.0.0.1:{server.port}"})
         nursery.cancel_scope.cancel()
     assert 'id="a-keeper"' in home and "stored" in home
     assert "replaced journal records" in page and "c-journal" in page
     assert "match flamingo" in found and 'class="msg record' in found
+    assert ranged.count('class="msg record') == 3
     assert events.status_code == 404 and refused.status_code == 403
+
+
+async def test_store_page_reads_checkpoints_and_journals(tmp_path: Path) -> None:
+    await _check_store_page(str(tmp_path / "store"), tmp_path)
+
+
+async def test_postgres_store_page(postgres_url: str, tmp_path: Path) -> None:
+    await _check_store_page(postgres_url, tmp_path)
 
 
 async def test_live_updates_stream_changed_agents(tmp_path: Path) -> None:
