@@ -152,6 +152,29 @@ async def test_agents_page_and_agent_page(tmp_path: Path) -> None:
     assert "model request" in page and "<b>turn</b>" in page  # the span tree of the last turns
 
 
+async def test_states_deactivated_and_failed(tmp_path: Path) -> None:
+    async with cmdc.open_runtime(ui=True, log_events=False, store=str(tmp_path / "s"), max_resident=10) as rt:
+        sleeper = await rt.spawn("sleeper", SimulatedModel(seed=1), config=small_config(tmp_path))
+        await sleeper.prompt("hello")
+        crasher = await rt.spawn(
+            "crasher", ScriptedProvider([RuntimeError("boom")]), config=small_config(tmp_path), restart="temporary"
+        )
+        with pytest.raises(RuntimeError, match="boom"):
+            await crasher.prompt("hello")
+        assert await rt.deactivate("sleeper")
+        with trio.fail_after(10):
+            while crasher.running:  # noqa: ASYNC110 (its task ends after the failed turn)
+                await trio.sleep(0.01)
+        await trio.sleep(0.2)  # the recorder's next batch
+        async with client(rt.ui) as c:
+            rows = {r["name"]: r for r in (await c.get("/api/agents")).json()}
+            page = (await c.get("/agent/sleeper")).text  # a deactivated agent: its checkpoint
+    assert rows["sleeper"]["state"] == "deactivated"
+    assert rows["crasher"]["state"] == "failed"
+    assert "hello" in page and "st-deactivated" in page
+    assert rt.whereis("sleeper") is not None
+
+
 async def test_summary_link_reads_its_range(tmp_path: Path) -> None:
     async with cmdc.open_runtime(ui=True, log_events=False) as rt:
         agent = await rt.spawn("a1", SimulatedModel(seed=1), config=small_config(tmp_path))
