@@ -259,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except BaseExceptionGroup as group:  # from inside a nursery (the demo)
+        if group.subgroup(KeyboardInterrupt) is not None:  # Ctrl-C in the middle of the demo's turns
+            print("cmdc: interrupted", file=sys.stderr)
+            return 130
         if group.split(BrokenPipeError)[1] is not None:
             raise
         _silence_stdout()

@@ -324,6 +324,34 @@ def test_missing_extra_is_named() -> None:
     assert "ERR the web page needs the ui extra: pip install 'cmdc[ui]'" in out.stdout
 
 
+def test_demo_ui_prints_its_url_and_ends_at_ctrl_c(tmp_path: Path) -> None:
+    """`cmdc demo --ui` prints the page's URL, serves it while its agents work, and Ctrl-C
+    ends it cleanly (130, no traceback), also in the middle of its turns."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cmdc", "demo", "--ui", "--plain", "--agents", "2", "--turns", "400"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stderr is not None
+        url = ""
+        for line in proc.stderr:
+            if line.startswith("web page: "):
+                url = line.split(": ", 1)[1].strip()
+                break
+        assert re.match(r"http://127\.0\.0\.1:\d+/\?token=", url)
+        with httpx.Client(follow_redirects=True, timeout=20) as c:
+            page = c.get(url)
+        assert page.status_code == 200 and "Agents" in page.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "cmdc: interrupted" in err
+
+
 def test_cli_ui_serves_a_store(tmp_path: Path) -> None:
     async def fill() -> None:
         store = FileStore(tmp_path)

@@ -138,12 +138,18 @@ def demo(tmp_path: Path) -> Iterator[str]:
         assert url is not None and re.match(r"http://127\.0\.0\.1:\d+/\?token=", url)
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)  # the page may still be open: the demo ends all the same
         try:
-            proc.wait(timeout=60)
+            code = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            raise AssertionError("cmdc demo --ui did not end at Ctrl-C") from None
+    rest = []
+    while not lines.empty():
+        rest.append(lines.get())
+    assert code in (0, 1, 130), "".join(rest)  # 130: interrupted before its turns were done
+    assert "Traceback" not in "".join(rest)
 
 
 def test_live_demo_page(browser: Any, tmp_path: Path) -> None:
