@@ -487,6 +487,7 @@ class LiveSource:
         self.writable = writable
         self.title = "live runtime"
         self._thresholds: dict[int, tuple[Any, tuple[int | None, int | None]]] = {}
+        self._journals: dict[str, Reader] = {}  # each agent's journal, as last seen resident
 
     def _limits(self, config: Any) -> tuple[int | None, int | None]:
         cached = self._thresholds.get(id(config))
@@ -550,9 +551,13 @@ class LiveSource:
         if self.runtime.store is not None:
             return Reader(self.runtime.store)
         agent = self.runtime.observe(name)
-        if agent is None:
-            return None
-        return Reader(agent.compactor.store_for(agent.compactor.compact_config(agent.state)))
+        if agent is None:  # deactivated or stopped: where its journal was when last seen
+            return self._journals.get(name)
+        reader = Reader(agent.compactor.store_for(agent.compactor.compact_config(agent.state)))
+        if len(self._journals) > 10_000:
+            self._journals.clear()
+        self._journals[name] = reader
+        return reader
 
     async def detail(self, name: str) -> AgentDetail | None:
         log = self.recorder.logs.get(name)
