@@ -20,6 +20,7 @@ import cmdc
 from cmdc import ConfigError, Message, OffloadStore, State
 from cmdc.providers import ExtractiveSummarizer, ScriptedProvider, SimulatedModel
 from cmdc.store import FileStore
+from cmdc.tracing import UNTRACED
 from cmdc.ui import serve_store
 from cmdc.ui.data import AgentRow, Recorder, Watcher
 from cmdc.ui.pages import agents_page
@@ -130,8 +131,20 @@ async def test_hostile_replies_are_text(tmp_path: Path) -> None:
         assert page.count("<script") == 1  # only the page's own script file
 
 
+class Untraced:
+    """A tracer that records nothing (tracing on, as far as the runtime knows)."""
+
+    def turn(self, *args: Any) -> Any:
+        return UNTRACED
+
+    request = tool = compaction = turn
+
+    def event(self, event: Any) -> None:
+        return None
+
+
 async def test_agents_page_and_agent_page(tmp_path: Path) -> None:
-    async with cmdc.open_runtime(ui=True, log_events=False) as rt:
+    async with cmdc.open_runtime(ui=True, log_events=False, tracing=Untraced()) as rt:
         agents = [await rt.spawn(f"w{i}", SimulatedModel(seed=i), config=small_config(tmp_path)) for i in range(3)]
         for turn in range(8):
             for a in agents:
@@ -241,6 +254,24 @@ async def test_store_page_reads_checkpoints_and_journals(tmp_path: Path) -> None
 
 async def test_postgres_store_page(postgres_url: str, tmp_path: Path) -> None:
     await _check_store_page(postgres_url, tmp_path)
+
+
+async def test_span_trees_while_tracing_or_while_the_agents_page_is_open(tmp_path: Path) -> None:
+    async with cmdc.open_runtime(ui=True, log_events=False) as rt:
+        agent = await rt.spawn("a1", SimulatedModel(seed=1), config=small_config(tmp_path))
+        await agent.prompt("before the page")
+        async with client(rt.ui) as c:
+            closed = (await c.get("/agent/a1")).text
+            async with c.stream("GET", "/events", params={"agent": "a1"}) as stream:
+                lines = stream.aiter_lines()
+                assert await lines.__anext__() == "retry: 2000"
+                await agent.prompt("while the page is open")
+                async for line in lines:
+                    if line.startswith("data: "):
+                        break
+                opened = (await c.get("/agent/a1")).text
+    assert "model request" not in closed and "recorded while tracing is on" in closed
+    assert opened.count("<b>turn</b>") == 1 and "model request" in opened
 
 
 async def test_live_updates_stream_changed_agents(tmp_path: Path) -> None:

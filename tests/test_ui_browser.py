@@ -180,6 +180,8 @@ def test_live_demo_page(browser: Any, tmp_path: Path) -> None:
         browser.find_element(By.CSS_SELECTOR, "#a-agent-1 td.name a").click()
         wait_for("the timeline", lambda: browser.find_elements(By.CSS_SELECTOR, "svg#timeline g.compaction"))
         assert browser.find_elements(By.CSS_SELECTOR, "svg#timeline circle.turn")
+        # its page open, the agent's next turns are recorded as span trees; the page shows them live
+        wait_for("a turn's span tree", lambda: browser.find_elements(By.CSS_SELECTOR, "#turns ul.tree li.span"))
         shoot(browser, tmp_path, "timeline.png")
         browser.execute_script("document.getElementById('context').scrollIntoView()")
         shoot(browser, tmp_path, "context.png")

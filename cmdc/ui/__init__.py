@@ -56,7 +56,7 @@ async def serve_runtime(
     from .app import build_app, start_server
     from .data import LiveSource, Recorder
 
-    recorder = Recorder()
+    recorder = Recorder(trace_all=runtime.tracing is not None)
     nursery.start_soon(recorder.run, runtime.subscribe(buffer=RECORDER_BUFFER))
     source = LiveSource(runtime, recorder, writable=bool(writable))
     app = build_app(source, recorder, secrets.token_urlsafe(24), host)

@@ -272,7 +272,7 @@ def build_app(source: Source, recorder: Recorder | None, token: str, host: str =
         if wanted is not None:
             validate_agent_id(wanted)
         watcher = Watcher(wanted)
-        recorder.watchers.add(watcher)
+        recorder.add(watcher)
         return StreamingResponse(
             _stream(source, recorder, watcher), media_type="text/event-stream", headers={"x-accel-buffering": "no"}
         )
@@ -322,7 +322,7 @@ async def _stream(source: Source, recorder: Recorder, watcher: Watcher) -> Async
             yield f"data: {orjson.dumps(payload).decode()}\n\n"
             await trio.sleep(COALESCE)
     finally:
-        recorder.watchers.discard(watcher)
+        recorder.remove(watcher)
 
 
 class UIServer:

@@ -216,11 +216,34 @@ class Watcher:
 class Recorder:
     """Keeps per-agent figures from the event bus; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, trace_all: bool = False) -> None:
         self.logs: dict[str, AgentLog] = {}
         self.watchers: set[Watcher] = set()
         self.dropped = 0
+        self.trace_all = trace_all  # span trees of every agent's turns (the runtime traces anyway)
+        self.traced: dict[str, int] = {}  # agents whose page is open: their turns' span trees
         self._offset = time.time() - _now()
+
+    def add(self, watcher: Watcher) -> None:
+        """A page starts watching; one agent's page also has that agent's span trees recorded."""
+        self.watchers.add(watcher)
+        if watcher.agent is not None:
+            self.traced[watcher.agent] = self.traced.get(watcher.agent, 0) + 1
+
+    def remove(self, watcher: Watcher) -> None:
+        if watcher not in self.watchers:
+            return
+        self.watchers.discard(watcher)
+        if watcher.agent is not None:
+            left = self.traced.get(watcher.agent, 1) - 1
+            if left > 0:
+                self.traced[watcher.agent] = left
+            else:
+                self.traced.pop(watcher.agent, None)
+
+    def tracing(self, name: str) -> bool:
+        """Whether `name`'s turns get span trees: tracing is on, or its page is open."""
+        return self.trace_all or name in self.traced
 
     def wall(self, t: float) -> float:
         """A trio clock time as wall-clock seconds."""
@@ -275,6 +298,10 @@ class Recorder:
         handler = _handlers.get(event.kind)
         if handler is not None:
             handler(log, event, now)
+        if self.trace_all or name in self.traced:
+            spans = _spans.get(event.kind)
+            if spans is not None:
+                spans(log, event, now)
         return name
 
 
@@ -285,63 +312,25 @@ def _now() -> float:
         return 0.0
 
 
+# -- the figures: every event of these kinds ------------------------------------------------------
+
+
 def _turn_start(log: AgentLog, event: Event, now: float) -> None:
     tokens = event.data.get("tokens")
     if isinstance(tokens, int):
         log.tokens = tokens
-    log.turn = Span(TURN_START, now, event.data)
-    log.open = {}
     log.points.append({"kind": "turn", "time": now, "tokens": log.tokens})
-
-
-def _turn_end(log: AgentLog, event: Event, now: float) -> None:
-    turn = log.turn
-    if turn is None:
-        return
-    turn.end, turn.end_data = now, event.data
-    turn.error = bool(event.data.get("aborted"))
-    log.turns.append(turn)
-    log.turn, log.open = None, {}
-
-
-def _open(log: AgentLog, key: Any, span: Span, parent: Span | None = None) -> None:
-    target = parent or log.turn
-    if target is not None:
-        target.add(span)
-    if span.end is None:
-        log.open[key] = span
-
-
-def _close(log: AgentLog, key: Any, now: float, data: Any, error: bool = False) -> None:
-    span = log.open.pop(key, None)
-    if span is not None:
-        span.end, span.end_data = now, data
-        span.error = span.error or error
 
 
 def _request(log: AgentLog, event: Event, now: float) -> None:
     tokens = event.data.get("tokens")
     if isinstance(tokens, int):
         log.tokens = tokens
-    _open(log, REQUEST, Span(REQUEST, now, event.data))
-
-
-def _response(log: AgentLog, event: Event, now: float) -> None:
-    _close(log, REQUEST, now, event.data)
-
-
-def _tool_start(log: AgentLog, event: Event, now: float) -> None:
-    _open(log, (TOOL_START, event.data.get("call_id")), Span(TOOL_START, now, event.data))
-
-
-def _tool_end(log: AgentLog, event: Event, now: float) -> None:
-    _close(log, (TOOL_START, event.data.get("call_id")), now, event.data, bool(event.data.get("error")))
 
 
 def _compaction_start(log: AgentLog, event: Event, now: float) -> None:
     log.attempts = log.failed_attempts = 0
     log.fallbacks = []
-    _open(log, COMPACTION_START, Span(COMPACTION_START, now, event.data))
 
 
 def _compaction_end(log: AgentLog, event: Event, now: float) -> None:
@@ -375,7 +364,6 @@ def _compaction_end(log: AgentLog, event: Event, now: float) -> None:
             "duration": report.duration,
         }
     )
-    _close(log, COMPACTION_START, now, event.data)
 
 
 def _compaction_failed(log: AgentLog, event: Event, now: float) -> None:
@@ -384,32 +372,93 @@ def _compaction_failed(log: AgentLog, event: Event, now: float) -> None:
     log.points.append(
         {"kind": "failed", "time": now, "reason": event.data.get("reason"), "error": error, "tokens": log.tokens}
     )
-    _close(log, COMPACTION_START, now, event.data, True)
 
 
 def _attempt(log: AgentLog, event: Event, now: float) -> None:
     log.attempts += 1
-    span = Span(SUMMARIZER_ATTEMPT, now, event.data, end=now)
     if not event.data.get("ok"):
         log.failed_attempts += 1
-        span.error = True
-    _open(log, None, span, log.open.get(COMPACTION_START))
 
 
 def _fallback(log: AgentLog, event: Event, now: float) -> None:
-    what = event.data.get("fallback") or event.data.get("summarizer")
-    log.fallbacks.append(str(what))
+    log.fallbacks.append(str(event.data.get("fallback") or event.data.get("summarizer")))
+
+
+# -- span trees: only for the agents `Recorder.tracing` names ---------------------------------------
+
+
+def _span_turn_start(log: AgentLog, event: Event, now: float) -> None:
+    log.turn = Span(TURN_START, now, event.data)
+    log.open = {}
+
+
+def _span_turn_end(log: AgentLog, event: Event, now: float) -> None:
+    turn = log.turn
+    if turn is None:
+        return
+    turn.end, turn.end_data = now, event.data
+    turn.error = bool(event.data.get("aborted"))
+    log.turns.append(turn)
+    log.turn, log.open = None, {}
+
+
+def _open(log: AgentLog, key: Any, span: Span, parent: Span | None = None) -> None:
+    target = parent or log.turn
+    if target is not None:
+        target.add(span)
+    if span.end is None:
+        log.open[key] = span
+
+
+def _close(log: AgentLog, key: Any, now: float, data: Any, error: bool = False) -> None:
+    span = log.open.pop(key, None)
+    if span is not None:
+        span.end, span.end_data = now, data
+        span.error = span.error or error
+
+
+def _span_request(log: AgentLog, event: Event, now: float) -> None:
+    _open(log, REQUEST, Span(REQUEST, now, event.data))
+
+
+def _span_response(log: AgentLog, event: Event, now: float) -> None:
+    _close(log, REQUEST, now, event.data)
+
+
+def _span_tool_start(log: AgentLog, event: Event, now: float) -> None:
+    _open(log, (TOOL_START, event.data.get("call_id")), Span(TOOL_START, now, event.data))
+
+
+def _span_tool_end(log: AgentLog, event: Event, now: float) -> None:
+    _close(log, (TOOL_START, event.data.get("call_id")), now, event.data, bool(event.data.get("error")))
+
+
+def _span_compaction_start(log: AgentLog, event: Event, now: float) -> None:
+    _open(log, COMPACTION_START, Span(COMPACTION_START, now, event.data))
+
+
+def _span_compaction_end(log: AgentLog, event: Event, now: float) -> None:
+    _close(log, COMPACTION_START, now, event.data, event.kind == COMPACTION_FAILED)
+
+
+def _span_attempt(log: AgentLog, event: Event, now: float) -> None:
+    span = Span(SUMMARIZER_ATTEMPT, now, event.data, end=now)
+    span.error = not event.data.get("ok")
+    _open(log, None, span, log.open.get(COMPACTION_START))
+
+
+def _span_fallback(log: AgentLog, event: Event, now: float) -> None:
     _open(log, None, Span(event.kind, now, event.data, end=now), log.open.get(COMPACTION_START))
+
+
+def _span_error(log: AgentLog, event: Event, now: float) -> None:
+    if event.data.get("crashed") and log.turn is not None:
+        log.turn.error = True
 
 
 def _stopped(log: AgentLog, event: Event, now: float) -> None:
     reason = event.data.get("reason")
     log.ended = "failed" if reason in ("crashed", "failed") else "stopped"
-
-
-def _error(log: AgentLog, event: Event, now: float) -> None:
-    if event.data.get("crashed") and log.turn is not None:
-        log.turn.error = True
 
 
 def _deactivated(log: AgentLog, event: Event, now: float) -> None:
@@ -422,11 +471,7 @@ def _activated(log: AgentLog, event: Event, now: float) -> None:
 
 _handlers = {
     TURN_START: _turn_start,
-    TURN_END: _turn_end,
     REQUEST: _request,
-    RESPONSE: _response,
-    TOOL_START: _tool_start,
-    TOOL_END: _tool_end,
     COMPACTION_START: _compaction_start,
     COMPACTION_END: _compaction_end,
     COMPACTION_FAILED: _compaction_failed,
@@ -434,9 +479,24 @@ _handlers = {
     SUMMARIZER_ATTEMPT: _attempt,
     SUMMARIZER_FALLBACK: _fallback,
     STOPPED: _stopped,
-    ERROR: _error,
     DEACTIVATED: _deactivated,
     ACTIVATED: _activated,
+}
+
+_spans = {
+    TURN_START: _span_turn_start,
+    TURN_END: _span_turn_end,
+    REQUEST: _span_request,
+    RESPONSE: _span_response,
+    TOOL_START: _span_tool_start,
+    TOOL_END: _span_tool_end,
+    COMPACTION_START: _span_compaction_start,
+    COMPACTION_END: _span_compaction_end,
+    COMPACTION_FAILED: _span_compaction_end,
+    COMPACTION_FALLBACK: _span_fallback,
+    SUMMARIZER_ATTEMPT: _span_attempt,
+    SUMMARIZER_FALLBACK: _span_fallback,
+    ERROR: _span_error,
 }
 
 
@@ -450,6 +510,7 @@ class AgentDetail:
     turns: tuple[Span, ...]
     journal: Journal | None
     live: bool
+    traced: bool = False  # span trees are being recorded for it
 
 
 def _thresholds(config: Any) -> tuple[int | None, int | None]:
@@ -532,7 +593,7 @@ class LiveSource:
                 log.forced,
                 log.manual,
                 log.failed,
-                agent.state.compactions if agent is not None else log.auto + log.forced + log.manual,
+                max(log.auto + log.forced + log.manual, agent.state.compactions if agent is not None else 0),
                 last,
             )
         compactions = agent.state.compactions if agent is not None else 0
@@ -580,7 +641,7 @@ class LiveSource:
         turns = tuple(log.turns) if log is not None else ()
         if log is not None and log.turn is not None:
             turns = (*turns, log.turn)
-        return AgentDetail(self.row(name), messages, points, turns, journal, True)
+        return AgentDetail(self.row(name), messages, points, turns, journal, True, self.recorder.tracing(name))
 
     async def compact(self, name: str) -> str:
         ref = self.runtime.whereis(name)

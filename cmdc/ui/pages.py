@@ -356,8 +356,13 @@ def agent_page(d: AgentDetail, *, source: str, writable: bool) -> str:
         if d.turns:
             trees = "".join(f'<ul class="tree">{span_tree(s)}</ul>' for s in reversed(d.turns))
             body.append(f'<div id="turns">{trees}</div>')
+        elif d.traced:
+            body.append('<p class="muted">No turn recorded yet: the next ones appear here.</p>')
         else:
-            body.append('<p class="muted">No turn since the page started.</p>')
+            body.append(
+                '<p class="muted">Span trees of turns are recorded while tracing is on '
+                "(open_runtime(tracing=...)) or while this agent's page is open.</p>"
+            )
     body.append("<h2>Context</h2>")
     if d.messages is None:
         body.append('<p class="muted">No state known (a journal without a checkpoint).</p>')
