@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -323,6 +324,11 @@ def test_recorder_counts_compactions_by_reason() -> None:
     log = r.logs["a"]
     assert (log.auto, log.forced, log.manual, log.failed) == (2, 1, 1, 1)
     assert [p["kind"] for p in log.points] == ["compaction"] * 4 + ["failed"]
+
+
+def test_row_json_has_every_field() -> None:
+    row = AgentRow("a", "idle", 1, 2, 3, 4, 5, 6, 7, 8, 9.0)
+    assert row.to_json() == attrs.asdict(row)
 
 
 def test_thousand_rows_render() -> None:

@@ -130,7 +130,19 @@ class AgentRow:
     last: float | None = None  # wall-clock time of its last activity
 
     def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        return {
+            "name": self.name,
+            "state": self.state,
+            "tokens": self.tokens,
+            "trigger": self.trigger,
+            "window": self.window,
+            "auto": self.auto,
+            "forced": self.forced,
+            "manual": self.manual,
+            "failed": self.failed,
+            "compactions": self.compactions,
+            "last": self.last,
+        }
 
 
 class Span:
