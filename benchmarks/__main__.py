@@ -436,7 +436,8 @@ def ui_rows(p: Preset) -> list[Row]:
         Row(
             b,
             "a turn's CPU with a live page open vs none (median pair ratio)",
-            f"{f.turn_cpu_us_page:,.0f} vs {f.turn_cpu_us:,.0f} µs ({f.overhead:+.1%})",
+            f"{f.turn_cpu_us_page:,.0f} vs {f.turn_cpu_us:,.0f} µs "
+            f"({f.overhead:+.1%}; trio thread {f.thread_overhead:+.1%})",
             f"< {bench_ui.OVERHEAD_TARGET:.0%}",
             f.overhead < bench_ui.OVERHEAD_TARGET,
         ),
