@@ -5,7 +5,8 @@ The full run takes hours: its store benchmark alone prompts 1,000,000 virtual ag
 1,000,000-record journal. `--quick` (20,000 agents, 100,000 records) takes minutes.
 
 Runs bench_compaction, bench_runtime (its memory figures in fresh subprocesses), the retention
-probes, the recall stall, bench_store, bench_ray (in a subprocess: a local 3-node Ray cluster;
+probes, the recall stall, bench_store, bench_ui (the web page: its agents page with 1,000 agents,
+what a live page adds to a turn), bench_ray (in a subprocess: a local 3-node Ray cluster;
 it needs ray and a PostgreSQL server, else a line under the table says why it was skipped; not
 in --smoke) and, when deepagents is installed (pip install -e '.[compare]'), the DeepAgents
 comparison; then prints one table of figures with their targets. A missed target is listed
@@ -59,6 +60,10 @@ class Preset:
     store_compaction: int = 10_000
     store_agents: int = 1_000_000  # virtual agents, each prompted once ...
     store_resident: int = 10_000  # ... with at most this many resident
+    ui_agents: int = 1_000  # the web page's agents page
+    ui_turn_agents: int = 100  # agents running turns with and without a live page open ...
+    ui_turns: int = 10  # ... each this many turns ...
+    ui_reps: int = 9  # ... in this many pairs
 
 
 FULL = Preset(
@@ -84,6 +89,8 @@ QUICK = attrs.evolve(
     store_queries=200,
     store_agents=20_000,
     store_resident=1_000,
+    ui_turn_agents=50,
+    ui_reps=5,
 )
 # For the test suite: every code path, tiny sizes, figures meaningless (1k messages is the least
 # a compaction benchmark can use: below it the conversation stays under the 50k-token trigger).
@@ -95,6 +102,10 @@ SMOKE = attrs.evolve(
     store_compaction=1_000,
     store_agents=40,
     store_resident=10,
+    ui_agents=50,
+    ui_turn_agents=5,
+    ui_turns=4,
+    ui_reps=1,
 )
 
 
@@ -404,6 +415,44 @@ def isolation_rows(p: Preset) -> list[Row]:
     ]
 
 
+def ui_rows(p: Preset) -> list[Row]:
+    from benchmarks import bench_ui
+
+    f = bench_ui.measure(p.ui_agents, p.ui_turn_agents, p.ui_turns, p.ui_reps)
+    b = "web page"
+    return [
+        Row(
+            b,
+            f"agents page, {f.agents:,} live agents, server time",
+            f"{f.page_ms:,.1f} ms",
+            f"< {bench_ui.PAGE_TARGET_MS:.0f} ms",
+            f.page_ms < bench_ui.PAGE_TARGET_MS,
+        ),
+        Row(
+            b,
+            f"agents page, {f.agents:,} agents of a store, cached / first",
+            f"{f.store_cached_ms:,.1f} / {f.store_first_ms:,.1f} ms",
+        ),
+        Row(
+            b,
+            "a turn's CPU with a live page open vs none (median pair ratio)",
+            f"{f.turn_cpu_us_page:,.0f} vs {f.turn_cpu_us:,.0f} µs "
+            f"({f.overhead:+.1%}; trio thread {f.thread_overhead:+.1%})",
+            f"< {bench_ui.OVERHEAD_TARGET:.0%}",
+            f.overhead < bench_ui.OVERHEAD_TARGET,
+        ),
+    ]
+
+
+def ui_skipped() -> str | None:
+    try:
+        import hypercorn  # noqa: F401
+        import starlette  # noqa: F401
+    except ImportError:
+        return "web page benchmark: skipped, the ui extra is not installed: pip install -e '.[ui]'"
+    return None
+
+
 # -- the run ---------------------------------------------------------------------------------------
 def collect(
     preset: Preset, *, compare: bool = True, log: Callable[[str], None] | None = None
@@ -419,6 +468,10 @@ def collect(
         ("isolation", isolation_rows),
         ("store", store_rows),
     ]
+    if ui_skipped() is None:
+        benches.append(("web page", ui_rows))
+    else:
+        notes.append(str(ui_skipped()))
     skipped = ray_skipped(preset)
     if skipped is None:
         benches.append(("ray", ray_rows))

@@ -1,5 +1,6 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
+from . import runtime as _runtime
 from ._version import __version__
 from .agent import AgentOptions, AgentRef
 from .compact_tool import compact_context_tool
@@ -62,6 +63,9 @@ from .runtime import Runtime, open_runtime
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
+from .ui import serve_runtime as _serve_ui
+
+_runtime.UI_SERVER = _serve_ui  # rt.serve_ui(): the page is a face (cmdc.ui); the runtime only calls it
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",

@@ -27,6 +27,7 @@ import contextvars
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import zlib
@@ -153,6 +154,7 @@ class DemoOptions:
     latency: float = 0.05
     display: DisplayMode = "auto"
     trace: bool = False  # print the span tree of agent-1's session (OpenTelemetry's SDK)
+    ui: int | None = None  # serve the web page on this port (0: a free one) and stay up until Ctrl-C
 
     @property
     def trigger(self) -> int:
@@ -660,6 +662,9 @@ async def _drive_all(
                 )
 
     async with open_runtime(log_events=False, tracing=tracing) as rt:
+        if options.ui is not None:
+            server = await rt.serve_ui(options.ui)
+            print(f"web page: {server.url}", file=out, flush=True)
         with rt.subscribe(buffer=100_000) as events:
 
             async def consume(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
@@ -715,6 +720,16 @@ async def _drive_all(
                     s.retention = check_retention(state, plan, user_budget(options), s.turns)
                 path = store.path_for(s.name)
                 s.journal_bytes = path.stat().st_size if path.exists() else 0
+            if options.ui is not None:
+                print("turns done; the web page stays open until Ctrl-C", file=out, flush=True)
+                await until_interrupted()
+
+
+async def until_interrupted() -> None:
+    """Return at the first Ctrl-C (SIGINT), which then ends nothing else."""
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async for _ in signals:
+            return
 
 
 def _size(n: int) -> str:

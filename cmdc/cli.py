@@ -45,9 +45,10 @@ from ._chatfile import (
     write_atomic,
 )
 from ._check import is_int
-from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo
+from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
 from ._fs import os_cause, probe_dir, stricter_mode
 from ._redact import redact_url
+from ._trio import reraise
 from ._version import __version__
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
@@ -89,6 +90,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0-65535 (0: any free port), got {value}")
     return value
 
 
@@ -162,6 +173,13 @@ def _parser() -> argparse.ArgumentParser:
         "compactions, with durations and figures); needs opentelemetry-sdk. Short runs read best: "
         "--agents 1 --turns 6",
     )
+    demo.add_argument(
+        "--ui",
+        action="store_true",
+        help="also serve the local web page of the agents (prints its URL; needs the ui extra: "
+        "pip install 'cmdc[ui]'); the demo keeps running, the page open, until Ctrl-C",
+    )
+    demo.add_argument("--ui-port", type=_port, default=0, help="the web page's port (default: a free one)")
 
     compact = sub.add_parser(
         "compact",
@@ -233,6 +251,20 @@ def _parser() -> argparse.ArgumentParser:
         help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, also copy it "
         "there (- prints it)",
     )
+    ui = sub.add_parser(
+        "ui",
+        help="serve a read-only local web page of a store's agents, journals and compactions",
+        description=(
+            "Serve a local web page (on 127.0.0.1) of the agents in a store: each agent's last checkpointed "
+            "context, its compactions and its journal (search, ranges). Read-only. Prints the URL to open, with "
+            "its token; runs until Ctrl-C. Needs the ui extra: pip install 'cmdc[ui]'. For a running runtime "
+            "use open_runtime(ui=True) or rt.serve_ui() instead (live updates)."
+        ),
+    )
+    ui.add_argument("store", type=_dir_or_url, metavar="DIR", help="the store: a directory, or postgresql://...")
+    ui.add_argument("--port", type=_port, default=0, help="the port (default: a free one)")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1, this machine only)")
+
     history.add_argument(
         "--limit", type=_positive, help="at most N records (the listing: the last N; --search: default 10)"
     )
@@ -250,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except BaseExceptionGroup as group:  # from inside a nursery (the demo)
+        if group.subgroup(KeyboardInterrupt) is not None:  # Ctrl-C in the middle of the demo's turns
+            print("cmdc: interrupted", file=sys.stderr)
+            return 130
         if group.split(BrokenPipeError)[1] is not None:
             raise
         _silence_stdout()
@@ -296,6 +331,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _demo(args)
         if args.command == "compact":
             return _compact(args)
+        if args.command == "ui":
+            return _ui(args)
         return _history(args)
     except (UsageError, ChatFileError, DemoError) as exc:
         print(f"cmdc {args.command}: error: {exc}", file=sys.stderr)
@@ -356,6 +393,7 @@ def _demo(args: argparse.Namespace) -> int:
         latency=args.latency,
         display="plain" if args.plain else "auto",
         trace=args.trace,
+        ui=args.ui_port if args.ui else None,
     )
     if args.window < MIN_WINDOW:
         raise UsageError(
@@ -368,6 +406,36 @@ def _demo(args: argparse.Namespace) -> int:
         _usable_dir(args.offload_dir, "--offload-dir")
     code, _stats = trio.run(run_demo, options)
     return code
+
+
+# -- ui -----------------------------------------------------------------------------------------
+
+
+def _ui(args: argparse.Namespace) -> int:
+    if isinstance(args.store, Path) and not args.store.is_dir():
+        raise UsageError(f"{args.store} is not a directory (give a store directory or a postgresql:// URL)")
+    from .ui import serve_store
+
+    def ready(server: Any) -> None:
+        print(f"cmdc ui: serving {args.store} read-only; open {server.url}", flush=True)
+        print("press Ctrl-C to stop", file=sys.stderr, flush=True)
+
+    async def stop_at_interrupt(scope: trio.CancelScope) -> None:
+        await until_interrupted()
+        scope.cancel()
+
+    async def run() -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stop_at_interrupt, nursery.cancel_scope)
+                await serve_store(os.fspath(args.store), port=args.port, host=args.host, on_ready=ready)
+        except BaseExceptionGroup as group:  # the server's own error, as itself
+            if len(group.exceptions) != 1:
+                raise
+            reraise(group.exceptions[0])
+
+    trio.run(run)
+    return 0
 
 
 # -- compact ------------------------------------------------------------------------------------

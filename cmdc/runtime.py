@@ -35,6 +35,10 @@ from .store import Checkpoints, FileCheckpoints, Leases, Store, open_store
 from .tools import Tool, ToolSet, ToolSource, tool
 from .tracing import Tracer
 
+UI_SERVER: Any = None
+"""How `Runtime.serve_ui` starts the web page: set by `cmdc/__init__.py` (the faces layer owns
+the page, `cmdc.ui`, extra `ui`; this layer only calls it)."""
+
 DEFAULT_RECALL_BUDGET = 2_000
 """Tokens a `recall` answer may take with a large (or unknown) window."""
 
@@ -173,6 +177,7 @@ class Runtime:
         self._leased: dict[str, int] = {}  # resident name -> its lease's fencing token
         self._sources: dict[ToolSource, ToolSet] = {}  # started tool sources (MCP servers), by source
         self._sources_lock = trio.Lock()
+        self.ui: Any = None  # the web page's server, with open_runtime(ui=...)
 
     @property
     def agents(self) -> list[str]:
@@ -205,6 +210,19 @@ class Runtime:
         if ref is None:
             raise AgentNotFound(f"no running agent is called {name!r}")
         return ref
+
+    def observe(self, name: str) -> Agent | None:
+        """The resident agent task called `name`, for observers that only read it (the web
+        page): never activates a deactivated agent, never waits."""
+        return self._agents.get(name)
+
+    async def serve_ui(self, port: int = 0, *, host: str = "127.0.0.1", writable: bool = False) -> Any:
+        """Serve the local web page of this runtime's agents (extra `ui`) until the runtime
+        closes; return its server, whose `url` (with its token) opens it. `port` 0: a free
+        one. `writable`: also offer actions (compact now); read-only by default."""
+        if UI_SERVER is None:
+            raise ConfigError("the web page needs cmdc's faces layer: import cmdc")
+        return await UI_SERVER(self, self._nursery, port=port, host=host, writable=writable)
 
     def subscribe(self, agent: str | None = None, *, buffer: int = 256) -> Subscription:
         """Events of one agent (or of all): `with rt.subscribe("a1") as sub: async for e in sub`."""
@@ -879,6 +897,7 @@ async def open_runtime(
     tracing: Tracer | None = None,
     lease_ttl: float | None = None,
     lease_owner: str | None = None,
+    ui: bool | int | None = None,
 ) -> AsyncIterator[Runtime]:
     """A runtime owning a nursery of agents; leaving the block stops every agent, and any
     caller still waiting on one gets `AgentStopped`.
@@ -915,7 +934,12 @@ async def open_runtime(
     one database never run one agent name at once (the second gets `NameLeased`), whether or
     not the user knew to ask. A directory store is unchanged: its journals' flocks, and lease
     flocks when `lease_ttl` is given.
+
+    `ui`: serve the local web page of the agents (extra `ui`; see `Runtime.serve_ui`): True on
+    a free port, or a port number; its server is `rt.ui` (`rt.ui.url` opens it).
     """
+    if ui is not None and ui is not False and (ui is not True and (not is_int(ui) or not 0 <= ui <= 65535)):
+        raise ConfigError(f"ui must be True or a port number (0-65535), got {ui!r:.80}")
     deactivate_after = optional_seconds(deactivate_after, "deactivate_after")
     max_resident = optional_integer(max_resident, "max_resident")
     if (deactivate_after is not None or max_resident is not None) and checkpoint_dir is None and store is None:
@@ -966,6 +990,8 @@ async def open_runtime(
                 nursery.start_soon(runtime._reap_idle, deactivate_after)
             if runtime._leases is not None:
                 nursery.start_soon(runtime._renew_leases)
+            if ui is not None and ui is not False:
+                runtime.ui = await runtime.serve_ui(0 if ui is True else int(ui))
             try:
                 yield runtime
             finally:

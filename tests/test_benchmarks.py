@@ -33,7 +33,13 @@ def test_python_m_benchmarks_prints_one_table() -> None:
     assert text.startswith("cmdc benchmarks (smoke;")
     header = text.splitlines()[1]
     assert header.split() == ["benchmark", "figure", "value", "target", "result"]
-    for figure in ("should_compact, 1,000 msgs", "offload #5 / #1", "RSS per idle agent", "compaction #1: task"):
+    for figure in (
+        "should_compact, 1,000 msgs",
+        "offload #5 / #1",
+        "RSS per idle agent",
+        "compaction #1: task",
+        "agents page, 50 live agents, server time",
+    ):
         assert figure in text
     assert "ERROR" not in text
     assert "targets met" in text or "MISSED" in text
