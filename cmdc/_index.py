@@ -195,9 +195,10 @@ def _safe(path: Path) -> str | None:
     return None
 
 
-def connect(journal: Path, events: list[tuple[str, dict[str, Any]]]) -> sqlite3.Connection:
+def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool = False) -> sqlite3.Connection:
     """The journal's index, opened (created 0o600 when missing; remade when it is damaged or a
-    link). Raises `IndexUnavailable` when it cannot be."""
+    link). `known`: the caller saw this index before (one created now was missing: an event).
+    Raises `IndexUnavailable` when it cannot be."""
     path = index_path(journal)
     for attempt in range(2):
         try:
@@ -220,7 +221,7 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]]) -> sqlite3.
                     for sql in _SCHEMA:
                         conn.execute(sql)
                     conn.executemany("INSERT INTO meta VALUES (?, ?)", _META_DEFAULTS.items())
-                    if not created or why:
+                    if not created or why or known:
                         events.append(("rebuild", {"reason": why or "the index was missing or empty"}))
                 conn.execute("COMMIT")
             elif _meta(conn).get("version") != VERSION:
@@ -231,6 +232,7 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]]) -> sqlite3.
             if attempt:
                 raise IndexUnavailable(f"{path}: {exc}") from None
             events.append(("rebuild", {"reason": f"the index was damaged ({exc})"}))
+            known = False  # the one made next is not a missing one
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
     raise AssertionError("unreachable")
@@ -499,6 +501,9 @@ def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
 def check(conn: sqlite3.Connection) -> list[str]:
     """SQLite's own check of the index file and of its FTS table; the problems found."""
     problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+    counted = conn.execute("SELECT count(*) FROM recs WHERE vis = 1").fetchone()[0]
+    if counted != int(_meta(conn)["count"]):
+        problems.append(f"the index counts {counted} records, its mark says {_meta(conn)['count']}")
     try:
         conn.execute("INSERT INTO fts (fts, rank) VALUES ('integrity-check', 0)")
     except sqlite3.DatabaseError as exc:

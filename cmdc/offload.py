@@ -961,6 +961,7 @@ class OffloadStore:
         """Whether the search and offsets index beside each journal is used (see `cmdc._index`)."""
         self._indexer = _index.Indexer(self._index_in_background)
         self._tokens: dict[Path, tuple[str, trio.lowlevel.TrioToken | None]] = {}  # who to tell of a rebuild
+        self._index_seen: set[Path] = set()  # journals whose index this store opened (one gone is missing)
 
     def __repr__(self) -> str:
         return f"OffloadStore({str(self.root)!r})"
@@ -1797,7 +1798,8 @@ class OffloadStore:
             return
         try:
             end = _last_newline(fd, os.fstat(fd).st_size)
-            conn = _index.connect(path, events)
+            conn = _index.connect(path, events, path in self._index_seen)
+            self._saw_index(path)
             try:
                 _index.catch_up(conn, fd, path, end, events)
             finally:
@@ -1808,6 +1810,11 @@ class OffloadStore:
             if events and token is not None:
                 with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(self._index_events, agent_id, path, events)
+
+    def _saw_index(self, path: Path) -> None:
+        if len(self._index_seen) >= _JOURNALS_KEPT * 16:  # bounded: a forgotten one is only not reported missing
+            self._index_seen.clear()
+        self._index_seen.add(path)
 
     def _index_events(self, agent_id: str, path: Path, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
         for kind, data in events:
@@ -1829,7 +1836,8 @@ class OffloadStore:
         except OSError as exc:
             raise _offload_error(path, exc, "open") from exc
         try:
-            conn = _index.connect(path, events)
+            conn = _index.connect(path, events, path in self._index_seen)
+            self._saw_index(path)
             try:
                 _index.catch_up(conn, fd, path, _last_newline(fd, os.fstat(fd).st_size), events)
                 fcntl.flock(fd, fcntl.LOCK_SH)
