@@ -24,6 +24,7 @@ call here is blocking: the store runs them in worker threads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import re
@@ -54,9 +55,10 @@ K1, B = 1.2, 0.75
 MAX_QUERY_TERMS = 64
 _CHUNK = 8 * 1024 * 1024  # journal bytes indexed per transaction
 _TAIL = 64  # bytes before the mark whose checksum tells the journal is still the one indexed
-_QUIET = 0.5  # seconds without a poke before the background thread indexes
-_LATEST = 5.0  # ... but no later than this after the first poke it has not served
+_QUIET = 2.0  # seconds without a poke before the background thread indexes (the store is idle)
+_LATEST = 30.0  # ... but no later than this after the first poke it has not served
 _WORD = re.compile(r"\w+")
+_JOINED = re.compile(r"\w[/.-]")  # where an identifier may be
 _LONGEST_COMPOUND = 256  # characters of an identifier kept whole (a longer one counts by its parts)
 _COMPOUND = re.compile(r"(?<!\w)\w++(?:[/._-]++\w++)+")  # possessive, from a word's start: linear
 
@@ -111,8 +113,9 @@ def _quoted(term: str) -> str:
 
 
 def match_expression(terms: Sequence[str], phrase: str | None) -> str:
-    """An FTS5 query matching any term, each a quoted string (never an operator)."""
-    parts = [_quoted(t) for t in terms]
+    """An FTS5 query matching any term, each a quoted string (never an operator); an identifier
+    is matched whole in the `ids` column (see `_SEPARATORS`)."""
+    parts = [_quoted(t.translate(_SEPARATORS)) for t in terms]
     if phrase is not None:
         parts.append(_quoted(phrase))
     return " OR ".join(parts)
@@ -140,10 +143,11 @@ def bm25(
     out = []
     for words, summary in docs:
         length = len(words)
+        plain = [w for w in words if _WORD.fullmatch(w)]  # a phrase is matched in the text's words
         norm = K1 * (1 - B + B * length / max(average, 1e-9))
         score = 0.0
         for q, weight in zip(queries, idf, strict=True):
-            hits = _count(words, q)
+            hits = _count(words if len(q) == 1 else plain, q)
             if hits:
                 score += weight * hits * (K1 + 1) / (hits + norm)
         out.append(score * (SUMMARY_WEIGHT if summary else 1.0))
@@ -169,8 +173,8 @@ _SCHEMA = (
     "CREATE TABLE done (attempt TEXT PRIMARY KEY, grp TEXT NOT NULL)",
     "CREATE TABLE deps (attempt TEXT NOT NULL, dep TEXT NOT NULL)",
     "CREATE INDEX deps_attempt ON deps (attempt)",
-    "CREATE VIRTUAL TABLE fts USING fts5(body, content='', "
-    "tokenize=\"unicode61 remove_diacritics 0 tokenchars '/._-'\")",
+    "CREATE VIRTUAL TABLE fts USING fts5(body, ids, content='', "
+    "tokenize=\"unicode61 remove_diacritics 0 tokenchars '_'\")",
 )
 _META_DEFAULTS = {"version": VERSION, "mark": 0, "last_seq": 0, "damaged": 0, "tail": 0, "inode": "", "count": 0}
 
@@ -322,37 +326,53 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
     data, stop = _read_lines(fd, mark, end)
     last_seq, damaged = int(meta["last_seq"]), int(meta["damaged"])
     recs: list[tuple[int, int, int, str, str | None, int, str | None]] = []
-    words: list[tuple[int, str]] = []
+    words: list[tuple[int, str, str]] = []
     deps: list[tuple[str, str]] = []
     commits: list[tuple[tuple[str, ...], str]] = []  # (attempts, group) in order
     legacy: list[int] = []
     for offset, nl in _lines(data, len(data)):
+        where = f"{path}: byte {mark + offset}"
         try:
-            decoded, _ = _decode_at(data, offset, nl, f"{path}: byte {mark + offset}", TEXT_CHARS)
-            if decoded.kind == "message" and decoded.seq <= last_seq:
-                raise OffloadCorrupted(f"seq {decoded.seq} does not follow {last_seq}")
+            fast = _fast_record(data, offset, nl, where)
+            if fast is None:  # a control line, a huge or unusual record: the journal's own decoder
+                decoded, _ = _decode_at(data, offset, nl, where, TEXT_CHARS)
+                r = decoded.record
+                kind, seq, attempts = decoded.kind, decoded.seq, decoded.attempts
+                if r is not None:
+                    text = record_text(r.message)
+                    fields = (r.message.id, r.attempt, r.compaction, r.message.is_summary, text, r.clipped)
+                    deps_of = _summary_attempts(r.message)
+            else:
+                kind, seq, attempts = "message", fast[0], ()
+                fields, deps_of = fast[1:7], fast[7]
+            if kind == "message" and seq <= last_seq:
+                raise OffloadCorrupted(f"seq {seq} does not follow {last_seq}")
         except OffloadCorrupted:
             damaged += 1
             continue
-        last_seq = max(last_seq, decoded.seq)
-        if decoded.attempts:
-            commits.append((decoded.attempts, f"c{mark + offset}"))
-        r = decoded.record
-        if r is None:
+        last_seq = max(last_seq, seq)
+        if attempts:
+            commits.append((attempts, f"c{mark + offset}"))
+        if kind != "message":
             continue
-        summary = r.message.is_summary
-        grp = None if r.attempt is not None else f"legacy{r.compaction}"
-        recs.append((r.seq, mark + offset, nl - offset, r.message.id, r.attempt, int(summary), grp))
-        body = " ".join(tokens(record_text(r.message)))
-        if r.clipped:  # a huge text: its head indexed as it is, every other word once
-            body += " " + " ".join(_rest_words(data, offset, nl))
-        words.append((r.seq, body))
-        if r.attempt is None:
-            legacy.append(r.seq)
-        deps += ((r.attempt or "", a) for a in _summary_attempts(r.message))
+        mid, attempt, compaction, summary, text, clipped = fields
+        grp = None if attempt is not None else f"legacy{compaction}"
+        recs.append((seq, mark + offset, nl - offset, mid, attempt, int(summary), grp))
+        folded = text.casefold()
+        ids = (
+            [m[0].translate(_SEPARATORS) for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
+            if _JOINED.search(folded)  # most texts hold no identifier: one quick look
+            else []
+        )
+        if clipped:  # a huge text: its head indexed as it is, every other word once
+            ids += [w.translate(_SEPARATORS) for w in _rest_words(data, offset, nl)]
+        words.append((seq, folded, " ".join(ids)))
+        if attempt is None:
+            legacy.append(seq)
+        deps += ((attempt or "", a) for a in deps_of)
     READS["records"] += len(recs)
     conn.executemany("INSERT INTO recs (seq, off, len, mid, attempt, summary, grp) VALUES (?,?,?,?,?,?,?)", recs)
-    conn.executemany("INSERT INTO fts (rowid, body) VALUES (?, ?)", words)
+    conn.executemany("INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)", words)
     conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
     # which records become visible: those of attempts committed now (by a commit line, or by a
     # committed summary naming them), those of attempts committed before, and legacy ones
@@ -430,6 +450,67 @@ def _rest_words(data: bytes, start: int, end: int) -> list[str]:
         return list(seen)[:_REST_WORDS]
     except _bigjson._BadJSON:
         return []
+
+
+_SEPARATORS = str.maketrans({"/": "\ue000", ".": "\ue001", "-": "\ue002"})
+"""An identifier's separators as private-use characters, which FTS5's tokenizer keeps inside a
+token: `src/billing/mod_7.py` is one token of the `ids` column (its parts are in `body`)."""
+
+
+@functools.cache
+def _offload() -> Any:
+    from . import offload  # imported late: it imports this module
+
+    return offload
+
+
+def _fast_record(data: bytes, start: int, end: int, where: str) -> tuple[Any, ...] | None:
+    """A plain message line (text content, at most `TEXT_CHARS`, not huge) read with one
+    `orjson.loads`: (seq, message id, attempt, compaction, is summary, indexed text, 0, the
+    attempts a summary names); None for anything else (the journal's decoder reads it).
+    `OffloadCorrupted` for a line whose checksum fails."""
+    if end - start > 64 * 1024 or not data.startswith(b'{"message":', start):
+        return None
+    offload = _offload()
+    offload._check_sum(data, start, end, where)
+    try:
+        obj = orjson.loads(data[start:end])
+    except orjson.JSONDecodeError:
+        return None
+    msg = obj.get("message") if isinstance(obj, dict) else None
+    if not isinstance(msg, dict) or set(obj) not in (offload._MESSAGE_KEYS, offload._LEGACY_KEYS):
+        return None
+    seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
+    content, mid, calls, meta = (
+        msg.get("content", ""),
+        msg.get("id"),
+        msg.get("tool_calls", []),
+        msg.get("metadata", {}),
+    )
+    if (
+        type(seq) is not int
+        or seq < 1
+        or type(compaction) is not int
+        or compaction < 0
+        or type(obj["ts"]) not in (int, float)
+        or not isinstance(content, str)
+        or len(content) > TEXT_CHARS
+        or not isinstance(mid, str)
+        or not isinstance(meta, dict)
+        or not isinstance(calls, list)
+        or (attempt is not None and not (offload._valid_id(attempt) and offload._valid_id(obj["journal"])))
+    ):
+        return None
+    parts = [content]
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return None
+        parts.append(call["name"])
+        parts.append(orjson.dumps(call.get("arguments", {})).decode()[:TEXT_CHARS])
+    summary = meta.get("cmdc.kind") == "summary"
+    deps = meta.get(offload.ATTEMPTS_KEY) if summary else None
+    named = tuple(a for a in deps if offload._valid_id(a)) if isinstance(deps, list) else ()
+    return seq, mid, attempt, compaction, summary, "\n".join(parts), 0, named
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
@@ -515,8 +596,9 @@ def check(conn: sqlite3.Connection) -> list[str]:
 
 
 class Indexer:
-    """One daemon thread per store that brings poked journals' indexes up to date once the store
-    has been quiet `_QUIET` seconds (at most `_LATEST` after a poke); it ends when idle. `work`
+    """One daemon thread per store (at a lower CPU priority) that brings poked journals' indexes
+    up to date once the store has been quiet `_QUIET` seconds (at most `_LATEST` after a poke):
+    indexing never competes with a burst of compactions; it ends when idle. `work`
     is called with each journal path; what it raises is logged and dropped (a reader catches up
     itself)."""
 
@@ -555,6 +637,9 @@ class Indexer:
 
     def _run(self) -> None:
         from .events import logger
+
+        with contextlib.suppress(OSError, AttributeError):  # Linux: this thread alone yields to the others
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
         while (path := self._next()) is not None:
             try:

@@ -44,7 +44,7 @@ async def test_the_index_is_a_0600_file_beside_the_journal_and_follows_appends(t
 async def test_the_writer_indexes_in_a_background_thread_after_the_append(tmp_path: Path) -> None:
     store = OffloadStore(tmp_path)
     await store.append("a", batch(30), compaction=1)
-    assert await trio.to_thread.run_sync(store._indexer.wait_idle)
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
     conn = _index.connect(store.path_for("a"), [])
     try:
         mark = conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0]
@@ -121,7 +121,7 @@ async def test_a_link_planted_at_the_index_name_is_never_written_through(tmp_pat
     events: list[Event] = []
     store = OffloadStore(tmp_path / "s", on_event=events.append)
     await store.append("a", batch(10), compaction=1)
-    assert await trio.to_thread.run_sync(store._indexer.wait_idle)
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
     path = index_of(store)
     path.unlink()
     target = tmp_path / "victim.db"
