@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import random
 import tempfile
 import time
@@ -29,7 +28,7 @@ from benchmarks.bench_store import journal_messages, percentile
 from cmdc import Message, OffloadStore, _index
 from cmdc.cli import main as cli_main
 
-HISTORY_MB = int(os.environ.get("CMDC_BENCH_HISTORY_MB", "121"))
+HISTORY_MB = 121
 
 
 async def _fill(root: Path, agent: str, records: int) -> list[str]:
@@ -52,9 +51,9 @@ async def _fill_mb(root: Path, agent: str, megabytes: int) -> int:
             Message.user(
                 f"turn {n + i}: " + " ".join(f"w{rnd.randrange(50_000)}" for _ in range(rnd.randrange(150, 300)))
             )
-            for i in range(5_000)
+            for i in range(1_000)
         ]
-        await store.append(agent, batch, compaction=1 + n // 5_000)
+        await store.append(agent, batch, compaction=1 + n // 1_000)
         n += len(batch)
     return n
 
@@ -104,8 +103,8 @@ async def _search_figures(root: Path, records: int, queries: int) -> dict[str, A
     }
 
 
-async def _history_figures(root: Path) -> dict[str, Any]:
-    n = await _fill_mb(root, "h", HISTORY_MB)
+async def _history_figures(root: Path, megabytes: int) -> dict[str, Any]:
+    n = await _fill_mb(root, "h", megabytes)
     size = OffloadStore(root).path_for("h").stat().st_size
     first = await trio.to_thread.run_sync(_quiet_cli, ["history", str(root), "h", "--limit", "3"])
     limit = sorted(
@@ -132,11 +131,11 @@ async def _history_figures(root: Path) -> dict[str, Any]:
     }
 
 
-def measure(records: int = 1_000_000, queries: int = 200) -> dict[str, Any]:
+def measure(records: int = 1_000_000, queries: int = 200, history_mb: int = HISTORY_MB) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = trio.run(_search_figures, Path(tmp) / "s", records, queries)
     with tempfile.TemporaryDirectory() as tmp:
-        out.update(trio.run(_history_figures, Path(tmp) / "h"))
+        out.update(trio.run(_history_figures, Path(tmp) / "h", history_mb))
     return out
 
 
@@ -159,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--history-mb", type=int, default=HISTORY_MB, help="the journal cmdc history reads")
     args = parser.parse_args(argv)
-    print(report(measure(args.records, args.queries)))
+    print(report(measure(args.records, args.queries, args.history_mb)))
     return 0
 
 
