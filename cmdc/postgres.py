@@ -1041,6 +1041,8 @@ class PostgresStore:
                 counted[term] = int(row[0]) if row else 0
             average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
         docs = [(_index.tokens(_index.record_text(r.message)), r.message.is_summary) for r in records]
+        for term in terms:  # records not indexed yet hold the word too: never fewer than the candidates holding it
+            counted[term] = max(counted[term], sum(1 for words, _ in docs if term in words))
         n = max(int(total[0]) if total else 0, len(records))
         scores = _index.bm25(docs, terms, phrase, n, lambda t: counted.get(t, 0), average)
         order = sorted(range(len(records)), key=lambda i: (-scores[i], records[i].seq))
