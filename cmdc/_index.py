@@ -154,6 +154,11 @@ def bm25(
     return out
 
 
+def holds_phrase(words: Sequence[str], phrase: str) -> bool:
+    """Whether the plain words of a document's `words` hold `phrase` (words in a row)."""
+    return _count([w for w in words if _WORD.fullmatch(w)], phrase.split()) > 0
+
+
 def _count(words: Sequence[str], phrase: Sequence[str]) -> int:
     if len(phrase) == 1:
         return words.count(phrase[0])

@@ -105,6 +105,8 @@ def _clip(record: JournalRecord, max_chars: int | None) -> JournalRecord:
         return record
     message = record.message.evolve(content=content[:max_chars])
     return attrs.evolve(record, message=message, clipped=record.clipped + len(content) - max_chars)
+
+
 T = TypeVar("T")
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -1034,22 +1036,30 @@ class PostgresStore:
         records = self._decode(rows, wide)[0]
         counted: dict[str, int] = {}
         with conn.transaction():
-            total = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+            total = conn.execute(
+                "SELECT seq, indexed_seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)
+            ).fetchone()
+            indexed = int(total[1]) if total else 0
             for term in [*terms, *([phrase] if phrase else [])]:
                 tsq = " <-> ".join(_lexeme(w) for w in term.split())
-                row = conn.execute(self._FREQUENCY, {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX}).fetchone()
+                args = {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX, "indexed": indexed}
+                row = conn.execute(self._FREQUENCY, args).fetchone()
                 counted[term] = int(row[0]) if row else 0
             average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
         docs = [(_index.tokens(_index.record_text(r.message)), r.message.is_summary) for r in records]
-        for term in terms:  # records not indexed yet hold the word too: never fewer than the candidates holding it
-            counted[term] = max(counted[term], sum(1 for words, _ in docs if term in words))
+        late: list[list[str]] = []
+        for term in terms:  # and the records past the mark (the indexer's lag): those among the candidates
+            late = [words for r, (words, _) in zip(records, docs, strict=True) if r.seq > indexed]
+            counted[term] += sum(1 for words in late if term in words)
+        if phrase is not None:
+            counted[phrase] += sum(1 for words in late if _index.holds_phrase(words, phrase))
         n = max(int(total[0]) if total else 0, len(records))
         scores = _index.bm25(docs, terms, phrase, n, lambda t: counted.get(t, 0), average)
         order = sorted(range(len(records)), key=lambda i: (-scores[i], records[i].seq))
         return [_clip(records[i], max_chars) for i in order[:limit]]
 
     _FREQUENCY = (
-        "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s "
+        "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s AND seq <= %(indexed)s "
         "AND words @@ to_tsquery('simple', %(q)s) LIMIT %(cap)s) f"
     )
 
