@@ -54,6 +54,9 @@ K1, B = 1.2, 0.75
 """BM25's parameters (FTS5's `bm25()` uses these)."""
 MAX_QUERY_TERMS = 64
 _CHUNK = 8 * 1024 * 1024  # journal bytes indexed per transaction
+LOCKED_CATCH_UP = 1024 * 1024
+"""Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
+before it takes the lock (writers are not held up by a long catch-up)."""
 _TAIL = 64  # bytes before the mark whose checksum tells the journal is still the one indexed
 _QUIET = 2.0  # seconds without a poke before the background thread indexes (the store is idle)
 _LATEST = 30.0  # ... but no later than this after the first poke it has not served
@@ -245,6 +248,65 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
     raise AssertionError("unreachable")
+
+
+class Connections:
+    """Open indexes kept for reuse (SQLite's page cache stays warm between searches), at most
+    `most`, least recently used closed first; each used by one thread at a time. One whose
+    file is no longer the one at the index's name (removed, replaced) is opened again."""
+
+    def __init__(self, most: int = 32) -> None:
+        self._most = most
+        self._lock = threading.Lock()
+        self._open: dict[Path, tuple[sqlite3.Connection, threading.Lock, tuple[int, int]]] = {}
+
+    @contextlib.contextmanager
+    def use(self, journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool) -> Iterator[sqlite3.Connection]:
+        path = index_path(journal)
+        with self._lock:
+            held = self._open.pop(journal, None)
+        if held is not None:
+            try:
+                st = os.lstat(path)
+                same = (st.st_dev, st.st_ino) == held[2] and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+            except FileNotFoundError:
+                same = False
+            if not same:
+                with held[1]:
+                    held[0].close()
+                held = None
+        if held is None:
+            conn = connect(journal, events, known)
+            st = os.stat(path)
+            held = (conn, threading.Lock(), (st.st_dev, st.st_ino))
+        ok = False
+        try:
+            with held[1]:
+                yield held[0]
+            ok = True
+        finally:
+            spare = None
+            if ok:
+                with self._lock:
+                    spare = self._open.pop(journal, None)  # another thread's, opened meanwhile
+                    self._open[journal] = held
+                    while len(self._open) > self._most:
+                        _, (old, lock, _) = next(iter(self._open.items()))
+                        del self._open[next(iter(self._open))]
+                        with lock:
+                            old.close()
+            else:
+                held[0].close()
+            if spare is not None:
+                with spare[1]:
+                    spare[0].close()
+
+    def close(self, journal: Path) -> None:
+        with self._lock:
+            held = self._open.pop(journal, None)
+        if held is not None:
+            with held[1]:
+                held[0].close()
 
 
 def _meta(conn: sqlite3.Connection) -> dict[str, Any]:

@@ -962,6 +962,7 @@ class OffloadStore:
         self._indexer = _index.Indexer(self._index_in_background)
         self._tokens: dict[Path, tuple[str, trio.lowlevel.TrioToken | None]] = {}  # who to tell of a rebuild
         self._index_seen: set[Path] = set()  # journals whose index this store opened (one gone is missing)
+        self._index_conns = _index.Connections()
 
     def __repr__(self) -> str:
         return f"OffloadStore({str(self.root)!r})"
@@ -1769,6 +1770,7 @@ class OffloadStore:
             )
         rebuilt = len(events) > before
         if problems:
+            self._index_conns.close(path)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(where)
             events.append(("rebuild", {"reason": "; ".join(problems)}))
@@ -1826,9 +1828,28 @@ class OffloadStore:
     def _indexed_sync(self, path: Path, query: Callable[[Any], Any], events: list[Any], fd_too: bool = False) -> Any:
         """`query(connection)` on the journal's index brought up to the journal's end (most of
         it before the shared lock is taken, the rest under it, while `query` runs); None when
-        there is no journal, or the index cannot be used (the caller then scans)."""
+        there is no journal, or the index cannot be used (the caller then scans). An index that
+        SQLite finds damaged is removed and built again, once."""
         if not self.index:
             return None
+        try:
+            return self._indexed_once(path, query, events, fd_too)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # locked, busy, disk full: not the file's fault
+                logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, exc)
+                return None
+            self._index_conns.close(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_index.index_path(path))
+            self._index_seen.discard(path)  # reported here, not again as missing
+            events.append(("rebuild", {"reason": f"the index was damaged ({exc})"}))
+            try:
+                return self._indexed_once(path, query, events, fd_too)
+            except sqlite3.Error as again:
+                logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, again)
+                return None
+
+    def _indexed_once(self, path: Path, query: Callable[[Any], Any], events: list[Any], fd_too: bool) -> Any:
         try:
             fd = os.open(path, _READ_FLAGS)
         except FileNotFoundError:
@@ -1836,10 +1857,12 @@ class OffloadStore:
         except OSError as exc:
             raise _offload_error(path, exc, "open") from exc
         try:
-            conn = _index.connect(path, events, path in self._index_seen)
-            self._saw_index(path)
-            try:
-                _index.catch_up(conn, fd, path, _last_newline(fd, os.fstat(fd).st_size), events)
+            with self._index_conns.use(path, events, path in self._index_seen) as conn:
+                self._saw_index(path)
+                mark = int(conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0])
+                end = _last_newline(fd, os.fstat(fd).st_size)
+                if end - mark > _index.LOCKED_CATCH_UP:  # most of a long way before the lock, writers go on
+                    _index.catch_up(conn, fd, path, end, events)
                 fcntl.flock(fd, fcntl.LOCK_SH)
                 size = os.fstat(fd).st_size
                 end = _last_newline(fd, size)
@@ -1849,11 +1872,13 @@ class OffloadStore:
                     events.append((JOURNAL_DAMAGED, {"path": str(path), "damaged": damaged, "torn": size - end}))
                 got = query(conn)
                 return (got, fd) if fd_too else got
-            finally:
-                conn.close()
-        except (_index.IndexUnavailable, sqlite3.Error) as exc:
+        except _index.IndexUnavailable as exc:
             logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, exc)
             return None
+        except sqlite3.Error:
+            if fd_too:
+                os.close(fd)
+            raise
         except OSError as exc:
             raise _offload_error(path, exc, "read") from exc
         finally:

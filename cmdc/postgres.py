@@ -98,13 +98,26 @@ def _lexeme(word: str) -> str:
     return "'" + word.replace("'", "''").replace("\\", "\\\\") + "'"
 
 
-def _clip(record: JournalRecord, max_chars: int | None) -> JournalRecord:
-    """`record` with its text cut to `max_chars` (its `clipped` counting the rest)."""
-    content = record.message.content
-    if max_chars is None or not isinstance(content, str) or len(content) <= max_chars:
-        return record
-    message = record.message.evolve(content=content[:max_chars])
-    return attrs.evolve(record, message=message, clipped=record.clipped + len(content) - max_chars)
+def _ranked_words(raw: bytes) -> tuple[list[str], bool] | None:
+    """A row's message as search ranks it (its words as the file store indexes them, whether it
+    is a summary), read with one `orjson.loads` (a huge one through the message decoder); None
+    for a row that cannot be read (the decoder skips it too)."""
+    try:
+        if len(raw) > _index.TEXT_CHARS:
+            message = _bigjson.message_from_json(raw, _index.TEXT_CHARS)[0]
+            return _index.tokens(_index.record_text(message)), message.is_summary
+        obj = orjson.loads(raw)
+        content = obj.get("content", "")
+        if not isinstance(content, str):
+            message = Message.from_dict(obj)
+            return _index.tokens(_index.record_text(message)), message.is_summary
+        parts = [content]
+        for call in obj.get("tool_calls", []):
+            parts += (call["name"], orjson.dumps(call.get("arguments", {})).decode())
+        summary = (obj.get("metadata") or {}).get("cmdc.kind") == "summary"
+        return _index.tokens("\n".join(parts)), summary
+    except (orjson.JSONDecodeError, InvalidMessage, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 T = TypeVar("T")
@@ -1032,8 +1045,8 @@ class PostgresStore:
             return None
         if not rows:
             return []
-        wide = None if max_chars is None else max(max_chars, _index.TEXT_CHARS)  # ranked on what the file store indexes
-        records = self._decode(rows, wide)[0]
+        docs = [_ranked_words(bytes(row[3])) for row in rows]  # only what ranking needs is read
+        kept = [(row, doc) for row, doc in zip(rows, docs, strict=True) if doc is not None]
         counted: dict[str, int] = {}
         with conn.transaction():
             total = conn.execute(
@@ -1046,17 +1059,16 @@ class PostgresStore:
                 row = conn.execute(self._FREQUENCY, args).fetchone()
                 counted[term] = int(row[0]) if row else 0
             average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
-        docs = [(_index.tokens(_index.record_text(r.message)), r.message.is_summary) for r in records]
-        late: list[list[str]] = []
-        for term in terms:  # and the records past the mark (the indexer's lag): those among the candidates
-            late = [words for r, (words, _) in zip(records, docs, strict=True) if r.seq > indexed]
+        late = [doc[0] for row, doc in kept if int(row[0]) > indexed]  # past the mark: counted among the candidates
+        for term in terms:
             counted[term] += sum(1 for words in late if term in words)
         if phrase is not None:
             counted[phrase] += sum(1 for words in late if _index.holds_phrase(words, phrase))
-        n = max(int(total[0]) if total else 0, len(records))
-        scores = _index.bm25(docs, terms, phrase, n, lambda t: counted.get(t, 0), average)
-        order = sorted(range(len(records)), key=lambda i: (-scores[i], records[i].seq))
-        return [_clip(records[i], max_chars) for i in order[:limit]]
+        n = max(int(total[0]) if total else 0, len(kept))
+        scores = _index.bm25([doc for _, doc in kept], terms, phrase, n, lambda t: counted.get(t, 0), average)
+        order = sorted(range(len(kept)), key=lambda i: (-scores[i], int(kept[i][0][0])))
+        best = [kept[i][0] for i in order[: limit + 8]]  # a few spare, should one be damaged
+        return self._decode(best, max_chars)[0][:limit]
 
     _FREQUENCY = (
         "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s AND seq <= %(indexed)s "
