@@ -641,8 +641,12 @@ def span_last(conn: sqlite3.Connection, n: int) -> list[Span]:
 def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
     """(visible records, their first and last numbers, compactions, damaged lines)."""
     row = conn.execute("SELECT min(seq), max(seq) FROM recs WHERE vis = 1").fetchone()
-    groups = conn.execute("SELECT count(DISTINCT grp) FROM recs WHERE vis = 1").fetchone()[0]
     meta = _meta(conn)
+    if meta.get("groups_mark") == meta["mark"]:  # counted since the last change
+        groups = int(meta["groups"])
+    else:
+        groups = conn.execute("SELECT count(DISTINCT grp) FROM recs WHERE vis = 1").fetchone()[0]
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?), ('groups_mark', ?)", (groups, meta["mark"]))
     return int(meta["count"]), int(row[0] or 0), int(row[1] or 0), int(groups), int(meta["damaged"])
 
 

@@ -547,16 +547,17 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
     if args.search:
         return await _print_search(store, agent, args)
     # the range, the last N and the counts come from the journal's index: only what is printed is read
-    extent = await store.extent(agent)
     if args.range:
         first, last = args.range
         chosen = await store.read_range(agent, first, last)
         if not chosen:
+            extent = await store.extent(agent)
             span = f"{extent.first_seq}-{extent.last_seq}" if extent.records else "none"
             print(f"no records in {first}-{last} (the journal holds records {span})")
         for record in chosen:
             print(_full(record))
         return 0
+    extent = await store.extent(agent)
     shown = await (store.last_records(agent, args.limit) if args.limit else store.records(agent))
     for record in shown:
         print(_line(record, _first_line(record.message)))
