@@ -1787,6 +1787,8 @@ class OffloadStore:
             token: trio.lowlevel.TrioToken | None = trio.lowlevel.current_trio_token()
         except RuntimeError:
             token = None
+        if len(self._tokens) >= _JOURNALS_KEPT * 16:  # bounded: a forgotten one only misses a rebuild's event
+            self._tokens.clear()
         self._tokens[path] = (agent_id, token)
         self._indexer.poke(path)
 
