@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from benchmarks import bench_compaction, bench_runtime, bench_store, recall_stall, retention
+from benchmarks import bench_compaction, bench_runtime, bench_search, bench_store, recall_stall, retention
 from benchmarks._table import Row, render
 
 INSTALL_HINT = "pip install -e '.[compare]'"
@@ -64,6 +64,8 @@ class Preset:
     ui_turn_agents: int = 100  # agents running turns with and without a live page open ...
     ui_turns: int = 10  # ... each this many turns ...
     ui_reps: int = 9  # ... in this many pairs
+    search_records: int = 1_000_000  # the file store's indexed search (bench_search)
+    search_history_mb: int = 121  # the journal cmdc history --limit/--range reads
 
 
 FULL = Preset(
@@ -87,6 +89,8 @@ QUICK = attrs.evolve(
     Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 80, (1_000, 10_000), 3, 0.3, 2),
     store_records=100_000,
     store_queries=200,
+    search_records=100_000,
+    search_history_mb=20,
     store_agents=20_000,
     store_resident=1_000,
     ui_turn_agents=50,
@@ -98,6 +102,8 @@ SMOKE = attrs.evolve(
     Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 80, (1_000,), 2, 0.02, 1, recall_records=200),
     store_records=500,
     store_queries=20,
+    search_records=2_000,
+    search_history_mb=1,
     store_file_queries=2,
     store_compaction=1_000,
     store_agents=40,
@@ -232,6 +238,26 @@ def _growth(curve: Sequence[Sequence[int]]) -> str:
     if len(curve) < 2 or curve[-1][0] == curve[0][0]:
         return "n/a"
     return f"{(curve[-1][1] - curve[0][1]) / (curve[-1][0] - curve[0][0]):,.0f} B"
+
+
+def search_rows(p: Preset) -> list[Row]:
+    f = bench_search.measure(p.search_records, 200, p.search_history_mb)
+    b = "search"
+    mb = f"{f['history_bytes'] / 1e6:,.0f} MB"
+    rate, last, span = f["build_per_s"], f["history_limit_s"], f["history_range_s"]
+    return [
+        Row(
+            b,
+            f"file store search over {f['records']:,} records (indexed) p50 / p99",
+            f"{_ms(f['p50'])} / {_ms(f['p99'])}",
+            "p99 < 20 ms",
+            f["p99"] < 0.020,
+        ),
+        Row(b, "index built from scratch", f"{rate:,.0f} records/s", "≥ 100,000/s", rate >= 1e5),
+        Row(b, f"history --limit 3, {mb} journal", _ms(last), "< 100 ms", last < 0.1),
+        Row(b, f"history --range A A+1, {mb} journal", _ms(span), "< 100 ms", span < 0.1),
+        Row(b, f"recall of 3 records from the {mb} journal: bytes read", f"{f['recall_bytes_read']:,}"),
+    ]
 
 
 def store_rows(p: Preset) -> list[Row]:
@@ -467,6 +493,7 @@ def collect(
         ("retention", retention_rows),
         ("isolation", isolation_rows),
         ("store", store_rows),
+        ("search", search_rows),
     ]
     if ui_skipped() is None:
         benches.append(("web page", ui_rows))

@@ -654,7 +654,16 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
     if args.verify:
         report = await store.verify(agent)
         _print_journal_report(report, repaired=False)
-        return 0 if report.clean else 1
+        index = await store.check_index(agent)
+        if index.note:
+            print(f"index {index.path}: {index.note}")
+        elif index.ok:
+            print(f"index {index.path}: ok ({index.records} records)")
+        for problem in index.problems:
+            print(f"index {index.path}: {problem}")
+        if index.problems and index.rebuilt:
+            print(f"index {index.path}: rebuilt from the journal ({index.records} records)")
+        return 0 if report.clean and index.ok else 1
     if args.repair:
         report = await store.repair(agent)
         _print_journal_report(report, repaired=True)
@@ -676,21 +685,22 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
         return 0
     if args.search:
         return await _print_search(store, agent, args)
-    records = await store.records(agent)
+    # the range, the last N and the counts come from the journal's index: only what is printed is read
     if args.range:
         first, last = args.range
-        chosen = [r for r in records if first <= r.seq <= last]
+        chosen = await store.read_range(agent, first, last)
         if not chosen:
-            span = f"{records[0].seq}-{records[-1].seq}" if records else "none"
+            extent = await store.extent(agent)
+            span = f"{extent.first_seq}-{extent.last_seq}" if extent.records else "none"
             print(f"no records in {first}-{last} (the journal holds records {span})")
         for record in chosen:
             print(_full(record))
         return 0
-    shown = records[-args.limit :] if args.limit else records
+    extent = await store.extent(agent)
+    shown = await (store.last_records(agent, args.limit) if args.limit else store.records(agent))
     for record in shown:
         print(_line(record, _first_line(record.message)))
-    compactions = (await store.verify(agent)).compactions
-    print(f"{len(records)} records from {compactions} compaction(s) in {journal}")
+    print(f"{extent.records} records from {extent.compactions} compaction(s) in {journal}")
     return 0
 
 

@@ -49,6 +49,7 @@ EVENTS_DROPPED = "events_dropped"
 JOURNAL_LOST = "journal_lost"
 JOURNAL_DAMAGED = "journal_damaged"
 JOURNAL_REPAIRED = "journal_repaired"
+JOURNAL_INDEX_REBUILT = "journal_index_rebuilt"  # a file journal's search index was missing, stale or damaged
 STOPPED = "stopped"  # an agent stopped for good; its subscriptions end after this event
 USAGE_REFUSED = "usage_refused"  # a reply's usage figures were implausible: dropped, the size is estimated
 TOOL_CALLS_REFUSED = "tool_calls_refused"  # a reply asked for more tool calls than run per step
@@ -104,6 +105,7 @@ LEVELS: Mapping[str, int] = MappingProxyType(
         JOURNAL_LOST: logging.WARNING,
         JOURNAL_DAMAGED: logging.WARNING,
         JOURNAL_REPAIRED: logging.WARNING,
+        JOURNAL_INDEX_REBUILT: logging.INFO,
         LEASE_LOST: logging.WARNING,
         MCP_SERVER_FAILED: logging.WARNING,
         MCP_TOOLS_LIST_FAILED: logging.WARNING,
@@ -153,6 +155,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         JOURNAL_LOST: ("path", "expected", "found", "why"),
         JOURNAL_DAMAGED: ("path", "damaged", "torn"),
         JOURNAL_REPAIRED: ("path", "moved", "lines"),
+        JOURNAL_INDEX_REBUILT: ("path", "reason"),
         ACTIVATED: (),
         DEACTIVATED: (),
         LEASE_LOST: (),

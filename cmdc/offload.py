@@ -56,6 +56,7 @@ import inspect
 import os
 import re
 import secrets
+import sqlite3
 import stat
 import struct
 import sys
@@ -72,7 +73,7 @@ import attrs
 import orjson
 import trio
 
-from . import _bigjson
+from . import _bigjson, _index
 from ._check import integer, seconds
 from ._fs import (
     DirProbe,
@@ -88,7 +89,16 @@ from ._fs import (
 )
 from ._search import MAX_QUERY_CHARS, count_call_words, query_words, rank
 from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
-from .events import JOURNAL_DAMAGED, JOURNAL_LOST, JOURNAL_REPAIRED, Event, EventSink, emit, logger
+from .events import (
+    JOURNAL_DAMAGED,
+    JOURNAL_INDEX_REBUILT,
+    JOURNAL_LOST,
+    JOURNAL_REPAIRED,
+    Event,
+    EventSink,
+    emit,
+    logger,
+)
 from .message import Message
 from .state import validate_agent_id
 
@@ -203,6 +213,31 @@ class JournalReport:
     @property
     def clean(self) -> bool:
         return not self.damaged and not self.torn
+
+
+@attrs.frozen
+class JournalExtent:
+    """What a journal holds, as its index counts it: committed records, the first and last
+    record numbers (0 when empty), and the compactions they came from."""
+
+    records: int
+    first_seq: int
+    last_seq: int
+    compactions: int
+
+
+@attrs.frozen
+class IndexReport:
+    """What `check_index` found: the index file, whether it was right, what was wrong, the
+    records it now counts, and whether it was rebuilt."""
+
+    path: Path
+    ok: bool
+    problems: tuple[str, ...]
+    records: int
+    rebuilt: bool
+    note: str = ""
+    """Why there was nothing to check (the index is off, or cannot be used in this directory)."""
 
 
 @attrs.frozen
@@ -1028,13 +1063,26 @@ class OffloadStore:
     clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
 
     def __init__(
-        self, root: str | os.PathLike[str], *, write_timeout: float = 60.0, on_event: EventSink | None = None
+        self,
+        root: str | os.PathLike[str],
+        *,
+        write_timeout: float = 60.0,
+        on_event: EventSink | None = None,
+        index: bool = True,
     ) -> None:
         self.write_timeout = seconds(write_timeout, "write_timeout")
         self.root = Path(os.path.abspath(root))
         self.on_event = on_event
         self._journals: dict[str, _Journal] = {}
         self._probe = DirProbe(self.root)
+        if not isinstance(index, bool):
+            raise ConfigError(f"index must be True or False, got {index!r}")
+        self.index = index
+        """Whether the search and offsets index beside each journal is used (see `cmdc._index`)."""
+        self._indexer = _index.Indexer(self._index_in_background)
+        self._tokens: dict[Path, tuple[str, trio.lowlevel.TrioToken | None]] = {}  # who to tell of a rebuild
+        self._index_seen: set[Path] = set()  # journals whose index this store opened (one gone is missing)
+        self._index_conns = _index.Connections()
 
     def __repr__(self) -> str:
         return f"OffloadStore({str(self.root)!r})"
@@ -1170,7 +1218,9 @@ class OffloadStore:
                 events: list[tuple[str, dict[str, Any]]] = []
                 # A cancelled caller waits for the write to finish, but not past write_timeout.
                 try:
-                    return await run_bounded(fn, journal, events, *args, limit=self.write_timeout)
+                    done = await run_bounded(fn, journal, events, *args, limit=self.write_timeout)
+                    self._index_soon(agent_id, path)  # after the journal changed, off its path
+                    return done
                 except trio.TooSlowError:
                     journal.failed = (
                         f"offload journal {path}: an append did not finish within {self.write_timeout} s "
@@ -1832,8 +1882,228 @@ class OffloadStore:
     async def read_range(
         self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
     ) -> list[JournalRecord]:
-        """The committed records with `first_seq <= seq <= last_seq` (`max_chars`: as `records`)."""
-        return [r for r in await self.records(agent_id, max_chars=max_chars) if first_seq <= r.seq <= last_seq]
+        """The committed records with `first_seq <= seq <= last_seq` (`max_chars`: as `records`).
+        Answered from the index: only those records' lines are read."""
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
+        first = max(-(2**62), min(2**62, integer(first_seq, "first_seq", minimum=None)))  # SQLite's range
+        last = max(-(2**62), min(2**62, integer(last_seq, "last_seq", minimum=None)))
+        found = await self._from_index(agent_id, lambda conn: _index.span_range(conn, first, last), max_chars)
+        if found is not None:
+            return found
+        return [r for r in await self.records(agent_id, max_chars=max_chars) if first <= r.seq <= last]
+
+    async def last_records(self, agent_id: str, n: int, *, max_chars: int | None = None) -> list[JournalRecord]:
+        """The last `n` committed records, in seq order (`max_chars`: as `records`); answered from
+        the index: only their lines are read."""
+        integer(n, "n", minimum=0)
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
+        found = await self._from_index(agent_id, lambda conn: _index.span_last(conn, n), max_chars)
+        if found is not None:
+            return found
+        records = await self.records(agent_id, max_chars=max_chars)
+        return records[len(records) - n :] if n else []
+
+    async def extent(self, agent_id: str) -> JournalExtent:
+        """How many committed records the journal holds, their first and last numbers and the
+        compactions they came from, from the index (no record is read)."""
+        path = self.path_for(agent_id)
+        events: list[tuple[str, dict[str, Any]]] = []
+        try:
+            got = await trio.to_thread.run_sync(self._indexed_sync, path, _index.extent, events)
+        finally:
+            self._index_events(agent_id, path, events)
+        if got is None:
+            records = await self.records(agent_id)
+            compactions = (await self.verify(agent_id)).compactions if records else 0
+            return JournalExtent(len(records), *(_ends(records)), compactions)
+        count, first, last, compactions, _ = got
+        return JournalExtent(count, first, last, compactions)
+
+    async def check_index(self, agent_id: str) -> IndexReport:
+        """Check the journal's index against a whole read of the journal: SQLite's own checks of
+        the file and its full-text table, and the visible records and compactions counted both
+        ways. An index found wrong is rebuilt (with a `journal_index_rebuilt` event)."""
+        path = self.path_for(agent_id)
+        report = await self.verify(agent_id)
+        events: list[tuple[str, dict[str, Any]]] = []
+        try:
+            return await trio.to_thread.run_sync(self._check_index_sync, path, report, events)
+        finally:
+            self._index_events(agent_id, path, events)
+
+    def _check_index_sync(self, path: Path, report: JournalReport, events: list[Any]) -> IndexReport:
+        where = _index.index_path(path)
+        if not self.index:
+            return IndexReport(where, True, (), 0, False, "the index is turned off (OffloadStore(index=False))")
+        before = len(events)
+        got = self._indexed_sync(path, lambda conn: (_index.check(conn), _index.extent(conn)), events)
+        if got is None:
+            why = "the index cannot be used here; searches read the whole journal"
+            return IndexReport(where, True, (), 0, False, why)
+        problems, (count, _, _, compactions, _) = got
+        problems = list(problems)
+        if (count, compactions) != (report.records, report.compactions):
+            problems.append(
+                f"the index counts {count} records from {compactions} compaction(s), "
+                f"the journal {report.records} from {report.compactions}"
+            )
+        rebuilt = len(events) > before
+        if problems:
+            self._index_conns.close(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(where)
+            events.append(("rebuild", {"reason": "; ".join(problems)}))
+            got = self._indexed_sync(path, _index.extent, events)
+            rebuilt = True
+            count = got[0] if got is not None else 0
+        return IndexReport(where, not problems, tuple(problems), count, rebuilt)
+
+    # -- the index ----------------------------------------------------------------------------
+    def _index_soon(self, agent_id: str, path: Path) -> None:
+        if not self.index:
+            return
+        try:
+            token: trio.lowlevel.TrioToken | None = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            token = None
+        if len(self._tokens) >= _JOURNALS_KEPT * 16:  # bounded: a forgotten one only misses a rebuild's event
+            self._tokens.clear()
+        self._tokens[path] = (agent_id, token)
+        self._indexer.poke(path)
+
+    def _index_in_background(self, path: Path) -> None:
+        """The background thread's work: bring the index up to the journal's end (no lock: the
+        journal only grows; a reader catches up the rest under its lock)."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except OSError:
+            return
+        try:
+            end = _last_newline(fd, os.fstat(fd).st_size)
+            conn = _index.connect(path, events, path in self._index_seen)
+            self._saw_index(path)
+            try:
+                _index.catch_up(conn, fd, path, end, events)
+            finally:
+                conn.close()
+        finally:
+            os.close(fd)
+            agent_id, token = self._tokens.get(path, ("", None))
+            if events and token is not None:
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(self._index_events, agent_id, path, events)
+
+    def _saw_index(self, path: Path) -> None:
+        if len(self._index_seen) >= _JOURNALS_KEPT * 16:  # bounded: a forgotten one is only not reported missing
+            self._index_seen.clear()
+        self._index_seen.add(path)
+
+    def _index_events(self, agent_id: str, path: Path, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        for kind, data in events:
+            if kind == "rebuild":
+                self._emit(JOURNAL_INDEX_REBUILT, agent_id, path=str(_index.index_path(path)), reason=data["reason"])
+            else:
+                self._emit(kind, agent_id, **data)
+
+    def _indexed_sync(self, path: Path, query: Callable[[Any], Any], events: list[Any], fd_too: bool = False) -> Any:
+        """`query(connection)` on the journal's index brought up to the journal's end (most of
+        it before the shared lock is taken, the rest under it, while `query` runs); None when
+        there is no journal, or the index cannot be used (the caller then scans). An index that
+        SQLite finds damaged is removed and built again, once."""
+        if not self.index:
+            return None
+        try:
+            return self._indexed_once(path, query, events, fd_too)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # locked, busy, disk full: not the file's fault
+                logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, exc)
+                return None
+            self._index_conns.close(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_index.index_path(path))
+            self._index_seen.discard(path)  # reported here, not again as missing
+            events.append(("rebuild", {"reason": f"the index was damaged ({exc})"}))
+            try:
+                return self._indexed_once(path, query, events, fd_too)
+            except sqlite3.Error as again:
+                logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, again)
+                return None
+
+    def _indexed_once(self, path: Path, query: Callable[[Any], Any], events: list[Any], fd_too: bool) -> Any:
+        try:
+            fd = os.open(path, _READ_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _offload_error(path, exc, "open") from exc
+        try:
+            with self._index_conns.use(path, events, path in self._index_seen) as conn:
+                self._saw_index(path)
+                mark = int(conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0])
+                end = _last_newline(fd, os.fstat(fd).st_size)
+                if end - mark > _index.LOCKED_CATCH_UP:  # most of a long way before the lock, writers go on
+                    _index.catch_up(conn, fd, path, end, events)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                size = os.fstat(fd).st_size
+                end = _last_newline(fd, size)
+                _index.catch_up(conn, fd, path, end, events)
+                damaged = int(conn.execute("SELECT v FROM meta WHERE k = 'damaged'").fetchone()[0])
+                if damaged:
+                    events.append((JOURNAL_DAMAGED, {"path": str(path), "damaged": damaged, "torn": size - end}))
+                got = query(conn)
+                return (got, fd) if fd_too else got
+        except _index.IndexUnavailable as exc:
+            logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, exc)
+            return None
+        except sqlite3.Error:
+            if fd_too:
+                os.close(fd)
+            raise
+        except OSError as exc:
+            raise _offload_error(path, exc, "read") from exc
+        finally:
+            if not fd_too:
+                os.close(fd)
+
+    def _spans_sync(
+        self, path: Path, query: Callable[[Any], list[_index.Span]], max_chars: int | None, events: list[Any]
+    ) -> list[JournalRecord] | None:
+        got = self._indexed_sync(path, query, events, fd_too=True)
+        if got is None:
+            return None
+        spans, fd = got
+        try:
+            out = []
+            for seq, line in _index.iter_spans(fd, spans):
+                record = _decode_record_at(line, f"{path}: record {seq}", max_chars)
+                if record is not None:
+                    out.append(record)
+            _index.READS["records"] += len(spans)
+            return out
+        except OSError as exc:
+            raise _offload_error(path, exc, "read") from exc
+        finally:
+            os.close(fd)
+
+    async def _from_index(
+        self, agent_id: str, query: Callable[[Any], list[_index.Span]], max_chars: int | None
+    ) -> list[JournalRecord] | None:
+        path = self.path_for(agent_id)
+        if not self.index:
+            return None
+        events: list[tuple[str, dict[str, Any]]] = []
+        try:
+            found: list[JournalRecord] | None = await trio.to_thread.run_sync(
+                self._spans_sync, path, query, max_chars, events, abandon_on_cancel=True
+            )
+        finally:
+            self._index_events(agent_id, path, events)
+        if found is None and not path.exists():
+            return []
+        return found
 
     async def search(
         self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
@@ -1857,6 +2127,10 @@ class OffloadStore:
         words = query_words(query[:MAX_QUERY_CHARS])
         if not words:
             return []
+        text = query[:MAX_QUERY_CHARS]
+        found = await self._from_index(agent_id, lambda conn: _index.search(conn, text, limit), max_chars)
+        if found is not None:
+            return found
         hits, scan = await trio.to_thread.run_sync(
             self._search_sync, path, words, limit, max_chars, abandon_on_cancel=True
         )
@@ -1870,6 +2144,17 @@ class OffloadStore:
         data = self._read_sync(path)
         scan = _scan(data, path, _search_spans(data, words), max_chars=max_chars, words=words)
         return rank(scan.records, words, limit, scan.counts), scan
+
+
+def _decode_record_at(line: bytes, where: str, max_chars: int | None) -> JournalRecord | None:
+    try:
+        return _decode_at(line, 0, len(line), where, max_chars)[0].record
+    except OffloadCorrupted:
+        return None  # the index named a line the journal no longer holds as it was: skipped
+
+
+def _ends(records: Sequence[JournalRecord]) -> tuple[int, int]:
+    return (records[0].seq, records[-1].seq) if records else (0, 0)
 
 
 def _inode(fd: int) -> tuple[int, int]:
@@ -1896,6 +2181,8 @@ __all__ = [
     "JOURNAL_KEY",
     "AppendResult",
     "Damage",
+    "IndexReport",
+    "JournalExtent",
     "JournalRecord",
     "JournalRef",
     "JournalReport",

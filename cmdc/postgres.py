@@ -63,7 +63,7 @@ import psycopg
 import psycopg_pool
 import trio
 
-from . import _bigjson
+from . import _bigjson, _index
 from ._check import flag, integer, is_number, seconds
 from ._fs import run_bounded
 from ._redact import REDACTED, journal_label, redact_url, scrub, secrets_of
@@ -88,6 +88,9 @@ from .store import StoreReport
 SCHEMA_VERSION = 7
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
+SEARCH_DF_MAX = 100_000
+"""Records a search counts at most for a word's rarity (a word in more is common anyway)."""
+_AVERAGE_SAMPLE = 256  # latest records whose mean length in words BM25 uses
 SEARCH_UNINDEXED_MAX = 50_000
 """A search reads at most this many record numbers past the agent's `indexed_seq` directly (the
 indexer's usual lag is the last batch); past that, it indexes them first."""
@@ -97,6 +100,35 @@ _COPY_TYPES = ["text", "int8", "text", "text", "int4", "float8", "text", "int8",
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 _INDEX_LOCK_CLASS = 0x636D6469  # with the agent's hash: the lock indexers of one agent take turns on ("cmdi")
 _WORD = re.compile(r"\w+")
+
+
+def _lexeme(word: str) -> str:
+    """`word` as one quoted lexeme of a `to_tsquery` text (never an operator)."""
+    return "'" + word.replace("'", "''").replace("\\", "\\\\") + "'"
+
+
+def _ranked_words(raw: bytes) -> tuple[list[str], bool] | None:
+    """A row's message as search ranks it (its words as the file store indexes them, whether it
+    is a summary), read with one `orjson.loads` (a huge one through the message decoder); None
+    for a row that cannot be read (the decoder skips it too)."""
+    try:
+        if len(raw) > _index.TEXT_CHARS:
+            message = _bigjson.message_from_json(raw, _index.TEXT_CHARS)[0]
+            return _index.tokens(_index.record_text(message)), message.is_summary
+        obj = orjson.loads(raw)
+        content = obj.get("content", "")
+        if not isinstance(content, str):
+            message = Message.from_dict(obj)
+            return _index.tokens(_index.record_text(message)), message.is_summary
+        parts = [content]
+        for call in obj.get("tool_calls", []):
+            parts += (call["name"], orjson.dumps(call.get("arguments", {})).decode())
+        summary = (obj.get("metadata") or {}).get("cmdc.kind") == "summary"
+        return _index.tokens("\n".join(parts)), summary
+    except (orjson.JSONDecodeError, InvalidMessage, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
 T = TypeVar("T")
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -489,6 +521,7 @@ class PostgresStore:
         self._opened = False
         self._start_lock = trio.Lock()
         self._held: dict[str, tuple[str, int]] = {}  # leases held through this store: agent -> (owner, token)
+        self._averages: dict[str, tuple[int, float]] = {}  # agent -> (seq, mean record length in words)
         self.background_index = flag(background_index, "background_index")
         # the indexer: a plain thread that exists while it has work (agents to index, or the
         # scan for a backlog left by an earlier process), started and ended under `_index_lock`
@@ -1140,28 +1173,33 @@ class PostgresStore:
         self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
     ) -> list[JournalRecord]:
         """Visible records holding words of `query` (case-insensitive; its first 64 distinct
-        words), best first, at most `limit`.
+        words; an identifier with `/ . _ -` counts whole and by its parts), best first, at most
+        `limit`, ranked as the file store ranks them (`cmdc._index.bm25`: rare words outweigh
+        common ones, an exact identifier or the query's words in a row rank first, a summary's
+        score counts half).
 
         The work is bounded, whatever the journal's size or the words' frequency: the GIN
         index gives the candidates, at most `SEARCH_CANDIDATES` records holding *every* query
-        word, then (when those are fewer than `limit`) at most `SEARCH_CANDIDATES` more holding
-        *any* of them; the candidates are ranked by PostgreSQL's `ts_rank` (more of the query's
-        words, and more often, rank higher), ties by the lowest seq. A journal of at most
-        `SEARCH_NARROW_BELOW` records is searched through its agent's lexeme in the index, so
-        other agents' matches are never read; a larger one by its words alone. Records not in
-        the index yet (the indexer's lag) are matched directly, with the same vector and rank;
-        more than `SEARCH_UNINDEXED_MAX` of them are indexed first. When more records match
-        than that, the ones ranked are those the index hands out first (about the oldest),
-        not necessarily the best of all: a more specific query narrows it."""
+        word, then at most `SEARCH_CANDIDATES` more holding *any* of them, first ordered by
+        PostgreSQL's `ts_rank_cd` (normalised by the record's length); each word's rarity is
+        counted through the index (up to `SEARCH_DF_MAX` records), and the candidates are then
+        ranked by BM25 over their words as the file store's index reads them. A journal of at
+        most `SEARCH_NARROW_BELOW` records is searched through its agent's lexeme in the index,
+        so other agents' matches are never read; a larger one by its words alone. Records not
+        in the index yet (the indexer's lag) are matched directly, with the same vector; more
+        than `SEARCH_UNINDEXED_MAX` of them are indexed first. When more records match than
+        the candidates, the ones ranked are those the index hands out first, not necessarily
+        the best of all: a more specific query narrows it."""
         validate_agent_id(agent_id)
         integer(limit, "search limit")
         if max_chars is not None:
             integer(max_chars, "max_chars", minimum=0)
-        words = sorted({w for w in _WORD.findall(query[:MAX_QUERY_CHARS].casefold()) if w})[:MAX_QUERY_WORDS]
-        if not words:
+        terms, phrase = _index.query_terms(query[:MAX_QUERY_CHARS])
+        terms = terms[:MAX_QUERY_WORDS]
+        if not terms or not limit:
             return []
-        quoted = ["'" + w.replace("'", "''").replace("\\", "\\\\") + "'" for w in words]
-        args = (agent_id, " & ".join(quoted), " | ".join(quoted), limit, max_chars)
+        quoted = [_lexeme(w) for w in terms]
+        args = (agent_id, " & ".join(quoted), " | ".join(quoted), terms, phrase, limit, max_chars)
         found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
         while found is None:  # its writers keep the lag lower: this ends
             await self.index(agent_id)
@@ -1169,23 +1207,83 @@ class PostgresStore:
         return found
 
     def _search_decoded(
-        self, conn: psycopg.Connection[Any], agent_id: str, every: str, some: str, limit: int, max_chars: int | None
+        self,
+        conn: psycopg.Connection[Any],
+        agent_id: str,
+        every: str,
+        some: str,
+        terms: list[str],
+        phrase: str | None,
+        limit: int,
+        max_chars: int | None,
     ) -> list[JournalRecord] | None:
-        """`_search_sync` and the decoding of its few rows, in one worker thread's turn."""
-        rows = self._search_sync(conn, agent_id, every, some, limit)
-        return None if rows is None else self._decode(rows, max_chars)[0]
+        """`_search_sync`, the words' rarity and the ranking of its candidates, in one worker
+        thread's turn."""
+        rows = self._search_sync(conn, agent_id, every, some, SEARCH_CANDIDATES)
+        if rows is None:
+            return None
+        if not rows:
+            return []
+        docs = [_ranked_words(bytes(row[3])) for row in rows]  # only what ranking needs is read
+        kept = [(row, doc) for row, doc in zip(rows, docs, strict=True) if doc is not None]
+        counted: dict[str, int] = {}
+        with conn.transaction():
+            total = conn.execute(
+                "SELECT seq, indexed_seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)
+            ).fetchone()
+            indexed = int(total[1]) if total else 0
+            for term in [*terms, *([phrase] if phrase else [])]:
+                tsq = " <-> ".join(_lexeme(w) for w in term.split())
+                args = {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX, "indexed": indexed}
+                row = conn.execute(self._FREQUENCY, args).fetchone()
+                counted[term] = int(row[0]) if row else 0
+            average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
+        late = [doc[0] for row, doc in kept if int(row[0]) > indexed]  # past the mark: counted among the candidates
+        for term in terms:
+            counted[term] += sum(1 for words in late if term in words)
+        if phrase is not None:
+            counted[phrase] += sum(1 for words in late if _index.holds_phrase(words, phrase))
+        n = max(int(total[0]) if total else 0, len(kept))
+        scores = _index.bm25([doc for _, doc in kept], terms, phrase, n, lambda t: counted.get(t, 0), average)
+        order = sorted(range(len(kept)), key=lambda i: (-scores[i], int(kept[i][0][0])))
+        best = [kept[i][0] for i in order[: limit + 8]]  # a few spare, should one be damaged
+        return self._decode(best, max_chars)[0][:limit]
+
+    _FREQUENCY = (
+        "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s AND seq <= %(indexed)s "
+        "AND words @@ to_tsquery('simple', %(q)s) LIMIT %(cap)s) f"
+    )
+
+    def _average_length(self, conn: psycopg.Connection[Any], agent_id: str, seq: int) -> float:
+        """The mean length in words of the agent's records, from its latest `_AVERAGE_SAMPLE`
+        (learned again when the journal grew by a tenth)."""
+        known = self._averages.get(agent_id)
+        if known is not None and seq - known[0] <= max(64, known[0] // 10):
+            return known[1]
+        rows = conn.execute(
+            "SELECT seq, 0, 0, message, crc FROM cmdc_records WHERE agent_id = %s ORDER BY seq DESC LIMIT %s",
+            (agent_id, _AVERAGE_SAMPLE),
+            binary=True,
+        ).fetchall()
+        sample = self._decode(rows, _index.TEXT_CHARS)[0]
+        lengths = [len(_index.tokens(_index.record_text(r.message))) for r in sample]
+        average = sum(lengths) / len(lengths) if lengths else 1.0
+        if len(self._averages) > 10_000:
+            self._averages.clear()
+        self._averages[agent_id] = (seq, average)
+        return average
 
     # The candidates: those the index finds among the records up to `indexed_seq`, and those
     # past it (not indexed yet: the indexer's lag, a batch or so), matched by the same vector.
     _CANDIDATES = (
         "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
-        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(s.words, q) AS rank FROM cmdc_search s "
+        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank_cd(s.words, q, 1) AS rank FROM cmdc_search s "
         "JOIN cmdc_records r ON r.agent_id = s.agent_id AND r.seq = s.seq "
         "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
         "to_tsquery('simple', %(q)s) q WHERE s.agent_id = %(agent)s AND s.seq <= %(indexed)s "
         "AND s.words @@ {match} {extra}LIMIT %(cap)s) "
         "UNION ALL "
-        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank(v.words, q) AS rank FROM cmdc_records r "
+        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank_cd(v.words, q, 1) AS rank FROM cmdc_records r "
         "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
         "to_tsquery('simple', %(q)s) q, LATERAL (SELECT "
         + _VECTOR.format(r="r").replace("{", "{{").replace("}", "}}")  # formatted again below

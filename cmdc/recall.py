@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import re
-import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from operator import attrgetter
@@ -237,12 +236,11 @@ def recall_tool(
     integer(budget_tokens, "recall budget_tokens", minimum=MIN_BUDGET)
     if isinstance(store, OffloadStore):
         journal = str(store.path_for(agent_id))  # ConfigError for an unsafe agent id, before any call
-        most = sys.maxsize  # a file journal is scanned whole anyway
     elif isinstance(store, Store):
         journal = store.location(agent_id)
-        most = 10_000  # a database answers what is asked: ask for a bounded list
     else:
         raise ConfigError(f"recall needs an OffloadStore or a store, got {store!r:.80}")
+    most = 10_000  # both stores answer what is asked from an index: ask for a bounded list
     # A store that can cut texts hands over no more of a record than a budget can show (plus
     # one character, so a cut record still counts as too large): a huge record's text is never
     # built whole. The output is the same as from whole records.
@@ -257,12 +255,12 @@ def recall_tool(
     async def search(query: str, limit: int) -> str:
         hits = _originals_first(await store.search(agent_id, query, limit=most, **cut))
         if not hits:
-            records = await store.records(agent_id, **cut)
-            if not records:
+            count, span = await extent()
+            if not count:
                 return nothing_yet()
             return (
-                f"No records match {_quote(query)} in the journal ({len(records)} records, "
-                f"{_span(records)}). Try other words: a synonym, a file name, an identifier or a number, "
+                f"No records match {_quote(query)} in the journal ({count} records, "
+                f"{span}). Try other words: a synonym, a file name, an identifier or a number, "
                 "or fewer words; or read a range of records named in the conversation summary (first, last)."
             )
         candidates, beyond = hits[:limit], [r.seq for r in hits[limit:]]
@@ -287,15 +285,30 @@ def recall_tool(
         # Bounded by the budget: a record larger than it is neither encoded nor copied whole.
         return render_records(intro, records, budget_tokens=budget_tokens, journal=journal, footer=footer)
 
-    async def read(first: int, last: int) -> str:
+    async def extent() -> tuple[int, str]:
+        """How many records the journal holds and their span ("first-last"): from the file
+        store's index when it has one (nothing read), else from the records."""
+        known = getattr(store, "extent", None)
+        if known is not None:
+            ext = await known(agent_id)
+            return ext.records, f"{ext.first_seq}-{ext.last_seq}"
         records = await store.records(agent_id, **cut)
-        if not records:
+        return len(records), (_span(records) if records else "")
+
+    async def read(first: int, last: int) -> str:
+        if hasattr(store, "extent"):  # the index gives the range and the span: nothing else is read
+            chosen = await store.read_range(agent_id, first, last, **cut)
+            count, span = await extent()
+        else:
+            records = await store.records(agent_id, **cut)
+            seq = attrgetter("seq")  # records come in seq order: the range is found by bisection
+            chosen = records[bisect.bisect_left(records, first, key=seq) : bisect.bisect_right(records, last, key=seq)]
+            count, span = len(records), (_span(records) if records else "")
+        if not count:
             return nothing_yet()
-        seq = attrgetter("seq")  # records come in seq order: the range is found by bisection
-        chosen = records[bisect.bisect_left(records, first, key=seq) : bisect.bisect_right(records, last, key=seq)]
         if not chosen:
-            return f"No records in {first}-{last}: the journal holds records {_span(records)}."
-        intro = f"Records {first}-{last} of the journal (it holds records {_span(records)}):"
+            return f"No records in {first}-{last}: the journal holds records {span}."
+        intro = f"Records {first}-{last} of the journal (it holds records {span}):"
 
         def footer(not_shown: list[int]) -> str | None:
             if not not_shown:

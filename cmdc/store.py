@@ -62,7 +62,7 @@ from ._stores import shared_store
 from .checkpoint import CheckpointStore
 from .errors import ConfigError, NameLeased, StoreUnavailable
 from .message import Message
-from .offload import AppendResult, JournalRecord, JournalReport, OffloadStore
+from .offload import AppendResult, JournalExtent, JournalRecord, JournalReport, OffloadStore
 from .state import State, validate_agent_id
 
 if TYPE_CHECKING:
@@ -217,6 +217,14 @@ class FileStore:
         self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
     ) -> list[JournalRecord]:
         return await self.journal.search(agent_id, query, limit, max_chars=max_chars)
+
+    async def last_records(self, agent_id: str, n: int, *, max_chars: int | None = None) -> list[JournalRecord]:
+        """`OffloadStore.last_records`: the last `n` records, read through the journal's index."""
+        return await self.journal.last_records(agent_id, n, max_chars=max_chars)
+
+    async def extent(self, agent_id: str) -> JournalExtent:
+        """`OffloadStore.extent`: record count, first and last numbers, compactions (no record read)."""
+        return await self.journal.extent(agent_id)
 
     async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool:
         return await self.journal.commit(agent_id, attempts, expect=expect)

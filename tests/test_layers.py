@@ -58,7 +58,7 @@ def test_the_extractive_summarizer_is_the_same_object_everywhere() -> None:
 LAYERS = {
     0: "message state errors tokens events groups report synthetic _check _clip _frozen _fs _trio _version _search"
     " _bigjson _redact _mcp_reaper",
-    1: "plugins compaction providers offload _stores store postgres checkpoint tools recall tracing otel mcp"
+    1: "plugins compaction providers offload _index _stores store postgres checkpoint tools recall tracing otel mcp"
     " compact_tool rehydrate _mcp_stdio",
     2: "agent runtime bus ray",
     3: "cli _demo _chatfile __init__ __main__ ui",

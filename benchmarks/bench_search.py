@@ -1,0 +1,168 @@
+"""Issue 28's figures for the file store's index: python -m benchmarks.bench_search [--records N]
+
+- search p50/p99 over one agent's journal of N records (default 1,000,000; two random words of
+  the journal per query, as bench_store), the index built;
+- the index built from scratch: records per second;
+- `cmdc history DIR AGENT --limit 3` and `--range A B` on a journal of about 121 MB (in-process
+  wall time of the command, the index built; and the first call, which builds it);
+- recall of 3 records: journal bytes read (flat, whatever the size).
+
+The journals are written once into a temp directory with the store's own batched append (no
+index while writing) and reused by every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from benchmarks.bench_store import journal_messages, percentile
+from cmdc import Message, OffloadStore, _index
+from cmdc.cli import main as cli_main
+
+HISTORY_MB = 121
+
+
+async def _fill(root: Path, agent: str, records: int) -> list[str]:
+    """Write `records` records (batches of 10,000); return words that are in the journal."""
+    store = OffloadStore(root, index=False)
+    seen: list[str] = []
+    for batch in journal_messages(records):
+        await store.append(agent, batch, compaction=1)
+        seen += batch[0].text.split()
+    return seen
+
+
+async def _fill_mb(root: Path, agent: str, megabytes: int) -> int:
+    """Write a journal of about `megabytes` MB of session-like records (1-2 kB each)."""
+    store = OffloadStore(root, index=False)
+    rnd = random.Random(5)
+    n = 0
+    while store.path_for(agent).exists() is False or store.path_for(agent).stat().st_size < megabytes * 1_000_000:
+        batch = [
+            Message.user(
+                f"turn {n + i}: " + " ".join(f"w{rnd.randrange(50_000)}" for _ in range(rnd.randrange(150, 300)))
+            )
+            for i in range(1_000)
+        ]
+        await store.append(agent, batch, compaction=1 + n // 1_000)
+        n += len(batch)
+    return n
+
+
+def _quiet_cli(argv: list[str]) -> float:
+    out = io.StringIO()
+    t = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(argv)
+    took = time.perf_counter() - t
+    if code != 0:
+        raise RuntimeError(f"cmdc {' '.join(argv)} exited {code}: {out.getvalue()[-300:]}")
+    return took
+
+
+async def _search_figures(root: Path, records: int, queries: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    seen = await _fill(root, "big", records)
+    fill = time.perf_counter() - t0
+    store = OffloadStore(root)
+    journal = store.path_for("big")
+    with contextlib.suppress(FileNotFoundError):
+        _index.index_path(journal).unlink()
+    t1 = time.perf_counter()
+    ext = await store.extent("big")  # builds the index from scratch
+    build = time.perf_counter() - t1
+    assert ext.records == records, ext
+    rnd = random.Random(11)
+    times = []
+    for _ in range(queries):
+        query = f"{rnd.choice(seen)} {rnd.choice(seen)}"
+        t = time.perf_counter()
+        hits = await store.search("big", query, limit=10)
+        times.append(time.perf_counter() - t)
+        if not hits:
+            raise RuntimeError(f"search for {query!r} found nothing")
+    return {
+        "records": records,
+        "journal_bytes": journal.stat().st_size,
+        "index_bytes": _index.index_path(journal).stat().st_size,
+        "fill_s": fill,
+        "build_s": build,
+        "build_per_s": records / build,
+        "p50": percentile(times, 0.5),
+        "p99": percentile(times, 0.99),
+        "queries": queries,
+    }
+
+
+async def _history_figures(root: Path, megabytes: int) -> dict[str, Any]:
+    n = await _fill_mb(root, "h", megabytes)
+    size = OffloadStore(root).path_for("h").stat().st_size
+    first = await trio.to_thread.run_sync(_quiet_cli, ["history", str(root), "h", "--limit", "3"])
+    limit = sorted(
+        [await trio.to_thread.run_sync(_quiet_cli, ["history", str(root), "h", "--limit", "3"]) for _ in range(5)]
+    )
+    mid = n // 2
+    rng = sorted(
+        [
+            await trio.to_thread.run_sync(_quiet_cli, ["history", str(root), "h", "--range", str(mid), str(mid + 1)])
+            for _ in range(5)
+        ]
+    )
+    _index.READS.update(bytes=0, records=0)
+    from cmdc.recall import recall_tool
+
+    await recall_tool(OffloadStore(root), "h").run({"first": mid, "last": mid + 2})
+    return {
+        "history_records": n,
+        "history_bytes": size,
+        "history_first_s": first,
+        "history_limit_s": limit[2],
+        "history_range_s": rng[2],
+        "recall_bytes_read": _index.READS["bytes"],
+    }
+
+
+def measure(records: int = 1_000_000, queries: int = 200, history_mb: int = HISTORY_MB) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = trio.run(_search_figures, Path(tmp) / "s", records, queries)
+    with tempfile.TemporaryDirectory() as tmp:
+        out.update(trio.run(_history_figures, Path(tmp) / "h", history_mb))
+    return out
+
+
+def report(f: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            f"file store search over {f['records']:,} records ({f['journal_bytes'] / 1e6:,.0f} MB journal, "
+            f"{f['index_bytes'] / 1e6:,.0f} MB index): p50 {f['p50'] * 1e3:.2f} ms, p99 {f['p99'] * 1e3:.2f} ms "
+            f"({f['queries']} queries; target p99 < 20 ms)",
+            f"index built from scratch: {f['build_s']:.1f} s, {f['build_per_s']:,.0f} records/s (target >= 100,000/s)",
+            f"history on a {f['history_bytes'] / 1e6:,.0f} MB journal ({f['history_records']:,} records): "
+            f"--limit 3 {f['history_limit_s'] * 1e3:.1f} ms, --range {f['history_range_s'] * 1e3:.1f} ms "
+            f"(target < 100 ms; the first call, building the index: {f['history_first_s']:.1f} s)",
+            f"recall of 3 records from it: {f['recall_bytes_read']:,} journal bytes read",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--history-mb", type=int, default=HISTORY_MB, help="the journal cmdc history reads")
+    args = parser.parse_args(argv)
+    print(report(measure(args.records, args.queries, args.history_mb)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""Issue 28: the file store's index beside each journal (`cmdc._index`): derived, rebuilt when
+missing, stale or damaged, never showing an uncommitted record, never on the trio thread; and
+reads that do not scan the journal (issue 26 item 8, issue 24's recall cost)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+from cmdc import Message, OffloadStore, _index
+from cmdc.cli import main
+from cmdc.events import JOURNAL_DAMAGED, JOURNAL_INDEX_REBUILT, Event
+from cmdc.offload import new_attempt_id
+from cmdc.recall import recall_tool
+
+
+def batch(n: int, start: int = 0) -> list[Message]:
+    return [Message.user(f"record {i} says word{i % 50} and item{i}") for i in range(start, start + n)]
+
+
+def index_of(store: OffloadStore, agent: str = "a") -> Path:
+    return _index.index_path(store.path_for(agent))
+
+
+async def test_the_index_is_a_0600_file_beside_the_journal_and_follows_appends(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(20), compaction=1)
+    assert [r.seq for r in await store.search("a", "item7", 3)] == [8]
+    path = index_of(store)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    for extra in [n for n in os.listdir(tmp_path) if n.startswith("a.jsonl.index-")]:
+        assert stat.S_IMODE(os.stat(tmp_path / extra).st_mode) == 0o600
+    await store.append("a", batch(5, 20), compaction=2)
+    assert [r.seq for r in await store.search("a", "item22", 3)] == [23]  # read past the mark, exact
+    ext = await store.extent("a")
+    assert (ext.records, ext.first_seq, ext.last_seq, ext.compactions) == (25, 1, 25, 2)
+
+
+async def test_the_writer_indexes_in_a_background_thread_after_the_append(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(30), compaction=1)
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
+    conn = _index.connect(store.path_for("a"), [])
+    try:
+        mark = conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0]
+    finally:
+        conn.close()
+    assert mark == store.path_for("a").stat().st_size  # indexed with no reader asking
+
+
+async def test_sqlite_never_runs_on_the_trio_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trio_thread = threading.current_thread()
+    calls: list[bool] = []
+    connect = _index.connect
+
+    def watched(journal: Path, events: list[object], known: bool = False) -> object:
+        calls.append(threading.current_thread() is trio_thread)
+        return connect(journal, events, known)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_index, "connect", watched)
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(10), compaction=1)
+    await store.search("a", "word3", 5)
+    await store.read_range("a", 2, 4)
+    await store.last_records("a", 2)
+    await store.extent("a")
+    await store.check_index("a")
+    assert calls and not any(calls)
+
+
+async def test_an_uncommitted_record_is_never_seen_through_the_index(tmp_path: Path) -> None:
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(5), compaction=1)
+    pending = await store.append("a", [Message.user("secret zebra99")], attempt=new_attempt_id(), commit=False)
+    assert await store.search("a", "zebra99") == []
+    assert [r.seq for r in await store.read_range("a", 1, 100)] == [1, 2, 3, 4, 5]
+    assert [r.seq for r in await store.last_records("a", 1)] == [5]
+    assert (await store.extent("a")).records == 5
+    await store.commit("a", pending.pending)
+    assert [r.message.text for r in await store.search("a", "zebra99")] == ["secret zebra99"]
+    assert [r.seq for r in await store.last_records("a", 1)] == [6]
+
+
+async def test_a_missing_stale_or_damaged_index_is_rebuilt_with_an_event(tmp_path: Path) -> None:
+    events: list[Event] = []
+    store = OffloadStore(tmp_path, on_event=events.append)
+    await store.append("a", batch(40), compaction=1)
+    expected = [r.seq for r in await store.search("a", "word3", 50)]
+    path = index_of(store)
+
+    def rebuilt() -> list[Event]:
+        found = [e for e in events if e.kind == JOURNAL_INDEX_REBUILT]
+        events.clear()
+        return found
+
+    rebuilt()
+    path.unlink()  # missing
+    assert [r.seq for r in await store.search("a", "word3", 50)] == expected
+    assert len(rebuilt()) == 1
+    path.write_bytes(b"SQLite format 3\x00" + os.urandom(3000))  # damaged
+    assert [r.seq for r in await store.search("a", "word3", 50)] == expected
+    (event,) = rebuilt()
+    assert "damaged" in event.data["reason"]
+    # stale: the journal replaced by another one holding other records (a repair rewrites it)
+    journal = store.path_for("a")
+    other = OffloadStore(tmp_path / "other")
+    await other.append("a", batch(3, 100), compaction=1)
+    os.replace(other.path_for("a"), journal)
+    assert [r.seq for r in await store.read_range("a", 1, 10)] == [1, 2, 3]
+    assert [r.message.text for r in await store.search("a", "item101")] == ["record 101 says word1 and item101"]
+    assert any("replaced" in e.data["reason"] for e in rebuilt())
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink"])
+async def test_a_link_planted_at_the_index_name_is_never_written_through(tmp_path: Path, kind: str) -> None:
+    events: list[Event] = []
+    store = OffloadStore(tmp_path / "s", on_event=events.append)
+    await store.append("a", batch(10), compaction=1)
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
+    path = index_of(store)
+    path.unlink()
+    target = tmp_path / "victim.db"
+    target.write_bytes(b"precious")
+    if kind == "symlink":
+        path.symlink_to(target)
+    else:
+        os.link(target, path)
+    assert [r.seq for r in await store.search("a", "item4")] == [5]
+    assert target.read_bytes() == b"precious"
+    assert not path.is_symlink() and path.stat().st_nlink == 1
+    assert any(kind.replace("link", " link") in e.data["reason"] or "symlink" in e.data["reason"] for e in events)
+
+
+async def test_a_damaged_journal_line_is_skipped_and_reported(tmp_path: Path) -> None:
+    events: list[Event] = []
+    store = OffloadStore(tmp_path, on_event=events.append)
+    await store.append("a", batch(5), compaction=1)
+    journal = store.path_for("a")
+    data = journal.read_bytes().replace(b"record 2 says", b"record 2 SAYS")
+    journal.write_bytes(data)
+    assert [r.seq for r in await store.read_range("a", 1, 10)] == [1, 2, 4, 5]
+    assert any(e.kind == JOURNAL_DAMAGED for e in events)
+
+
+async def test_reads_of_a_few_records_do_not_grow_with_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: recall of 3 records, the last 3 records and a search cost the same (bytes read,
+    records decoded) whatever the journal's size; the whole file is never read."""
+    store = OffloadStore(tmp_path)
+    recall = recall_tool(store, "a")
+
+    def whole_read(path: Path) -> bytes:
+        raise AssertionError("the whole journal was read")
+
+    costs = []
+    for size in (500, 5_000, 20_000):
+        have = (await store.extent("a")).records
+        await store.append("a", batch(size - have, have), compaction=size)
+        await store.extent("a")  # the index catches up with the append (the writer's thread may have)
+        monkeypatch.setattr(OffloadStore, "_read_sync", staticmethod(whole_read))
+        _index.READS.update(bytes=0, records=0)
+        out = await recall.run({"first": 100, "last": 102})
+        assert "record 99 says" in out and "record 101 says" in out
+        await store.last_records("a", 3)
+        await store.search("a", "item77", 3)
+        costs.append(dict(_index.READS))
+        monkeypatch.undo()
+    assert costs[0]["records"] == costs[-1]["records"] <= 10
+    assert costs[-1]["bytes"] <= costs[0]["bytes"] + 200  # a few bytes more: longer numbers in the text
+    assert costs[-1]["bytes"] < 4_000
+
+
+def test_history_limit_and_range_read_only_what_they_print(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = OffloadStore(tmp_path)
+    trio.run(store.append, "a", batch(5_000))
+    assert main(["history", str(tmp_path), "a", "--limit", "1"]) == 0  # builds the index
+    capsys.readouterr()
+    _index.READS.update(bytes=0, records=0)
+    assert main(["history", str(tmp_path), "a", "--limit", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "item4999" in out and "item4996" not in out and "5000 records from 1 compaction(s)" in out
+    assert main(["history", str(tmp_path), "a", "--range", "2500", "2501"]) == 0
+    assert "item2499" in capsys.readouterr().out
+    assert _index.READS["records"] == 5 and _index.READS["bytes"] < 2_000
+
+
+def test_history_verify_checks_the_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = OffloadStore(tmp_path)
+    trio.run(store.append, "a", batch(50))
+    assert main(["history", str(tmp_path), "a", "--verify"]) == 0
+    assert "ok (50 records)" in capsys.readouterr().out
+    conn = _index.connect(store.path_for("a"), [])
+    conn.execute("UPDATE recs SET vis = 0 WHERE seq = 7")  # the index now hides a record
+    conn.close()
+    assert main(["history", str(tmp_path), "a", "--verify"]) == 1
+    out = capsys.readouterr().out
+    assert "the index counts 49 records" in out, out
+    assert "rebuilt from the journal (50 records)" in out
+    assert main(["history", str(tmp_path), "a", "--verify"]) == 0
+    assert "ok (50 records)" in capsys.readouterr().out
