@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .errors import IndexUnavailable
+
 if TYPE_CHECKING:
     from .message import Message
 
@@ -66,11 +68,18 @@ _LONGEST_COMPOUND = 256  # characters of an identifier kept whole (a longer one 
 _COMPOUND = re.compile(r"(?<!\w)\w++(?:[/._-]++\w++)+")  # possessive, from a word's start: linear
 
 READS = {"bytes": 0, "records": 0}
+"""Bytes read and records decoded for callers (tests check reads do not scan); the background
+indexer's own reads are not counted (`counted`)."""
+_BACKGROUND = threading.local()
+
+
+def counted(kind: str, n: int) -> None:
+    """Add `n` to `READS[kind]`, unless this is the background indexer's thread."""
+    if not getattr(_BACKGROUND, "active", False):
+        READS[kind] += n
 """Journal bytes read and records decoded through the index (for tests: reads that do not scan)."""
 
 
-class IndexUnavailable(Exception):
-    """The index cannot be used (its directory is not writable, SQLite failed twice): scan."""
 
 
 # -- words -------------------------------------------------------------------------------------
@@ -328,7 +337,7 @@ def _reset(conn: sqlite3.Connection) -> None:
 def _tail_crc(fd: int, mark: int) -> int:
     start = max(0, mark - _TAIL)
     data = os.pread(fd, mark - start, start)
-    READS["bytes"] += len(data)
+    counted("bytes", len(data))
     return zlib.crc32(data)
 
 
@@ -377,7 +386,7 @@ def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
     size = min(_CHUNK, end - mark)
     while True:
         data = os.pread(fd, size, mark)
-        READS["bytes"] += len(data)
+        counted("bytes", len(data))
         cut = data.rfind(b"\n") + 1
         if cut > 0:
             return data[:cut], mark + cut
@@ -455,7 +464,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
             if attempt is None:
                 legacy.append(seq)
             deps += ((attempt or "", a) for a in deps_of)
-    READS["records"] += len(recs)
+    counted("records", len(recs))
     conn.executemany("INSERT INTO recs (seq, off, len, mid, attempt, summary, grp) VALUES (?,?,?,?,?,?,?)", recs)
     conn.executemany("INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)", words)
     conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
@@ -729,6 +738,7 @@ class Indexer:
 
         with contextlib.suppress(OSError, AttributeError):  # Linux: this thread alone yields to the others
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        _BACKGROUND.active = True
 
         while (path := self._next()) is not None:
             try:
@@ -751,5 +761,5 @@ def iter_spans(fd: int, spans: Sequence[Span]) -> Iterator[tuple[int, bytes]]:
     """Each span's line (without its newline), read from the journal at `fd`."""
     for seq, off, length in spans:
         line = os.pread(fd, length, off)
-        READS["bytes"] += len(line)
+        counted("bytes", len(line))
         yield seq, line

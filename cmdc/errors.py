@@ -88,6 +88,11 @@ class OffloadError(CmdcError):
     """Writing to or reading from the offload journal failed."""
 
 
+class IndexUnavailable(OffloadError):
+    """A journal's search and offsets index cannot be used (its directory is not writable,
+    SQLite failed twice). Internal: readers catch it and scan the journal instead."""
+
+
 class OffloadCorrupted(OffloadError):
     """A journal record is damaged (a checksum mismatch, a broken line). Readers skip damaged
     records and count them; this is raised where a damaged record cannot be skipped."""

@@ -88,7 +88,7 @@ from ._fs import (
     write_pieces,
 )
 from ._search import MAX_QUERY_CHARS, count_call_words, query_words, rank
-from .errors import ConfigError, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
+from .errors import ConfigError, IndexUnavailable, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
 from .events import (
     JOURNAL_DAMAGED,
     JOURNAL_INDEX_REBUILT,
@@ -2055,7 +2055,7 @@ class OffloadStore:
                     events.append((JOURNAL_DAMAGED, {"path": str(path), "damaged": damaged, "torn": size - end}))
                 got = query(conn)
                 return (got, fd) if fd_too else got
-        except _index.IndexUnavailable as exc:
+        except IndexUnavailable as exc:
             logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, exc)
             return None
         except sqlite3.Error:
@@ -2081,7 +2081,7 @@ class OffloadStore:
                 record = _decode_record_at(line, f"{path}: record {seq}", max_chars)
                 if record is not None:
                     out.append(record)
-            _index.READS["records"] += len(spans)
+            _index.counted("records", len(spans))
             return out
         except OSError as exc:
             raise _offload_error(path, exc, "read") from exc
