@@ -401,13 +401,20 @@ def _record_lines(
         one[-1] += _HEAD
         crcs.extend(more)
         return one + two[1:], crcs, max(longest, longer)
+    cached: list[Any] = list(map(_CACHED_CRC, messages))  # cached when the message entered its State
     try:
-        crcs = array("I", map(_CACHED_CRC, messages))  # cached when the message entered its State
+        crcs = array("I", cached)
     except TypeError:  # a message never encoded: encode it now (its JSON is cached with its checksum)
-        crcs = array("I", [m.json_crc() for m in messages])
+        cached = [m.json_crc() for m in messages]
+        crcs = array("I", cached)
     n = len(messages)
+    if n < _TABLES_FROM:  # a few records: a call or two each costs less than the tables' fixed cost
+        return _few_record_lines(first_seq, compaction, ts, messages, attempt, journal, cached, crcs)
     before = b',"compaction":%d,"ts":%s,"seq":' % (compaction, orjson.dumps(ts))
     after = b',"attempt":"%s","journal":"%s"' % (attempt.encode(), journal.encode())
+    data: list[bytes] = list(map(_CACHED_JSON, messages))  # cached with the checksum
+    pieces: list[bytes] = [_HEAD] * (_LINE_PIECES * n + 1)
+    pieces[1::_LINE_PIECES] = data
     summed = len(before) + width + len(after)  # the checksummed bytes after the message's JSON
     rest = bytearray((before + b"0" * width + after + _CRC_KEY + b"0" * 8 + _LINE_END) * n)
     step = len(rest) // n
@@ -417,11 +424,44 @@ def _record_lines(
     at = summed + len(_CRC_KEY)
     for k in range(8):
         rest[at + k :: step] = digits[k::8]
-    data: list[bytes] = list(map(_CACHED_JSON, messages))  # cached with the checksum
-    pieces: list[bytes] = [_HEAD] * (_LINE_PIECES * n + 1)
-    pieces[1::_LINE_PIECES] = data
     pieces[2::_LINE_PIECES] = _cutter(f"{step}s", n).unpack(rest)
     pieces[-1] = pieces[-1][: -len(_HEAD)]
+    return pieces, crcs, max(map(len, data))
+
+
+def _few_record_lines(
+    first_seq: int,
+    compaction: int,
+    ts: float,
+    messages: Sequence[Message],
+    attempt: str,
+    journal: str,
+    cached: list[int],
+    crcs: array[int],
+) -> tuple[list[bytes], array[int], int]:
+    """`_record_lines` of a few records (`cached`, `crcs`: their messages' checksums), in five pieces a
+    line (the JSON, the tail, the checksum's key, its digits, the line's end with the next
+    head), one formatting and one CRC call per record: the same bytes."""
+    n = len(messages)
+    const = b',"compaction":%d,"ts":%s,"seq":%%d,"attempt":"%s","journal":"%s"' % (
+        compaction,
+        orjson.dumps(ts),
+        attempt.encode(),
+        journal.encode(),
+    )
+    tails = list(map(const.__mod__, range(first_seq, first_seq + n)))
+    sums = array("I", map(zlib.crc32, tails, cached))  # each line's: its JSON's, carried on over the tail
+    if sys.byteorder == "little":
+        sums.byteswap()  # big-endian bytes: their hex is the checksum's digits
+    digits = struct.unpack("8s" * n, sums.tobytes().hex().encode())
+    data: list[bytes] = list(map(_CACHED_JSON, messages))
+    pieces = [_CRC_KEY] * (5 * n + 1)
+    pieces[0] = _HEAD
+    pieces[1::5] = data
+    pieces[2::5] = tails
+    pieces[4::5] = digits
+    pieces[5::5] = [_LINE_END] * n
+    pieces[-1] = _LINE_END[: -len(_HEAD)]
     return pieces, crcs, max(map(len, data))
 
 
@@ -507,6 +547,7 @@ def _cutter(fields: str, n: int) -> struct.Struct:
 
 
 _CACHED_CRC = attrgetter("_json_crc")
+_TABLES_FROM = 128  # records from which `_record_lines` fills a template (below: `_few_record_lines`)
 _CACHED_JSON = attrgetter("_json")
 
 
@@ -527,7 +568,10 @@ def _write_records(
         for chunk in joined(pieces, _JOIN, longest):
             write_all(fd, chunk)
             written += len(chunk)
-    return crcs, (_HEAD + b"".join(pieces[-_LINE_PIECES:]) if pieces else b""), written
+    start = len(pieces) - 1  # the last line's pieces: those after the last one ending with a head
+    while start > 0 and not pieces[start - 1].endswith(_HEAD):
+        start -= 1
+    return crcs, (_HEAD + b"".join(pieces[start:]) if pieces else b""), written
 
 
 def _in_trio(callback: Callable[[AppendResult], object], agent_id: str) -> Callable[[AppendResult], None]:

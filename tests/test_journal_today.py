@@ -37,11 +37,25 @@ def reference_lines(
 
 @pytest.mark.parametrize(
     "first, n",
-    [(1, 1), (1, 9), (1, 10), (5, 600), (9_990, 20), (99_999, 1), (99_999, 2), (10**12 - 3, 7), (987_654_321, 513)],
+    [
+        (1, 1),
+        (1, 9),
+        (1, 10),
+        (1, 127),  # the last size built a line at a time
+        (1, 128),  # the first built from the template
+        (5, 600),
+        (9_990, 20),
+        (99_950, 300),
+        (99_999, 2),
+        (10**12 - 3, 7),
+        (10**12 - 130, 260),
+        (987_654_321, 513),
+    ],
 )
 def test_lines_are_those_of_a_line_at_a_time_encoder(first: int, n: int) -> None:
-    """Across record numbers of several widths (a batch crossing 10, 10,000, 10^12), with
-    messages whose JSON was and was not cached, and checksums of every byte value."""
+    """Both builders (a few records a line at a time, more from a template), across record
+    numbers of several widths (batches crossing 10, 100, 10^5, 10^12), with messages whose
+    JSON was and was not cached."""
     messages = [Message.tool_result(f"c{i}", f"result {i} ünï \x00 {'x' * (i % 7)}") for i in range(n)]
     for m in messages[::3]:
         m.json_crc()
