@@ -439,9 +439,9 @@ def _few_record_lines(
     cached: list[int],
     crcs: array[int],
 ) -> tuple[list[bytes], array[int], int]:
-    """`_record_lines` of a few records (`cached`, `crcs`: their messages' checksums), in five pieces a
-    line (the JSON, the tail, the checksum's key, its digits, the line's end with the next
-    head), one formatting and one CRC call per record: the same bytes."""
+    """`_record_lines` of a few records (`cached`, `crcs`: their messages' checksums), in five
+    pieces a line (the JSON, the tail, the checksum's key, its digits, the line's end with the
+    next head), one formatting and one CRC call per record: the same bytes."""
     n = len(messages)
     const = b',"compaction":%d,"ts":%s,"seq":%%d,"attempt":"%s","journal":"%s"' % (
         compaction,
@@ -499,8 +499,8 @@ def _line_sums(crcs: array[int], rest: bytearray, digit_at: int, width: int, sum
     """The checksum of each line, as big-endian bytes: the CRC-32 carried on from each
     message's checksum (`crcs`) over its tail (the first `summed` bytes of each `step` of
     `rest`, all alike but for a `width`-digit number at `digit_at`). CRC-32 is affine in its
-    register and its data, so every line's is the first tail's shifted by what differs (the
-    register carried in, the digits), each a byte-wise table lookup over the whole batch
+    register and its data, so every line's is that of a tail numbered 0...0, changed by what
+    differs (the register carried in, the digits), each a byte-wise table lookup over the batch
     (`bytes.translate`), summed by XOR-ing the batch's bytes as one big integer: a few C calls
     whatever the batch's size, where a `zlib.crc32` call per line cost ~0.2 µs a record."""
     n = len(crcs)
