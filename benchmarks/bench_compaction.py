@@ -131,6 +131,101 @@ async def time_chained(root: Path, rounds: int, batch: int = 40) -> list[tuple[i
     return out
 
 
+def _cold(path: Path | None = None) -> str:
+    """Make the page cache cold: as root, write back and drop every clean page (`echo 3 >
+    /proc/sys/vm/drop_caches`); else drop the pages of `path` (POSIX_FADV_DONTNEED). Returns
+    which of the two was done."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        if path is not None and path.exists():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise"
+
+
+def bare_write(data: bytes, path: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of a bare write + fsync of `data` to the fresh file `path`."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+async def floor_row(n: int, root: Path, reps: int = 9, cold: bool = True) -> dict[str, float | int | str]:
+    """cmdc's full forced compaction of `n` messages (default Compactor, instant summarizer,
+    default trigger) against a bare write + fsync of the same bytes its journal holds (read
+    back from it: the batch, its journal line and its commit), to a fresh file in the same
+    directory, in this process; interleaved, `reps` times each, the page cache made cold
+    before each timed operation when `cold`. Medians of wall and CPU seconds."""
+    messages = conversation(n, seed=n)
+    walls: dict[str, list[float]] = {"bare": [], "cmdc": []}
+    cpus: dict[str, list[float]] = {"bare": [], "cmdc": []}
+    how, size = "warm", 0
+    for rep in range(reps):
+        agent = f"floor-{n}-{rep}"
+        state = State(agent_id=agent, messages=messages, config={"compact_offload_dir": str(root)})
+        compactor = Compactor(instant)
+        gc.collect()
+        if cold:
+            how = _cold()
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = await compactor.force_compact(state)
+        walls["cmdc"].append(time.perf_counter() - t0)
+        cpus["cmdc"].append(time.process_time() - c0)
+        assert isinstance(result, Compacted)
+        journal = root / f"{agent}.jsonl"
+        data = journal.read_bytes()
+        size = len(data)
+        bare = root / f"bare-{n}-{rep}.bin"
+        if cold:
+            how = _cold(journal)
+        wall, cpu = bare_write(data, bare)
+        walls["bare"].append(wall)
+        cpus["bare"].append(cpu)
+        del data
+        journal.unlink()
+        bare.unlink()
+    out: dict[str, float | int | str] = {"messages": n, "bytes": size, "cache": how if cold else "warm"}
+    for kind in ("bare", "cmdc"):
+        out[f"{kind}_wall"] = statistics.median(walls[kind])
+        out[f"{kind}_cpu"] = statistics.median(cpus[kind])
+    out["ratio"] = float(out["cmdc_wall"]) / float(out["bare_wall"])
+    return out
+
+
+async def floor_table(sizes: Sequence[int], reps: int = 9, cold: bool = True) -> None:
+    """Prints, per size, the bare write+fsync floor, cmdc's compaction and their ratio."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\nthe disk floor: bare write+fsync of the journal's bytes vs one force_compact (median of {reps},")
+    print(f"interleaved, default Compactor, instant summarizer; load average {load:.1f} at the start)")
+    print(
+        f"{'messages':>9} {'MB':>6} {'cache':>12} {'bare wall':>10} {'bare cpu':>9} {'cmdc wall':>10}"
+        f" {'cmdc cpu':>9} {'ratio':>6} {'target':>7} {'load':>5}"
+    )
+    with tempfile.TemporaryDirectory(dir=os.environ.get("CMDC_BENCH_DIR")) as tmp:
+        for n in sizes:
+            row = await floor_row(n, Path(tmp), reps, cold)
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+            print(
+                f"{n:>9} {int(row['bytes']) / 1e6:>6.1f} {row['cache']!s:>12} {float(row['bare_wall']) * 1e3:>10.1f}"
+                f" {float(row['bare_cpu']) * 1e3:>9.1f} {float(row['cmdc_wall']) * 1e3:>10.1f}"
+                f" {float(row['cmdc_cpu']) * 1e3:>9.1f} {float(row['ratio']):>6.2f} {'<= 2':>7} {load:>5.1f}"
+            )
+
+
 async def default_table(
     sizes: Sequence[int], reps: int, rounds: int, summarizers: Sequence[bool] = (False, True)
 ) -> None:
@@ -239,7 +334,12 @@ async def measure(
     return Figures(out, prepare, append, append_base, offloads)
 
 
-async def main(quick: bool, default_only: bool = False, rounds: int | None = None, only: str = "both") -> None:
+async def main(
+    quick: bool, default_only: bool = False, rounds: int | None = None, only: str = "both", floor: bool = False
+) -> None:
+    if floor:
+        await floor_table((1_000, 10_000) if quick else (10_000, 50_000), 3 if quick else 9)
+        return
     if default_only:
         sizes = (1_000, 10_000) if quick else (1_000, 10_000, 50_000)
         kinds = {"both": (False, True), "instant": (False,), "extractive": (True,)}[only]
@@ -264,6 +364,7 @@ async def main(quick: bool, default_only: bool = False, rounds: int | None = Non
     print("  " + "  ".join(f"#{i + 1}: {t * 1e3:.1f}" for i, t in enumerate(offloads)))
     print(f"  5th / 1st: {offloads[-1] / offloads[0]:.2f}")
     await default_table(sizes, 3, 100 if quick else 1_000)
+    await floor_table((1_000, 10_000) if quick else (10_000, 50_000), 3 if quick else 9)
 
 
 if __name__ == "__main__":
@@ -272,5 +373,6 @@ if __name__ == "__main__":
     parser.add_argument("--default-only", action="store_true", help="only the default-Compactor figures")
     parser.add_argument("--rounds", type=int, default=None, help="chained compactions (default 1,000)")
     parser.add_argument("--summarizer", choices=("both", "instant", "extractive"), default="both")
+    parser.add_argument("--floor", action="store_true", help="only the disk-floor row (bare write+fsync vs cmdc)")
     args = parser.parse_args()
-    trio.run(main, args.quick, args.default_only, args.rounds, args.summarizer)
+    trio.run(main, args.quick, args.default_only, args.rounds, args.summarizer, args.floor)

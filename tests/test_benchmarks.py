@@ -227,3 +227,22 @@ def test_the_context_economy_benchmark_prints_its_policies(capsys: pytest.Captur
     for policy in context_economy.POLICIES:
         assert f"context_economy: {policy}" in out
     assert "prefix breaks" in out and "summarizer calls" in out and "retention" in out
+
+
+def test_the_floor_row_compares_a_compaction_with_a_bare_write_of_its_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import trio
+
+    from benchmarks import bench_compaction
+
+    row = trio.run(bench_compaction.floor_row, 300, tmp_path, 3, False)
+    assert row["messages"] == 300 and row["cache"] == "warm"
+    assert int(row["bytes"]) > 300 * 100  # the journal's bytes: the batch and its lines
+    assert float(row["ratio"]) == float(row["cmdc_wall"]) / float(row["bare_wall"])
+    assert list(tmp_path.iterdir()) == []  # each journal and bare file removed after its rep
+    trio.run(bench_compaction.floor_table, (300,), 1, False)
+    out = capsys.readouterr().out
+    assert "bare write+fsync of the journal's bytes vs one force_compact" in out
+    cells = out.splitlines()[-1].split()
+    assert cells[0] == "300" and cells[2] == "warm" and cells[-3] != "nan"

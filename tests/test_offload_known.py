@@ -87,7 +87,7 @@ def test_known_answers_as_a_plain_dict_would(ops: list[tuple[str, Any]], crc_see
 
 
 def test_record_pieces_join_to_the_lines_of_one_piece_each() -> None:
-    """Two pieces a line (the message, then the line's end and the next line's head): joined,
+    """Pieces a line (the message, then the rest of the line and the next line's head): joined,
     the same bytes as each line built on its own; a message never encoded is encoded."""
     messages = [Message.user(f"hello {i}") for i in range(5)]
     messages[2].json_crc()
