@@ -33,7 +33,8 @@ def test_python_m_benchmarks_prints_one_table() -> None:
     assert text.startswith("cmdc benchmarks (smoke;")
     header = text.splitlines()[1]
     assert header.split() == ["benchmark", "figure", "value", "target", "result"]
-    for figure in ("should_compact, 1,000 msgs", "offload #5 / #1", "RSS per idle agent", "compaction #1: task"):
+    figures = ("should_compact, 1,000 msgs", "offload #5 / #1", "RSS per idle agent", "probes in context, worst of")
+    for figure in figures:
         assert figure in text
     assert "ERROR" not in text
     assert "targets met" in text or "MISSED" in text
