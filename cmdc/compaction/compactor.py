@@ -61,6 +61,7 @@ from .summary import Summarizer, pointer_message
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
 _CACHED_TOKENS = attrgetter("_tokens")
+_LEDGER_INLINE = 200  # past this many evicted messages the ledger is read in a worker thread
 
 Reason = Literal["auto", "forced", "manual"]
 T = TypeVar("T")
@@ -430,7 +431,11 @@ class Compactor:
         async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
             task = self._kept_task(state, split)
             estimated = evicted_tokens if self.options.token_counter is None else None
-            ledger = _ledger(split, written, min(budget, evicted_tokens // 2))
+            cap = min(budget, evicted_tokens // 2)
+            if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
+                ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
+            else:
+                ledger = _ledger(split, written, cap)
             users, answer = ledger_shares(budget, user_budget, answer_budget, ledger)
             summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)

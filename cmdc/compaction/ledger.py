@@ -22,6 +22,7 @@ journal records (`recall` reads them back), never dropped silently.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -51,6 +52,10 @@ and the summarizer's answer)."""
 
 OPEN, DOING, DONE = "open", "doing", "done"
 _STATUS_MARK = {DOING: "[current step]", OPEN: "[ ]", DONE: "[x]"}
+
+READ_MESSAGES = 1_000
+"""The most evicted messages one compaction reads for the ledger (the newest); older ones (a
+huge first compaction) are named by their journal records in every section's pointer line."""
 
 _MAX_POINTER_RANGES = 8  # a section's pointer line names at most this many record ranges
 _TEXT_BYTES = {VALUE: 280, DECISION: 280, ARTIFACT: 200, ERROR: 240, TASK: 200}
@@ -126,7 +131,7 @@ class Ledger:
 
 # -- what a message says -------------------------------------------------------------------------
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9`])|\n+")
+_SENTENCE = re.compile(r"(?<=[.!?]) +(?=[\"'(\[A-Z0-9`])|\n+")
 _NUMBER = re.compile(r"\d")
 _QUOTED = re.compile(r"`[^`\n]{1,80}`|\"[^\"\n]{1,80}\"|\u201c[^\u201d\n]{1,80}\u201d|(?<!\w)'[^'\n]{1,80}'(?!\w)")
 _PATHLIKE = re.compile(r"(?<![\w@])(?:~|\.{1,2})?/?[\w.-]+/[\w./-]+|\b[\w-]+\.[a-z]{1,5}\b(?!\.\w)|https?://\S+")
@@ -143,6 +148,19 @@ _DECIDED = re.compile(
     r"(?i)\b(?:decid(?:e|ed|ing)|decision|chose|chosen|settled? on|went with|opted for|"
     r"standardi[sz](?:e|ed|ing) on|agreed on)\b"
 )
+_DECIDED_WORDS = ("decid", "decision", "chose", "chosen", "settle", "went with", "opted", "standardi", "agreed on")
+_REASON_WORDS = (
+    "because", "since", " as ", "so that", "so we", "so it", "so the", "due to", "given", "avoid", "keep",
+    "which ", "otherwise", "rather than", "instead of", "reason", "option", "alternative", "trade", "versus", "vs",
+)  # fmt: skip
+
+
+def _may_decide(text: str) -> bool:
+    """A quick test of a whole message (substrings, no regex) before its sentences are read."""
+    low = text.lower()
+    return any(w in low for w in _DECIDED_WORDS) or any(w in low for w in _REASON_WORDS)
+
+
 _CHOICE = re.compile(
     r"(?i)\b(?:decid\w*|decision|chose|choose|chosen|choosing|go(?:ing)? with|went with|opt(?:ed|ing)? for|"
     r"settle[ds]? on|settling on|going with|pick(?:ed|ing)?|prefer(?:red|ring)?|switch(?:ed|ing)? to|"
@@ -162,8 +180,9 @@ _PLAN = re.compile(
 )
 _ERROR_LINE = re.compile(
     r"Traceback|[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bFAILED\b|\bFAIL\b|\berror(?:\[\w+\])?:|\bfatal:|"
-    r"\bpanic(?:ked)?\b|\bexit (?:code|status) [1-9]|\bE\d{3,5}\b"
+    r"\bpanic(?:ked)?\b|\bexit (?:code|status) [1-9]"
 )
+_ERROR_WORDS = ("rror", "xception", "FAIL", "atal:", "panic", "Traceback", "exit code", "exit status")
 _ERROR_CODE = re.compile(r"\[[A-Z]*\d+\]|\b[A-Z]{1,5}-?\d{2,}\b|\b(?:code|errno|status) \d+")
 _NOT_ERROR = re.compile(r"(?i)\b(?:no|0|zero|without)\s+(?:errors?|failures?)\b")
 _OUTCOME = re.compile(
@@ -221,11 +240,14 @@ def states_something(sentence: str) -> tuple[bool, int]:
 def is_decision(sentence: str) -> bool:
     """A sentence that states a decision outright, or makes a choice and gives a reason (or
     names the alternative)."""
+    if not _may_decide(sentence):
+        return False
     if _DECIDED.search(sentence):
         return True
     return bool(_CHOICE.search(sentence)) and bool(_REASON.search(sentence))
 
 
+@functools.lru_cache(maxsize=256)
 def _action(tool: str) -> tuple[str, int]:
     for pattern, action, rank in _ACTIONS:
         if pattern.search(tool):
@@ -285,7 +307,7 @@ def _paths(call: ToolCall) -> list[str]:
 def error_lines(text: str) -> list[str]:
     """The error lines of a tool's output (the first and the last), read within a window."""
     text = _window(text, _RESULT_WINDOW)
-    if not _ERROR_LINE.search(text):
+    if not any(w in text for w in _ERROR_WORDS) or not _ERROR_LINE.search(text):
         return []
     lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln) and not _NOT_ERROR.search(ln)]
     lines = [ln for ln in lines if ln and not ln.startswith(('File "', "Traceback"))] or lines
@@ -311,33 +333,39 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
     results = {m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id}
     calls: dict[str, ToolCall] = {}
     out: list[Entry] = []
-    for m, seq in zip(messages, seqs, strict=False):
+    last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.text.strip()), default=-1)
+    for i, (m, seq) in enumerate(zip(messages, seqs, strict=False)):
         if m.is_summary or m.role == "system":
             continue
         if m.role == "tool":
             call = calls.get(m.tool_call_id or "")
             label = call.name if call is not None else "tool"
-            errors = error_lines(scrub_media(_window(m.text, _RESULT_WINDOW), f"journal record {seq}"))
+            window = _window(m.text, _RESULT_WINDOW)
+            errors = error_lines(window)
             if errors:  # one entry per result: its first and last error lines
-                said = " … ".join(errors)
+                said = _safe(" \u2026 ".join(errors), seq)
                 rank = 2 if _ERROR_CODE.search(said) else 1  # a code names this error precisely
                 out.append(Entry(ERROR, "err:" + _norm(errors[-1]), _one_line(f"{label}: {said}", ERROR), seq, rank))
-            out.extend(_checkboxes(_window(m.text, _RESULT_WINDOW), seq, own=True))
+            out.extend(_checkboxes(window, seq, own=True))
             continue
-        # media never enter the ledger as text: a placeholder names the part and its record
-        text = scrub_media(_window(m.text, _SCAN_WINDOW), f"journal record {seq}")
+        text = _window(m.text, _SCAN_WINDOW)
         if text.strip():
-            out.extend(_from_text(m.role, text, seq))
+            out.extend(_from_text(m.role, text, seq, plan=i == last_reply))
         for call in m.tool_calls:
             calls[call.id] = call
             out.extend(_from_call(call, results.get(call.id), seq))
     return out
 
 
+def _safe(text: str, seq: int) -> str:
+    """`text` with media as placeholders: they never enter the ledger as text."""
+    return scrub_media(text, f"journal record {seq}")
+
+
 def _checkboxes(text: str, seq: int, *, own: bool) -> list[Entry]:
     """Tasks from `- [ ]` / `- [x]` and `TODO:` lines; a ticked box counts only in the
     assistant's own messages and in tool results (`own`)."""
-    if "[" not in text and "TODO" not in text:
+    if "[ ]" not in text and "[x]" not in text and "[X]" not in text and "TODO" not in text:
         return []
     out: list[Entry] = []
     for line in text.splitlines():
@@ -356,28 +384,35 @@ def _checkboxes(text: str, seq: int, *, own: bool) -> list[Entry]:
     return out
 
 
-def _from_text(role: str, text: str, seq: int) -> list[Entry]:
+def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[Entry]:
+    """Decisions (any role), stated values (the user's), the to-do lines, and with `plan` the
+    plan an assistant message states (the newest one's is the last step before the summary)."""
     out = _checkboxes(text, seq, own=role == "assistant")
+    if role != "user" and not plan and not _may_decide(text):
+        return out  # nothing else to find in it: no sentence is looked at
     stated: list[str] = []
     best = 0
+    steps: list[str] = []
     for sentence in _sentences(text):
         if len(sentence) < 8:
             continue
         if is_decision(sentence):
-            out.append(Entry(DECISION, "dec:" + _norm(sentence), _one_line(sentence, DECISION), seq, 2))
+            said = _safe(sentence, seq)
+            out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, 2))
             continue
         if role == "user":
             says, rank = states_something(sentence)
             if says:
                 stated.append(sentence)
                 best = max(best, rank)
+        elif plan and not steps and _PLAN.match(sentence):
+            steps.append(sentence)
     if stated:
-        joined = " ".join(stated)
+        joined = _safe(" ".join(stated), seq)
         out.append(Entry(VALUE, "val:" + _norm(joined), _one_line(joined, VALUE), seq, best))
-    if role == "assistant":
-        plan = next((s for s in _sentences(text) if _PLAN.match(s) and not is_decision(s)), None)
-        if plan is not None:
-            out.append(Entry(TASK, "step", _one_line(f"last stated plan: {plan}", TASK), seq, 2, DOING))
+    if steps:
+        step = _safe(steps[0], seq)
+        out.append(Entry(TASK, "step", _one_line(f"last stated plan: {step}", TASK), seq, 2, DOING))
     return out
 
 
@@ -472,7 +507,24 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
         for kind, ranges in earlier.demoted.items():
             demoted[kind] = _coalesce([*demoted.get(kind, ()), *ranges])
         ledger = Ledger(ledger.entries, demoted)
-    return merge(ledger, observe(messages, seqs))
+    start = _first_read(messages)
+    if start > 0:  # too many to read in one compaction: the older ones are named by their records
+        unread = [s for m, s in zip(messages[:start], seqs[:start], strict=False) if not m.is_summary and s > 0]
+        if unread:
+            demoted = dict(ledger.demoted)
+            for kind in SECTIONS:
+                demoted[kind] = _coalesce([*demoted.get(kind, ()), (min(unread), max(unread))])
+            ledger = Ledger(ledger.entries, demoted)
+    return merge(ledger, observe(messages[start:], seqs[start:]))
+
+
+def _first_read(messages: Sequence[Message]) -> int:
+    """Where the messages read start: at most `READ_MESSAGES` of the newest, never between a
+    tool call and its results (the read part starts at a user or assistant message)."""
+    start = max(0, len(messages) - READ_MESSAGES)
+    while 0 < start < len(messages) and messages[start].role == "tool":
+        start -= 1
+    return start
 
 
 # -- within a budget ----------------------------------------------------------------------------
@@ -549,7 +601,7 @@ def fit(ledger: Ledger, max_bytes: int) -> Ledger:
     order = sorted(range(len(ledger.entries)), key=lambda i: (ledger.entries[i].rank, ledger.entries[i].seq, i))
     reserve = sum(len(pointer_line(((10**9, 10**9),) * _MAX_POINTER_RANGES)) + 1 for _ in SECTIONS)
     sizes = [utf8_len(e.line()) + 1 for e in ledger.entries]
-    total = sum(sizes) + sum(len(h) + 5 for h in SECTIONS.values())
+    total = sum(sizes) + sum(len(h) + 8 for h in SECTIONS.values())
     gone: set[int] = set()
     for i in order:  # a first cut, by an upper bound of the pointer lines' size
         if total + reserve <= max_bytes:
@@ -557,12 +609,19 @@ def fit(ledger: Ledger, max_bytes: int) -> Ledger:
         gone.add(i)
         total -= sizes[i]
     result = _demote(ledger, gone)
-    for i in order:  # then exactly
-        if _size(result) <= max_bytes:
-            break
-        if i not in gone:
+    size = _size(result)
+    rest = iter(i for i in order if i not in gone)
+    while size > max_bytes:  # then exactly: enough more demoted to cover the overshoot, measured again
+        over = size - max_bytes
+        for i in rest:
             gone.add(i)
-            result = _demote(ledger, gone)
+            over -= sizes[i]
+            if over <= 0:
+                break
+        else:
+            break
+        result = _demote(ledger, gone)
+        size = _size(result)
     return result
 
 
@@ -599,6 +658,7 @@ __all__ = [
     "ERROR",
     "LEDGER_KEY",
     "LEDGER_SHARE",
+    "READ_MESSAGES",
     "OPEN",
     "SECTIONS",
     "TASK",
