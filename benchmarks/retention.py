@@ -9,10 +9,10 @@ compaction each probe that applies is scored at two levels:
   5 for the probe's natural query (only probes whose source message is in the journal).
 
 One table per summarizer (the offline default, a custom one that claims every task is done,
-and a model through the llama.cpp e2e server when it is cached and `CMDC_E2E` is not 0) and
-per configuration.
+and with `--model-turns N` a model through the llama.cpp e2e server when it is cached and
+`CMDC_E2E` is not 0) and per configuration.
 
-Run: python -m benchmarks.retention [--turns 400] [--seed 0] [--no-recall]
+Run: python -m benchmarks.retention [--turns 400] [--seed 0] [--no-recall] [--model-turns 40]
 """
 
 from __future__ import annotations
@@ -248,23 +248,33 @@ def met(scores: Sequence[Score]) -> dict[str, bool]:
     return out
 
 
-def llama_summarizer() -> tuple[Any, Any] | None:
-    """(a context manager starting the e2e server, a function of the server giving a summarizer)
-    when the llama.cpp server is cached and `CMDC_E2E` is not 0; else None."""
+def llama_missing() -> str | None:
+    """Why the llama.cpp e2e server cannot summarize here (None: it can)."""
     if os.environ.get("CMDC_E2E") == "0":
-        return None
+        return "CMDC_E2E=0"
     try:
         from tests.e2e import llama_server
     except ImportError:
-        return None
-    if llama_server.missing() is not None:
-        return None
-    from cmdc.providers import OpenAIProvider
+        return "tests.e2e is not importable (run from the repository)"
+    return llama_server.missing()
 
-    def provider(server: Any) -> Any:
-        return OpenAIProvider(model="smollm2", base_url=server.base_url + "/v1", api_key="none")
 
-    return llama_server.cached_server, provider
+async def model_table(session: Session, out: Callable[[str], None]) -> list[Score]:
+    """The session summarized by SmolLM2-135M through the llama.cpp e2e server (2,048-token
+    window, chunks rolled forward; the offline summarizer as the fallback, as an agent has)."""
+    from benchmarks.e2e_llama import provider
+    from cmdc.providers import ExtractiveSummarizer
+    from tests.e2e import llama_server
+
+    with llama_server.cached_server() as server, tempfile.TemporaryDirectory() as tmp:
+        model = provider(server.url, "openai", False, max_output_tokens=256)
+        compactor = Compactor(
+            model, summarizer_window=llama_server.CONTEXT, retries=1, fallbacks=[ExtractiveSummarizer()]
+        )
+        scores = await replay(session, compactor, tmp, recall=False)
+    out("")
+    out(table(f"SmolLM2-135M (llama.cpp), {len(session.turns)} turns; default, trigger 12k", scores))
+    return scores
 
 
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -274,7 +284,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 async def run_all(
-    turns: int, seed: int, recall: bool, out: Callable[[str], None] = print, recall_every: int = 10
+    turns: int,
+    seed: int,
+    recall: bool,
+    out: Callable[[str], None] = print,
+    recall_every: int = 10,
+    model_turns: int = 0,
 ) -> list[Score]:
     """Every table; returns the default summarizer's scores in the default configuration. The
     recall level (a search per evicted probe) is scored in the first configuration only, after
@@ -300,9 +315,11 @@ async def run_all(
                 main = scores
             out("")
             out(table(f"{name}; {config_name}", scores))
-    llama = llama_summarizer()
-    if llama is None:
-        out("\nmodel summarizer (llama.cpp e2e server): skipped, not cached (python -m tests.e2e.llama_server fetch)")
+    why = llama_missing()
+    if why is not None:
+        out(f"\nmodel summarizer (llama.cpp e2e server): skipped: {why}")
+    elif model_turns:
+        await model_table(generate(seed, model_turns), out)
     return main
 
 
@@ -312,8 +329,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-recall", action="store_true", help="context level only (faster)")
     parser.add_argument("--recall-every", type=int, default=10, help="score the recall level every N compactions")
+    parser.add_argument(
+        "--model-turns",
+        type=int,
+        default=0,
+        help="also a session of this many turns summarized by the llama.cpp e2e server's model (slow: minutes "
+        "per compaction on 2 cores; needs python -m tests.e2e.llama_server fetch)",
+    )
     args = parser.parse_args(argv)
-    scores = trio.run(run_all, args.turns, args.seed, not args.no_recall, print, args.recall_every)
+    scores = trio.run(run_all, args.turns, args.seed, not args.no_recall, print, args.recall_every, args.model_turns)
     print(f"\ntargets (default summarizer, default configuration): {met(scores)}")
     return 0
 

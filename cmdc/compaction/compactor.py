@@ -62,6 +62,7 @@ from .summary import Summarizer, pointer_message
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
 _CACHED_TOKENS = attrgetter("_tokens")
 _LEDGER_INLINE = 200  # past this many evicted messages the ledger is read in a worker thread
+_LEDGER_MARGIN = 64  # tokens of what is evicted the summary's header and headings may take
 
 Reason = Literal["auto", "forced", "manual"]
 T = TypeVar("T")
@@ -431,12 +432,12 @@ class Compactor:
         async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
             task = self._kept_task(state, split)
             estimated = evicted_tokens if self.options.token_counter is None else None
-            cap = min(budget, evicted_tokens // 2)
+            cap = min(budget, evicted_tokens - _LEDGER_MARGIN)
             if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
                 ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
             else:
                 ledger = _ledger(split, written, cap)
-            users, answer = ledger_shares(budget, user_budget, answer_budget, ledger)
+            users, answer = ledger_shares(cap, user_budget, answer_budget, ledger)
             summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
             return summary, list(_tag_summaries(inserted, written))  # here, while the fsync runs
@@ -846,7 +847,7 @@ class Compactor:
 def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     """The session ledger after this compaction: the evicted summaries' ledgers merged with what
     the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
-    or half of what is evicted when that is smaller: the compaction stays a contraction)."""
+    or what is evicted when that is smaller: the compaction stays a contraction)."""
     seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
     ledger = carry((m for m in split.evicted if m.is_summary), split.evicted, seqs)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))

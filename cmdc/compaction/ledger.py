@@ -592,13 +592,19 @@ def _size(ledger: Ledger) -> int:
     return utf8_len(render(ledger))
 
 
+_WEIGHT = {ARTIFACT: 0, ERROR: 1, VALUE: 1, DECISION: 1, TASK: 2}
+"""Within a rank, which kind is demoted first: what was done to files (the files themselves
+keep it), then what was said, the open tasks last."""
+
+
 def fit(ledger: Ledger, max_bytes: int) -> Ledger:
-    """`ledger` within `max_bytes` of rendered text: the lowest-ranked, then oldest entries are
-    demoted to their section's pointer line (their journal records) until it fits. Entries
-    whose record is unknown (0) are dropped only when they are done tasks or older steps."""
+    """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries (within a rank,
+    artifacts first: see `_WEIGHT`), oldest first, are demoted to their section's pointer line
+    (their journal records) until it fits."""
     if _size(ledger) <= max_bytes:
         return ledger
-    order = sorted(range(len(ledger.entries)), key=lambda i: (ledger.entries[i].rank, ledger.entries[i].seq, i))
+    entries = ledger.entries
+    order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, _WEIGHT[entries[i].kind], entries[i].seq, i))
     reserve = sum(len(pointer_line(((10**9, 10**9),) * _MAX_POINTER_RANGES)) + 1 for _ in SECTIONS)
     sizes = [utf8_len(e.line()) + 1 for e in ledger.entries]
     total = sum(sizes) + sum(len(h) + 8 for h in SECTIONS.values())
