@@ -53,8 +53,9 @@ and the summarizer's answer)."""
 OPEN, DOING, DONE = "open", "doing", "done"
 _STATUS_MARK = {DOING: "[current step]", OPEN: "[ ]", DONE: "[x]"}
 
-READ_MESSAGES = 1_000
-"""The most evicted messages one compaction reads for the ledger (the newest); older ones (a
+READ_MESSAGES = 400
+"""The most evicted messages one compaction reads for the ledger (the newest, as many as the
+offline summarizer reads); older ones (a
 huge first compaction) are named by their journal records in every section's pointer line."""
 
 _MAX_POINTER_RANGES = 8  # a section's pointer line names at most this many record ranges
