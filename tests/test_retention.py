@@ -39,11 +39,13 @@ from cmdc.compaction.ledger import (
     ERROR,
     LEDGER_KEY,
     OPEN,
+    READ_MESSAGES,
     SECTIONS,
     TASK,
     VALUE,
     Entry,
     Ledger,
+    carry,
     fit,
     merge,
     observe,
@@ -134,6 +136,18 @@ def test_the_ledger_reads_what_structure_gives() -> None:
     assert "[PAY-17]" in text and any(e.kind == ERROR for e in entries)
     assert "## Open tasks" not in text  # no tasks: that section is left out
     assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT, ERROR))
+
+
+def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:
+    """Past `READ_MESSAGES` evicted at once, the older ones are not read but named: every
+    section's pointer covers their records."""
+    msgs = [Message.user(f"The limit for job {i} is {i * 7} seconds.") for i in range(READ_MESSAGES + 50)]
+    ledger = carry([], msgs, list(range(1, len(msgs) + 1)))
+    for kind in SECTIONS:
+        assert any(lo <= 1 and hi >= 50 for lo, hi in ledger.demoted[kind]), ledger.demoted
+    assert any(f"job {READ_MESSAGES + 49} " in e.text for e in ledger.entries)
+    assert not any("job 10 " in e.text for e in ledger.entries)
+    assert "records 1-50" in render(ledger)
 
 
 _entry = st.builds(

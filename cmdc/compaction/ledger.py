@@ -55,8 +55,8 @@ _STATUS_MARK = {DOING: "[current step]", OPEN: "[ ]", DONE: "[x]"}
 
 READ_MESSAGES = 400
 """The most evicted messages one compaction reads for the ledger (the newest, as many as the
-offline summarizer reads); older ones (a
-huge first compaction) are named by their journal records in every section's pointer line."""
+offline summarizer reads); older ones (a huge first compaction) are named by their journal
+records in every section's pointer line."""
 
 _MAX_POINTER_RANGES = 8  # a section's pointer line names at most this many record ranges
 _TEXT_BYTES = {VALUE: 280, DECISION: 280, ARTIFACT: 200, ERROR: 240, TASK: 200}
