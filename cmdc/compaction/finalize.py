@@ -145,18 +145,24 @@ def task_reference(before: bool) -> str:
 
 
 def with_ledger(text: str, ledger: Ledger | None) -> str:
-    """`text` (the summarizer's answer) with the ledger's sections first: a section of the
-    answer under a ledger heading is replaced by the ledger's (the deterministic part wins)."""
+    """`text` (the summarizer's answer) with the ledger's sections after its first section (the
+    request), before the others: a section of the answer under a ledger heading is replaced by
+    the ledger's (the deterministic part wins)."""
     if ledger is None or not (ledger.entries or ledger.demoted):
         return text
     for heading in SECTIONS.values():
         text = _without_section(text, heading)
-    return f"{render(ledger)}\n\n{text.lstrip()}"
+    text = text.strip()
+    # after the answer's first section (the request: what the summary is about), before the rest
+    first = text.find("\n## ", 1) if text.startswith("## ") else -1
+    if first < 0:
+        return f"{render(ledger)}\n\n{text}"
+    return f"{text[:first].rstrip()}\n\n{render(ledger)}\n\n{text[first:].lstrip()}"
 
 
 def default_finalize(ctx: FinalizeContext) -> list[Message]:
-    """The default post-processing: one summary message. The ledger's sections come first
-    (carried in the metadata too, for the next compaction). Nothing kept verbatim is restated:
+    """The default post-processing: one summary message. The ledger's sections come after the
+    request section (carried in the metadata too, for the next compaction). Nothing kept verbatim is restated:
     the user-messages section holds the preserved user messages (none of them kept), and when
     the task is kept the request section refers to it, where it sits."""
     users = preserved_user_messages(ctx)

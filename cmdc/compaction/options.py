@@ -173,13 +173,11 @@ class CompactorOptions:
 
 def ledger_shares(total: int, users: int, answer: int, ledger: Ledger) -> tuple[int, int]:
     """(preserved user messages' budget, the summarizer's output limit) once the session ledger
-    has its room out of `total` (the summary budget, or less when less is evicted): what it
-    leaves is shared as before, two thirds to the user messages (a smaller explicit budget
-    stays), the rest to the answer."""
+    has its room out of the summary budget `total`: what it leaves is shared as before, two
+    thirds to the user messages (a smaller explicit budget stays), the rest to the answer."""
     if not (ledger.entries or ledger.demoted):
         return users, answer
     left = max(2, total - estimate_text_tokens(render(ledger)) - 4)
-    users = min(users, total * 3 // 4)
     kept = min(users, left * 2 // 3)
     return kept, max(1, left - kept)
 
