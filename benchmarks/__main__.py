@@ -48,12 +48,13 @@ class Preset:
     rounds: int  # round trips
     turn_agents: int
     turns: int  # per agent
-    retention_rounds: int
+    retention_turns: int
     compare_sizes: tuple[int, ...]
     compare_reps: int
     compare_budget: float  # seconds of repetitions per DeepAgents check figure
     compare_series: int
     recall_records: int = 5_000  # the journal one agent recalls over, for the stall figure
+    retention_recall: bool = True  # score the recall level too (a search per evicted probe)
     store_records: int = 1_000_000  # the journal searched, file store vs PostgreSQL
     store_queries: int = 1_000  # PostgreSQL searches (the file store gets store_file_queries)
     store_file_queries: int = 2
@@ -79,14 +80,14 @@ FULL = Preset(
     20_000,
     1_000,
     20,
-    80,
+    400,
     (1_000, 10_000, 50_000),
     5,
     1.0,
     3,
 )
 QUICK = attrs.evolve(
-    Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 80, (1_000, 10_000), 3, 0.3, 2),
+    Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 400, (1_000, 10_000), 3, 0.3, 2),
     store_records=100_000,
     store_queries=200,
     search_records=100_000,
@@ -99,13 +100,14 @@ QUICK = attrs.evolve(
 # For the test suite: every code path, tiny sizes, figures meaningless (1k messages is the least
 # a compaction benchmark can use: below it the conversation stays under the 50k-token trigger).
 SMOKE = attrs.evolve(
-    Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 80, (1_000,), 2, 0.02, 1, recall_records=200),
+    Preset("smoke", (1_000,), 2, 1_000, 100, 1, 200, 300, 10, 2, 60, (1_000,), 2, 0.02, 1, recall_records=200),
     store_records=500,
     store_queries=20,
     search_records=2_000,
     search_history_mb=1,
     store_file_queries=2,
     store_compaction=1_000,
+    retention_recall=False,
     store_agents=40,
     store_resident=10,
     ui_agents=50,
@@ -213,22 +215,31 @@ def runtime_rows(p: Preset) -> list[Row]:
 
 
 def retention_rows(p: Preset) -> list[Row]:
+    session = retention.generate(0, p.retention_turns)
     with tempfile.TemporaryDirectory() as tmp:
-        checks = trio.run(lambda: retention.run_session(tmp, rounds=p.retention_rounds))
+        scores = trio.run(lambda: retention.replay(session, retention.Compactor(), tmp, recall=p.retention_recall))
     b = "retention"
-    rows = [Row(b, f"compactions in the {p.retention_rounds}-round session", str(len(checks)), "≥ 5", len(checks) >= 5)]
-    for c in checks:
-        pending = "" if c.pending is None else (", pending call kept" if c.pending else ", pending call LOST")
+    first = scores[: retention.TARGET_COMPACTIONS]
+    rows = [Row(b, f"compactions in the seeded {p.retention_turns}-turn session (trigger 12k)", str(len(scores)))]
+    for category, target in retention.TARGETS.items():
+        w = retention.worst(first, category)
         rows.append(
             Row(
                 b,
-                f"compaction #{c.compaction}: task, users, pins, ids",
-                f"{'task' if c.task else 'task LOST'}, {c.users[0]}/{c.users[1]}, {c.pins[0]}/{c.pins[1]}, "
-                f"{c.identifiers[0]}/{c.identifiers[1]}{pending}",
-                "all ✓",
-                c.ok,
+                f"{category} probes in context, worst of the first {len(first)} compactions",
+                "-" if w is None else f"{w:.0%}",
+                f"≥ {target:.0%}",
+                None if w is None else w >= target,
             )
         )
+    found = sum(s.recall[c][0] for s in first for c in retention.CATEGORIES)
+    asked = sum(s.recall[c][1] for s in first for c in retention.CATEGORIES)
+    if asked:
+        rows.append(Row(b, "evicted probes the recall tool shows in its top 5", f"{found / asked:.0%}", "100%"))
+    within = all(s.summary_tokens <= s.summary_budget for s in scores)
+    rows.append(Row(b, "every summary within its budget", "yes" if within else "no", "yes", within))
+    pending = all(s.pending_kept is not False for s in scores)
+    rows.append(Row(b, "the pending task stays pending", "yes" if pending else "no", "yes", pending))
     return rows
 
 

@@ -37,7 +37,7 @@ def test_python_m_benchmarks_prints_one_table() -> None:
         "should_compact, 1,000 msgs",
         "offload #5 / #1",
         "RSS per idle agent",
-        "compaction #1: task",
+        "probes in context, worst of",
         "agents page, 50 live agents, server time",
     ):
         assert figure in text

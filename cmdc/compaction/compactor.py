@@ -55,11 +55,14 @@ from .clip import clipped_result, contract, reduced, trailing_tool_results
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .finalize import Finalize, FinalizeContext, run_finalize
-from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions
+from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
+from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares
 from .summary import Summarizer, pointer_message
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
 _CACHED_TOKENS = attrgetter("_tokens")
+_LEDGER_INLINE = 200  # past this many evicted messages the ledger is read in a worker thread
+_LEDGER_MARGIN = 64  # tokens of what is evicted the summary's header and headings may take
 
 Reason = Literal["auto", "forced", "manual", "requested"]
 T = TypeVar("T")
@@ -440,10 +443,14 @@ class Compactor:
         async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
             task = self._kept_task(state, split)
             estimated = evicted_tokens if self.options.token_counter is None else None
-            summary = await self._summarize(
-                state, config, split, written, instruction, task, answer_budget, window, estimated
-            )
-            inserted = await self._finalize(state, split, written, compaction, summary, user_budget, task)
+            cap = min(budget, evicted_tokens - _LEDGER_MARGIN)
+            if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
+                ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
+            else:
+                ledger = _ledger(split, written, cap)
+            users, answer = ledger_shares(budget, user_budget, answer_budget, ledger)
+            summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
+            inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
             return summary, list(_tag_summaries(inserted, written))  # here, while the fsync runs
 
         try:
@@ -669,6 +676,10 @@ class Compactor:
         stays in the context verbatim, so the summarizer is told not to restate it. `estimated`:
         the evicted messages' default token estimate, when the caller has it."""
         evicted = _summaries_first(state, split.evicted)
+        lead = next((i for i, m in enumerate(evicted) if not m.is_summary), len(evicted))
+        if any(LEDGER_KEY in m.metadata for m in evicted[:lead]):  # the summaries come first
+            # The ledger is carried in the metadata: the summarizer need not restate it.
+            evicted = [m.evolve(content=without_ledger(m.text)) for m in evicted[:lead]] + list(evicted[lead:])
         if estimated is None:
             estimated = _estimated(evicted)
         if estimated > _REDUCE_INLINE_TOKENS:
@@ -679,8 +690,9 @@ class Compactor:
             ordered = reduced(evicted, self.options.reduce_tokens, written)
         prompt = config.summary_prompt
         if task is not None:
+            where = "before" if any(m.id == task for m in split.kept[: _held_before_evicted(state, split)]) else "after"
             prompt += (
-                "\n\nThe session's first user message (the task) stays in the context verbatim after "
+                f"\n\nThe session's first user message (the task) stays in the context verbatim {where} "
                 "your summary: refer to it, do not restate it."
             )
         if instruction:
@@ -704,8 +716,10 @@ class Compactor:
         summary: Summary,
         user_budget: int,
         task: str | None,
+        ledger: Ledger | None = None,
     ) -> list[Message]:
         """The messages that replace the evicted ones (the finalizer's)."""
+        before = split.kept[: _held_before_evicted(state, split)]
         context = FinalizeContext(
             summary=summary.text,
             evicted=split.evicted,
@@ -718,6 +732,8 @@ class Compactor:
             user_message_filter=self.options.user_message_filter,
             kept=split.kept,
             task_id=task,
+            ledger=ledger,
+            task_before=any(m.id == task for m in before),
         )
         try:
             return await run_finalize(self.options.finalize, context)
@@ -744,6 +760,9 @@ class Compactor:
         to a pointer when needed); then the new state, its report and the `after_compact` fold."""
         def pointer() -> Message:  # tagged as it will be inserted: a counter may count its metadata
             smallest = _pointer(compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq)
+            carried = next((m.metadata[LEDGER_KEY] for m in inserted if LEDGER_KEY in m.metadata), None)
+            if carried is not None:  # the next compaction carries the ledger on from the pointer
+                smallest = smallest.evolve(metadata={**smallest.metadata, LEDGER_KEY: carried})
             return _tag_summaries([smallest], written)[0]
 
         inserted, fallback = contract(inserted, min(budget, evicted_tokens - 1), pointer, self.count)
@@ -834,6 +853,15 @@ class Compactor:
             self._emit(PLUGIN_ERROR, state, plugin=plugin.name, hook=hook, error=repr(exc))
 
         return report
+
+
+def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
+    """The session ledger after this compaction: the evicted summaries' ledgers merged with what
+    the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
+    or what is evicted when that is smaller: the compaction stays a contraction)."""
+    seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
+    ledger = carry((m for m in split.evicted if m.is_summary), split.evicted, seqs)
+    return fit(ledger, int(budget * 4 * LEDGER_SHARE))
 
 
 def _pointer(compaction: int, evicted: int, path: str, first: int = 10**12, last: int = 10**12) -> Message:

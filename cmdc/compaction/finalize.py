@@ -19,6 +19,7 @@ import attrs
 from .._clip import clip_tokens
 from ..message import Message
 from ..tokens import estimate_message_tokens, estimate_text_tokens
+from .ledger import LEDGER_KEY, SECTIONS, Ledger, render
 from .summary import strip_scratchpad, summary_message, without_media
 
 USER_MESSAGES_KEY = "cmdc.user_messages"
@@ -40,8 +41,10 @@ class FinalizeContext:
     last_seq: int
     user_message_budget: int
     user_message_filter: Callable[[Message], bool] | None = None
-    kept: tuple[Message, ...] = ()  # what stays verbatim after the summary (pins, the tail)
+    kept: tuple[Message, ...] = ()  # what stays verbatim beside the summary (pins, the tail)
     task_id: str | None = None  # the pinned task, when it is among `kept`
+    ledger: Ledger | None = None  # the session ledger carried forward, fitted to its budget
+    task_before: bool = True  # whether the pinned task sits before the summary (else after it)
 
 
 Finalize = Callable[[FinalizeContext], "Sequence[Message] | Awaitable[Sequence[Message]]"]
@@ -117,19 +120,57 @@ def replace_section(text: str, heading: str, body: str) -> str:
     return f"{text.rstrip()}\n\n## {heading}\n{body}\n"
 
 
+def _without_section(text: str, heading: str) -> str:
+    """`text` without its Markdown section called `heading` (the same text when it has none)."""
+    if not _has_section(text, heading):
+        return text
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _HEADING.match(line)
+        if m and m.group(2).strip().lower() == heading.lower():
+            level, end = len(m.group(1)), i + 1
+            while end < len(lines) and not ((n := _HEADING.match(lines[end])) and len(n.group(1)) <= level):
+                end += 1
+            return "\n".join([*lines[:i], *lines[end:]])
+    return text
+
+
 TASK_HEADING = "Primary request and intent"
-TASK_REFERENCE = "The task is the session's first user message, kept verbatim right after this summary."
+TASK_REFERENCE = "The task is the session's first user message, kept verbatim right {where} this summary."
+
+
+def task_reference(before: bool) -> str:
+    """What the request section says when the task is kept verbatim: where it is."""
+    return TASK_REFERENCE.format(where="before" if before else "after")
+
+
+def with_ledger(text: str, ledger: Ledger | None) -> str:
+    """`text` (the summarizer's answer) with the ledger's sections after its first section (the
+    request), before the others: a section of the answer under a ledger heading is replaced by
+    the ledger's (the deterministic part wins)."""
+    if ledger is None or not (ledger.entries or ledger.demoted):
+        return text
+    for heading in SECTIONS.values():
+        text = _without_section(text, heading)
+    text = text.strip()
+    # after the answer's first section (the request: what the summary is about), before the rest
+    first = text.find("\n## ", 1) if text.startswith("## ") else -1
+    if first < 0:
+        return f"{render(ledger)}\n\n{text}"
+    return f"{text[:first].rstrip()}\n\n{render(ledger)}\n\n{text[first:].lstrip()}"
 
 
 def default_finalize(ctx: FinalizeContext) -> list[Message]:
-    """The default post-processing: one summary message. Nothing kept verbatim is restated:
+    """The default post-processing: one summary message. The ledger's sections come after the
+    request section (carried in the metadata too, for the next compaction). Nothing kept verbatim is restated:
     the user-messages section holds the preserved user messages (none of them kept), and when
-    the task is kept the request section refers to it."""
+    the task is kept the request section refers to it, where it sits."""
     users = preserved_user_messages(ctx)
     body = "\n".join(f"- {' '.join(t.split())}" for t in users) if users else "(none)"
     text = replace_section(strip_scratchpad(ctx.summary), USER_MESSAGES_HEADING, body)
     if ctx.task_id is not None and _has_section(text, TASK_HEADING):
-        text = replace_section(text, TASK_HEADING, TASK_REFERENCE)
+        text = replace_section(text, TASK_HEADING, task_reference(ctx.task_before))
+    text = with_ledger(text, ctx.ledger)
     message = summary_message(
         text,
         compaction=ctx.compaction,
@@ -138,7 +179,10 @@ def default_finalize(ctx: FinalizeContext) -> list[Message]:
         first_seq=ctx.first_seq,
         last_seq=ctx.last_seq,
     )
-    return [message.evolve(metadata={**message.metadata, USER_MESSAGES_KEY: users})]
+    extra: dict[str, object] = {USER_MESSAGES_KEY: users}
+    if ctx.ledger is not None:
+        extra[LEDGER_KEY] = ctx.ledger.to_metadata()
+    return [message.evolve(metadata={**message.metadata, **extra})]
 
 
 async def default_summary(ctx: FinalizeContext, messages: list[Message]) -> list[Message]:

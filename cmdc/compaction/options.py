@@ -18,11 +18,12 @@ from ..errors import ConfigError
 from ..events import EventSink
 from ..message import Message
 from ..store import Store, open_store
-from ..tokens import TokenCounter
+from ..tokens import TokenCounter, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, default_should_retry
 from .breaker import SummarizerBreaker
 from .config import CompactConfig
 from .finalize import Finalize, default_finalize
+from .ledger import Ledger, render
 from .summary import ExtractiveSummarizer, Summarizer
 
 SUMMARY_BUDGET = 20_000
@@ -168,6 +169,17 @@ class CompactorOptions:
     def pin_limit(self, config: CompactConfig, window: int | None = None) -> int:
         """How many tokens the pins may take (default a quarter of the trigger or window)."""
         return self.pin_budget if self.pin_budget is not None else share(config, 4, 20_000, window)
+
+
+def ledger_shares(total: int, users: int, answer: int, ledger: Ledger) -> tuple[int, int]:
+    """(preserved user messages' budget, the summarizer's output limit) once the session ledger
+    has its room out of the summary budget `total`: what it leaves is shared as before, two
+    thirds to the user messages (a smaller explicit budget stays), the rest to the answer."""
+    if not (ledger.entries or ledger.demoted):
+        return users, answer
+    left = max(2, total - estimate_text_tokens(render(ledger)) - 4)
+    kept = min(users, left * 2 // 3)
+    return kept, max(1, left - kept)
 
 
 def share(config: CompactConfig, divisor: int, fallback: int, window: int | None = None) -> int:

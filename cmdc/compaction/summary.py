@@ -6,6 +6,7 @@ scratchpad in `cmdc.providers.transcript`; their names are importable from here 
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -81,8 +82,9 @@ async def call_summarizer_stop(
         return bound_answer(reply.text, max_tokens), stop if isinstance(stop, str) else None
     if isinstance(summarizer, ExtractiveSummarizer) and max_tokens is not None:
         chars = max(500, min(summarizer.max_chars, max_tokens * 4))
-        if chars != summarizer.max_chars:
-            summarizer = ExtractiveSummarizer(chars)
+        if chars != summarizer.max_chars:  # a copy with the smaller bound (a subclass stays itself)
+            summarizer = copy.copy(summarizer)
+            summarizer.max_chars = chars
     text = await summarizer(messages, instruction)
     if not isinstance(text, str):
         raise SummarizerError(f"summarizer returned {type(text).__name__}, not text")

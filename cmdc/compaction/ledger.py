@@ -1,0 +1,686 @@
+"""The session ledger: what a summary carries forward across any number of compactions.
+
+A summarizer rewrites its summary from the newest evicted messages, so what was said early and
+never repeated fades out. The ledger does not: it is filled deterministically from the evicted
+messages themselves, for every summarizer, and merged forward from the previous summary's
+metadata (`LEDGER_KEY`; never re-parsed from text). Its entries:
+
+- *values*: user messages that state concrete values or requirements (numbers, identifiers,
+  paths, quoted strings, modal verbs such as must, never, always, should);
+- *decisions*: sentences of the user or the assistant that make a choice and give a reason;
+- *artifacts*: files touched by tool calls (with what happened to them), commands run and
+  their outcome; *errors*: error lines of tool results;
+- *tasks*: to-do items (a to-do tool's list, `- [ ]` lines, `TODO:` lines) and the current
+  step. A task is done only on evidence: a to-do tool call marking it done, or a `- [x]` line
+  in the assistant's own message or a tool result; never because a summary says so (summaries
+  are never read for entries).
+
+Entries are deduplicated by key. Within its budget the ledger is rendered whole; past it, the
+lowest-ranked and oldest entries are demoted to a one-line pointer per section naming their
+journal records (`recall` reads them back), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import orjson
+
+from .._clip import clip_line, scrub_media, utf8_len
+from ..message import Message, ToolCall
+
+LEDGER_KEY = "cmdc.ledger"
+"""The summary message's metadata key that carries the ledger forward."""
+
+VALUE, DECISION, ARTIFACT, ERROR, TASK = "value", "decision", "artifact", "error", "task"
+SECTIONS: dict[str, str] = {
+    TASK: "Open tasks and current step",
+    VALUE: "Requirements and values stated",
+    DECISION: "Decisions and reasons",
+    ARTIFACT: "Files and commands",
+    ERROR: "Errors seen",
+}
+"""Each kind's heading in the summary, in the order they are rendered."""
+
+LEDGER_SHARE = 0.6
+"""The most of the summary budget the ledger may take (the rest: the preserved user messages
+and the summarizer's answer)."""
+
+OPEN, DOING, DONE = "open", "doing", "done"
+_STATUS_MARK = {DOING: "[current step]", OPEN: "[ ]", DONE: "[x]"}
+
+READ_MESSAGES = 400
+"""The most evicted messages one compaction reads for the ledger (the newest, as many as the
+offline summarizer reads); older ones (a huge first compaction) are named by their journal
+records in every section's pointer line."""
+
+_MAX_POINTER_RANGES = 8  # a section's pointer line names at most this many record ranges
+_TEXT_BYTES = {VALUE: 280, DECISION: 280, ARTIFACT: 200, ERROR: 240, TASK: 200}
+_SCAN_WINDOW = (4_000, 2_000)  # the head and tail of a long message that are read
+_RESULT_WINDOW = (2_000, 2_000)  # the same for a tool result
+
+
+@attrs.frozen
+class Entry:
+    """One ledger line: its kind, the key it is deduplicated by, its text, the journal record
+    of the message it comes from (the newest, when seen again), its rank (demoted lowest
+    first) and, for tasks, its status."""
+
+    kind: str
+    key: str
+    text: str
+    seq: int
+    rank: int = 1
+    status: str = ""
+
+    def line(self) -> str:
+        mark = f"{_STATUS_MARK[self.status]} " if self.kind == TASK and self.status in _STATUS_MARK else ""
+        where = f" (record {self.seq})" if self.seq > 0 else ""
+        return f"- {mark}{self.text}{where}"
+
+    def to_list(self) -> list[Any]:
+        return [self.kind, self.key, self.text, self.seq, self.rank, self.status]
+
+
+@attrs.frozen
+class Ledger:
+    """The entries in the summary (in the order first seen) and, per kind, the journal record
+    ranges of entries demoted to a pointer."""
+
+    entries: tuple[Entry, ...] = ()
+    demoted: Mapping[str, tuple[tuple[int, int], ...]] = attrs.field(factory=dict)
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "entries": [e.to_list() for e in self.entries],
+            "demoted": {k: [list(r) for r in v] for k, v in self.demoted.items() if v},
+        }
+
+    @classmethod
+    def from_metadata(cls, value: object) -> Ledger:
+        """The ledger a summary carried (an empty one for anything malformed: a summary from an
+        older version, or metadata a plugin changed)."""
+        if not isinstance(value, Mapping):
+            return cls()
+        entries: list[Entry] = []
+        for item in value.get("entries") or ():
+            if (
+                isinstance(item, (list, tuple))
+                and len(item) == 6
+                and all(isinstance(x, str) for x in (item[0], item[1], item[2], item[5]))
+                and item[0] in SECTIONS
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in (item[3], item[4]))
+            ):
+                entries.append(Entry(item[0], item[1], item[2], item[3], item[4], item[5]))
+        demoted: dict[str, tuple[tuple[int, int], ...]] = {}
+        raw = value.get("demoted")
+        if isinstance(raw, Mapping):
+            for kind, ranges in raw.items():
+                if kind in SECTIONS and isinstance(ranges, (list, tuple)):
+                    demoted[kind] = tuple(
+                        (int(r[0]), int(r[1]))
+                        for r in ranges
+                        if isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(x, int) for x in r)
+                    )
+        return cls(tuple(entries), demoted)
+
+
+# -- what a message says -------------------------------------------------------------------------
+
+_SENTENCE = re.compile(r"(?<=[.!?]) +(?=[\"'(\[A-Z0-9`])|\n+")
+_NUMBER = re.compile(r"\d")
+_QUOTED = re.compile(r"`[^`\n]{1,80}`|\"[^\"\n]{1,80}\"|\u201c[^\u201d\n]{1,80}\u201d|(?<!\w)'[^'\n]{1,80}'(?!\w)")
+_PATHLIKE = re.compile(r"(?<![\w@])(?:~|\.{1,2})?/?[\w.-]+/[\w./-]+|\b[\w-]+\.[a-z]{1,5}\b(?!\.\w)|https?://\S+")
+_IDENT = re.compile(
+    r"\b(?:[a-z]+_[a-z0-9_]+|[A-Z][A-Z0-9]*_[A-Z0-9_]+|[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*|[A-Z]{2,}\d*"
+    r"|[a-z][a-z0-9]*(?:-[a-z0-9]+){2,})\b"
+)
+_MODAL = re.compile(
+    r"(?i)\b(?:must(?:n't| not)?|never|always|should(?:n't| not)?|shall|need(?:s|ed)? to|ha(?:ve|s) to|"
+    r"required?|requirements?|mandatory|make sure|ensure|don't|do not|doesn't|cannot|can't|may|"
+    r"at (?:most|least)|no (?:more|less|later|earlier) than|only|exactly|limit(?:ed)?|keep|avoid)\b"
+)
+_DECIDED = re.compile(
+    r"(?i)\b(?:decid(?:e|ed|ing)|decision|chose|chosen|settled? on|went with|opted for|"
+    r"standardi[sz](?:e|ed|ing) on|agreed on)\b"
+)
+_DECIDED_WORDS = ("decid", "decision", "chose", "chosen", "settle", "went with", "opted", "standardi", "agreed on")
+_REASON_WORDS = (
+    "because", "since", " as ", "so that", "so we", "so it", "so the", "due to", "given", "avoid", "keep",
+    "which ", "otherwise", "rather than", "instead of", "reason", "option", "alternative", "trade", "versus", "vs",
+)  # fmt: skip
+
+
+def _may_decide(text: str) -> bool:
+    """A quick test of a whole message (substrings, no regex) before its sentences are read."""
+    low = text.lower()
+    return any(w in low for w in _DECIDED_WORDS) or any(w in low for w in _REASON_WORDS)
+
+
+_CHOICE = re.compile(
+    r"(?i)\b(?:decid\w*|decision|chose|choose|chosen|choosing|go(?:ing)? with|went with|opt(?:ed|ing)? for|"
+    r"settle[ds]? on|settling on|going with|pick(?:ed|ing)?|prefer(?:red|ring)?|switch(?:ed|ing)? to|"
+    r"stick(?:ing)? with|"
+    r"rather than|instead of|in favou?r of|over\b(?= \w+ (?:because|since|as))|we'll use|let's use|use \S+ for)"
+)
+_REASON = re.compile(
+    r"(?i)\b(?:because|since|as (?:it|they|we|that|this)|so that|so (?:we|it|the)|due to|given (?:that|the)|"
+    r"to avoid|to keep|which (?:means|keeps|avoids)|otherwise|rather than|instead of|the reason|"
+    r"other option|alternatives?|trade-?offs?|versus|vs\.?)\b"
+)
+_CHECKBOX = re.compile(r"^\s*(?:[-*+]|\d+[.)])?\s*\[([ xX])\]\s+(.+?)\s*$")
+_TODO_LINE = re.compile(r"^\s*(?:[-*+]\s*)?TODO\b[:\s]\s*(.+?)\s*$")
+_PLAN = re.compile(
+    r"(?i)^(?:next,? |now,? |then,? )?(?:I(?:'ll| will| am going to|'m going to)|let me|next step:?|"
+    r"I'm now|now I)\b"
+)
+_ERROR_LINE = re.compile(
+    r"Traceback|[A-Z]\w*(?:Error|Exception)\b|\bERROR\b|\bFAILED\b|\bFAIL\b|\berror(?:\[\w+\])?:|\bfatal:|"
+    r"\bpanic(?:ked)?\b|\bexit (?:code|status) [1-9]"
+)
+_ERROR_WORDS = ("rror", "xception", "FAIL", "atal:", "panic", "Traceback", "exit code", "exit status")
+_ERROR_CODE = re.compile(r"\[[A-Z]*\d+\]|\b[A-Z]{1,5}-?\d{2,}\b|\b(?:code|errno|status) \d+")
+_NOT_ERROR = re.compile(r"(?i)\b(?:no|0|zero|without)\s+(?:errors?|failures?)\b")
+_OUTCOME = re.compile(
+    r"(?i)\b(?:passed|failed|errors?|ok|success\w*|done|exit(?:ed)? (?:code|status)?\s*\d+|\d+ (?:tests?|files?))\b"
+)
+
+_PATH_KEYS = frozenset(
+    {"path", "file", "file_path", "filepath", "filename", "target", "target_file", "source", "dest"}
+    | {"destination", "notebook_path", "directory", "dir", "folder"}
+)
+_COMMAND_KEYS = ("command", "cmd", "script", "shell", "commandline", "command_line")
+_TEXT_KEYS = ("content", "text", "title", "task", "description", "name", "subject", "item")
+_STATUS_KEYS = ("status", "state", "done", "completed", "checked")
+_ACTIONS = (
+    (re.compile(r"(?i)creat|new|touch|mkdir|init"), "created", 2),
+    (re.compile(r"(?i)delet|remov|\brm\b|unlink"), "deleted", 2),
+    (re.compile(r"(?i)mov|renam|\bmv\b"), "moved", 2),
+    (re.compile(r"(?i)edit|replac|patch|insert|updat|modif|apply|append|str_replace|multi_edit"), "edited", 2),
+    (re.compile(r"(?i)writ|save|put"), "written", 2),
+    (re.compile(r"(?i)read|view|open|cat|show|get|load|head|tail"), "read", 0),
+    (re.compile(r"(?i)grep|search|find|glob|list|\bls\b|scan"), "searched", 0),
+)
+_DONE_WORDS = frozenset({"done", "completed", "complete", "finished", "closed", "resolved", "cancelled", "canceled"})
+_DOING_WORDS = frozenset({"in_progress", "in progress", "doing", "active", "started", "current", "wip"})
+
+
+def _one_line(text: str, kind: str) -> str:
+    return clip_line(" ".join(text.split()), _TEXT_BYTES[kind])
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^\w./:@-]+", " ", text.lower()).split())[:160]
+
+
+def _window(text: str, window: tuple[int, int]) -> str:
+    head, tail = window
+    return text if len(text) <= head + tail else f"{text[:head]}\n{text[len(text) - tail :]}"
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip(" -*>\t") for s in _SENTENCE.split(text) if s and s.strip(" -*>\t")]
+
+
+def states_something(sentence: str) -> tuple[bool, int]:
+    """Whether a user's sentence states a concrete value or a requirement, and its rank (2: a
+    number, a quoted string or a modal verb; 1: only an identifier or a path)."""
+    strong = bool(_NUMBER.search(sentence) or _QUOTED.search(sentence) or _MODAL.search(sentence))
+    if strong:
+        return True, 2
+    if _PATHLIKE.search(sentence) or _IDENT.search(sentence):
+        return True, 1
+    return False, 0
+
+
+def is_decision(sentence: str) -> bool:
+    """A sentence that states a decision outright, or makes a choice and gives a reason (or
+    names the alternative)."""
+    if not _may_decide(sentence):
+        return False
+    if _DECIDED.search(sentence):
+        return True
+    return bool(_CHOICE.search(sentence)) and bool(_REASON.search(sentence))
+
+
+@functools.lru_cache(maxsize=256)
+def _action(tool: str) -> tuple[str, int]:
+    for pattern, action, rank in _ACTIONS:
+        if pattern.search(tool):
+            return action, rank
+    return tool, 1
+
+
+def _status(value: object) -> str:
+    if isinstance(value, bool):
+        return DONE if value else OPEN
+    word = str(value).strip().lower().replace("-", "_")
+    if word in _DONE_WORDS:
+        return DONE
+    if word in _DOING_WORDS or word.replace("_", " ") in _DOING_WORDS:
+        return DOING
+    return OPEN
+
+
+def _todo_items(call: ToolCall) -> list[tuple[str, str]]:
+    """(text, status) of a to-do list among a tool call's arguments: a list of objects that each
+    have a text field and a status field (TodoWrite, write_todos and the like)."""
+    items: list[tuple[str, str]] = []
+    for value in call.arguments.values():
+        if not isinstance(value, (list, tuple)):
+            continue
+        for item in value:
+            if not isinstance(item, Mapping):
+                continue
+            text = next((item[k] for k in _TEXT_KEYS if isinstance(item.get(k), str) and item[k].strip()), None)
+            status_key = next((k for k in _STATUS_KEYS if k in item), None)
+            if text is not None and status_key is not None:
+                items.append((text, _status(item[status_key])))
+    return items
+
+
+def _command(call: ToolCall) -> str | None:
+    for key in _COMMAND_KEYS:
+        value = call.arguments.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+            return " ".join(value)
+    return None
+
+
+def _paths(call: ToolCall) -> list[str]:
+    found: list[str] = []
+    for key, value in call.arguments.items():
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        for v in values:
+            named = key.lower() in _PATH_KEYS or key.lower().endswith(("path", "file", "paths", "files"))
+            if named and isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v:
+                found.append(v.strip())
+    return list(dict.fromkeys(found))
+
+
+def error_lines(text: str) -> list[str]:
+    """The error lines of a tool's output (the first and the last), read within a window."""
+    text = _window(text, _RESULT_WINDOW)
+    if not any(w in text for w in _ERROR_WORDS) or not _ERROR_LINE.search(text):
+        return []
+    lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln) and not _NOT_ERROR.search(ln)]
+    lines = [ln for ln in lines if ln and not ln.startswith(('File "', "Traceback"))] or lines
+    return list(dict.fromkeys(lines if len(lines) <= 2 else [lines[0], lines[-1]]))
+
+
+def _outcome(result: Message | None) -> tuple[str, bool]:
+    """What a command's result says, in one line, and whether it failed."""
+    if result is None:
+        return "no result yet", False
+    errors = error_lines(result.text)
+    if result.is_error or errors:
+        first = result.text.strip().splitlines()[0] if result.text.strip() else "error"
+        return "failed: " + (errors[-1] if errors else first), True
+    lines = [ln.strip() for ln in _window(result.text, _RESULT_WINDOW).splitlines() if ln.strip()]
+    summary = next((ln for ln in reversed(lines) if _OUTCOME.search(ln)), lines[-1] if lines else "no output")
+    return summary, False
+
+
+def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
+    """The entries `messages` (evicted, in order; `seqs[i]` the journal record of
+    `messages[i]`) give. Summaries and system messages give none."""
+    results = {m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id}
+    calls: dict[str, ToolCall] = {}
+    out: list[Entry] = []
+    last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.text.strip()), default=-1)
+    for i, (m, seq) in enumerate(zip(messages, seqs, strict=False)):
+        if m.is_summary or m.role == "system":
+            continue
+        if m.role == "tool":
+            call = calls.get(m.tool_call_id or "")
+            label = call.name if call is not None else "tool"
+            window = _window(m.text, _RESULT_WINDOW)
+            errors = error_lines(window)
+            if errors:  # one entry per result: its first and last error lines
+                said = _safe(" \u2026 ".join(errors), seq)
+                rank = 2 if _ERROR_CODE.search(said) else 1  # a code names this error precisely
+                out.append(Entry(ERROR, "err:" + _norm(errors[-1]), _one_line(f"{label}: {said}", ERROR), seq, rank))
+            out.extend(_checkboxes(window, seq, own=True))
+            continue
+        text = _window(m.text, _SCAN_WINDOW)
+        if text.strip():
+            out.extend(_from_text(m.role, text, seq, plan=i == last_reply))
+        for call in m.tool_calls:
+            calls[call.id] = call
+            out.extend(_from_call(call, results.get(call.id), seq))
+    return out
+
+
+def _safe(text: str, seq: int) -> str:
+    """`text` with media as placeholders: they never enter the ledger as text."""
+    return scrub_media(text, f"journal record {seq}")
+
+
+def _checkboxes(text: str, seq: int, *, own: bool) -> list[Entry]:
+    """Tasks from `- [ ]` / `- [x]` and `TODO:` lines; a ticked box counts only in the
+    assistant's own messages and in tool results (`own`)."""
+    if "[ ]" not in text and "[x]" not in text and "[X]" not in text and "TODO" not in text:
+        return []
+    out: list[Entry] = []
+    for line in text.splitlines():
+        box = _CHECKBOX.match(line)
+        if box is not None:
+            done = box.group(1) != " "
+            if done and not own:
+                continue
+            item = box.group(2)
+            out.append(Entry(TASK, "task:" + _norm(item), _one_line(item, TASK), seq, 3, DONE if done else OPEN))
+            continue
+        todo = _TODO_LINE.match(line)
+        if todo is not None:
+            item = todo.group(1)
+            out.append(Entry(TASK, "task:" + _norm(item), _one_line(item, TASK), seq, 3, OPEN))
+    return out
+
+
+def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[Entry]:
+    """Decisions (any role), stated values (the user's), the to-do lines, and with `plan` the
+    plan an assistant message states (the newest one's is the last step before the summary)."""
+    out = _checkboxes(text, seq, own=role == "assistant")
+    if role != "user" and not plan and not _may_decide(text):
+        return out  # nothing else to find in it: no sentence is looked at
+    stated: list[str] = []
+    best = 0
+    steps: list[str] = []
+    for sentence in _sentences(text):
+        if len(sentence) < 8:
+            continue
+        if is_decision(sentence):
+            said = _safe(sentence, seq)
+            out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, 2))
+            continue
+        if role == "user":
+            says, rank = states_something(sentence)
+            if says:
+                stated.append(sentence)
+                best = max(best, rank)
+        elif plan and not steps and _PLAN.match(sentence):
+            steps.append(sentence)
+    if stated:
+        joined = _safe(" ".join(stated), seq)
+        out.append(Entry(VALUE, "val:" + _norm(joined), _one_line(joined, VALUE), seq, best))
+    if steps:
+        step = _safe(steps[0], seq)
+        out.append(Entry(TASK, "step", _one_line(f"last stated plan: {step}", TASK), seq, 2, DOING))
+    return out
+
+
+def _from_call(call: ToolCall, result: Message | None, seq: int) -> list[Entry]:
+    out: list[Entry] = []
+    items = _todo_items(call)
+    if items:
+        for text, status in items:
+            rank = 3 if status != DONE else 0
+            out.append(Entry(TASK, "task:" + _norm(text), _one_line(text, TASK), seq, rank, status))
+        return out
+    command = _command(call)
+    if command is not None:
+        outcome, failed = _outcome(result)
+        shown = scrub_media(" ".join(command.split()), f"journal record {seq}")
+        line = _one_line(f"ran `{shown}` -> {scrub_media(outcome, f'journal record {seq}')}", ARTIFACT)
+        out.append(Entry(ARTIFACT, "cmd:" + _norm(command), line, seq, 2 if failed else 1))
+        return out
+    action, rank = _action(call.name)
+    failed = result is not None and result.is_error
+    for path in _paths(call):
+        note = f" (failed: {clip_line(result.text.strip(), 80)})" if failed and result is not None else ""
+        out.append(Entry(ARTIFACT, "path:" + path, f"{path} \u2014 {action}{note}", seq, rank))
+    return out
+
+
+# -- merging forward -----------------------------------------------------------------------------
+
+
+def _merge_artifact(old: Entry, new: Entry) -> Entry:
+    if not old.key.startswith("path:"):
+        return attrs.evolve(new, rank=max(old.rank, new.rank) if "failed" in new.text else new.rank)
+    path = old.key[5:]
+    before = old.text.split(" \u2014 ", 1)[1].split(" (failed", 1)[0] if " \u2014 " in old.text else ""
+    now = new.text.split(" \u2014 ", 1)[1] if " \u2014 " in new.text else ""
+    actions = list(dict.fromkeys([a for a in before.split(", ") if a] + [now.split(" (failed", 1)[0]]))
+    note = now[len(now.split(" (failed", 1)[0]) :]
+    text = clip_line(f"{path} \u2014 {', '.join(actions)}{note}", _TEXT_BYTES[ARTIFACT])
+    return Entry(ARTIFACT, old.key, text, new.seq, max(old.rank, new.rank))
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _shape(entry: Entry) -> str:
+    return entry.kind + "\0" + _DIGITS.sub("#", entry.key)
+
+
+def merge(previous: Ledger, observed: Iterable[Entry]) -> Ledger:
+    """`previous` with `observed` folded in: a known key takes the newer text and record (a
+    file's actions accumulate), a task's status changes only by what was observed; a new key is
+    appended. The current step is the newest one. The demoted ranges carry over."""
+    entries: dict[str, Entry] = {e.kind + "\0" + e.key: e for e in previous.entries}
+    shapes = {_shape(e): k for k, e in entries.items() if e.kind == VALUE}
+    for new in observed:
+        k = new.kind + "\0" + new.key
+        old = entries.get(k)
+        if new.kind == VALUE:
+            # The same statement with other numbers (a repeated template, a value restated):
+            # the older one ranks lowest, so it is the first demoted to the journal.
+            similar = shapes.get(_shape(new))
+            if similar is not None and similar != k and similar in entries:
+                entries[similar] = attrs.evolve(entries[similar], rank=0)
+            shapes[_shape(new)] = k
+        if old is None:
+            entries[k] = new
+        elif new.kind == ARTIFACT:
+            entries[k] = _merge_artifact(old, new)
+        elif new.kind == TASK and new.key != "step":
+            entries[k] = attrs.evolve(old, text=new.text, seq=new.seq, status=new.status, rank=new.rank)
+        else:
+            entries[k] = attrs.evolve(new, rank=max(old.rank, new.rank))
+        if new.kind == TASK and new.key == "step":
+            entries[k] = entries.pop(k)  # the newest step goes last
+    doing = [e for e in entries.values() if e.kind == TASK and e.status == DOING and e.key != "step"]
+    if doing:  # only the newest item in progress is the current step; an older one is open again
+        newest = max(doing, key=lambda e: e.seq)
+        for e in doing:
+            if e is not newest:
+                entries[e.kind + "\0" + e.key] = attrs.evolve(e, status=OPEN)
+    return Ledger(tuple(entries.values()), dict(previous.demoted))
+
+
+def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Sequence[int]) -> Ledger:
+    """The ledger after a compaction: the previous summaries' ledgers (from their metadata),
+    merged with what the evicted `messages` (journal records `seqs`) give."""
+    ledger = Ledger()
+    for summary in summaries:
+        earlier = Ledger.from_metadata(summary.metadata.get(LEDGER_KEY))
+        ledger = merge(ledger, earlier.entries)
+        demoted = dict(ledger.demoted)
+        for kind, ranges in earlier.demoted.items():
+            demoted[kind] = _coalesce([*demoted.get(kind, ()), *ranges])
+        ledger = Ledger(ledger.entries, demoted)
+    start = _first_read(messages)
+    if start > 0:  # too many to read in one compaction: the older ones are named by their records
+        unread = [s for m, s in zip(messages[:start], seqs[:start], strict=False) if not m.is_summary and s > 0]
+        if unread:
+            demoted = dict(ledger.demoted)
+            for kind in SECTIONS:
+                demoted[kind] = _coalesce([*demoted.get(kind, ()), (min(unread), max(unread))])
+            ledger = Ledger(ledger.entries, demoted)
+    return merge(ledger, observe(messages[start:], seqs[start:]))
+
+
+def _first_read(messages: Sequence[Message]) -> int:
+    """Where the messages read start: at most `READ_MESSAGES` of the newest, never between a
+    tool call and its results (the read part starts at a user or assistant message)."""
+    start = max(0, len(messages) - READ_MESSAGES)
+    while 0 < start < len(messages) and messages[start].role == "tool":
+        start -= 1
+    return start
+
+
+# -- within a budget ----------------------------------------------------------------------------
+
+
+def _coalesce(ranges: Iterable[tuple[int, int]], most: int = _MAX_POINTER_RANGES) -> tuple[tuple[int, int], ...]:
+    """`ranges` sorted and merged; while more than `most`, the two closest are joined (the
+    result covers every record the input did)."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    while len(merged) > most:
+        i = min(range(len(merged) - 1), key=lambda j: merged[j + 1][0] - merged[j][1])
+        merged[i : i + 2] = [(merged[i][0], merged[i + 1][1])]
+    return tuple(merged)
+
+
+def pointer_line(ranges: Sequence[tuple[int, int]]) -> str:
+    """The one line that stands for a section's demoted entries."""
+    named = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+    return f"- (older entries demoted to the journal: records {named}; read them with recall)"
+
+
+def without_ledger(text: str) -> str:
+    """A summary's text without the ledger's sections (a summarizer need not restate them:
+    they are carried in the metadata)."""
+    if "\n## " not in text and not text.startswith("## "):
+        return text
+    headings = {f"## {h}" for h in SECTIONS.values()}
+    out: list[str] = []
+    skipping = False
+    for line in text.split("\n"):
+        if line.startswith("## "):
+            skipping = line.rstrip() in headings
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
+def render(ledger: Ledger) -> str:
+    """The ledger as Markdown sections (empty sections left out)."""
+    blocks: list[str] = []
+    for kind, heading in SECTIONS.items():
+        lines = [e.line() for e in _ordered(ledger, kind)]
+        ranges = ledger.demoted.get(kind, ())
+        if ranges:
+            lines.insert(0, pointer_line(ranges))
+        if lines:
+            blocks.append("\n".join([f"## {heading}", *lines]))
+    return "\n\n".join(blocks)
+
+
+def _ordered(ledger: Ledger, kind: str) -> list[Entry]:
+    entries = [e for e in ledger.entries if e.kind == kind]
+    if kind == TASK:  # the current step first, then open, then done
+        order = {DOING: 0, OPEN: 1, DONE: 2}
+        entries.sort(key=lambda e: (order.get(e.status, 1), e.key != "step"))
+    return entries
+
+
+def _size(ledger: Ledger) -> int:
+    return utf8_len(render(ledger))
+
+
+_WEIGHT = {ARTIFACT: 0, ERROR: 1, VALUE: 1, DECISION: 1, TASK: 2}
+"""Within a rank, which kind is demoted first: what was done to files (the files themselves
+keep it), then what was said, the open tasks last."""
+
+
+def fit(ledger: Ledger, max_bytes: int) -> Ledger:
+    """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries (within a rank,
+    artifacts first: see `_WEIGHT`), oldest first, are demoted to their section's pointer line
+    (their journal records) until it fits."""
+    if _size(ledger) <= max_bytes:
+        return ledger
+    entries = ledger.entries
+    order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, _WEIGHT[entries[i].kind], entries[i].seq, i))
+    reserve = sum(len(pointer_line(((10**9, 10**9),) * _MAX_POINTER_RANGES)) + 1 for _ in SECTIONS)
+    sizes = [utf8_len(e.line()) + 1 for e in ledger.entries]
+    total = sum(sizes) + sum(len(h) + 8 for h in SECTIONS.values())
+    gone: set[int] = set()
+    for i in order:  # a first cut, by an upper bound of the pointer lines' size
+        if total + reserve <= max_bytes:
+            break
+        gone.add(i)
+        total -= sizes[i]
+    result = _demote(ledger, gone)
+    size = _size(result)
+    rest = iter(i for i in order if i not in gone)
+    while size > max_bytes:  # then exactly: enough more demoted to cover the overshoot, measured again
+        over = size - max_bytes
+        for i in rest:
+            gone.add(i)
+            over -= sizes[i]
+            if over <= 0:
+                break
+        else:
+            break
+        result = _demote(ledger, gone)
+        size = _size(result)
+    return result
+
+
+def _demote(ledger: Ledger, gone: set[int]) -> Ledger:
+    demoted: dict[str, list[tuple[int, int]]] = {k: list(v) for k, v in ledger.demoted.items()}
+    kept: list[Entry] = []
+    for i, e in enumerate(ledger.entries):
+        if i in gone:
+            if e.seq > 0:
+                demoted.setdefault(e.kind, []).append((e.seq, e.seq))
+        else:
+            kept.append(e)
+    return Ledger(tuple(kept), {k: _coalesce(v) for k, v in demoted.items() if v})
+
+
+def record_numbers(messages: Sequence[Message], seqs: Sequence[int], first_seq: int) -> list[int]:
+    """Each evicted message's journal record: the append's own numbers when it gave them, else
+    counted from `first_seq`."""
+    if len(seqs) == len(messages):
+        return list(seqs)
+    return [first_seq + i for i in range(len(messages))]
+
+
+def dumps(ledger: Ledger) -> str:
+    """The ledger as JSON (for debugging and tests)."""
+    return orjson.dumps(ledger.to_metadata()).decode()
+
+
+__all__ = [
+    "ARTIFACT",
+    "DECISION",
+    "DOING",
+    "DONE",
+    "ERROR",
+    "LEDGER_KEY",
+    "LEDGER_SHARE",
+    "READ_MESSAGES",
+    "OPEN",
+    "SECTIONS",
+    "TASK",
+    "VALUE",
+    "Entry",
+    "Ledger",
+    "carry",
+    "error_lines",
+    "fit",
+    "is_decision",
+    "merge",
+    "observe",
+    "pointer_line",
+    "record_numbers",
+    "render",
+    "states_something",
+    "without_ledger",
+]
