@@ -42,6 +42,7 @@ import trio
 
 from .agent import AgentRef
 from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
+from .compaction.finalize import USER_MESSAGES_KEY
 from .compaction.summary import Summarizer
 from .errors import CmdcError, DemoError, ProviderError
 from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_END, TOOL_RESULTS_CLIPPED, Event
@@ -306,25 +307,37 @@ def demo_config(options: DemoOptions, offload_dir: Path) -> dict[str, Any]:
 
 def check_retention(state: State, plan: Script, user_budget: int, sent: int | None = None) -> Retention:
     """Of the first `sent` turns (all by default): the task still in the context; every pin in
-    it; every user message in it or quoted in a summary, newest first, as far back as
-    `user_budget` tokens of evicted user messages go (the compactor's budget for preserved user
-    messages; older ones are in the journal)."""
+    it; every user message in it or quoted in a summary, newest first and without a gap, as far
+    back as the summary quotes them. The summary's room for quoted user messages is what its
+    session ledger leaves of the summary budget (at most `user_budget` tokens), so where they
+    stop varies; older ones are in the ledger's entries or pointers and in the journal."""
     sent = len(plan.turns) if sent is None else sent
     users, pins = plan.users(sent), plan.pins(sent)
     ids = {m.id for m in state.messages}
     summaries = " ".join(" ".join(m.text.split()) for m in state.messages if m.is_summary)
+    preserved = {  # the user messages the summaries quote as such (not the ledger's lines)
+        " ".join(t.split())
+        for m in state.messages
+        if m.is_summary
+        for t in m.metadata.get(USER_MESSAGES_KEY, ())
+        if isinstance(t, str)
+    }
+    quoted = [u.id not in ids and " ".join(u.text.split()) in summaries for u in users]
+    firsts = [i for i, u in enumerate(users) if u.id not in ids and " ".join(u.text.split()) in preserved]
+    oldest = firsts[0] if firsts else len(users)
     present = required = 0
     left = user_budget
-    for u in reversed(users):
+    for i in range(len(users) - 1, -1, -1):
+        u = users[i]
         if u.id in ids:
             present += 1
             required += 1
             continue
         left -= estimate_message_tokens(u)
-        if left < 0:
-            continue  # past the budget: the summary need not quote it
+        if left < 0 or i < oldest:
+            continue  # past what the summary quotes: in the ledger and the journal
         required += 1
-        present += " ".join(u.text.split()) in summaries
+        present += quoted[i]
     return Retention(
         task=plan.task.id in ids,
         users=(present, required),
