@@ -1,0 +1,61 @@
+"""Found by reviewing the merged whole (issues 24, 26, 29, 31) as a user: the places where two
+features meet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+import cmdc
+from cmdc import OffloadStore, open_runtime, tool
+from cmdc.cli import main as cli_main
+from cmdc.providers import SimulatedModel
+
+
+@tool
+def read_file(path: str) -> str:
+    """Read a file."""
+    return f"line {path}\n" * 3_000  # ~12k tokens: capped at arrival, masked later
+
+
+async def capped_and_masked_agent(store: Path) -> cmdc.State:
+    """A plain config on a 4k window: results capped at arrival, masked, one summary."""
+    async with open_runtime(store=str(store), log_events=False) as rt:
+        agent = await rt.spawn(
+            "a1", SimulatedModel(context_window=4_000, tool_probability=1.0), tools=[read_file], recall=True
+        )
+        for i in range(12):
+            await agent.prompt(f"turn {i}: read src/f{i}.py")
+        return await agent.state()
+
+
+async def test_capped_and_masked_batches_are_not_counted_as_compactions(tmp_path: Path) -> None:
+    state = await capped_and_masked_agent(tmp_path)
+    report = await OffloadStore(tmp_path).verify("a1")
+    batches = {r.compaction for r in await OffloadStore(tmp_path).records("a1")}
+    assert batches == set(range(state.compactions + 1))  # caps and masks carry the current count
+    assert report.compactions == state.compactions  # the summaries, not every committed batch
+
+
+def test_the_history_listing_and_verify_count_the_summaries(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = trio.run(capped_and_masked_agent, tmp_path)
+    assert cli_main(["history", str(tmp_path), "a1", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert f"from {state.compactions} compaction(s)" in out
+
+
+async def test_a_postgresql_journal_counts_the_summaries_too(postgres_url: str) -> None:
+    async with open_runtime(store=postgres_url, log_events=False) as rt:
+        agent = await rt.spawn(
+            "a1", SimulatedModel(context_window=4_000, tool_probability=1.0), tools=[read_file], recall=True
+        )
+        for i in range(12):
+            await agent.prompt(f"turn {i}: read src/f{i}.py")
+        state = await agent.state()
+        assert rt.store is not None
+        records = await rt.store.records("a1")
+        report = await rt.store.verify("a1")
+    assert {r.compaction for r in records} == set(range(state.compactions + 1))
+    assert report.compactions == state.compactions
