@@ -59,3 +59,15 @@ async def test_a_postgresql_journal_counts_the_summaries_too(postgres_url: str) 
         report = await rt.store.verify("a1")
     assert {r.compaction for r in records} == set(range(state.compactions + 1))
     assert report.compactions == state.compactions
+
+
+async def test_the_pages_timeline_shows_only_the_summaries_as_compactions(tmp_path: Path) -> None:
+    from cmdc.ui.data import journal_points
+
+    state = await capped_and_masked_agent(tmp_path)
+    store = OffloadStore(tmp_path)
+    points = await journal_points(store, "a1")
+    assert [p["compaction"] for p in points] == list(range(1, state.compactions + 1))  # no "compaction #0"
+    summary = next(m for m in state.messages if m.is_summary)
+    first, last = points[-1]["first_seq"], points[-1]["last_seq"]
+    assert f"(records {first}-{last})" in summary.text  # the range the summary names, no later caps
