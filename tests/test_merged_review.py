@@ -71,3 +71,31 @@ async def test_the_pages_timeline_shows_only_the_summaries_as_compactions(tmp_pa
     summary = next(m for m in state.messages if m.is_summary)
     first, last = points[-1]["first_seq"], points[-1]["last_seq"]
     assert f"(records {first}-{last})" in summary.text  # the range the summary names, no later caps
+
+
+USER_PROGRAM = """
+import cmdc
+import cmdc.mcp
+from mcp.server.mcpserver import MCPServer
+from cmdc.providers import ScriptedProvider
+
+
+async def main() -> None:
+    clock = cmdc.mcp.stdio("python", "-m", "mcp_server_time")
+    notes = cmdc.mcp.in_process(MCPServer("notes"))
+    async with cmdc.open_runtime(log_events=False) as rt:
+        await rt.spawn("a1", ScriptedProvider(["ok"]), tools=[clock, notes])
+        await rt.spawn("a2", ScriptedProvider(["ok"]), tools=[notes])
+"""
+
+
+def test_the_readme_mcp_program_passes_mypy_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's MCP block failed `mypy --strict`: ToolSource declared `name` a settable
+    attribute, which the frozen MCPTools does not have."""
+    pytest.importorskip("mcp")
+    api = pytest.importorskip("mypy.api")
+    monkeypatch.setenv("MYPYPATH", str(Path(cmdc.__file__).parents[1]))  # this checkout's cmdc
+    program = tmp_path / "user.py"
+    program.write_text(USER_PROGRAM)
+    out, err, status = api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path / "cache"), str(program)])
+    assert status == 0, out + err
