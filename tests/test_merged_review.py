@@ -99,3 +99,19 @@ def test_the_readme_mcp_program_passes_mypy_strict(tmp_path: Path, monkeypatch: 
     program.write_text(USER_PROGRAM)
     out, err, status = api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path / "cache"), str(program)])
     assert status == 0, out + err
+
+
+async def test_a_web_page_on_a_port_in_use_is_a_config_error() -> None:
+    pytest.importorskip("hypercorn")
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    busy = listener.getsockname()[1]
+    with listener:
+        with pytest.raises(cmdc.ConfigError, match=rf"cannot listen on 127\.0\.0\.1:{busy}"):
+            async with open_runtime(ui=busy, log_events=False):
+                pass
+        async with open_runtime(log_events=False) as rt:
+            with pytest.raises(cmdc.ConfigError, match=r"cannot listen on no-such-host\.invalid"):
+                await rt.serve_ui(host="no-such-host.invalid")
+            assert (await rt.serve_ui()).port != busy  # the runtime still serves a page
