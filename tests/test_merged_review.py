@@ -115,3 +115,16 @@ async def test_a_web_page_on_a_port_in_use_is_a_config_error() -> None:
             with pytest.raises(cmdc.ConfigError, match=r"cannot listen on no-such-host\.invalid"):
                 await rt.serve_ui(host="no-such-host.invalid")
             assert (await rt.serve_ui()).port != busy  # the runtime still serves a page
+
+
+def test_cmdc_ui_on_a_port_in_use_exits_1_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("hypercorn")
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        busy = listener.getsockname()[1]
+        assert cli_main(["ui", str(tmp_path), "--port", str(busy)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{busy}" in err and "Traceback" not in err and len(err.splitlines()) == 1
