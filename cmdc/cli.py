@@ -48,7 +48,7 @@ from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
 from ._fs import os_cause, probe_dir, stricter_mode
 from ._redact import redact_url
-from ._trio import reraise
+from ._trio import one_of, reraise
 from ._version import __version__
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
@@ -429,10 +429,10 @@ def _ui(args: argparse.Namespace) -> int:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(stop_at_interrupt, nursery.cancel_scope)
                 await serve_store(os.fspath(args.store), port=args.port, host=args.host, on_ready=ready)
-        except BaseExceptionGroup as group:  # the server's own error, as itself
+        except BaseExceptionGroup as group:  # the server's own error, as itself (out of nested nurseries)
             if len(group.exceptions) != 1:
                 raise
-            reraise(group.exceptions[0])
+            reraise(one_of(group))
 
     trio.run(run)
     return 0

@@ -195,8 +195,9 @@ class Damage:
 
 @attrs.frozen
 class JournalReport:
-    """What `verify` found (or `repair` did): visible records, compactions (committed attempts
-    with records), records of attempts never committed, hidden duplicate records, damaged
+    """What `verify` found (or `repair` did): visible records, compactions (committed batches
+    that start a compaction number: capped, masked and clipped results are batches numbered
+    with the current one, not compactions), records of attempts never committed, hidden duplicate records, damaged
     lines, torn bytes at the end; after a repair, the bytes moved to `side_file`."""
 
     path: Path
@@ -1001,7 +1002,8 @@ def _scan(
     seen: set[str] = set()
     records: list[JournalRecord] = []
     uncommitted = duplicates = 0
-    batches: set[object] = set()
+    compactions, last_number = 0, 0
+    last_batch: object = None
     for _, decoded in lines:
         r = decoded.record
         if r is None:
@@ -1013,11 +1015,16 @@ def _scan(
         else:
             seen.add(r.message.id)
             records.append(r)
-            batches.add(group[r.attempt] if r.attempt is not None else ("legacy", r.compaction))
+            batch = group[r.attempt] if r.attempt is not None else ("legacy", r.compaction)
+            if batch != last_batch:  # caps, masks and clips are batches numbered with the current
+                # count: a compaction's batch is the one whose number moves (a new run's too)
+                if r.compaction > 0 and r.compaction != last_number:
+                    compactions += 1
+                last_batch, last_number = batch, r.compaction
     return _Scan(
         records,
         journal,
-        len(batches),
+        compactions,
         uncommitted,
         duplicates,
         tuple(damaged),

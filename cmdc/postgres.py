@@ -1340,11 +1340,17 @@ class PostgresStore:
         with conn.transaction():
             row = conn.execute("SELECT journal FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
             rows = conn.execute(self._VISIBLE + " ORDER BY r.seq", (agent_id,), binary=True).fetchall()
+            # Compactions: committed batches whose compaction number moves from the previous
+            # batch's (capped, masked and clipped results are batches numbered with the current one)
             counts = conn.execute(
-                "SELECT count(DISTINCT r.attempt) FILTER (WHERE a.committed), count(*) FILTER (WHERE NOT a.committed) "
-                "FROM cmdc_records r JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt "
-                "WHERE r.agent_id = %s",
-                (agent_id,),
+                "SELECT (SELECT count(*) FROM (SELECT b.compaction, "
+                "lag(b.compaction, 1, 0) OVER (ORDER BY b.first) AS prev FROM "
+                "(SELECT min(r.compaction) AS compaction, min(r.seq) AS first FROM cmdc_records r "
+                "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed "
+                "WHERE r.agent_id = %s GROUP BY r.attempt) b) c WHERE c.compaction > 0 AND c.compaction <> c.prev), "
+                "(SELECT count(*) FROM cmdc_records r JOIN cmdc_attempts a "
+                "ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND NOT a.committed WHERE r.agent_id = %s)",
+                (agent_id, agent_id),
             ).fetchone()
         assert counts is not None
         return (None if row is None else str(row[0])), rows, int(counts[0]), int(counts[1])

@@ -508,7 +508,8 @@ class ToolSource(Protocol):
     it closes. `serve` reports its `ToolSet` through `task_status` once its tools are listed
     (raising before that fails the spawn), then runs until cancelled and never raises."""
 
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: a frozen class (such as `cmdc.mcp.MCPTools`) is one
 
     async def serve(self, *, task_status: trio.TaskStatus[ToolSet] = trio.TASK_STATUS_IGNORED) -> None: ...
 

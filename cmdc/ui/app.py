@@ -35,6 +35,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from .._trio import one_of
 from ..errors import CmdcError, ConfigError
 from ..state import validate_agent_id
 from . import pages
@@ -366,8 +367,11 @@ async def start_server(nursery: trio.Nursery, app: Guard, *, host: str = "127.0.
 
     try:
         scope, binds = await nursery.start(run)
-    except OSError as exc:
-        raise ConfigError(f"the web page cannot listen on {host}:{port}: {exc}") from None
+    except (OSError, BaseExceptionGroup) as exc:  # the bind's error comes out of `run`'s nursery
+        error = one_of(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if not isinstance(error, OSError):
+            raise
+        raise ConfigError(f"the web page cannot listen on {host}:{port}: {error}") from None
     bound = int(binds[0].rsplit(":", 1)[1])
     app.port = bound
     return UIServer(host, bound, app.token, scope)

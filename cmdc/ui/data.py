@@ -782,11 +782,23 @@ async def journal_points(journal: Journal, name: str) -> list[dict[str, Any]]:
         records = await journal.records(name, max_chars=0)
     except CmdcError:
         return []
-    groups: dict[int, list[JournalRecord]] = {}
+    # A compaction's batch moves the compaction number; capped, masked and clipped results are
+    # later batches numbered with the current one (no compaction: not shown as one). Records
+    # without their attempt (PostgreSQL's) are grouped by number alone.
+    groups: list[tuple[int, list[JournalRecord]]] = []
+    batch: object = None
+    last, taking = 0, False
     for r in records:
-        groups.setdefault(r.compaction, []).append(r)
+        key = (r.compaction, r.attempt) if r.attempt is not None else r.compaction
+        if key != batch:
+            batch, taking = key, r.compaction > 0 and r.compaction != last
+            last = r.compaction
+            if taking:
+                groups.append((r.compaction, []))
+        if taking:
+            groups[-1][1].append(r)
     out = []
-    for n, group in sorted(groups.items()):
+    for n, group in groups:
         chars = sum(r.clipped + len(r.message.text) for r in group)
         out.append(
             {
