@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
-VERSION = 1
+VERSION = 2  # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves)
 TEXT_CHARS = 256 * 1024
 """Characters of a record's text that are indexed (a longer text is indexed by its head)."""
 SUMMARY_WEIGHT = 0.5
@@ -183,7 +183,8 @@ def _count(words: Sequence[str], phrase: Sequence[str]) -> int:
 _SCHEMA = (
     "CREATE TABLE meta (k TEXT PRIMARY KEY, v)",
     "CREATE TABLE recs (seq INTEGER PRIMARY KEY, off INTEGER NOT NULL, len INTEGER NOT NULL, mid TEXT NOT NULL, "
-    "attempt TEXT, summary INTEGER NOT NULL, vis INTEGER NOT NULL DEFAULT 0, grp TEXT)",
+    "attempt TEXT, summary INTEGER NOT NULL, vis INTEGER NOT NULL DEFAULT 0, grp TEXT, "
+    "comp INTEGER NOT NULL DEFAULT 0)",
     "CREATE INDEX recs_mid ON recs (mid, vis)",
     "CREATE INDEX recs_attempt ON recs (attempt)",
     "CREATE INDEX recs_vis ON recs (vis, seq)",
@@ -401,7 +402,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
 
     data, stop = _read_lines(fd, mark, end)
     last_seq, damaged = int(meta["last_seq"]), int(meta["damaged"])
-    recs: list[tuple[int, int, int, str, str | None, int, str | None]] = []
+    recs: list[tuple[int, int, int, str, str | None, int, str | None, int]] = []
     words: list[tuple[int, str, str]] = []
     deps: list[tuple[str, str]] = []
     commits: list[tuple[tuple[str, ...], str]] = []  # (attempts, group) in order
@@ -451,7 +452,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
                 continue
             mid, attempt, compaction, summary, text, clipped = fields
             grp = None if attempt is not None else f"legacy{compaction}"
-            recs.append((seq, mark + offset, nl - offset, mid, attempt, int(summary), grp))
+            recs.append((seq, mark + offset, nl - offset, mid, attempt, int(summary), grp, int(compaction)))
             folded = text.casefold()
             ids = (
                 [m[0].translate(_SEPARATORS) for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
@@ -465,7 +466,9 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
                 legacy.append(seq)
             deps += ((attempt or "", a) for a in deps_of)
     counted("records", len(recs))
-    conn.executemany("INSERT INTO recs (seq, off, len, mid, attempt, summary, grp) VALUES (?,?,?,?,?,?,?)", recs)
+    conn.executemany(
+        "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp) VALUES (?,?,?,?,?,?,?,?)", recs
+    )
     conn.executemany("INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)", words)
     conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
     # which records become visible: those of attempts committed now (by a commit line, or by a
@@ -672,9 +675,22 @@ def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
     if meta.get("groups_mark") == meta["mark"]:  # counted since the last change
         groups = int(meta["groups"])
     else:
-        groups = conn.execute("SELECT count(DISTINCT grp) FROM recs WHERE vis = 1").fetchone()[0]
+        groups = _compactions(conn.execute("SELECT grp, comp FROM recs WHERE vis = 1 ORDER BY seq"))
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?), ('groups_mark', ?)", (groups, meta["mark"]))
     return int(meta["count"]), int(row[0] or 0), int(row[1] or 0), int(groups), int(meta["damaged"])
+
+
+def _compactions(rows: Iterable[tuple[str | None, int]]) -> int:
+    """How many compactions the visible records (in order) show, counted as the journal's scan
+    counts them: a committed batch whose compaction number moves (capped, masked and clipped
+    results are batches numbered with the current count, not compactions)."""
+    count, last_group, last_number = 0, object(), 0
+    for group, number in rows:
+        if group != last_group:
+            if number > 0 and number != last_number:
+                count += 1
+            last_group, last_number = group, number
+    return count
 
 
 def check(conn: sqlite3.Connection) -> list[str]:

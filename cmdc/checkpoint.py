@@ -22,7 +22,7 @@ import trio
 
 from ._check import seconds
 from ._fs import DirProbe, fsync_dir, make_dirs, os_cause, refuse_linked, run_bounded, write_pieces
-from .errors import CheckpointCorrupted, CheckpointError
+from .errors import CheckpointCorrupted, CheckpointError, ConfigError
 from .state import State, validate_agent_id
 
 _SUFFIX = ".state.json"
@@ -180,6 +180,9 @@ class CheckpointStore:
             raise _error(path, exc, "read") from exc
         try:
             state = State.from_json(data)
+        except ConfigError as exc:  # whole, but its config is refused now (e.g. a key of the user's own)
+            why = f"{exc} (saved before config keys were checked: rename it there)"
+            raise ConfigError(f"checkpoint {path}: {why}") from exc
         except Exception as exc:  # the file is untrusted data: any failure means damage
             raise CheckpointCorrupted(f"checkpoint {path} is corrupted: {exc}") from exc
         if state.agent_id != agent_id:

@@ -462,6 +462,10 @@ class PostgresCheckpoints:
             raise CheckpointCorrupted(f"checkpoint of {agent_id!r} in {redact(self._store.url)}: checksum mismatch")
         try:
             state = State.from_json(data)
+        except ConfigError as exc:  # whole, but its config is refused now (e.g. a key of the user's own)
+            raise ConfigError(
+                f"checkpoint of {agent_id!r}: {exc} (saved before config keys were checked: rename it there)"
+            ) from exc
         except Exception as exc:
             raise CheckpointCorrupted(f"checkpoint of {agent_id!r} is corrupted: {exc}") from exc
         if state.agent_id != agent_id:

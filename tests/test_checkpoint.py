@@ -316,3 +316,18 @@ def test_a_state_in_pieces_is_its_json() -> None:
     state = empty.append(Message.user("one"), Message.tool_result("c", "x" * 2_000_000), Message.user("three"))
     assert b"".join(state.json_pieces()) == state.to_json()
     assert State.from_json(b"".join(state.json_pieces())) == state
+
+
+async def test_a_checkpoint_with_a_key_refused_now_says_so_and_is_not_called_corrupted(tmp_path: Path) -> None:
+    """A checkpoint saved before config keys were checked (a key of the user's own, not
+    namespaced) is whole: loading it names the key and what to do (`ConfigError`), never
+    `CheckpointCorrupted`."""
+    store = CheckpointStore(tmp_path)
+    await store.save(State(agent_id="a1", config={"x-app": 1}))
+    path = store.path_for("a1")
+    data = orjson.loads(path.read_bytes())
+    data["config"]["foo"] = 1
+    path.write_bytes(orjson.dumps(data))
+    with pytest.raises(ConfigError, match=r"'foo'.*rename it there") as caught:
+        await store.load("a1")
+    assert not isinstance(caught.value, CheckpointCorrupted)

@@ -4,6 +4,7 @@ reads that do not scan the journal (issue 26 item 8, issue 24's recall cost)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import threading
@@ -178,7 +179,7 @@ async def test_reads_of_a_few_records_do_not_grow_with_the_journal(
 
 def test_history_limit_and_range_read_only_what_they_print(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = OffloadStore(tmp_path)
-    trio.run(store.append, "a", batch(5_000))
+    trio.run(functools.partial(store.append, "a", batch(5_000), compaction=1))  # one compaction's batch
     assert main(["history", str(tmp_path), "a", "--limit", "1"]) == 0  # builds the index
     capsys.readouterr()
     _index.READS.update(bytes=0, records=0)

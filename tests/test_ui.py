@@ -152,6 +152,7 @@ async def test_agents_page_and_agent_page(tmp_path: Path) -> None:
         for turn in range(8):
             for a in agents:
                 await a.prompt(f"turn {turn}: the parser fails on nested lists " + "detail " * 60)
+        await trio.sleep(0.2)  # the page's event recorder takes the bus's events in batches
         async with client(rt.ui) as c:
             home = (await c.get("/")).text
             rows = (await c.get("/api/agents")).json()
