@@ -13,7 +13,7 @@ import trio
 
 from ..errors import ContextOverflow, SummarizerError, SummarizerTimeout
 from ..events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, SUMMARIZER_SUSPENDED
-from ..message import Message
+from ..message import Message, TokenUsage
 from ..tokens import estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
 from .clip import MIN_SUMMARY_TEXT, largest_message, within
 from .summary import TRUNCATED_STOPS, Summarizer, missing_sections, summarize_chunks, summarizer_name
@@ -104,6 +104,8 @@ class Summary:
     summarizer: str
     attempts: int
     primary_failed: SummaryAttempt | None = None
+    usage: TokenUsage | None = None  # every summarizer request's, summed (None: none reported)
+    warm: bool = False  # written on the agent's cached prefix (`cmdc.compaction.warm`)
 
 
 async def summarize(

@@ -9,11 +9,12 @@ summarizer).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 import attrs
 import trio
@@ -27,6 +28,8 @@ from ..errors import (
     CompactionIncomplete,
     ConfigError,
     OffloadError,
+    SummarizerError,
+    SummarizerTimeout,
 )
 from ..events import (
     COMPACTION_END,
@@ -36,19 +39,21 @@ from ..events import (
     COMPACTION_START,
     PINS_OVER_BUDGET,
     PLUGIN_ERROR,
+    SUMMARIZER_ATTEMPT,
     TOOL_RESULTS_CLIPPED,
     Event,
     EventSink,
     emit,
 )
-from ..message import Message
+from ..message import Message, TokenUsage
 from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
+from ..providers.base import STOP_REASON_KEY, Provider
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
 from ..tokens import TokenCounter, estimate_message_tokens
-from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
+from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, describe, summarize
 from .breaker import SummarizerBreaker
 from .caches import parse_config
 from .clip import clipped_result, contract, reduced, trailing_tool_results
@@ -56,7 +61,8 @@ from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .finalize import Finalize, FinalizeContext, run_finalize
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions
-from .summary import Summarizer, pointer_message
+from .summary import Summarizer, bound_answer, pointer_message, summarizer_name
+from .warm import AgentContext, agent_context, counting, record_usage, total, warm_request
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
 _CACHED_TOKENS = attrgetter("_tokens")
@@ -141,6 +147,7 @@ class Compactor:
     store = _Option["Store | None"]()
     commit_journal = _Option[bool]()
     breaker = _Option["SummarizerBreaker | None"]()
+    warm_cache = _Option["bool | None"]()
 
     def __init__(
         self,
@@ -169,6 +176,7 @@ class Compactor:
         store: str | os.PathLike[str] | Store | None = None,
         commit_journal: bool = True,
         breaker: SummarizerBreaker | None = None,
+        warm_cache: bool | None = None,
         options: CompactorOptions | None = None,
     ) -> None:
         """The keywords are `CompactorOptions`' (checked there); `options` instead gives them
@@ -198,6 +206,7 @@ class Compactor:
                 store=store,
                 commit_journal=commit_journal,
                 breaker=breaker,
+                warm_cache=warm_cache,
             )
         elif not isinstance(options, CompactorOptions):
             raise ConfigError(f"options must be a CompactorOptions, got {options!r:.80}")
@@ -690,8 +699,67 @@ class Compactor:
             self._emit(kind, state, **data)
 
         model_window = self.options.summarizer_window or window or config.context_window
-        summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window)
-        return summary
+        with counting() as usages:
+            summary = await self._warm_summary(state, split, prompt, event, answer_budget, model_window)
+            if summary is None:
+                summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window)
+        return attrs.evolve(summary, usage=total(usages) if usages else None)
+
+    def _warm(self) -> AgentContext | None:
+        """The agent's context when the summary is asked on its cached prefix: the summarizer
+        is a model provider, and `warm_cache` is True, or None with the agent's own provider."""
+        context = agent_context()
+        summarizer = self.options.summarizer
+        if context is None or callable(summarizer) or self.options.warm_cache is False:
+            return None
+        if self.options.warm_cache is None and summarizer is not context.provider:
+            return None
+        return context
+
+    async def _warm_summary(
+        self, state: State, split: Split, prompt: str, emit: Callable[..., None], budget: int, window: int | None
+    ) -> Summary | None:
+        """One attempt on the agent's cached prefix (`warm.warm_request`); None when it does not
+        apply, would not fit `window`, or its answer is unusable: the cold request follows."""
+        context = self._warm()
+        if context is None:
+            return None
+        kept = len(split.kept)
+        request = warm_request(
+            state.messages, context.tools, prompt, kept, self.estimate_tokens(state), budget, window
+        )
+        name = summarizer_name(self.options.summarizer)
+        if request is None:
+            emit(SUMMARIZER_ATTEMPT, summarizer=name, role="warm", attempt=0, ok=False, error="does not fit the window")
+            return None
+        answer: str | None = None
+        error: BaseException | None = None
+        stop: str | None = None
+        try:
+            with trio.fail_after(self.options.summarizer_timeout or math.inf):
+                reply = await cast(Provider, self.options.summarizer).complete(request)
+            if not isinstance(reply, Message):
+                raise SummarizerError(f"summarizer provider returned {type(reply).__name__}, not a Message")
+            record_usage(reply.usage)
+            raw = reply.metadata.get(STOP_REASON_KEY)
+            stop = raw if isinstance(raw, str) else None
+            answer = bound_answer(reply.text, request.max_output_tokens)
+        except trio.TooSlowError:
+            seconds = self.options.summarizer_timeout
+            error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={seconds} s")
+        except Exception as exc:  # an overflow too: the cold request is smaller
+            error = exc
+        attempt = SummaryAttempt(0, name, "warm", answer, error, state.messages, stop, prompt)
+        try:
+            unusable = bool(self.options.should_retry(attempt))
+        except Exception:
+            unusable = True
+        usable = not unusable and answer is not None and bool(answer.strip())
+        why = None if usable else describe(attempt)
+        emit(SUMMARIZER_ATTEMPT, summarizer=name, role="warm", attempt=0, ok=usable, error=why)
+        if not usable or answer is None:
+            return None
+        return Summary(answer, name, 1, warm=True)
 
     # -- finalize ---------------------------------------------------------------------------------
 
@@ -783,6 +851,7 @@ class Compactor:
             duration=trio.current_time() - started,
             summary_budget=budget,
             fallback=fallback,
+            **_usage_fields(summary),
         )
         after = await self._after_compact(new_state, report)
         if after is not new_state:
@@ -834,6 +903,18 @@ class Compactor:
             self._emit(PLUGIN_ERROR, state, plugin=plugin.name, hook=hook, error=repr(exc))
 
         return report
+
+
+def _usage_fields(summary: Summary) -> dict[str, Any]:
+    """The report's figures of the summarizer's requests."""
+    usage = summary.usage or TokenUsage()
+    return {
+        "summarizer_input_tokens": usage.input_tokens,
+        "summarizer_cache_read_tokens": usage.cache_read_tokens,
+        "summarizer_cache_creation_tokens": usage.cache_creation_tokens,
+        "summarizer_output_tokens": usage.output_tokens,
+        "warm_cache": summary.warm,
+    }
 
 
 def _pointer(compaction: int, evicted: int, path: str, first: int = 10**12, last: int = 10**12) -> Message:
