@@ -700,9 +700,10 @@ class Compactor:
 
         model_window = self.options.summarizer_window or window or config.context_window
         with counting() as usages:
-            summary = await self._warm_summary(state, split, prompt, event, answer_budget, model_window)
+            summary, tried = await self._warm_summary(state, split, prompt, event, answer_budget, model_window)
             if summary is None:
                 summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window)
+                summary = attrs.evolve(summary, attempts=summary.attempts + tried)
         return attrs.evolve(summary, usage=total(usages) if usages else None)
 
     def _warm(self) -> AgentContext | None:
@@ -718,20 +719,20 @@ class Compactor:
 
     async def _warm_summary(
         self, state: State, split: Split, prompt: str, emit: Callable[..., None], budget: int, window: int | None
-    ) -> Summary | None:
-        """One attempt on the agent's cached prefix (`warm.warm_request`); None when it does not
-        apply, would not fit `window`, or its answer is unusable: the cold request follows."""
+    ) -> tuple[Summary | None, bool]:
+        """One attempt on the agent's cached prefix (`warm.warm_request`), and whether it was
+        made; no summary when it does not apply, would not fit `window` (not attempted), or its
+        answer is unusable (a `summarizer_attempt` event, role "warm"): the cold request follows."""
         context = self._warm()
         if context is None:
-            return None
+            return None, False
         kept = len(split.kept)
         request = warm_request(
             state.messages, context.tools, prompt, kept, self.estimate_tokens(state), budget, window
         )
-        name = summarizer_name(self.options.summarizer)
         if request is None:
-            emit(SUMMARIZER_ATTEMPT, summarizer=name, role="warm", attempt=0, ok=False, error="does not fit the window")
-            return None
+            return None, False
+        name = summarizer_name(self.options.summarizer)
         answer: str | None = None
         error: BaseException | None = None
         stop: str | None = None
@@ -749,17 +750,17 @@ class Compactor:
             error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={seconds} s")
         except Exception as exc:  # an overflow too: the cold request is smaller
             error = exc
-        attempt = SummaryAttempt(0, name, "warm", answer, error, state.messages, stop, prompt)
+        attempt = SummaryAttempt(1, name, "warm", answer, error, state.messages, stop, prompt)
         try:
             unusable = bool(self.options.should_retry(attempt))
         except Exception:
             unusable = True
         usable = not unusable and answer is not None and bool(answer.strip())
         why = None if usable else describe(attempt)
-        emit(SUMMARIZER_ATTEMPT, summarizer=name, role="warm", attempt=0, ok=usable, error=why)
+        emit(SUMMARIZER_ATTEMPT, summarizer=name, role="warm", attempt=1, ok=usable, error=why)
         if not usable or answer is None:
-            return None
-        return Summary(answer, name, 1, warm=True)
+            return None, True
+        return Summary(answer, name, 1, warm=True), True
 
     # -- finalize ---------------------------------------------------------------------------------
 
