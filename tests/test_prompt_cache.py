@@ -365,3 +365,22 @@ async def test_cache_figures_reach_events_and_spans(tmp_path: Path) -> None:
     assert all(c["cmdc.compaction.warm_cache"] is True for c in compacts)
     turns = [dict(s.attributes or {}) for s in spans if s.name == "invoke_agent a"]
     assert sum(t["gen_ai.usage.cache_read.input_tokens"] for t in turns) == sum(u.cache_read_tokens for u in responses)
+
+
+async def test_the_demo_table_shows_the_prompt_cache() -> None:
+    import io
+
+    from cmdc._demo import DemoOptions, run_demo
+
+    out = io.StringIO()
+    options = DemoOptions(agents=1, turns=30, latency=0.0, summarizer="model", display="plain")
+    code, stats = await run_demo(options, out=out, progress=io.StringIO())
+    assert code == 0
+    (s,) = stats
+    assert s.reports and all(r.warm_cache for r in s.reports)
+    assert 0 < s.cached_tokens < s.prompt_tokens
+    text = out.getvalue()
+    line = [ln for ln in text.splitlines() if ln.startswith("agent-1 ")][-1]  # the cache table's row
+    read = f"{100 * s.cached_tokens / s.prompt_tokens:.0f}%"
+    assert f"{s.prompt_tokens:,}" in line and read in line and f"{len(s.reports)}/{len(s.reports)}" in line
+    assert max(len(ln) for ln in text.splitlines()) <= 80
