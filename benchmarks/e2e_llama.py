@@ -39,10 +39,8 @@ from cmdc.events import (
     COMPACTION_END,
     CONTINUED,
     OVERFLOW,
-    RESPONSE,
     SUMMARIZER_ATTEMPT,
     SUMMARIZER_FALLBACK,
-    TOOL_RESULTS_MASKED,
     Event,
 )
 from cmdc.offload import OffloadStore
@@ -294,8 +292,9 @@ async def run_all(url: str, turns: int, runs: Sequence[tuple[Api, bool, Mode]] =
 @attrs.frozen
 class CacheRow:
     """One model request of a cache run: the agent's (`kind` "agent") or a compaction's
-    summarizer requests, summed (`kind` "summary"); `after_change`: the first agent request
-    after a compaction or a mask batch (its context changed, so its prefix did too)."""
+    summarizer's (`kind` "summary"); `after_change`: the first agent request after a
+    compaction (its context changed, so its prefix did too); `warm`: a summarizer request on
+    the agent's cached prefix."""
 
     kind: str
     prompt: int
@@ -339,42 +338,45 @@ class CacheRun:
         return [r for r in self.rows if r.kind == "summary"]
 
 
-def cache_rows(events: Sequence[Event]) -> tuple[list[CacheRow], int]:
-    """The requests of a run, in order, from its events; and its compactions."""
-    rows: list[CacheRow] = []
-    changed, compactions = False, 0
-    for e in events:
-        if e.kind == RESPONSE and e.data.get("usage") is not None:
-            u = e.data["usage"]
-            rows.append(CacheRow("agent", u.input_tokens, u.cache_read_tokens, u.output_tokens, after_change=changed))
-            changed = False
-        elif e.kind == COMPACTION_END and "report" in e.data:
-            r = e.data["report"]
-            compactions += 1
-            changed = True
-            if r.summarizer_input_tokens:
-                rows.append(
-                    CacheRow(
-                        "summary",
-                        r.summarizer_input_tokens,
-                        r.summarizer_cache_read_tokens,
-                        r.summarizer_output_tokens,
-                        warm=r.warm_cache,
-                    )
-                )
-        elif e.kind == TOOL_RESULTS_MASKED:
-            changed = True
-    return rows, compactions
+class _Recording(OpenAIProvider):
+    """An `OpenAIProvider` that records each request's usage, agent's or summarizer's."""
+
+    def __init__(self, log: list[CacheRow], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log = log
+
+    async def complete(self, request: cmdc.providers.ModelRequest) -> cmdc.Message:
+        reply = await super().complete(request)
+        u = reply.usage
+        if u is not None:
+            summary = request.metadata.get("cmdc.purpose") == "summarize"
+            after = bool(self.log) and self.log[-1].kind == "summary" and not summary
+            warm = bool(request.metadata.get("cmdc.warm_cache"))
+            kind = "summary" if summary else "agent"
+            self.log.append(CacheRow(kind, u.input_tokens, u.cache_read_tokens, u.output_tokens, after, warm))
+        return reply
+
+
+def _recording(log: list[CacheRow], url: str) -> _Recording:
+    return _Recording(
+        log,
+        "smollm2",
+        base_url=f"{url}/v1",
+        api_key="",
+        max_output_tokens=REPLY_TOKENS,
+        timeout=CALL_SECONDS,
+        deadline=2 * CALL_SECONDS,
+    )
 
 
 async def run_cache(url: str, *, turns: int, warm: bool, offload_dir: Path) -> CacheRun:
     """One agent of `turns` turns (OpenAI API, automatic compaction, the model its own
-    summarizer), summaries asked warm or cold (`warm_cache`)."""
+    summarizer), summaries asked warm (the default: the summarizer is the agent's provider) or
+    cold (the same server as a summarizer of its own, as before warm-cache compaction)."""
     name = f"cache-{'warm' if warm else 'cold'}"
-    model = provider(url, "openai", False)
-    # Cold: the same server as a summarizer of its own (not the agent's provider), as before
-    # warm-cache compaction: its request is the instruction and a transcript.
-    summarizer = None if warm else provider(url, "openai", False)
+    log: list[CacheRow] = []
+    model = _recording(log, url)
+    summarizer = None if warm else _recording(log, url)
     events: list[Event] = []
     started = time.monotonic()
     settings = {**config("auto", offload_dir), "compact_trigger": CACHE_TRIGGER}
@@ -389,8 +391,8 @@ async def run_cache(url: str, *, turns: int, warm: bool, offload_dir: Path) -> C
             _drain(sub, events)
     if summarizer is not None:
         await summarizer.aclose()
-    rows, compactions = cache_rows(events)
-    return CacheRun(name, tuple(rows), compactions, time.monotonic() - started)
+    compactions = sum(1 for e in events if e.kind == COMPACTION_END)
+    return CacheRun(name, tuple(log), compactions, time.monotonic() - started)
 
 
 def cache_table(runs: Sequence[CacheRun]) -> str:
@@ -399,9 +401,9 @@ def cache_table(runs: Sequence[CacheRun]) -> str:
     for run in runs:
         lines.append(f"{run.name}: request  kind     prompt  cached  evaluated")
         for i, r in enumerate(run.rows, 1):
-            note = " (after a compaction)" if r.after_change else (" (warm)" if r.warm else "")
-            if r.kind == "summary" and not r.warm:
-                note = " (cold)"
+            note = " (after a compaction)" if r.after_change else ""
+            if r.kind == "summary":
+                note = " (warm)" if r.warm else " (cold)"
             figures = f"{r.prompt:>6}  {r.cached:>6}  {r.evaluated:>9}{note}"
             lines.append(f"{'':>{len(run.name)}}  {i:>7}  {r.kind:<7} {figures}")
     lines.append("")
@@ -424,12 +426,15 @@ def cache_table(runs: Sequence[CacheRun]) -> str:
         )
     widths = [max(len(x[i]) for x in (head, *rows)) for i in range(len(head))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in (head, *rows)]
-    cold = next((r for r in runs if r.name == "cache-cold"), None)
-    hot = next((r for r in runs if r.name == "cache-warm"), None)
-    if cold is not None and hot is not None and cold.summaries() and hot.summaries():
-        c = sum(r.prompt for r in cold.summaries()) / len(cold.summaries())
-        w = sum(r.evaluated for r in hot.summaries()) / len(hot.summaries())
-        lines.append(f"a warm compaction evaluates {w:.0f} tokens, {w / c:.0%} of a cold summarizer request's {c:.0f}")
+    cold = [r for run in runs for r in run.summaries() if not r.warm]
+    hot = [r for run in runs for r in run.summaries() if r.warm]
+    if cold and hot:
+        c = sum(r.prompt for r in cold) / len(cold)
+        w = sum(r.evaluated for r in hot) / len(hot)
+        lines.append(
+            f"a warm summarizer request evaluates {w:.0f} tokens on average: {w / c:.0%} of a cold "
+            f"summarizer request's {c:.0f} prompt tokens"
+        )
     return "\n".join(lines)
 
 

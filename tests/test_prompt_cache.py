@@ -284,7 +284,7 @@ async def test_warm_summary_falls_back_when_it_would_not_fit(tmp_path: Path) -> 
     assert not [e for e in events if e.kind == "summarizer_attempt" and e.data["role"] == "warm"]  # not tried
 
 
-async def test_warm_summary_falls_back_on_an_unusable_answer(tmp_path: Path) -> None:
+async def test_an_unusable_warm_answer_is_retried_warm(tmp_path: Path) -> None:
     class Refuses(CachingModel):
         async def complete(self, request: ModelRequest) -> Message:
             reply = await super().complete(request)
@@ -293,10 +293,53 @@ async def test_warm_summary_falls_back_on_an_unusable_answer(tmp_path: Path) -> 
     model = Refuses()
     state = _long_state(tmp_path, 100_000)
     set_agent_context(AgentContext(model, ()))
-    result = await Compactor(model).force_compact(state)
+    result = await Compactor(model, retry_backoff=0).force_compact(state)
+    assert isinstance(result, Compacted) and result.report.warm_cache
+    assert len(model.requests) == 2 and all(r.messages[:-1] == state.messages for r in model.requests)
+    assert result.report.summarizer_input_tokens == 2 * len(model.requests[0].messages)  # both counted
+    assert result.report.summarizer_cache_read_tokens == len(model.requests[0].messages)  # the second, whole
+    assert result.report.attempts == 2
+
+
+async def test_warm_attempts_are_the_primarys_then_its_fallbacks(tmp_path: Path) -> None:
+    from cmdc.compaction import ExtractiveSummarizer
+
+    class Empty(CachingModel):
+        async def complete(self, request: ModelRequest) -> Message:
+            return (await super().complete(request)).evolve(content="")
+
+    model = Empty()
+    state = _long_state(tmp_path, 100_000)
+    set_agent_context(AgentContext(model, ()))
+    events: list[Any] = []
+    compactor = Compactor(model, retries=1, retry_backoff=0, fallbacks=[ExtractiveSummarizer()], on_event=events.append)
+    result = await compactor.force_compact(state)
+    assert isinstance(result, Compacted) and result.report.summarizer == "extractive"
+    assert not result.report.warm_cache
+    assert len(model.requests) == 2  # retries=1: two attempts, both warm; no cold request
+    assert all(r.messages[:-1] == state.messages for r in model.requests)
+    roles = [e.data["role"] for e in events if e.kind == "summarizer_attempt"]
+    assert roles == ["warm", "warm", "failover"]
+
+
+async def test_a_warm_request_that_overflows_falls_back_to_the_cold_one(tmp_path: Path) -> None:
+    from cmdc import ContextOverflow
+
+    class Small(CachingModel):
+        async def complete(self, request: ModelRequest) -> Message:
+            if request.metadata.get("cmdc.warm_cache"):
+                self.requests.append(request)
+                raise ContextOverflow("prompt is too long", prompt_tokens=9_000, limit=8_000)
+            return await super().complete(request)
+
+    model = Small()
+    state = _long_state(tmp_path, 100_000)
+    set_agent_context(AgentContext(model, ()))
+    result = await Compactor(model, retry_backoff=0).force_compact(state)
     assert isinstance(result, Compacted) and not result.report.warm_cache
-    assert len(model.requests) == 2 and model.requests[1].messages[0].role == "system"
-    assert result.report.summarizer_input_tokens == len(model.requests[0].messages) + 2  # both counted
+    warm, cold = model.requests[0], model.requests[1]
+    assert warm.messages[:-1] == state.messages
+    assert cold.messages[0].role == "system" and len(cold.messages) == 2
     assert result.report.attempts == 2
 
 

@@ -9,14 +9,14 @@ summarizer).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, cast, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import attrs
+import orjson
 import trio
 
 from .._check import is_int, optional_integer
@@ -28,8 +28,6 @@ from ..errors import (
     CompactionIncomplete,
     ConfigError,
     OffloadError,
-    SummarizerError,
-    SummarizerTimeout,
 )
 from ..events import (
     COMPACTION_END,
@@ -39,7 +37,6 @@ from ..events import (
     COMPACTION_START,
     PINS_OVER_BUDGET,
     PLUGIN_ERROR,
-    SUMMARIZER_ATTEMPT,
     TOOL_RESULTS_CLIPPED,
     Event,
     EventSink,
@@ -48,12 +45,12 @@ from ..events import (
 from ..message import Message, TokenUsage
 from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
-from ..providers.base import STOP_REASON_KEY, Provider
+from ..providers.base import ModelRequest
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
-from ..tokens import TokenCounter, estimate_message_tokens
-from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, describe, summarize
+from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens
+from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
 from .breaker import SummarizerBreaker
 from .caches import parse_config
 from .clip import clipped_result, contract, reduced, trailing_tool_results
@@ -61,8 +58,8 @@ from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .finalize import Finalize, FinalizeContext, run_finalize
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions
-from .summary import Summarizer, bound_answer, pointer_message, summarizer_name
-from .warm import AgentContext, agent_context, counting, record_usage, total, warm_request
+from .summary import Summarizer, pointer_message
+from .warm import AgentContext, agent_context, counting, total, warm_request
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
 _CACHED_TOKENS = attrgetter("_tokens")
@@ -700,10 +697,8 @@ class Compactor:
 
         model_window = self.options.summarizer_window or window or config.context_window
         with counting() as usages:
-            summary, tried = await self._warm_summary(state, split, prompt, event, answer_budget, model_window)
-            if summary is None:
-                summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window)
-                summary = attrs.evolve(summary, attempts=summary.attempts + tried)
+            warm = self._warm_request(state, split, prompt, answer_budget, model_window)
+            summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window, warm)
         return attrs.evolve(summary, usage=total(usages) if usages else None)
 
     def _warm(self) -> AgentContext | None:
@@ -717,50 +712,19 @@ class Compactor:
             return None
         return context
 
-    async def _warm_summary(
-        self, state: State, split: Split, prompt: str, emit: Callable[..., None], budget: int, window: int | None
-    ) -> tuple[Summary | None, bool]:
-        """One attempt on the agent's cached prefix (`warm.warm_request`), and whether it was
-        made; no summary when it does not apply, would not fit `window` (not attempted), or its
-        answer is unusable (a `summarizer_attempt` event, role "warm"): the cold request follows."""
+    def _warm_request(
+        self, state: State, split: Split, prompt: str, budget: int, window: int | None
+    ) -> ModelRequest | None:
+        """The summarizer request on the agent's cached prefix (`warm.warm_request`), or None
+        when it does not apply or would not fit `window` (the cold request then)."""
         context = self._warm()
         if context is None:
-            return None, False
-        kept = len(split.kept)
-        request = warm_request(
-            state.messages, context.tools, prompt, kept, self.estimate_tokens(state), budget, window
-        )
-        if request is None:
-            return None, False
-        name = summarizer_name(self.options.summarizer)
-        answer: str | None = None
-        error: BaseException | None = None
-        stop: str | None = None
-        try:
-            with trio.fail_after(self.options.summarizer_timeout or math.inf):
-                reply = await cast(Provider, self.options.summarizer).complete(request)
-            if not isinstance(reply, Message):
-                raise SummarizerError(f"summarizer provider returned {type(reply).__name__}, not a Message")
-            record_usage(reply.usage)
-            raw = reply.metadata.get(STOP_REASON_KEY)
-            stop = raw if isinstance(raw, str) else None
-            answer = bound_answer(reply.text, request.max_output_tokens)
-        except trio.TooSlowError:
-            seconds = self.options.summarizer_timeout
-            error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={seconds} s")
-        except Exception as exc:  # an overflow too: the cold request is smaller
-            error = exc
-        attempt = SummaryAttempt(1, name, "warm", answer, error, state.messages, stop, prompt)
-        try:
-            unusable = bool(self.options.should_retry(attempt))
-        except Exception:
-            unusable = True
-        usable = not unusable and answer is not None and bool(answer.strip())
-        why = None if usable else describe(attempt)
-        emit(SUMMARIZER_ATTEMPT, summarizer=name, role="warm", attempt=1, ok=usable, error=why)
-        if not usable or answer is None:
-            return None, True
-        return Summary(answer, name, 1, warm=True), True
+            return None
+        tokens = self.estimate_tokens(state)
+        if state.baseline_index < 0:  # no reported usage (it would count the tools): estimate them
+            schemas = (orjson.dumps(attrs.asdict(t), default=dict).decode() for t in context.tools)
+            tokens += sum(estimate_text_tokens(s) for s in schemas)
+        return warm_request(state.messages, context.tools, prompt, len(split.kept), tokens, budget, window)
 
     # -- finalize ---------------------------------------------------------------------------------
 

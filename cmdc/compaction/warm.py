@@ -83,6 +83,9 @@ WARM_INSTRUCTION = (
     "[Context compaction] Do not continue the conversation and do not call tools. Write a summary "
     "of the conversation above that will replace its earlier messages. {kept}\n\n{prompt}"
 )
+WARM_OUTPUT_FACTOR = 4
+"""The warm request's output limit, in answer budgets: room for a model that writes long to
+finish (a cut-off answer is unusable, and the whole request is lost), clipped afterwards."""
 WARM_MARGIN = 64
 """Tokens kept free in the window for the chat template and the estimate's error."""
 
@@ -100,8 +103,9 @@ def warm_request(
     context: its last request's messages are their prefix), the same `tools`, then the summary
     instruction as a user message. `kept`: the newest messages that stay verbatim after the
     summary; `context_tokens`: the context's size (reported usage plus estimates). The output
-    limit is `max_tokens`, lowered to what the window leaves (at least half of `max_tokens`);
-    None when that does not fit, or the window is unknown: the caller falls back to the cold
+    limit is what the window leaves, at most `WARM_OUTPUT_FACTOR` times `max_tokens` (the
+    answer's budget: the caller clips a longer answer to it, as any other); None when not even
+    half of `max_tokens` fits, or the window is unknown: the caller falls back to the cold
     request."""
     if window is None or not messages:
         return None
@@ -115,7 +119,8 @@ def warm_request(
     return ModelRequest(
         messages=(*messages, instruction),
         tools=tuple(tools),
-        max_output_tokens=min(wanted, room),
+        # Room to finish (an answer cut off is thrown away); the caller bounds it to `max_tokens`.
+        max_output_tokens=min(room, WARM_OUTPUT_FACTOR * wanted),
         metadata={"cmdc.purpose": "summarize", "cmdc.warm_cache": True},
     )
 
