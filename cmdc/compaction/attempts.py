@@ -137,6 +137,7 @@ async def summarize(
     primary = summarizer_name(options.summarizer)
     skipped: str | None = None  # why the primary was not asked (its breaker is open)
     primary_failed: SummaryAttempt | None = None
+    hot = False  # the primary's answer came on the warm cache
     if breaker is not None and not breaker.admit():
         result = None
         skipped = (
