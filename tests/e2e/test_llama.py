@@ -179,4 +179,4 @@ async def test_prompt_cache_over_a_session_with_warm_compactions(long_run: Llama
     summaries = run.summaries()
     assert summaries and all(r.warm for r in summaries)
     assert all(r.cached >= r.prompt // 2 for r in summaries)
-    assert run.share() >= 0.80
+    assert run.share() >= 0.85  # the target (70% with cold summaries)
