@@ -3,6 +3,7 @@
 
     python -m tests.e2e.llama_server fetch          # once per machine
     python -m benchmarks.e2e_llama [--turns 22]     # four runs, one table
+    python -m benchmarks.e2e_llama --cache [--turns 20]  # prompt caching: cold vs warm compactions
 
 Each run is one agent of `--turns` turns (a debugging session about a small web service) over
 one API (OpenAI Chat Completions or Anthropic Messages, streaming or not) with either automatic
@@ -12,6 +13,12 @@ gives the turns, the compactions (automatic / forced), the summaries accepted / 
 fallen back to the offline summarizer, replies cut off by the full window and continued, and
 seconds per turn; then it checks that the journal holds exactly what left the context.
 Every turn is bounded (`trio.fail_after`). The e2e tests run the same function.
+
+`--cache` measures the server's prompt cache (llama-server reuses the KV cache of the common
+prefix and reports `prompt_tokens_details.cached_tokens`): one agent of `--turns` turns with
+automatic compaction, twice (summaries asked cold, with their own transcript request, then
+warm, on the agent's cached prefix), printing per request the prompt tokens, those served from
+the cache and those evaluated, and per session the share served from the cache.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ import attrs
 import trio
 
 import cmdc
-from cmdc.events import COMPACTION_END, CONTINUED, OVERFLOW, SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, Event
+from cmdc.events import (
+    COMPACTION_END,
+    CONTINUED,
+    OVERFLOW,
+    SUMMARIZER_ATTEMPT,
+    SUMMARIZER_FALLBACK,
+    Event,
+)
 from cmdc.offload import OffloadStore
 from cmdc.providers import AnthropicProvider, OpenAIProvider
 
@@ -272,16 +286,186 @@ async def run_all(url: str, turns: int, runs: Sequence[tuple[Api, bool, Mode]] =
     return results
 
 
+# -- prompt caching ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CacheRow:
+    """One model request of a cache run: the agent's (`kind` "agent") or a compaction's
+    summarizer's (`kind` "summary"); `after_change`: the first agent request after a
+    compaction (its context changed, so its prefix did too); `warm`: a summarizer request on
+    the agent's cached prefix."""
+
+    kind: str
+    prompt: int
+    cached: int
+    output: int
+    after_change: bool = False
+    warm: bool = False
+
+    @property
+    def evaluated(self) -> int:
+        return self.prompt - self.cached
+
+
+@attrs.frozen
+class CacheRun:
+    name: str
+    rows: tuple[CacheRow, ...]
+    compactions: int
+    seconds: float
+
+    def share(self, rows: Sequence[CacheRow] | None = None) -> float:
+        """The share of prompt tokens served from the cache (all requests, summaries included)."""
+        rows = self.rows if rows is None else rows
+        prompt = sum(r.prompt for r in rows)
+        return sum(r.cached for r in rows) / prompt if prompt else 0.0
+
+    def steady(self) -> list[int]:
+        """Per agent request between changes: the tokens of the previous agent request's prompt
+        it evaluated again (0 for a perfect prefix: only the new tokens are evaluated)."""
+        out: list[int] = []
+        last: CacheRow | None = None
+        for r in self.rows:
+            if r.kind != "agent":
+                continue
+            if last is not None and not r.after_change:
+                out.append(max(0, last.prompt - r.cached))
+            last = r
+        return out
+
+    def summaries(self) -> list[CacheRow]:
+        return [r for r in self.rows if r.kind == "summary"]
+
+
+class _Recording(OpenAIProvider):
+    """An `OpenAIProvider` that records each request's usage, agent's or summarizer's."""
+
+    def __init__(self, log: list[CacheRow], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log = log
+
+    async def complete(self, request: cmdc.providers.ModelRequest) -> cmdc.Message:
+        reply = await super().complete(request)
+        u = reply.usage
+        if u is not None:
+            summary = request.metadata.get("cmdc.purpose") == "summarize"
+            after = bool(self.log) and self.log[-1].kind == "summary" and not summary
+            warm = bool(request.metadata.get("cmdc.warm_cache"))
+            kind = "summary" if summary else "agent"
+            self.log.append(CacheRow(kind, u.input_tokens, u.cache_read_tokens, u.output_tokens, after, warm))
+        return reply
+
+
+def _recording(log: list[CacheRow], url: str) -> _Recording:
+    return _Recording(
+        log,
+        "smollm2",
+        base_url=f"{url}/v1",
+        api_key="",
+        max_output_tokens=REPLY_TOKENS,
+        timeout=CALL_SECONDS,
+        deadline=2 * CALL_SECONDS,
+    )
+
+
+async def run_cache(url: str, *, turns: int, warm: bool, offload_dir: Path) -> CacheRun:
+    """One agent of `turns` turns (OpenAI API, automatic compaction, the model its own
+    summarizer), summaries asked warm (the default: the summarizer is the agent's provider) or
+    cold (the same server as a summarizer of its own, as before warm-cache compaction)."""
+    name = f"cache-{'warm' if warm else 'cold'}"
+    log: list[CacheRow] = []
+    model = _recording(log, url)
+    summarizer = None if warm else _recording(log, url)
+    events: list[Event] = []
+    started = time.monotonic()
+    settings = {**config("auto", offload_dir), "compact_trigger": CACHE_TRIGGER}
+    async with model, cmdc.open_runtime(log_events=False) as rt:
+        agent = await rt.spawn(name, model, instructions=INSTRUCTIONS, config=settings, summarizer=summarizer)
+        with rt.subscribe(name, buffer=100_000) as sub:
+            for i in range(turns):
+                with trio.fail_after(TURN_SECONDS):
+                    await agent.prompt(PROMPTS[i % len(PROMPTS)])
+                _drain(sub, events)
+            await agent.stop()
+            _drain(sub, events)
+    if summarizer is not None:
+        await summarizer.aclose()
+    compactions = sum(1 for e in events if e.kind == COMPACTION_END)
+    return CacheRun(name, tuple(log), compactions, time.monotonic() - started)
+
+
+def cache_table(runs: Sequence[CacheRun]) -> str:
+    """Per request (one column pair per run) and per session."""
+    lines = []
+    for run in runs:
+        lines.append(f"{run.name}: request  kind     prompt  cached  evaluated")
+        for i, r in enumerate(run.rows, 1):
+            note = " (after a compaction)" if r.after_change else ""
+            if r.kind == "summary":
+                note = " (warm)" if r.warm else " (cold)"
+            figures = f"{r.prompt:>6}  {r.cached:>6}  {r.evaluated:>9}{note}"
+            lines.append(f"{'':>{len(run.name)}}  {i:>7}  {r.kind:<7} {figures}")
+    lines.append("")
+    head = ("run", "requests", "compactions", "from cache", "steady re-evaluated (max)", "summary evaluated / prompt")
+    rows = []
+    for run in runs:
+        steady = run.steady()
+        summaries = run.summaries()
+        evaluated = sum(r.evaluated for r in summaries)
+        prompt = sum(r.prompt for r in summaries)
+        rows.append(
+            (
+                run.name,
+                str(len(run.rows)),
+                str(run.compactions),
+                f"{run.share():.1%}",
+                f"{max(steady) if steady else 0} (mean {sum(steady) / max(1, len(steady)):.1f})",
+                f"{evaluated / max(1, len(summaries)):.0f} / {prompt / max(1, len(summaries)):.0f} per compaction",
+            )
+        )
+    widths = [max(len(x[i]) for x in (head, *rows)) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in (head, *rows)]
+    cold = [r for run in runs for r in run.summaries() if not r.warm]
+    hot = [r for run in runs for r in run.summaries() if r.warm]
+    if cold and hot:
+        c = sum(r.prompt for r in cold) / len(cold)
+        w = sum(r.evaluated for r in hot) / len(hot)
+        lines.append(
+            f"a warm summarizer request evaluates {w:.0f} tokens on average: {w / c:.0%} of a cold "
+            f"summarizer request's {c:.0f} prompt tokens"
+        )
+    return "\n".join(lines)
+
+
+CACHE_TRIGGER = ("tokens", 1300)
+"""The cache runs' trigger: low enough that the agent's context, the summary instruction and
+the summary's output budget fit the 2,048-token window together (the warm request)."""
+
+
+async def run_caches(url: str, turns: int) -> list[CacheRun]:
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="cmdc-e2e-cache-") as tmp:
+        for warm in (False, True):
+            runs.append(await run_cache(url, turns=turns, warm=warm, offload_dir=Path(tmp)))
+    return runs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tests.e2e import llama_server
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e_llama", description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=22)
+    parser.add_argument("--cache", action="store_true", help="measure the prompt cache: cold vs warm compactions")
     args = parser.parse_args(argv)
     why = llama_server.missing()
     if why is not None:
         print(why, file=sys.stderr)
         return 1
+    if args.cache:
+        with llama_server.cached_server() as server:
+            print(cache_table(trio.run(run_caches, server.url, args.turns)))
+        return 0
     with llama_server.cached_server() as server:
         started = time.monotonic()
         results = trio.run(run_all, server.url, args.turns)

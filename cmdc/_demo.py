@@ -45,8 +45,8 @@ from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from .compaction.finalize import USER_MESSAGES_KEY
 from .compaction.summary import Summarizer
 from .errors import CmdcError, DemoError, ProviderError
-from .events import COMPACTION_END, OVERFLOW, REQUEST, TOOL_END, TOOL_RESULTS_CLIPPED, Event
-from .message import PINNED_KEY, Message, ToolCall
+from .events import COMPACTION_END, OVERFLOW, REQUEST, RESPONSE, TOOL_END, TOOL_RESULTS_CLIPPED, Event
+from .message import PINNED_KEY, Message, TokenUsage, ToolCall
 from .offload import OffloadStore
 from .providers.base import ModelRequest, Provider
 from .providers.simulated import SimulatedModel
@@ -199,6 +199,9 @@ class AgentStats:
     tool_calls: int = 0
     tool_failed: int = 0
     tool_errors: list[str] = attrs.field(factory=list)  # error results seen in the context
+    prompt_tokens: int = 0  # the agent's requests' prompt tokens, as the model reported them
+    cached_tokens: int = 0  # of them, read from the model's prompt cache
+    cache_writes: int = 0  # tokens written to the cache (Anthropic)
 
     @property
     def compactions(self) -> int:
@@ -420,6 +423,12 @@ def _apply(stats: AgentStats, event: Event) -> None:
         tokens = event.data.get("tokens")
         if isinstance(tokens, int):
             stats.tokens = tokens
+    elif event.kind == RESPONSE:
+        usage = event.data.get("usage")
+        if isinstance(usage, TokenUsage):
+            stats.prompt_tokens += usage.input_tokens
+            stats.cached_tokens += usage.cache_read_tokens
+            stats.cache_writes += usage.cache_creation_tokens
     elif event.kind == OVERFLOW:
         stats.overflows += 1
     elif event.kind == TOOL_END:
@@ -811,6 +820,7 @@ def final_table(stats: Sequence[AgentStats], options: DemoOptions) -> list[str]:
         )
 
     lines = [head, rule, *(row(s.name, [s]).rstrip() for s in stats), rule, row("total", stats).rstrip()]
+    lines += [*cache_lines(stats), ""]
     lines += [
         "turns: answered/asked; comp: compactions; tokens: the mean before->after one",
         "tools: calls that worked; users: user messages in the context or quoted in",
@@ -821,6 +831,37 @@ def final_table(stats: Sequence[AgentStats], options: DemoOptions) -> list[str]:
             f"* only the newest user messages within the preserved-messages budget ({user_budget(options):,}",
             "  tokens) must be quoted; older ones are in the journal",
         ]
+    return lines
+
+
+def cache_lines(stats: Sequence[AgentStats]) -> list[str]:
+    """The prompt cache, per agent and in total: the prompt tokens of the agent's requests and
+    of its compactions' summarizer requests, and the share of each read from the cache."""
+
+    def share(cached: int, prompt: int) -> str:
+        return f"{100 * cached / prompt:.0f}%" if prompt else "-"
+
+    def row(name: str, group: Sequence[AgentStats]) -> str:
+        prompt, cached = sum(s.prompt_tokens for s in group), sum(s.cached_tokens for s in group)
+        reports = [r for s in group for r in s.reports]
+        summarizer = sum(r.summarizer_input_tokens for r in reports)
+        summarizer_cached = sum(r.summarizer_cache_read_tokens for r in reports)
+        warm = sum(r.warm_cache for r in reports)
+        both = share(cached + summarizer_cached, prompt + summarizer)
+        return (
+            f"{name:<8} {prompt:>12,} {share(cached, prompt):>6} {summarizer:>11,} "
+            f"{share(summarizer_cached, summarizer):>6} {f'{warm}/{len(reports)}':>6} {both:>6}"
+        )
+
+    head = f"{'cache':<8} {'prompt tok.':>12} {'read':>6} {'summarizer':>11} {'read':>6} {'warm':>6} {'all':>6}"
+    lines = ["", head, "-" * len(head), *(row(s.name, [s]) for s in stats)]
+    if len(stats) > 1:
+        lines.append(row("total", stats))
+    lines.append("prompt tok.: the agents' requests; read: the share served from the prompt cache")
+    lines.append("summarizer: the compactions' requests; warm: asked on the agent's cached prefix")
+    writes = sum(s.cache_writes for s in stats)
+    if writes:
+        lines.append(f"{writes:,} tokens written to the prompt cache")
     return lines
 
 

@@ -24,6 +24,7 @@ from ._frozen import past_bounds
 from .compact_tool import CompactionDesk, current_desk
 from .compaction import Compactor
 from .compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
+from .compaction.warm import AgentContext, set_agent_context
 from .errors import (
     AgentStopped,
     CheckpointError,
@@ -1003,6 +1004,8 @@ class Agent:
         `compaction_cooldown` seconds; an overflow still forces one."""
         forced, self.compact_next = self.compact_next, False
         requested, self.compact_reason = self.compact_reason, None
+        # A compaction in this task may ask the summary on this agent's cached prefix.
+        set_agent_context(AgentContext(self.provider, self.tool_schemas))
         state = await self._mask(state)
         if not forced and requested is None and trio.current_time() < self.compaction_resume_at:
             return state
@@ -1140,6 +1143,7 @@ class Agent:
         `max_forced_compactions`), then once, clipping the trailing tool results (journaled
         whole first); then the overflow reaches the caller with its figures."""
         forced, clipped = 0, False
+        set_agent_context(AgentContext(self.provider, self.tool_schemas))
         while True:
             request = ModelRequest(state.messages, self.tool_schemas, self.options.max_output_tokens)
             self.request_count += 1

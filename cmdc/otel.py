@@ -15,8 +15,9 @@ Spans, after the OpenTelemetry GenAI semantic conventions (development status):
 Attributes: `gen_ai.operation.name`, `gen_ai.agent.name`, `gen_ai.conversation.id` (the agent),
 `gen_ai.provider.name`, `gen_ai.request.model`, `gen_ai.request.max_tokens`, `server.address`
 and `server.port` (HTTP providers), `gen_ai.usage.input_tokens` / `output_tokens` /
-`cache_read.input_tokens` / `cache_creation.input_tokens` (per request, and summed on the
-turn), `gen_ai.response.finish_reasons`, `gen_ai.tool.name` / `call.id` / `type` /
+`cache_read.input_tokens` / `cache_creation.input_tokens` (per request, summed on the turn,
+and on a compaction's span its summarizer requests' sum, with `cmdc.compaction.warm_cache`),
+`gen_ai.response.finish_reasons`, `gen_ai.tool.name` / `call.id` / `type` /
 `description`, `error.type`; compactions carry `cmdc.compaction.*` (reason, tokens and messages
 before and after, evicted, the journal's record range, summarizer and its attempts, passes),
 and the compactor's events (each summarizer attempt, fallbacks) are span events on them.
@@ -121,6 +122,8 @@ class _TurnTotals:
     compactions: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
 
 
 _turn: contextvars.ContextVar[_TurnTotals | None] = contextvars.ContextVar("cmdc_otel_turn", default=None)
@@ -357,6 +360,8 @@ class _Turn(_Record):
             {
                 "gen_ai.usage.input_tokens": totals.input_tokens,
                 "gen_ai.usage.output_tokens": totals.output_tokens,
+                "gen_ai.usage.cache_read.input_tokens": totals.cache_read_tokens,
+                "gen_ai.usage.cache_creation.input_tokens": totals.cache_creation_tokens,
                 "cmdc.turn.requests": totals.requests,
                 "cmdc.turn.tool_calls": totals.tool_calls,
                 "cmdc.turn.compactions": totals.compactions,
@@ -397,6 +402,8 @@ class _Request(_Record):
             if totals is not None:
                 totals.input_tokens += usage.input_tokens
                 totals.output_tokens += usage.output_tokens
+                totals.cache_read_tokens += usage.cache_read_tokens
+                totals.cache_creation_tokens += usage.cache_creation_tokens
         if self.content:
             span.set_attribute("gen_ai.output.messages", self.tracing.messages_json([result]))
 
@@ -461,6 +468,13 @@ class _Compaction(_Record):
         }
         if report.fallback is not None:
             attributes["cmdc.compaction.fallback"] = report.fallback
+        if report.summarizer_input_tokens or report.summarizer_output_tokens:
+            # The summarizer's requests, summed (GenAI usage attributes: what the compaction cost).
+            attributes["gen_ai.usage.input_tokens"] = report.summarizer_input_tokens
+            attributes["gen_ai.usage.output_tokens"] = report.summarizer_output_tokens
+            attributes["gen_ai.usage.cache_read.input_tokens"] = report.summarizer_cache_read_tokens
+            attributes["gen_ai.usage.cache_creation.input_tokens"] = report.summarizer_cache_creation_tokens
+        attributes["cmdc.compaction.warm_cache"] = report.warm_cache
         self.span.set_attributes(attributes)
         if self.content and state is not None:
             summary = next((m for m in state.messages if m.is_summary), None)

@@ -34,6 +34,13 @@ class CompactionReport:
     passes: int = 1
     summary_budget: int = 0  # what the inserted messages could cost at most, in tokens
     fallback: str | None = None  # "clipped", "summary only" or "pointer only" when the rule needed one
+    # The summarizer's requests, summed (zeros when the provider reported no usage): prompt
+    # tokens (cached ones included), of them read from and written to the provider's cache, output.
+    summarizer_input_tokens: int = 0
+    summarizer_cache_read_tokens: int = 0
+    summarizer_cache_creation_tokens: int = 0
+    summarizer_output_tokens: int = 0
+    warm_cache: bool = False  # the summary was asked on the agent's cached prefix
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -152,8 +152,12 @@ async def test_openai_body_limits_streaming_extra_body_and_images(tmp_path: Path
 
 async def test_anthropic_request_body_field_by_field() -> None:
     endpoint = Endpoint((200, anthropic_reply()))
-    provider = AnthropicProvider(
-        "claude-test", base_url="https://anthropic.test", api_key="sk-ant", client=endpoint.client()
+    provider = AnthropicProvider(  # cache breakpoints: tests/test_prompt_cache.py
+        "claude-test",
+        base_url="https://anthropic.test",
+        api_key="sk-ant",
+        client=endpoint.client(),
+        cache_breakpoints=False,
     )
     request = conversation()
     request = ModelRequest(
@@ -216,7 +220,9 @@ async def test_anthropic_body_merges_roles_images_and_defaults(tmp_path: Path) -
     jpg = tmp_path / "photo.jpg"
     jpg.write_bytes(b"\xff\xd8 fake jpeg")
     endpoint = Endpoint((200, anthropic_reply()))
-    provider = AnthropicProvider("claude-test", api_key="k", client=endpoint.client(), stream=False)
+    provider = AnthropicProvider(
+        "claude-test", api_key="k", client=endpoint.client(), stream=False, cache_breakpoints=False
+    )
     await provider.complete(
         ModelRequest(
             [

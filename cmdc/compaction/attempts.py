@@ -13,10 +13,19 @@ import trio
 
 from ..errors import ContextOverflow, SummarizerError, SummarizerTimeout
 from ..events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, SUMMARIZER_SUSPENDED
-from ..message import Message
+from ..message import Message, TokenUsage
+from ..providers.base import STOP_REASON_KEY, ModelRequest, Provider
 from ..tokens import estimate_message_tokens, estimate_text_tokens, estimate_tokens_from_messages
 from .clip import MIN_SUMMARY_TEXT, largest_message, within
-from .summary import TRUNCATED_STOPS, Summarizer, missing_sections, summarize_chunks, summarizer_name
+from .summary import (
+    TRUNCATED_STOPS,
+    Summarizer,
+    bound_answer,
+    missing_sections,
+    summarize_chunks,
+    summarizer_name,
+)
+from .warm import record_usage
 
 if TYPE_CHECKING:
     from .options import CompactorOptions
@@ -104,6 +113,8 @@ class Summary:
     summarizer: str
     attempts: int
     primary_failed: SummaryAttempt | None = None
+    usage: TokenUsage | None = None  # every summarizer request's, summed (None: none reported)
+    warm: bool = False  # written on the agent's cached prefix (`cmdc.compaction.warm`)
 
 
 async def summarize(
@@ -113,15 +124,20 @@ async def summarize(
     emit: Emit,
     max_tokens: int | None = None,
     window: int | None = None,
+    warm: ModelRequest | None = None,
 ) -> Summary:
     """The primary with retries (unless its breaker is open), then each fallback with the same
-    retries, then the failover (at most `retries + 1` times). Every answer is bounded by `max_tokens`; a model's request
+    retries, then the failover (at most `retries + 1` times). With `warm` (a request on the
+    agent's cached prefix, `cmdc.compaction.warm`), the primary's attempts are that request;
+    only an overflow sends the rest of them to the cold request (the instruction and a
+    transcript). Every answer is bounded by `max_tokens`; a model's request
     fits `window`. Raises `SummarizerError` when every attempt failed."""
     tries = Attempts(options, prompt, emit, max_tokens, window)
     breaker = options.breaker if options.fallbacks or options.failover is not None else None
     primary = summarizer_name(options.summarizer)
     skipped: str | None = None  # why the primary was not asked (its breaker is open)
     primary_failed: SummaryAttempt | None = None
+    hot = False  # the primary's answer came on the warm cache
     if breaker is not None and not breaker.admit():
         result = None
         skipped = (
@@ -129,7 +145,12 @@ async def summarize(
             f"({breaker.skipping} more skip it)"
         )
     else:
-        result = await tries.run("primary", options.summarizer, messages, options.retries)
+        made, hot = 0, False
+        if warm is not None and not callable(options.summarizer):
+            result, made = await tries.run_warm(options.summarizer, warm, options.retries)
+            hot = result is not None
+        if warm is None or (made <= options.retries and result is None):
+            result = await tries.run("primary", options.summarizer, messages, options.retries - made)
         if result is None:
             primary_failed = tries.last
         if breaker is not None and breaker.record(result is not None):
@@ -165,7 +186,7 @@ async def summarize(
     if primary_failed is not None or skipped is not None:
         error = skipped if primary_failed is None else describe(primary_failed)
         emit(SUMMARIZER_FALLBACK, summarizer=result[1], attempts=tries.count, error=error)
-    return Summary(result[0], result[1], tries.count, primary_failed)
+    return Summary(result[0], result[1], tries.count, primary_failed, warm=hot and result[1] == primary)
 
 
 class Attempts:
@@ -194,6 +215,53 @@ class Attempts:
             return None
         fixed = (self.max_tokens or 0) + estimate_text_tokens(self.prompt) + 32
         return max(1, int((self.window - fixed) * 0.85))
+
+    async def run_warm(
+        self, summarizer: Provider, request: ModelRequest, retries: int
+    ) -> tuple[tuple[str, str] | None, int]:
+        """Up to `retries + 1` attempts of `request` (on the agent's cached prefix: each costs
+        the provider little), and how many were made; a `ContextOverflow` ends them early (the
+        cold request is smaller: the caller makes it with the attempts left)."""
+        o = self.options
+        name = summarizer_name(summarizer)
+        made = 0
+        while made <= retries:
+            self.count += 1
+            made += 1
+            answer: str | None = None
+            error: BaseException | None = None
+            stop: str | None = None
+            try:
+                with trio.fail_after(o.summarizer_timeout or math.inf):
+                    reply = await summarizer.complete(request)
+                if not isinstance(reply, Message):
+                    raise SummarizerError(f"summarizer provider returned {type(reply).__name__}, not a Message")
+                record_usage(reply.usage)
+                raw = reply.metadata.get(STOP_REASON_KEY)
+                stop = raw if isinstance(raw, str) else None
+                answer = bound_answer(reply.text, self.max_tokens)
+            except trio.TooSlowError:
+                error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={o.summarizer_timeout} s")
+            except ContextOverflow as exc:
+                self._emit(name, "warm", ok=False, error=str(exc))
+                return None, made
+            except Exception as exc:
+                error = exc
+            attempt = SummaryAttempt(self.count, name, "warm", answer, error, request.messages, stop, self.prompt)
+            self.last = attempt
+            try:
+                unusable = bool(o.should_retry(attempt))
+            except Exception:
+                unusable = True
+            usable = not unusable and answer is not None and bool(answer.strip())
+            self._emit(name, "warm", ok=usable, error=None if usable else describe(attempt))
+            if usable and answer is not None:
+                return (answer, name), made
+            if not unusable and error is not None:
+                return None, retries + 1  # the predicate says this error is not worth retrying
+            if made <= retries and o.retry_backoff:
+                await trio.sleep(min(o.max_backoff, o.retry_backoff * 2 ** (made - 1)))
+        return None, made
 
     def _emit(self, name: str, role: str, **data: Any) -> None:
         self.emit(SUMMARIZER_ATTEMPT, summarizer=name, role=role, attempt=self.count, **data)

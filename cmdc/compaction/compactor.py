@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, overload
 
 import attrs
+import orjson
 import trio
 
 from .._check import is_int, optional_integer
@@ -41,13 +42,14 @@ from ..events import (
     EventSink,
     emit,
 )
-from ..message import Message
+from ..message import Message, TokenUsage
 from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
+from ..providers.base import ModelRequest
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
-from ..tokens import TokenCounter, estimate_message_tokens
+from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
 from .breaker import SummarizerBreaker
 from .caches import parse_config
@@ -58,6 +60,7 @@ from .finalize import Finalize, FinalizeContext, run_finalize
 from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares
 from .summary import Summarizer, pointer_message
+from .warm import AgentContext, agent_context, counting, total, warm_request
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
 _CACHED_TOKENS = attrgetter("_tokens")
@@ -144,6 +147,7 @@ class Compactor:
     store = _Option["Store | None"]()
     commit_journal = _Option[bool]()
     breaker = _Option["SummarizerBreaker | None"]()
+    warm_cache = _Option["bool | None"]()
 
     def __init__(
         self,
@@ -172,6 +176,7 @@ class Compactor:
         store: str | os.PathLike[str] | Store | None = None,
         commit_journal: bool = True,
         breaker: SummarizerBreaker | None = None,
+        warm_cache: bool | None = None,
         options: CompactorOptions | None = None,
     ) -> None:
         """The keywords are `CompactorOptions`' (checked there); `options` instead gives them
@@ -201,6 +206,7 @@ class Compactor:
                 store=store,
                 commit_journal=commit_journal,
                 breaker=breaker,
+                warm_cache=warm_cache,
             )
         elif not isinstance(options, CompactorOptions):
             raise ConfigError(f"options must be a CompactorOptions, got {options!r:.80}")
@@ -702,8 +708,35 @@ class Compactor:
             self._emit(kind, state, **data)
 
         model_window = self.options.summarizer_window or window or config.context_window
-        summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window)
-        return summary
+        with counting() as usages:
+            warm = self._warm_request(state, split, prompt, answer_budget, model_window)
+            summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window, warm)
+        return attrs.evolve(summary, usage=total(usages) if usages else None)
+
+    def _warm(self) -> AgentContext | None:
+        """The agent's context when the summary is asked on its cached prefix: the summarizer
+        is a model provider, and `warm_cache` is True, or None with the agent's own provider."""
+        context = agent_context()
+        summarizer = self.options.summarizer
+        if context is None or callable(summarizer) or self.options.warm_cache is False:
+            return None
+        if self.options.warm_cache is None and summarizer is not context.provider:
+            return None
+        return context
+
+    def _warm_request(
+        self, state: State, split: Split, prompt: str, budget: int, window: int | None
+    ) -> ModelRequest | None:
+        """The summarizer request on the agent's cached prefix (`warm.warm_request`), or None
+        when it does not apply or would not fit `window` (the cold request then)."""
+        context = self._warm()
+        if context is None:
+            return None
+        tokens = self.estimate_tokens(state)
+        if state.baseline_index < 0:  # no reported usage (it would count the tools): estimate them
+            schemas = (orjson.dumps(attrs.asdict(t), default=dict).decode() for t in context.tools)
+            tokens += sum(estimate_text_tokens(s) for s in schemas)
+        return warm_request(state.messages, context.tools, prompt, len(split.kept), tokens, budget, window)
 
     # -- finalize ---------------------------------------------------------------------------------
 
@@ -802,6 +835,7 @@ class Compactor:
             duration=trio.current_time() - started,
             summary_budget=budget,
             fallback=fallback,
+            **_usage_fields(summary),
         )
         after = await self._after_compact(new_state, report)
         if after is not new_state:
@@ -862,6 +896,18 @@ def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
     ledger = carry((m for m in split.evicted if m.is_summary), split.evicted, seqs)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
+
+
+def _usage_fields(summary: Summary) -> dict[str, Any]:
+    """The report's figures of the summarizer's requests."""
+    usage = summary.usage or TokenUsage()
+    return {
+        "summarizer_input_tokens": usage.input_tokens,
+        "summarizer_cache_read_tokens": usage.cache_read_tokens,
+        "summarizer_cache_creation_tokens": usage.cache_creation_tokens,
+        "summarizer_output_tokens": usage.output_tokens,
+        "warm_cache": summary.warm,
+    }
 
 
 def _pointer(compaction: int, evicted: int, path: str, first: int = 10**12, last: int = 10**12) -> Message:

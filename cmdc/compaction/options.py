@@ -86,6 +86,10 @@ def _sequence(value: Iterable[Summarizer]) -> tuple[Summarizer, ...]:
         raise ConfigError(f"fallbacks must be a sequence of summarizers, got {value!r:.80}") from None
 
 
+def _optional_bool(value: object) -> bool | None:
+    return None if value is None else _bool(value)
+
+
 def _bool(value: object) -> bool:
     return bool(value)
 
@@ -132,6 +136,10 @@ class CompactorOptions:
     `summarizer_suspended` event, then a `summarizer_fallback` event per skipped compaction).
     `store`: where every agent's journal goes (a directory, a `postgresql://` URL or a store
     object; None: each state's `compact_offload_dir`). `commit_journal`: see `Compactor`.
+    `warm_cache`: ask a model summarizer on the agent's cached prefix (`cmdc.compaction.warm`:
+    the agent's context plus the instruction as a last user message, falling back to the
+    transcript request when that would not fit the window); None (default): only when the
+    summarizer is the agent's own provider; False: never.
     """
 
     summarizer: Summarizer = attrs.field(default=None, converter=_default_summarizer, validator=_primary)
@@ -157,6 +165,7 @@ class CompactorOptions:
     store: Store | None = attrs.field(default=None, converter=_store)
     commit_journal: bool = attrs.field(default=True, converter=_bool)
     breaker: SummarizerBreaker | None = attrs.field(default=None, validator=_breaker)
+    warm_cache: bool | None = attrs.field(default=None, converter=_optional_bool)
 
     def budgets(self, config: CompactConfig, window: int | None = None) -> tuple[int, int, int]:
         """(summary budget, preserved user messages' budget, the summarizer's output limit), in

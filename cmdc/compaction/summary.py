@@ -20,6 +20,7 @@ from ..providers.base import STOP_REASON_KEY, ModelRequest, Provider
 from ..providers.extractive import ExtractiveSummarizer
 from ..providers.transcript import parse_transcript, render_transcript, strip_scratchpad
 from ..tokens import estimate_message_tokens, estimate_text_tokens
+from .warm import record_usage
 
 SummarizeFn = Callable[[Sequence[Message], str], Awaitable[str]]
 Summarizer = Provider | SummarizeFn
@@ -78,6 +79,7 @@ async def call_summarizer_stop(
         reply = await summarizer.complete(request)
         if not isinstance(reply, Message):
             raise SummarizerError(f"summarizer provider returned {type(reply).__name__}, not a Message")
+        record_usage(reply.usage)  # the compaction's report counts the summarizer's tokens
         stop = reply.metadata.get(STOP_REASON_KEY)
         return bound_answer(reply.text, max_tokens), stop if isinstance(stop, str) else None
     if isinstance(summarizer, ExtractiveSummarizer) and max_tokens is not None:

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 import httpx
 
-from .._check import integer, text
+from .._check import flag, integer, text
 from .._frozen import thaw
 from ..errors import IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
@@ -61,13 +61,23 @@ DEFAULT_BASE_URL = "https://api.anthropic.com"
 CONTEXT_WINDOW_EXCEEDED = "model_context_window_exceeded"
 
 
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+"""The `cache_control` of a prompt-cache breakpoint (Anthropic's default five-minute cache)."""
+MAX_BREAKPOINTS = 4
+"""Anthropic accepts at most this many `cache_control` breakpoints per request."""
+
+
 class AnthropicProvider(HTTPProvider):
     """A model behind Anthropic's Messages API.
 
     `base_url` defaults to `ANTHROPIC_BASE_URL`, then `https://api.anthropic.com`; `api_key` to
     `ANTHROPIC_API_KEY` (sent as `x-api-key`; for `https://api.anthropic.com` itself no key is
     a `ConfigError` at construction), `anthropic_version` as `anthropic-version`.
-    `max_output_tokens` is the default `max_tokens` (a request's own limit wins). `timeout`,
+    `max_output_tokens` is the default `max_tokens` (a request's own limit wins).
+    `cache_breakpoints` (default True) marks the prompt for Anthropic's prompt cache:
+    `cache_control: {"type": "ephemeral"}` on the system prompt (else on the last tool), on the
+    newest summary message and on the last message (the rolling tail): at most 3 of the 4
+    breakpoints Anthropic allows; False sends no `cache_control`. `timeout`,
     `max_retries`, `stream`, `headers`, `client`, `name`, `limits` and `deadline` as for
     `OpenAIProvider`.
     """
@@ -88,6 +98,7 @@ class AnthropicProvider(HTTPProvider):
         anthropic_version: str = "2023-06-01",
         limits: ReplyLimits | None = None,
         deadline: float | None = DEFAULT_DEADLINE,
+        cache_breakpoints: bool = True,
     ) -> None:
         super().__init__(
             model=model,
@@ -105,6 +116,7 @@ class AnthropicProvider(HTTPProvider):
         self.api_key = setting(api_key, "ANTHROPIC_API_KEY")
         self.max_output_tokens: int = integer(max_output_tokens, "max_output_tokens")
         self.anthropic_version = text(anthropic_version, "anthropic_version")
+        self.cache_breakpoints: bool = flag(cache_breakpoints, "cache_breakpoints")
         self.url = endpoint(self.base_url, "/v1/messages")
         require_key(
             "AnthropicProvider",
@@ -141,6 +153,7 @@ class AnthropicProvider(HTTPProvider):
         """The JSON body `complete` sends for `request`."""
         system: list[str] = []
         turns: list[tuple[str, list[dict[str, Any]]]] = []
+        summary: dict[str, Any] | None = None  # the newest summary's last block
         for m in request.messages:
             if m.role == "system":
                 if m.text:
@@ -150,20 +163,34 @@ class AnthropicProvider(HTTPProvider):
             blocks = await _blocks(m)
             if not blocks:
                 continue
+            if m.is_summary:
+                summary = blocks[-1]
             if turns and turns[-1][0] == role:
                 turns[-1][1].extend(blocks)
             else:
                 turns.append((role, blocks))
         limit = request.max_output_tokens if request.max_output_tokens is not None else self.max_output_tokens
         body: dict[str, Any] = {"model": self.model, "max_tokens": limit}
+        mark = self.cache_breakpoints
         if system:
-            body["system"] = "\n\n".join(system)
+            joined = "\n\n".join(system)
+            body["system"] = [{"type": "text", "text": joined, "cache_control": dict(EPHEMERAL)}] if mark else joined
         body["messages"] = [{"role": role, "content": _results_first(blocks)} for role, blocks in turns]
         if request.tools:
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": thaw(t.parameters)}
                 for t in request.tools
             ]
+            if mark and not system:  # the prefix is tools, then system: one breakpoint covers both
+                body["tools"][-1]["cache_control"] = dict(EPHEMERAL)
+        if mark and turns:
+            # The newest summary (stable until the next compaction) and the rolling tail (the
+            # next request reads everything up to it from the cache). A marked block is marked
+            # where it sits after `_results_first`: the same dict object.
+            if summary is not None:
+                summary["cache_control"] = dict(EPHEMERAL)
+            tail = body["messages"][-1]["content"][-1]
+            tail["cache_control"] = dict(EPHEMERAL)
         if self.stream:
             body["stream"] = True
         return body

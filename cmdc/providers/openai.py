@@ -208,7 +208,7 @@ class OpenAIProvider(HTTPProvider):
         return Message.assistant(
             _text(message.get("content")),
             tool_calls=_unique(calls),
-            usage=_usage(data.get("usage")),
+            usage=_usage(data.get("usage"), data.get("timings")),
             metadata=reply_metadata(choice.get("finish_reason"), invalid, refused),
         )
 
@@ -267,13 +267,20 @@ def _text(content: object) -> str:
     return ""
 
 
-def _usage(value: object) -> TokenUsage | None:
+def _usage(value: object, timings: object = None) -> TokenUsage | None:
+    """Usage from a reply's `usage` object; the cached prompt tokens from
+    `prompt_tokens_details.cached_tokens` (OpenAI, vLLM, llama-server), else from llama-server's
+    `timings.cache_n` (its older builds report no details)."""
     if not isinstance(value, Mapping):
         return None
     prompt = count(value.get("prompt_tokens"))
     completion = count(value.get("completion_tokens"))
     details = value.get("prompt_tokens_details")
-    cached = count(details.get("cached_tokens")) if isinstance(details, Mapping) else 0
+    if isinstance(details, Mapping) and "cached_tokens" in details:
+        cached = count(details.get("cached_tokens"))
+    else:
+        cached = count(timings.get("cache_n")) if isinstance(timings, Mapping) else 0
+    cached = min(cached, prompt)
     return TokenUsage(
         input_tokens=prompt,
         output_tokens=completion,
@@ -327,7 +334,7 @@ class _Stream:
         chunk = json_object(data, "a stream chunk")
         if chunk.get("error") is not None:  # OpenRouter and others: an error inside the 200 stream
             raise classify(200, self.response.headers, chunk)
-        usage = _usage(chunk.get("usage"))
+        usage = _usage(chunk.get("usage"), chunk.get("timings"))
         if usage is not None:
             self.usage = usage
         for choice in items(chunk.get("choices"), "stream chunk's choices"):

@@ -83,6 +83,9 @@ class SimulatedModel:
     tool rounds since the last user message, it calls 1-2 tools with probability
     `tool_probability`; else it answers with ~`reply_chars` characters of text that quote the
     last user message. Every reply carries usage; `latency` seconds pass before each answer.
+    Like a server's prompt cache, it reports as `cache_read_tokens` the prompt tokens of the
+    messages (and tools) its previous request and answer had in common with this request, as
+    a prefix.
     """
 
     def __init__(
@@ -110,6 +113,21 @@ class SimulatedModel:
         self.overflows = 0
         self._rng = random.Random(seed)
         self._call_ids = 0
+        self._cache: tuple[tuple[ToolSchema, ...], tuple[Message, ...]] = ((), ())
+
+    def cached_tokens(self, request: ModelRequest) -> int:
+        """The prompt tokens of `request` its cached prefix holds (0 when the tools differ)."""
+        tools, messages = self._cache
+        if tools != request.tools:
+            return 0
+        same = 0
+        for a, b in zip(messages, request.messages, strict=False):
+            if a is not b and a != b:
+                break
+            same += 1
+        if not same:
+            return 0
+        return estimate_tokens_from_messages(request.messages[:same]) + sum(tool_schema_tokens(t) for t in tools)
 
     def prompt_tokens(self, request: ModelRequest) -> int:
         """The request's prompt size as this model counts it."""
@@ -141,7 +159,11 @@ class SimulatedModel:
             reply = self._tool_reply(fresh, request.messages)
         else:
             reply = Message.assistant(self._text_reply(request.messages))
-        return reply.evolve(usage=TokenUsage(input_tokens=prompt, output_tokens=estimate_message_tokens(reply)))
+        cached = min(prompt, self.cached_tokens(request))
+        usage = TokenUsage(input_tokens=prompt, output_tokens=estimate_message_tokens(reply), cache_read_tokens=cached)
+        reply = reply.evolve(usage=usage)
+        self._cache = (request.tools, (*request.messages, reply))
+        return reply
 
     def _summary(self, request: ModelRequest) -> str:
         text = "\n".join(m.text for m in request.messages if m.role != "system")

@@ -164,3 +164,19 @@ async def test_a_tool_round_trip(llama: LlamaServer, tmp_path: Path, stream: boo
     print(f"\n{call.name}({call.arguments}) -> {result.text!r} -> {reply.text!r}")
     ran = [e for e in events if e.kind == TOOL_END]
     assert len(ran) == 1 and ran[0].data["tool"] == "get_weather" and not ran[0].data["error"]
+
+
+async def test_prompt_cache_over_a_session_with_warm_compactions(long_run: LlamaServer, tmp_path: Path) -> None:
+    """A 20-turn agent, the model its own summarizer (warm): per request, the prompt tokens the
+    server evaluated and those it served from its cache (printed); between compactions each
+    request evaluates only its new tokens (the previous prompt is all cached); the summarizer
+    requests are made on the agent's cached prefix."""
+    run = await e2e_llama.run_cache(long_run.url, turns=20, warm=True, offload_dir=tmp_path)
+    print("\n" + e2e_llama.cache_table([run]))
+    assert run.compactions >= 1
+    steady = run.steady()
+    assert steady and max(steady) <= 8  # the previous request's prompt, re-evaluated: a constant at most
+    summaries = run.summaries()
+    assert summaries and all(r.warm for r in summaries)
+    assert all(r.cached >= r.prompt // 2 for r in summaries)
+    assert run.share() >= 0.85  # the target (70% with cold summaries)
