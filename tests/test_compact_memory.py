@@ -1,0 +1,67 @@
+"""`cmdc compact` holds a file's messages once: their JSON is built while the journal is
+written, a batch at a time, and let go (the text and the JSON of every message, both held to
+the end, were 3.2x the file's size at peak)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from cmdc import Message, OffloadStore, State
+from cmdc.cli import main
+from cmdc.compaction.clip import reduced
+from cmdc.state import ENCODE_EAGERLY
+
+
+def _messages(n: int) -> list[Message]:
+    return [
+        Message.user(f"question {i} " + "words " * 400) if i % 2 == 0 else Message.assistant(f"a{i}") for i in range(n)
+    ]
+
+
+def test_a_state_made_lazily_encodes_nothing_and_one_made_as_usual_everything() -> None:
+    lazy_msgs, eager_msgs = _messages(4), _messages(4)
+    token = ENCODE_EAGERLY.set(False)
+    try:
+        State(agent_id="a", messages=lazy_msgs)
+    finally:
+        ENCODE_EAGERLY.reset(token)
+    assert all(m._json is None and m._json_crc is None for m in lazy_msgs)
+    State(agent_id="a", messages=eager_msgs)
+    assert all(m._json is not None and m._json_crc is not None for m in eager_msgs)
+
+
+async def test_the_journal_lets_go_of_the_json_it_built_and_reads_back_the_same(tmp_path: Path) -> None:
+    fresh = _messages(700)  # more than one batch of lines
+    kept = _messages(3)
+    for m in kept:
+        m.json_crc()  # encoded when it entered a state: that JSON stays cached
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", [*fresh, *kept], compaction=1)
+    assert all(m._json is None and m._json_crc is None for m in fresh)
+    assert all(m._json is not None for m in kept)
+    back = [r.message for r in await store.records("a")]
+    assert [m.to_json() for m in back] == [m.to_json() for m in [*fresh, *kept]]
+    again = await store.append("a", fresh[:5], compaction=2)  # encoded again when asked for
+    assert again.last_seq - again.first_seq == 4 and fresh[0].json_crc() == back[0].json_crc()
+
+
+async def test_the_summarizers_media_check_caches_no_json(tmp_path: Path) -> None:
+    msgs = _messages(10)
+    written = await OffloadStore(tmp_path, index=False).append("a", msgs, compaction=1)
+    assert all(m._json is None for m in msgs)
+    reduced(msgs, None, written)
+    assert all(m._json is None for m in msgs)
+
+
+def test_compact_output_is_the_same_with_lazy_encoding(tmp_path: Path) -> None:
+    chat = tmp_path / "chat.jsonl"
+    rows = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "x y " * 300} for i in range(60)]
+    chat.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    assert main(["compact", str(chat), "--out", str(tmp_path / "out.jsonl"), "--keep", "4"]) == 0
+    out = [orjson.loads(line) for line in (tmp_path / "out.jsonl").read_bytes().splitlines()]
+    assert [o["content"] for o in out[-4:]] == [r["content"] for r in rows[-4:]]
+    journal = next((tmp_path / ".cmdc" / "conversation_history").glob("*.jsonl"))
+    lines = [orjson.loads(line) for line in journal.read_bytes().splitlines() if b'"message"' in line]
+    assert [o["message"]["content"] for o in lines] == [r["content"] for r in rows[1:-4]]  # the first: the pinned task
