@@ -209,10 +209,20 @@ def _parse(path: Path, box: list[bytes]) -> ChatFile:
     if not first:
         raise ChatFileError(path, "the file is empty: it holds no messages")
     fmt = detect_format(path, data)
-    envelope = _envelope(path, data) if fmt == "json" or first == b"{" else None
+    whole: Any = None  # the document, parsed once (a JSON array, or an object: an envelope?)
+    problem: orjson.JSONDecodeError | None = None
+    if fmt == "json" or first == b"{":
+        try:
+            whole = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            problem = exc
+    envelope = _envelope(path, whole)
+    if envelope is not None or fmt == "json":
+        del data  # parsed: the objects replace the bytes
     if envelope is not None:
         fmt = "json"
-        del data  # parsed: the objects replace the bytes
+    if fmt != "json" or envelope is not None:
+        whole = None
     converter = _Converter()
     messages: list[Message] = []
     if envelope is not None:
@@ -234,11 +244,9 @@ def _parse(path: Path, box: list[bytes]) -> ChatFile:
             except _Problem as exc:
                 raise ChatFileError(path, str(exc), line=number) from None
     else:
-        try:
-            items = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise ChatFileError(path, f"not valid JSON ({_json_problem(exc, with_line=True)})") from None
-        del data  # parsed: the objects replace the bytes
+        if problem is not None:
+            raise ChatFileError(path, f"not valid JSON ({_json_problem(problem, with_line=True)})") from None
+        items, whole = whole, None
         if not isinstance(items, list):
             raise ChatFileError(
                 path,
@@ -256,13 +264,9 @@ def _parse(path: Path, box: list[bytes]) -> ChatFile:
     return ChatFile(path=path, format=fmt, messages=tuple(messages), envelope=None if envelope is None else envelope[1])
 
 
-def _envelope(path: Path, data: bytes) -> tuple[list[Any], dict[str, Any]] | None:
-    """`(messages, other keys)` when `data` is one JSON object holding a `"messages"` array;
-    None when it is something else (JSONL, an array, a single message)."""
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
+def _envelope(path: Path, obj: Any) -> tuple[list[Any], dict[str, Any]] | None:
+    """`(messages, other keys)` when `obj` (a parsed document) is one JSON object holding a
+    `"messages"` array; None when it is something else (an array, a single message, None)."""
     if not isinstance(obj, dict) or "role" in obj or "messages" not in obj:
         return None
     items = obj.pop("messages")

@@ -5,10 +5,13 @@ the end, were 3.2x the file's size at peak)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 
 from cmdc import Message, OffloadStore, State
+from cmdc._chatfile import read_chat
 from cmdc.cli import main
 from cmdc.compaction.clip import reduced
 from cmdc.state import ENCODE_EAGERLY
@@ -65,3 +68,23 @@ def test_compact_output_is_the_same_with_lazy_encoding(tmp_path: Path) -> None:
     journal = next((tmp_path / ".cmdc" / "conversation_history").glob("*.jsonl"))
     lines = [orjson.loads(line) for line in journal.read_bytes().splitlines() if b'"message"' in line]
     assert [o["message"]["content"] for o in lines] == [r["content"] for r in rows[1:-4]]  # the first: the pinned task
+
+
+@pytest.mark.parametrize("shape", ["array", "envelope"])
+def test_a_json_document_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
+    rows = [{"role": "user", "content": f"q{i}"} for i in range(5)]
+    doc = orjson.dumps(rows if shape == "array" else {"model": "m", "messages": rows})
+    path = tmp_path / "chat.json"
+    path.write_bytes(doc)
+    whole: list[int] = []
+    real = orjson.loads
+
+    def counting(data: bytes | str) -> Any:
+        if len(data) == len(doc):
+            whole.append(1)
+        return real(data)
+
+    monkeypatch.setattr(orjson, "loads", counting)
+    chat = read_chat(path)
+    assert [m.text for m in chat.messages] == [r["content"] for r in rows]
+    assert len(whole) == 1  # the bytes, then the objects: never two parsed copies
