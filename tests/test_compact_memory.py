@@ -10,10 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
-from cmdc import Message, OffloadStore, State
+from cmdc import Message, OffloadStore, State, _chatfile
 from cmdc._chatfile import read_chat
 from cmdc.cli import main
 from cmdc.compaction.clip import reduced
+from cmdc.errors import ChatFileError
 from cmdc.state import ENCODE_EAGERLY
 
 
@@ -87,4 +88,37 @@ def test_a_json_document_is_parsed_once(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(orjson, "loads", counting)
     chat = read_chat(path)
     assert [m.text for m in chat.messages] == [r["content"] for r in rows]
-    assert len(whole) == 1  # the bytes, then the objects: never two parsed copies
+    # never two parsed copies; an array of objects is parsed an object at a time
+    assert len(whole) == (0 if shape == "array" else 1)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b' [ {"role":"user","content":"}]{\\"["} ,\n'
+        b'{"role":"assistant","content":"[{","metadata":{"a":[1,{"b":"]"}]}} ]\n',
+        b'[{"role":"user","content":"a"},{"role":"user","content":"b"},]',  # a trailing comma
+        b'[{"role":"user","content":"a"}{"role":"user","content":"b"}]',  # a missing comma
+        b'[{"role":"user","content":"a"}, 3]',
+        b'[{"role":"user","content":"a"}] x',
+        b'[{"role":"nobody","content":"a"}, {"role":"user","content":"b\x01"}]',  # bad role, then bad JSON
+        b'[{"role":"nobody","content":"a"}, {"role":"user","content":"b"}]',
+        b'[{"role":"user","content":"a"}, {"role":"user","content":"\xff"}]',
+        b"[" + b'{"role":"user","content":' * 600 + b'"x"' + b"}" * 600 + b"]",
+    ],
+)
+def test_an_array_read_an_object_at_a_time_reads_as_when_parsed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, doc: bytes
+) -> None:
+    path = tmp_path / "chat.json"
+    path.write_bytes(doc)
+
+    def outcome() -> tuple[str, ...]:
+        try:
+            return tuple(orjson.dumps({**m.to_dict(), "id": ""}).decode() for m in read_chat(path).messages)
+        except ChatFileError as exc:
+            return ("error", str(exc))
+
+    streamed = outcome()
+    monkeypatch.setattr(_chatfile, "_array_messages", lambda path, data: None)  # the whole-document reader
+    assert streamed == outcome()
