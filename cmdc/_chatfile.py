@@ -209,10 +209,24 @@ def _parse(path: Path, box: list[bytes]) -> ChatFile:
     if not first:
         raise ChatFileError(path, "the file is empty: it holds no messages")
     fmt = detect_format(path, data)
-    envelope = _envelope(path, data) if fmt == "json" or first == b"{" else None
+    whole: Any = None  # the document, parsed once (a JSON array, or an object: an envelope?)
+    problem: orjson.JSONDecodeError | None = None
+    if fmt == "json" and first == b"[":
+        streamed = _array_messages(path, data)
+        if streamed is not None:
+            return ChatFile(path=path, format="json", messages=streamed)
+    if fmt == "json" or first == b"{":
+        try:
+            whole = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            problem = exc
+    envelope = _envelope(path, whole)
+    if envelope is not None or fmt == "json":
+        del data  # parsed: the objects replace the bytes
     if envelope is not None:
         fmt = "json"
-        del data  # parsed: the objects replace the bytes
+    if fmt != "json" or envelope is not None:
+        whole = None
     converter = _Converter()
     messages: list[Message] = []
     if envelope is not None:
@@ -234,11 +248,9 @@ def _parse(path: Path, box: list[bytes]) -> ChatFile:
             except _Problem as exc:
                 raise ChatFileError(path, str(exc), line=number) from None
     else:
-        try:
-            items = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise ChatFileError(path, f"not valid JSON ({_json_problem(exc, with_line=True)})") from None
-        del data  # parsed: the objects replace the bytes
+        if problem is not None:
+            raise ChatFileError(path, f"not valid JSON ({_json_problem(problem, with_line=True)})") from None
+        items, whole = whole, None
         if not isinstance(items, list):
             raise ChatFileError(
                 path,
@@ -256,13 +268,83 @@ def _parse(path: Path, box: list[bytes]) -> ChatFile:
     return ChatFile(path=path, format=fmt, messages=tuple(messages), envelope=None if envelope is None else envelope[1])
 
 
-def _envelope(path: Path, data: bytes) -> tuple[list[Any], dict[str, Any]] | None:
-    """`(messages, other keys)` when `data` is one JSON object holding a `"messages"` array;
-    None when it is something else (JSONL, an array, a single message)."""
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
+_ARRAY_TOKEN = re.compile(rb'"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+"|[\[\]{}]')  # a string, or a bracket
+_GAP = re.compile(rb"[ \t\r\n]*")
+_COMMA = re.compile(rb"[ \t\r\n]*,[ \t\r\n]*")
+_DEEP = 512  # nesting past which the whole document is parsed at once (as orjson limits it)
+
+
+def _array_spans(data: bytes) -> list[tuple[int, int]] | None:
+    """Where each object of a JSON array of objects starts and ends in `data`, found by its
+    strings and brackets (each object is checked when parsed); None for anything else (an
+    element not an object, a gap holding more than a comma, deep nesting, bytes after it)."""
+    spans: list[tuple[int, int]] = []
+    depth, begin, end = 0, 0, -1
+    for m in _ARRAY_TOKEN.finditer(data):
+        c = data[m.start()]
+        if c == 0x22:  # a string: inside an object (the array holds objects only)
+            if depth < 2:
+                return None
+            continue
+        if c in (0x7B, 0x5B):  # { [
+            if depth == 0 and (c != 0x5B or data[: m.start()].strip(b" \t\r\n")):
+                return None
+            if depth == 1:
+                if c != 0x7B:
+                    return None
+                gap = _GAP if not spans else _COMMA
+                if not gap.fullmatch(data, spans[-1][1] if spans else end + 1, m.start()):
+                    return None
+                begin = m.start()
+            depth += 1
+            if depth > _DEEP:
+                return None
+            if depth == 1:
+                end = m.start()  # the array's opening bracket
+        else:  # } ]
+            depth -= 1
+            if depth == 1:
+                if c != 0x7D:
+                    return None
+                spans.append((begin, m.end()))
+            elif depth == 0:
+                if c != 0x5D:
+                    return None
+                if not _GAP.fullmatch(data, spans[-1][1] if spans else end + 1, m.start()):
+                    return None
+                return spans if not data[m.end() :].strip(b" \t\r\n") else None
+    return None
+
+
+def _array_messages(path: Path, data: bytes) -> tuple[Message, ...] | None:
+    """The messages of a JSON array of objects, parsed an object at a time (the whole
+    document's objects and the bytes are never held together); None when it is not plainly
+    such an array or any object is not valid JSON: then the whole document is parsed (and
+    its errors are said as for a whole document)."""
+    spans = _array_spans(data)
+    if not spans:
         return None
+    converter = _Converter()
+    messages: list[Message] = []
+    for index, (start, stop) in enumerate(spans):
+        try:
+            obj = orjson.loads(data[start:stop])
+        except orjson.JSONDecodeError:
+            return None
+        try:
+            messages.append(converter.convert(obj))
+        except _Problem as exc:
+            try:  # a document not valid JSON further on is said as that first, as when parsed whole
+                orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return None
+            raise ChatFileError(path, str(exc), index=index) from None
+    return tuple(messages)
+
+
+def _envelope(path: Path, obj: Any) -> tuple[list[Any], dict[str, Any]] | None:
+    """`(messages, other keys)` when `obj` (a parsed document) is one JSON object holding a
+    `"messages"` array; None when it is something else (an array, a single message, None)."""
     if not isinstance(obj, dict) or "role" in obj or "messages" not in obj:
         return None
     items = obj.pop("messages")

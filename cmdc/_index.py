@@ -519,6 +519,26 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
 
 
 _REST_WORDS = 500_000  # distinct words of a huge text's rest that are indexed at most
+TOKEN_SLICE = 16 * 1024
+"""Characters of text `tokens_in_slices` hands to `tokens` at once: the background indexer
+holds the GIL for each regex call, so one call over a 256 KB piece (15 ms idle, 50+ ms on a
+loaded machine) stalled the trio thread."""
+_NOT_IDENTIFIER = re.compile(r"[^\w/.-]")  # a character no token (word or identifier) holds
+
+
+def tokens_in_slices(text: str) -> Iterator[list[str]]:
+    """`tokens(text)`, about `TOKEN_SLICE` characters at a time: each slice ends where no word
+    or identifier runs on, so the tokens are those of the whole text, in order (a run longer
+    than a slice is cut anyway)."""
+    start, n = 0, len(text)
+    while start < n:
+        end = start + TOKEN_SLICE
+        if end < n:
+            m = _NOT_IDENTIFIER.search(text, end, min(n, end + TOKEN_SLICE))
+            end = m.start() if m is not None else end
+        yield tokens(text[start:end])
+        start = end
+
 
 
 def _rest_words(data: bytes, start: int, end: int) -> list[str]:
@@ -540,10 +560,12 @@ def _rest_words(data: bytes, start: int, end: int) -> list[str]:
             while cut > 0 and (text[cut - 1].isalnum() or text[cut - 1] in "_/.-") and len(text) - cut < 4096:
                 cut -= 1
             carry = text[cut:]
-            seen.update(dict.fromkeys(tokens(text[:cut])))
+            for words in tokens_in_slices(text[:cut]):
+                seen.update(dict.fromkeys(words))
             if len(seen) >= _REST_WORDS:
                 break
-        seen.update(dict.fromkeys(tokens(carry)))
+        for words in tokens_in_slices(carry):
+            seen.update(dict.fromkeys(words))
         return list(seen)[:_REST_WORDS]
     except _bigjson._BadJSON:
         return []

@@ -67,7 +67,7 @@ from .events import JOURNAL_DAMAGED, Event
 from .message import Message
 from .message import _encode_default as encode_default
 from .offload import JournalRecord, JournalReport, OffloadStore
-from .state import State, validate_agent_id
+from .state import ENCODE_EAGERLY, State, validate_agent_id
 from .store import Store, open_store
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
@@ -484,12 +484,16 @@ def _compact(args: argparse.Namespace) -> int:
     if not to_stdout:
         _usable_dir(out.parent, "--out")
     summarizer = _summarizer(args)
-    state = State(
-        agent_id=agent,
-        messages=chat.messages,
-        config={"compact_keep": ("messages", args.keep), "compact_offload_dir": str(offload)},
-        compactions=_last_compaction(chat),
-    )
+    lazy = ENCODE_EAGERLY.set(False)  # the file's JSON is built while journaled, a batch at a time
+    try:
+        state = State(
+            agent_id=agent,
+            messages=chat.messages,
+            config={"compact_keep": ("messages", args.keep), "compact_offload_dir": str(offload)},
+            compactions=_last_compaction(chat),
+        )
+    finally:
+        ENCODE_EAGERLY.reset(lazy)
     if args.summarizer != "extractive":  # a model may take a while: say what is going on
         print(f"cmdc compact: summarizing with {args.summarizer} {args.model} ...", file=sys.stderr, flush=True)
     result = trio.run(_run_compaction, state, summarizer, args.instruction, url)

@@ -361,18 +361,21 @@ class Message:
         on its own), so no single call encodes megabytes."""
         data = self._json
         if data is None:
-            try:
-                content = self.content
-                if isinstance(content, str) and len(content) > 4 * _CHECK_SLICE:
-                    data = self._json_in_slices(content)
-                else:
-                    # copied to a bytes object of its own size: orjson's result keeps the
-                    # buffer it wrote into, 4 KB and up to about 10x the JSON, and this one is kept
-                    data = bytes(memoryview(orjson.dumps(self._plain(), default=_encode_default)))
-            except orjson.JSONEncodeError as exc:
-                raise InvalidMessage(f"message {self.id} cannot be stored as JSON: {exc}") from None
+            data = self._encoded()
             object.__setattr__(self, "_json", data)
         return data
+
+    def _encoded(self) -> bytes:
+        """`to_json()`'s bytes, encoded now and not cached (for a look that keeps nothing)."""
+        try:
+            content = self.content
+            if isinstance(content, str) and len(content) > 4 * _CHECK_SLICE:
+                return self._json_in_slices(content)
+            # copied to a bytes object of its own size: orjson's result keeps the
+            # buffer it wrote into, 4 KB and up to about 10x the JSON, and this one is kept
+            return bytes(memoryview(orjson.dumps(self._plain(), default=_encode_default)))
+        except orjson.JSONEncodeError as exc:
+            raise InvalidMessage(f"message {self.id} cannot be stored as JSON: {exc}") from None
 
     def _with_id(self, new_id: str) -> Message:
         """This message under another id, without checking it again (its fields were checked

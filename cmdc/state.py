@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import attrs
@@ -95,6 +96,12 @@ worker thread that first needs its JSON (a journal append, a checkpoint save): e
 megabytes is one long call, which the trio thread, running every agent, must not make."""
 
 
+ENCODE_EAGERLY: ContextVar[bool] = ContextVar("cmdc_state_encode_eagerly", default=True)
+"""False (set around a `State(...)`): its messages are not encoded when it is made, only by
+whatever first needs their JSON (`cmdc compact` journals a whole file once: its messages'
+JSON is built a batch at a time while the journal is written, never all held at once)."""
+
+
 def _encode(m: Message) -> None:
     content = m.content
     if not (isinstance(content, str) and len(content) > ENCODE_LATER):
@@ -146,8 +153,10 @@ class State:
                 index, base = i, usage.total_tokens
                 break
         tail = sum(estimate_message_tokens(m) for m in self.messages[index + 1 :])
+        eager = ENCODE_EAGERLY.get()
         for m in self.messages:
-            _encode(m)  # encode (and checksum) once now, so offloads only copy bytes
+            if eager:
+                _encode(m)  # encode (and checksum) once now, so offloads only copy bytes
             estimate_message_tokens(m)  # and estimate, so a compaction's clipping check is a lookup
         object.__setattr__(self, "_baseline_index", index)
         object.__setattr__(self, "_baseline_tokens", base)

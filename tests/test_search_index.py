@@ -205,3 +205,24 @@ def test_history_verify_checks_the_index(tmp_path: Path, capsys: pytest.CaptureF
     assert "rebuilt from the journal (50 records)" in out
     assert main(["history", str(tmp_path), "a", "--verify"]) == 0
     assert "ok (50 records)" in capsys.readouterr().out
+
+
+async def test_a_huge_records_rest_is_tokenized_in_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The indexer's thread holds the GIL for each regex call: a huge text's rest is tokenized a
+    # slice at a time (one call over a 256 KB piece stalled the trio thread), and its words
+    # and identifiers are all found, also one that runs across where a slice would end.
+    seen: list[int] = []
+    real = _index.tokens
+
+    def counting(text: str) -> list[str]:
+        seen.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(_index, "tokens", counting)
+    filler = " ".join(f"w{i % 997}" for i in range(_index.TEXT_CHARS // 2))
+    tail = "".join(f" part{i} src/mod_{i}/x.py" for i in range(40_000))
+    store = OffloadStore(tmp_path)
+    await store.append("a", [Message.user("x"), Message.tool_result("t", filler + tail)], compaction=1)
+    for query in ("part39999", "src/mod_20000/x.py", "src/mod_0/x.py"):
+        assert [r.seq for r in await store.search("a", query, 1, max_chars=100)] == [2], query
+    assert seen and max(seen) <= 2 * _index.TOKEN_SLICE

@@ -57,7 +57,7 @@ def reduced(messages: Sequence[Message], limit: int | None, written: AppendResul
         if tokens < _MEDIA_MIN_TOKENS:
             large.append(i)  # below the media floor, so above the limit
             continue
-        encoded = m.to_json()
+        encoded = m._json or m._encoded()  # a message not encoded yet (`cmdc compact`'s) stays so
         if b"base64," in encoded or may_hold_base64(encoded):
             plain = without_media(m, where)
             if plain is not m:
