@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -390,6 +391,9 @@ def test_a_ray_started_by_open_cluster_prints_nothing(tmp_path: Path) -> None:
     printed. In a fresh process, without the module's cluster."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    # a Ray directory of its own (short: Ray's sockets live in it), so the module's cluster, when
+    # it runs, is not found and joined instead of a new Ray being started
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     done = subprocess.run(
         [sys.executable, "-c", QUIET_START, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env
     )

@@ -30,6 +30,8 @@ from .warm import record_usage
 if TYPE_CHECKING:
     from .options import CompactorOptions
 
+_WARM = "warm"  # the role of a summarizer request made on the agent's own cached context
+
 
 @attrs.frozen
 class SummaryAttempt:
@@ -243,18 +245,18 @@ class Attempts:
             except trio.TooSlowError:
                 error = SummarizerTimeout(f"{name}: no answer within summarizer_timeout={o.summarizer_timeout} s")
             except ContextOverflow as exc:
-                self._emit(name, "warm", ok=False, error=str(exc))
+                self._emit(name, _WARM, ok=False, error=str(exc))
                 return None, made
             except Exception as exc:
                 error = exc
-            attempt = SummaryAttempt(self.count, name, "warm", answer, error, request.messages, stop, self.prompt)
+            attempt = SummaryAttempt(self.count, name, _WARM, answer, error, request.messages, stop, self.prompt)
             self.last = attempt
             try:
                 unusable = bool(o.should_retry(attempt))
             except Exception:
                 unusable = True
             usable = not unusable and answer is not None and bool(answer.strip())
-            self._emit(name, "warm", ok=usable, error=None if usable else describe(attempt))
+            self._emit(name, _WARM, ok=usable, error=None if usable else describe(attempt))
             if usable and answer is not None:
                 return (answer, name), made
             if not unusable and error is not None:
