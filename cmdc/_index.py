@@ -226,6 +226,7 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool
         try:
             conn.execute("PRAGMA journal_mode=TRUNCATE")
             conn.execute("PRAGMA synchronous=OFF")  # derived: a damaged index is rebuilt
+            conn.execute("PRAGMA cache_size=-32768")  # 32 MB: a rebuild's inserts into its B-trees stay in memory
             have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if "meta" not in have:
                 conn.execute("BEGIN IMMEDIATE")
@@ -446,7 +447,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
             folded = text.casefold()
             ids = (
                 [m[0].translate(_SEPARATORS) for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
-                if _JOINED.search(folded)  # most texts hold no identifier: one quick look
+                if ("/" in folded or "." in folded or "-" in folded) and _JOINED.search(folded)  # most hold none
                 else []
             )
             if clipped:  # a huge text: its head indexed as it is, every other word once
