@@ -236,6 +236,7 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool
         try:
             conn.execute("PRAGMA journal_mode=TRUNCATE")
             conn.execute("PRAGMA synchronous=OFF")  # derived: a damaged index is rebuilt
+            conn.execute("PRAGMA cache_size=-32768")  # 32 MB: a rebuild's inserts into its B-trees stay in memory
             have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if "meta" not in have:
                 conn.execute("BEGIN IMMEDIATE")
@@ -456,7 +457,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
             folded = text.casefold()
             ids = (
                 [m[0].translate(_SEPARATORS) for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
-                if _JOINED.search(folded)  # most texts hold no identifier: one quick look
+                if ("/" in folded or "." in folded or "-" in folded) and _JOINED.search(folded)  # most hold none
                 else []
             )
             if clipped:  # a huge text: its head indexed as it is, every other word once
@@ -668,16 +669,62 @@ Span = tuple[int, int, int]  # seq, byte offset, length
 
 
 def search(conn: sqlite3.Connection, query: str, limit: int) -> list[Span]:
-    """The visible records best matching `query` by BM25, at most `limit`, best first."""
+    """The visible records best matching `query` by BM25, at most `limit`, best first.
+
+    Two cheap steps before the exact query: the phrase joins the match only when some record
+    holds it (a record without it scores the same either way, so leaving it out changes no
+    score); and the best `_CANDIDATES` by FTS5's own rank (no join) give the answer when
+    enough of them, visible and weighted, still score above the last candidate (a weight
+    only lowers a score, so nothing past the candidates can beat them)."""
     terms, phrase = query_terms(query)
     if not terms:
         return []
+    held = "SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1"
+    if phrase is not None and conn.execute(held, (_quoted(phrase),)).fetchone() is None:
+        phrase = None
+    expression = match_expression(terms, phrase)
+    want = max(limit, 0)
+    if want and want <= _CANDIDATES // 4:
+        found = _from_candidates(conn, expression, want)
+        if found is not None:
+            return found
     sql = (
         "SELECT r.seq, r.off, r.len FROM fts JOIN recs r ON r.seq = fts.rowid "
         "WHERE fts MATCH ? AND r.vis = 1 "
         f"ORDER BY bm25(fts) * (CASE r.summary WHEN 1 THEN {SUMMARY_WEIGHT} ELSE 1.0 END), r.seq LIMIT ?"
     )
-    return conn.execute(sql, (match_expression(terms, phrase), limit)).fetchall()
+    return conn.execute(sql, (expression, limit)).fetchall()
+
+
+_CANDIDATES = 200
+"""Records a search takes by FTS5's rank alone before it looks at which are visible (see `search`)."""
+
+
+def _from_candidates(conn: sqlite3.Connection, expression: str, limit: int) -> list[Span] | None:
+    """The best `limit` visible records by weighted BM25 if the best `_CANDIDATES` by plain BM25
+    decide them, else None. Scores are FTS5's (lower is better); a summary's is multiplied by
+    `SUMMARY_WEIGHT` (so it rises, it never falls): a record past the candidates scores at least
+    the last candidate's (ties go to the lower number, as in `search`), and the answer holds only
+    when `limit` visible candidates rank strictly before it."""
+    sql = "SELECT rowid, bm25(fts) AS score FROM fts WHERE fts MATCH ? ORDER BY score, rowid LIMIT ?"
+    ranked = conn.execute(sql, (expression, _CANDIDATES)).fetchall()
+    score = dict(ranked)
+    if not score:
+        return []
+    marks = ",".join("?" * len(score))
+    rows = [
+        (seq, off, length, vis, summary, score[seq])
+        for seq, off, length, vis, summary in conn.execute(
+            f"SELECT seq, off, len, vis, summary FROM recs WHERE seq IN ({marks})", list(score)
+        )
+    ]
+    bound = (ranked[-1][1], ranked[-1][0])  # the last candidate: (score, number)
+    scored = sorted(
+        (row[5] * (SUMMARY_WEIGHT if row[4] else 1.0), row[0], row[1], row[2]) for row in rows if row[3] == 1
+    )[:limit]
+    if len(score) >= _CANDIDATES and (len(scored) < limit or scored[-1][:2] >= bound):
+        return None
+    return [(seq, off, length) for _, seq, off, length in scored]
 
 
 def span_range(conn: sqlite3.Connection, first: int, last: int) -> list[Span]:

@@ -226,3 +226,36 @@ async def test_a_huge_records_rest_is_tokenized_in_slices(tmp_path: Path, monkey
     for query in ("part39999", "src/mod_20000/x.py", "src/mod_0/x.py"):
         assert [r.seq for r in await store.search("a", query, 1, max_chars=100)] == [2], query
     assert seen and max(seen) <= 2 * _index.TOKEN_SLICE
+async def test_search_through_candidates_ranks_as_the_exact_query(tmp_path: Path) -> None:
+    """A search first ranks FTS5's best candidates alone; with many ties (equal scores), many
+    summaries (weighted down) and records an uncommitted attempt hides, its answer is the exact
+    query's, best first, ties to the lower number."""
+    from cmdc.message import KIND_KEY, SUMMARY_KIND
+
+    store = OffloadStore(tmp_path)
+    msgs = [
+        Message.user(
+            f"alpha beta {'gamma' if i % 3 else 'delta'} row{i}",
+            metadata={KIND_KEY: SUMMARY_KIND} if i % 4 == 0 else {},
+        )
+        for i in range(600)
+    ]
+    await store.append("a", msgs, compaction=1)
+    await store.append(
+        "a", [Message.user(f"alpha alpha beta hidden{i}") for i in range(300)], attempt=new_attempt_id(), commit=False
+    )
+    exact = (
+        "SELECT r.seq, r.off, r.len FROM fts JOIN recs r ON r.seq = fts.rowid WHERE fts MATCH ? AND r.vis = 1 "
+        f"ORDER BY bm25(fts) * (CASE r.summary WHEN 1 THEN {_index.SUMMARY_WEIGHT} ELSE 1.0 END), r.seq LIMIT ?"
+    )
+    assert await store.search("a", "alpha", limit=1)  # brings the index up to date
+    conn = _index.connect(store.path_for("a"), [])
+    try:
+        for query in ("alpha", "alpha beta", "gamma row7", "delta beta alpha", "beta gamma"):
+            for limit in (1, 5, 10, 50):
+                terms, phrase = _index.query_terms(query)
+                want = conn.execute(exact, (_index.match_expression(terms, phrase), limit)).fetchall()
+                assert _index.search(conn, query, limit) == want, (query, limit)
+                assert len(want) == limit
+    finally:
+        conn.close()
