@@ -12,7 +12,6 @@ the tool result the model reads back.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 import httpx
@@ -20,6 +19,7 @@ import orjson
 import trio
 
 import cmdc
+from benchmarks._stall import turn_beside_a_neighbour
 from cmdc.providers import OpenAIProvider, ScriptedProvider
 
 
@@ -48,33 +48,10 @@ async def run(keys: int) -> None:
         """Add two integers."""
         return a + b
 
-    worst = 0.0
-    pings = 0
     async with cmdc.open_runtime(log_events=False) as rt:
         agent = await rt.spawn("a1", provider, tools=[add])
         neighbour = await rt.spawn("n1", ScriptedProvider([f"a{i}" for i in range(100_000)]))
-        finished = trio.Event()
-
-        async def probe() -> None:
-            nonlocal worst
-            while not finished.is_set():
-                t = trio.current_time()
-                await trio.sleep(0.002)
-                worst = max(worst, trio.current_time() - t - 0.002)
-
-        async def chat() -> None:
-            nonlocal pings
-            while not finished.is_set():
-                await neighbour.prompt("q")
-                pings += 1
-
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(probe)
-            nursery.start_soon(chat)
-            await agent.prompt("go")
-            elapsed = time.perf_counter() - t0
-            finished.set()
+        elapsed, worst, pings = await turn_beside_a_neighbour(agent, neighbour)
         state = await agent.state()
     result: Any = next(m for m in state.messages if m.role == "tool")
     print(

@@ -18,7 +18,6 @@ import argparse
 import gc
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import trio
 
 import cmdc
 import cmdc.mcp
+from benchmarks._stall import turn_beside_a_neighbour
 from cmdc.providers import ScriptedProvider
 
 HOSTILE = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_hostile.py")
@@ -46,39 +46,16 @@ async def one(mb: int) -> tuple[float, float, float, int]:
     size = mb * 1024 * 1024
     server = cmdc.mcp.stdio(sys.executable, HOSTILE, name="hostile", restarts=None)
     provider = ScriptedProvider([ScriptedProvider.tool_call("huge", {"size": size}), "done"])
-    worst = 0.0
-    turns = 0
     async with cmdc.open_runtime(log_events=False) as rt:
         # no cap at arrival (the tiers'): what is measured is the MCP reader and its own clip
         agent = await rt.spawn("a1", provider, tools=[server], config={"tool_result_limit": None})
         neighbour = await rt.spawn("n1", ScriptedProvider([f"a{i}" for i in range(100_000)]))
-        done = trio.Event()
         gc.collect()
         gc.freeze()  # the setup's objects (the neighbour's script) are not the reader's to scan
-
-        async def probe() -> None:
-            nonlocal worst
-            while not done.is_set():
-                t = trio.current_time()
-                await trio.sleep(0.002)
-                worst = max(worst, trio.current_time() - t - 0.002)
-
-        async def chat() -> None:
-            nonlocal turns
-            while not done.is_set():
-                await neighbour.prompt("q")
-                turns += 1
-
-        t0 = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(probe)
-            nursery.start_soon(chat)
-            await agent.prompt("go")
-            elapsed = time.perf_counter() - t0
-            done.set()
+        elapsed, worst, turns = await turn_beside_a_neighbour(agent, neighbour)
         state = await agent.state()
     result = next(m for m in state.messages if m.role == "tool")
-    return elapsed, worst * 1000, turns / elapsed, len(result.content.encode())
+    return elapsed, worst * 1000, turns / elapsed, len(result.text.encode())
 
 
 async def idle(seconds: float = 2.0) -> float:
