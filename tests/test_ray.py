@@ -132,7 +132,7 @@ async def test_spawn_and_talk_to_agents_across_three_nodes(cluster: Cluster, pos
             again = await rt.spawn("agent-1", model(), resume=True)
             assert len((await again.state()).messages) == len((await refs[2].state()).messages)
             stats = await rt.stats()
-            assert sum(s["resident"] for s in stats.values()) == 13
+            assert sum(s["resident"] for s in stats.values()) == len(names) + 1  # every agent-N, and "slow"
 
 
 @pytest.mark.parametrize(
