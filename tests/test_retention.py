@@ -46,6 +46,7 @@ from cmdc.compaction.ledger import (
     Entry,
     Ledger,
     carry,
+    decisions,
     fit,
     merge,
     observe,
@@ -136,6 +137,65 @@ def test_the_ledger_reads_what_structure_gives() -> None:
     assert "[PAY-17]" in text and any(e.kind == ERROR for e in entries)
     assert "## Open tasks" not in text  # no tasks: that section is left out
     assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT, ERROR))
+
+
+# Decisions as people write them (the extractor's own examples: in-sample; the benchmark's
+# held-out phrasings are never used to design it), and ordinary sentences that decide nothing.
+DECIDED = (
+    "Let's use Postgres here \u2014 SQLite falls over with concurrent writers.",
+    "I went with a dataclass instead of a dict so the fields are typed.",
+    "Switching the cache to Redis because the in-process one doesn't survive restarts.",
+    "OK, SQLAlchemy it is. The team already knows it.",
+    "We'll keep the sync client for now; the async rewrite can wait.",
+    "I'd rather not add another dependency, so I wrote the retry loop by hand.",
+    "Better to fail loudly here than return a partial export.",
+    "Use httpx, not requests: we need HTTP/2.",
+    "Pick the token bucket; a fixed window lets bursts through at the boundary.",
+    "Since the workers are stateless, we should put uploads in object storage.",
+    "Given the deadline, I'll skip the migration tool and write the SQL by hand.",
+    "Dropping Celery in favour of plain cron jobs, which is all we need.",
+    "Prefer composition over inheritance for the handlers to keep them testable.",
+    "Stick with pytest fixtures, the team knows them.",
+    "No ORM for this service. The queries are simple and we want to see the SQL.",
+    "We're moving the config to TOML because YAML's implicit typing bit us twice.",
+    "I picked 30 seconds for the timeout as the load balancer cuts at 60.",
+    "Going with UTC everywhere to avoid DST bugs.",
+)
+NOT_DECIDED = (
+    "I'll read the config file first.",
+    "Let me run the tests again.",
+    "Since the last change, two tests fail.",
+    "Can we use Redis for this?",
+    "Should I switch to the other branch because of the conflict?",
+    "I'll use grep to find the callers.",
+    "This function is faster than the old one.",
+    "We need to keep the test suite green.",
+    "The export keeps failing because the header is missing.",
+    "I moved the helper to utils.py.",
+    "Picked up the new config.",
+    "Use indigo-ember-71 as the queue name for the sessions jobs.",
+    "The failure is in test_export: the tenant header is missing from the request.",
+    "Next I'll update the docs for the header.",
+    "That error comes from the validator, not the handler.",
+)
+
+
+@pytest.mark.parametrize("text", DECIDED)
+def test_a_choice_with_its_reason_is_a_decision_in_any_phrasing(text: str) -> None:
+    found = decisions(text)
+    assert len(found) == 1 and text.startswith(found[0].split(". ")[0])  # the reason kept with its choice
+    assert found[0].rstrip(".") in text or found[0] == text
+
+
+@pytest.mark.parametrize("text", NOT_DECIDED)
+def test_plans_questions_and_observations_are_not_decisions(text: str) -> None:
+    assert decisions(text) == []
+
+
+def test_a_reason_in_the_next_sentence_is_read_with_its_choice() -> None:
+    entries = observe([Message.assistant("Reading the profile. OK, orjson it is. The stdlib one is too slow.")], [7])
+    [entry] = [e for e in entries if e.kind == DECISION]
+    assert "orjson it is" in entry.text and "too slow" in entry.text and entry.seq == 7
 
 
 def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:

@@ -145,34 +145,53 @@ _MODAL = re.compile(
     r"required?|requirements?|mandatory|make sure|ensure|don't|do not|doesn't|cannot|can't|may|"
     r"at (?:most|least)|no (?:more|less|later|earlier) than|only|exactly|limit(?:ed)?|keep|avoid)\b"
 )
-_DECIDED = re.compile(
-    r"(?i)\b(?:decid(?:e|ed|ing)|decision|chose|chosen|settled? on|went with|opted for|"
-    r"standardi[sz](?:e|ed|ing) on|agreed on)\b"
+# A decision is a choice made with a reason, written the way people write them, in any order and
+# any register: a choice ("let's go with", "we'll use", "switch to", "stick with", "X it is",
+# "prefer", "drop", "decided"), often the alternative ("rather than", "instead of", "over",
+# "not Y"), and a reason ("because", "since", "as it", "given", "so that", "to avoid", a
+# comparison, a clause after a colon or a dash), in the same sentence or the next one.
+_SAID_DECIDED = re.compile(
+    r"(?i)\b(?:decid(?:e|ed|ing)\b|decision\b|chose\b|chosen\b|settled (?:on|for)|opted (?:for|to)|went with|"
+    r"went for|standardi[sz]ed on|agreed (?:on|to)|we picked|i picked)"
 )
-_DECIDED_WORDS = ("decid", "decision", "chose", "chosen", "settle", "went with", "opted", "standardi", "agreed on")
-_REASON_WORDS = (
-    "because", "since", " as ", "so that", "so we", "so it", "so the", "due to", "given", "avoid", "keep",
-    "which ", "otherwise", "rather than", "instead of", "reason", "option", "alternative", "trade", "versus", "vs",
-)  # fmt: skip
-
-
-def _may_decide(text: str) -> bool:
-    """A quick test of a whole message (substrings, no regex) before its sentences are read."""
-    low = text.lower()
-    return any(w in low for w in _DECIDED_WORDS) or any(w in low for w in _REASON_WORDS)
-
-
-_CHOICE = re.compile(
-    r"(?i)\b(?:decid\w*|decision|chose|choose|chosen|choosing|go(?:ing)? with|went with|opt(?:ed|ing)? for|"
-    r"settle[ds]? on|settling on|going with|pick(?:ed|ing)?|prefer(?:red|ring)?|switch(?:ed|ing)? to|"
-    r"stick(?:ing)? with|"
-    r"rather than|instead of|in favou?r of|over\b(?= \w+ (?:because|since|as))|we'll use|let's use|use \S+ for)"
+_CHOICE_VERB = (
+    r"choos\w*|choice|pick(?:ed|ing|s)?\b|opt(?:ed|ing|s)? (?:for|to)|settl\w* (?:on|for)|"
+    r"go(?:es|ing)? (?:with|for)|stick(?:ing|s)? (?:with|to)|stay(?:ing|s)? (?:with|on)|"
+    r"(?:switch(?:ed|ing|es)?|mov(?:e|ed|ing)|migrat\w*|port(?:ed|ing)?) (?:[\w.-]+ ){0,4}?(?:to|over to|onto)\b|"
+    r"(?:^|(?<=[.!?:;] ))(?:use|try|pick|take|keep|go) |(?:^|(?<=[.!?:;] ))no [\w.-]+(?: [\w.-]+)? (?:for|in|here)\b|"
+    r"better to\b|best to\b|rather\b|"
+    r"standardi[sz]\w* on|adopt\w*|select(?:ed|ing)?\b|prefer\w*|favou?r(?:ed|ing)?\b|replac\w* |swap\w*|"
+    r"drop(?:ped|ping)?\b|ditch\w*|abandon\w*|keep(?:ing)? (?:using|with)|rule[ds]? out|"
+    r"(?:let's|let us|we'll|we will|we should|we're going to|we are going to|i'll|i will|i'd|we'd|"
+    r"i'm going to|the plan is to|better to|best to|we can just|just) (?:\w+ )?(?:use|keep|take|try|build|store|"
+    r"put|run|rely|write|ship|do|make|go|stay|avoid|skip|not)\b|"
+    r"it is[.!;:,\u2014-]|it is$|wins\b|the way to go|the (?:right|safer|better) "
+    r"(?:call|choice|bet|option|fit|pick)|better (?:fit|option|choice|bet|pick)|makes (?:more )?sense"
 )
+_ALTERNATIVE = (
+    r"rather than|instead of|instead\b|than\b|in favou?r of|over (?!the |a |an |it |time|there|here)|vs\.?(?= )|"
+    r"versus|alternatives?\b|other options?\b|not \w+ but|against\b|(?:better|simpler|faster|safer|cheaper|"
+    r"easier|lighter|smaller|more \w+|less \w+) than"
+)
+_CHOICE = re.compile(rf"(?im)\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})")
+_ALTERNATIVE_RE = re.compile(rf"(?i)\b(?:{_ALTERNATIVE})")
 _REASON = re.compile(
-    r"(?i)\b(?:because|since|as (?:it|they|we|that|this)|so that|so (?:we|it|the)|due to|given (?:that|the)|"
-    r"to avoid|to keep|which (?:means|keeps|avoids)|otherwise|rather than|instead of|the reason|"
-    r"other option|alternatives?|trade-?offs?|versus|vs\.?)\b"
+    r"(?i)\b(?:because|'cause|cuz|since|as (?:it|they|we|there|you|nothing|everything|both|each|only|long as|well)\b|"
+    r"as (?:the|this|that|these|our|their|its) \w+(?: \w+)? (?:is|are|was|were|has|have|had|does|do|did|can|will|"
+    r"would|\w+s)\b|given(?: that)?|due to|owing to|thanks to|so that|so (?:we|it|the|that|"
+    r"nothing|there|they|you|i|no)|in order to|to (?:avoid|keep|make sure|prevent|stay|save|reduce|cut|get|spare)|"
+    r"otherwise|that way|which (?:means|is|makes|keeps|avoids|gives|lets|saves|matters|would)|the reason|"
+    r"reasoning|the point is|considering|now that|for (?:speed|safety|simplicity|consistency)|"
+    r"the (?:upside|benefit|advantage|downside|catch|problem|issue|trouble)|too (?:slow|heavy|big|complex|fragile|"
+    r"risky|expensive|much|many|old|new)|\w+er than|more \w+ than|less \w+ than|fewer|"
+    r"(?:doesn't|does not|don't|do not|can't|cannot|won't|isn't|aren't|wasn't|wouldn't|couldn't|didn't|lacks?)\b|"
+    r"(?:it|it's|that's|this|which|they|they're|its|their) (?:\w+ )?(?:works?|supports?|handles?|runs?|needs?|"
+    r"requires?|has|have|keeps?|avoids?|gives?|lets?|saves?|makes?|already|only|never|always|must|can|will|would)\b|"
+    r"we (?:need|want|must|have to|can't|cannot|don't|already)|already|knows?|familiar|"
+    r"(?:faster|slower|simpler|safer|cheaper|easier|lighter|smaller|quicker|cleaner|more \w+|less \w+)\b)"
 )
+_EXPLAINED = re.compile(r"[:;\u2014\u2013]\s*\S+(?:\s+\S+){2,}|\s[-\u2013]{1,2}\s+\S+(?:\s+\S+){2,}")
+"""A clause after a colon, a semicolon or a dash (a choice's reason is often written so)."""
 _CHECKBOX = re.compile(r"^\s*(?:[-*+]|\d+[.)])?\s*\[([ xX])\]\s+(.+?)\s*$")
 _TODO_LINE = re.compile(r"^\s*(?:[-*+]\s*)?TODO\b[:\s]\s*(.+?)\s*$")
 _PLAN = re.compile(
@@ -238,14 +257,53 @@ def states_something(sentence: str) -> tuple[bool, int]:
     return False, 0
 
 
-def is_decision(sentence: str) -> bool:
+def _reasoned(sentence: str) -> bool:
+    """Whether `sentence` gives a reason outside the words that make its choice."""
+    choices = [m.span() for m in _CHOICE.finditer(sentence)]
+    for m in _REASON.finditer(sentence):
+        if not any(lo <= m.start() and m.end() <= hi for lo, hi in choices):
+            return True
+    return bool(_EXPLAINED.search(sentence))
+
+
+def is_decision(sentence: str, following: str = "") -> bool:
     """A sentence that states a decision outright, or makes a choice and gives a reason (or
-    names the alternative)."""
-    if not _may_decide(sentence):
-        return False
-    if _DECIDED.search(sentence):
+    names the alternative): the reason in `sentence` or in the `following` sentence."""
+    if sentence.rstrip().endswith("?"):
+        return False  # a question decides nothing
+    if _SAID_DECIDED.search(sentence):
         return True
-    return bool(_CHOICE.search(sentence)) and bool(_REASON.search(sentence))
+    choices = _CHOICE.findall(sentence)
+    if not choices:
+        return False
+    if _reasoned(sentence):
+        return True
+    if len(choices) > 1 and _ALTERNATIVE_RE.search(sentence):
+        return True  # a choice and what it was chosen over
+    return bool(following) and not following.rstrip().endswith("?") and bool(_REASON.search(following))
+
+
+def decisions(text: str) -> list[str]:
+    """The decisions `text` states, each a sentence (with the next one when that one gives the
+    reason). Only text with a choice word in it is split into sentences."""
+    if not _CHOICE.search(text) and not _SAID_DECIDED.search(text):
+        return []
+    found: list[str] = []
+    sentences = _sentences(text)
+    i = 0
+    while i < len(sentences):
+        sentence = sentences[i]
+        following = sentences[i + 1] if i + 1 < len(sentences) else ""
+        i += 1
+        if len(sentence) < 8 or not is_decision(sentence, following):
+            continue
+        self_contained = _SAID_DECIDED.search(sentence) or _reasoned(sentence)
+        if not self_contained and following and _REASON.search(following):
+            found.append(f"{sentence} {following}")
+            i += 1  # the reason is read with its choice
+        else:
+            found.append(sentence)
+    return found
 
 
 @functools.lru_cache(maxsize=256)
@@ -389,17 +447,18 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
     """Decisions (any role), stated values (the user's), the to-do lines, and with `plan` the
     plan an assistant message states (the newest one's is the last step before the summary)."""
     out = _checkboxes(text, seq, own=role == "assistant")
-    if role != "user" and not plan and not _may_decide(text):
-        return out  # nothing else to find in it: no sentence is looked at
+    decided = decisions(text)
+    for said in decided:
+        said = _safe(said, seq)
+        out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, 2))
+    if role != "user" and not plan:
+        return out  # nothing else to find in it
     stated: list[str] = []
     best = 0
     steps: list[str] = []
+    within = " ".join(decided)
     for sentence in _sentences(text):
-        if len(sentence) < 8:
-            continue
-        if is_decision(sentence):
-            said = _safe(sentence, seq)
-            out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, 2))
+        if len(sentence) < 8 or (decided and sentence in within):
             continue
         if role == "user":
             says, rank = states_something(sentence)
