@@ -56,6 +56,7 @@ class Score:
     summary_tokens: int
     summary_budget: int
     missed: tuple[str, ...] = ()
+    decision_kinds: dict[str, tuple[int, int]] = attrs.field(factory=dict)  # by phrasing set (probe kind)
 
     def ratio(self, category: str, level: str = "context") -> float | None:
         done, total = (self.context if level == "context" else self.recall)[category]
@@ -156,8 +157,12 @@ async def _score(state: State, report: Any, active: list[Probe], turn: int, tool
     held = dict.fromkeys(CATEGORIES, (0, 0))
     pending: bool | None = None
     missed: list[str] = []
+    kinds: dict[str, tuple[int, int]] = {}
     for p in active:
         ok = in_context(p, units)
+        if p.category == DECISION:
+            key = f"{p.kind}{'/held-out' if p.held_out else ''}"
+            kinds[key] = (kinds.get(key, (0, 0))[0] + ok, kinds.get(key, (0, 0))[1] + 1)
         done, total = context[p.category]
         context[p.category] = (done + ok, total + 1)
         if not ok:
@@ -182,6 +187,7 @@ async def _score(state: State, report: Any, active: list[Probe], turn: int, tool
         report.summary_tokens,
         report.summary_budget,
         tuple(missed),
+        kinds,
     )
 
 
@@ -196,6 +202,20 @@ def _sum(scores: Sequence[Score], field: str, category: str) -> tuple[int, int]:
     """(passed, applicable) summed over `scores`, of `field` ("context", "recall", "trained",
     "held_out") for `category`."""
     pairs = [getattr(s, field)[category] for s in scores]
+    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+PHRASING_SETS = {
+    "decision": "training",
+    "decision/held-out": "held-out (first set)",
+    "decision_late": "written later, then tuned on",
+    "decision_fresh/held-out": "held-out (fresh set)",
+}
+"""The decision probes' phrasing sets (`benchmarks.sessions.DECISIONS`), as the table names them."""
+
+
+def _sum_kind(scores: Sequence[Score], kind: str) -> tuple[int, int]:
+    pairs = [s.decision_kinds.get(kind, (0, 0)) for s in scores]
     return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
 
 
@@ -216,6 +236,10 @@ def summary_rows(scores: Sequence[Score]) -> dict[str, str]:
         row[f"{c} recall"] = _pct(*_sum(first, "recall", c))
     for c in (RECALL, DECISION):
         row[f"{c}: trained / held-out"] = f"{_pct(*_sum(first, 'trained', c))} / {_pct(*_sum(first, 'held_out', c))}"
+    kinds = sorted({k for s in first for k in s.decision_kinds})
+    row["decision by phrasing set"] = ", ".join(
+        f"{PHRASING_SETS.get(k, k)} {_pct(*_sum_kind(first, k))}" for k in kinds
+    )
     kept = [s.pending_kept for s in scores if s.pending_kept is not None]
     row["pending stays pending"] = f"{sum(kept)}/{len(kept)}"
     row["summary within budget"] = f"{sum(s.summary_tokens <= s.summary_budget for s in scores)}/{len(scores)}"
@@ -232,6 +256,7 @@ def table(name: str, scores: Sequence[Score]) -> str:
         f"  trained / held-out phrasings (context, mean): recall {row['recall: trained / held-out']}, "
         f"decision {row['decision: trained / held-out']}"
     )
+    lines.append(f"  decisions by phrasing set (context, mean): {row['decision by phrasing set']}")
     lines.append(
         f"  pending task still pending: {row['pending stays pending']}; summary within budget: "
         f"{row['summary within budget']}"

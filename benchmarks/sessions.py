@@ -133,6 +133,28 @@ DECISIONS: tuple[tuple[str, ...], ...] = (
     ("Going with {a}; {b} was the other option, but {r}.", "train"),
     ("After comparing them, {a} wins over {b} \u2014 {r}.", "held"),
     ("{a} it is, not {b}. Reason: {r}.", "held"),
+    # Written after the ledger's decision reading was first designed (937902a) as held-out ones;
+    # it missed most of them and was then extended on them, so they are in-sample now (kind
+    # "decision_late" in the probes, counted with the training phrasings).
+    ("{a}, then. {b} would have been fine too, except {r}.", "late"),
+    ("Thinking about it more, {b} is out: {r}. So {a}.", "late"),
+    ("My vote is {a} \u2014 {r}.", "late"),
+    ("Can't do {b} here, {r}; {a} works.", "late"),
+    ("Honestly {a} is the safer bet for us, {r}.", "late"),
+    ("The answer's {a}. Reason: {r}.", "late"),
+    ("{r}, which rules out {b}. Using {a}.", "late"),
+    ("We're doing {a} and not {b} \u2014 {r}.", "late"),
+    ("After looking at both I'm leaning {a}, mostly because {r}.", "late"),
+    ("OK so {a} over {b}, {r} after all.", "late"),
+    # Held-out, written after the extension above and never tuned on (kind "decision_fresh").
+    ("Between {a} and {b} I'd take {a}: {r}.", "fresh"),
+    ("{b} looked tempting, but {r}, so {a} it is.", "fresh"),
+    ("Let's not overthink it \u2014 {a}, since {r}.", "fresh"),
+    ("Quick call on the stack: {a}. {r}, and that settles it.", "fresh"),
+    ("I'd steer clear of {b} for now; {r}. {a} covers what we need.", "fresh"),
+    ("If we're being practical, {a} beats {b} here because {r}.", "fresh"),
+    ("Went back and forth on this one. Final answer: {a}, because {r}.", "fresh"),
+    ("Keep it boring: {a}. {b} is nice, but {r}.", "fresh"),
 )
 CHOICES = (
     ("SQLite", "PostgreSQL", "the CLI must work offline", "offline"),
@@ -147,6 +169,16 @@ CHOICES = (
     ("ULIDs", "UUID4", "ids must sort by creation time", "sort by creation time"),
     ("ruff", "flake8", "it runs in CI in under a second", "under a second"),
     ("trio", "asyncio", "structured concurrency keeps cancellation sane", "cancellation"),
+    ("argon2", "bcrypt", "the security review asked for a memory-hard hash", "memory-hard"),
+    ("a monorepo", "separate repos", "the services share the schema package", "share the schema"),
+    ("gRPC", "REST", "the mobile team wants streaming updates", "streaming"),
+    ("Parquet", "CSV", "the analysts query it column by column", "column by column"),
+    ("feature flags", "a long-lived branch", "merges kept breaking the release", "merges kept breaking"),
+    ("cursor pagination", "offset pagination", "the tenants table is too big to count", "too big to count"),
+    ("a read replica", "caching in the app", "the reports tolerate a few seconds of lag", "seconds of lag"),
+    ("Caddy", "nginx", "it renews the certificates itself", "renews the certificates"),
+    ("soft deletes", "hard deletes", "support restores accounts every week", "restores accounts"),
+    ("uv", "pip-tools", "the lock step dropped from minutes to seconds", "minutes to seconds"),
 )
 FILLER = (
     "ok, go on.",
@@ -257,7 +289,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
     slots = list(range(3, turns - 5))
     rng.shuffle(slots)
     n_values = max(8, turns // 12)
-    n_decisions = max(4, turns // 35)
+    n_decisions = max(4, turns // 20)
     for i, slot in enumerate(slots[:n_values]):
         plan[slot] = "value:" + kinds[i % len(kinds)]
     for slot in slots[n_values : n_values + n_decisions]:
@@ -333,7 +365,9 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             else:
                 msg = Message.assistant(text)
                 w.turns.append((msg,))
-            w.probe(DECISION, "decision", (a, key), f"why did we choose {a}", msg.id, t, held_out=which == "held")
+            kind_name = {"late": "decision_late", "fresh": "decision_fresh"}.get(which, "decision")
+            held = which in ("held", "fresh")
+            w.probe(DECISION, kind_name, (a, key), f"why did we choose {a}", msg.id, t, held_out=held)
             t += 1
             continue
         if kind == "error_code":

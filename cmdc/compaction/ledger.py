@@ -155,6 +155,10 @@ _SAID_DECIDED = re.compile(
     r"went for|standardi[sz]ed on|agreed (?:on|to)|we picked|i picked)"
 )
 _CHOICE_VERB = (
+    r"(?:my|our|the) (?:vote|pick|call|bet|answer)\b|the answer's|(?:safe|safer|best|better|good) bet|"
+    r"lean(?:ing|s)?(?: towards?)?\b|(?:is|are) out\b|rul(?:e|es|ed|ing) out|\w+ and not\b|, then[.!]?$|"
+    r"\bworks(?: for (?:me|us))?[.!]?$|(?:^|(?<=[.!?:;] ))(?:(?:ok|okay)?,? ?so |(?:ok|okay),? )?(?:using|doing) |"
+    r"(?:^|(?<=[.!?:;] ))(?:ok|okay)?,? ?so [\w.-]+(?: [\w.-]+){0,2}[.!]?$|"
     r"choos\w*|choice|pick(?:ed|ing|s)?\b|opt(?:ed|ing|s)? (?:for|to)|settl\w* (?:on|for)|"
     r"go(?:es|ing)? (?:with|for)|stick(?:ing|s)? (?:with|to)|stay(?:ing|s)? (?:with|on)|"
     r"(?:switch(?:ed|ing|es)?|mov(?:e|ed|ing)|migrat\w*|port(?:ed|ing)?) (?:[\w.-]+ ){0,4}?(?:to|over to|onto)\b|"
@@ -174,9 +178,12 @@ _ALTERNATIVE = (
     r"easier|lighter|smaller|more \w+|less \w+) than"
 )
 _CHOICE = re.compile(rf"(?im)\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})")
+_CHOICE_IN_TEXT = re.compile(rf"(?im)\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})".replace("$", r"(?=\s|$)"))
+"""`_CHOICE` over a whole message (a sentence's end is a space or a line's end in it)."""
 _ALTERNATIVE_RE = re.compile(rf"(?i)\b(?:{_ALTERNATIVE})")
 _REASON = re.compile(
-    r"(?i)\b(?:because|'cause|cuz|since|as (?:it|they|we|there|you|nothing|everything|both|each|only|long as|well)\b|"
+    r"(?i)\b(?:because|'cause|cuz|since|except|reasons?:|mostly|after all|whereas|which \w+s\b|"
+    r"as (?:it|they|we|there|you|nothing|everything|both|each|only|long as|well)\b|"
     r"as (?:the|this|that|these|our|their|its) \w+(?: \w+)? (?:is|are|was|were|has|have|had|does|do|did|can|will|"
     r"would|\w+s)\b|given(?: that)?|due to|owing to|thanks to|so that|so (?:we|it|the|that|"
     r"nothing|there|they|you|i|no)|in order to|to (?:avoid|keep|make sure|prevent|stay|save|reduce|cut|get|spare)|"
@@ -284,25 +291,43 @@ def is_decision(sentence: str, following: str = "") -> bool:
 
 
 def decisions(text: str) -> list[str]:
-    """The decisions `text` states, each a sentence (with the next one when that one gives the
-    reason). Only text with a choice word in it is split into sentences."""
-    if not _CHOICE.search(text) and not _SAID_DECIDED.search(text):
+    """The decisions `text` states: a run of at most three sentences that each make a choice or
+    give a reason, holding both (a choice and its reason in either order, or a sentence that
+    says a decision was made). Only text with a choice word in it is split into sentences."""
+    if not _CHOICE_IN_TEXT.search(text) and not _SAID_DECIDED.search(text):
         return []
+    sentences = [s for s in _sentences(text) if not s.rstrip().endswith("?")]  # a question decides nothing
+    cues = [
+        (bool(_SAID_DECIDED.search(s)), bool(_CHOICE.search(s)), _reasoned(s) or bool(_REASON.search(s)))
+        for s in sentences
+    ]
     found: list[str] = []
-    sentences = _sentences(text)
     i = 0
     while i < len(sentences):
-        sentence = sentences[i]
-        following = sentences[i + 1] if i + 1 < len(sentences) else ""
-        i += 1
-        if len(sentence) < 8 or not is_decision(sentence, following):
+        said, choice, reason = cues[i]
+        if len(sentences[i]) >= 8 and (said or is_decision(sentences[i])):
+            nxt = i + 1  # "..., which rules Y out. So X.": the short choice after it is read with it
+            if nxt < len(sentences) and len(sentences[nxt]) <= 60 and cues[nxt][1] and not cues[nxt][2]:
+                found.append(f"{sentences[i]} {sentences[nxt]}")
+                i += 2
+            else:
+                found.append(sentences[i])
+                i += 1
             continue
-        self_contained = _SAID_DECIDED.search(sentence) or _reasoned(sentence)
-        if not self_contained and following and _REASON.search(following):
-            found.append(f"{sentence} {following}")
-            i += 1  # the reason is read with its choice
+        if not choice and not reason:
+            i += 1
+            continue
+        end = i + 1  # the run of choice and reason sentences that starts here (at most three)
+        while (
+            end < len(sentences) and end - i < 3 and (cues[end][1] or cues[end][2]) and not is_decision(sentences[end])
+        ):
+            end += 1
+        run = cues[i:end]
+        if end - i > 1 and any(c[1] for c in run) and any(c[2] for c in run):
+            found.append(" ".join(sentences[i:end]))
+            i = end
         else:
-            found.append(sentence)
+            i += 1
     return found
 
 
