@@ -894,7 +894,8 @@ def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
     or what is evicted when that is smaller: the compaction stays a contraction)."""
     seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
-    ledger = carry((m for m in split.evicted if m.is_summary), split.evicted, seqs)
+    lead = next((i for i, m in enumerate(split.evicted) if not m.is_summary), len(split.evicted))
+    ledger = carry(split.evicted[:lead], split.evicted, seqs)  # the previous summaries come first
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
 
 

@@ -32,6 +32,7 @@ import orjson
 
 from .._clip import clip_line, scrub_media, utf8_len
 from ..message import Message, ToolCall
+from ..tokens import estimate_message_tokens
 
 LEDGER_KEY = "cmdc.ledger"
 """The summary message's metadata key that carries the ledger forward."""
@@ -57,7 +58,11 @@ READ_MESSAGES = 400
 """The most evicted messages one compaction reads for the ledger (the newest, as many as the
 offline summarizer reads); older ones (a huge first compaction) are named by their journal
 records in every section's pointer line."""
+READ_TOKENS = 16_000
+"""...and at most about this many tokens of them (the newest; a compaction at a trigger below it
+reads all it evicts): the ledger's cost per compaction is bounded whatever is evicted at once."""
 
+_MAX_METADATA_CHARS = 4_000_000  # a longer ledger string (never written by cmdc) is not parsed
 _MAX_POINTER_RANGES = 8  # a section's pointer line names at most this many record ranges
 _TEXT_BYTES = {VALUE: 280, DECISION: 280, ARTIFACT: 200, ERROR: 240, TASK: 200}
 _SCAN_WINDOW = (4_000, 2_000)  # the head and tail of a long message that are read
@@ -94,17 +99,27 @@ class Ledger:
     entries: tuple[Entry, ...] = ()
     demoted: Mapping[str, tuple[tuple[int, int], ...]] = attrs.field(factory=dict)
 
-    def to_metadata(self) -> dict[str, Any]:
-        return {
-            "v": 1,
-            "entries": [e.to_list() for e in self.entries],
-            "demoted": {k: [list(r) for r in v] for k, v in self.demoted.items() if v},
-        }
+    def to_metadata(self) -> str:
+        """The ledger as the summary's metadata value: one JSON string (a message's metadata is
+        frozen value by value when the message is made; a string costs nothing to freeze)."""
+        return orjson.dumps(
+            {
+                "v": 1,
+                "entries": [e.to_list() for e in self.entries],
+                "demoted": {k: [list(r) for r in v] for k, v in self.demoted.items() if v},
+            }
+        ).decode()
 
     @classmethod
     def from_metadata(cls, value: object) -> Ledger:
         """The ledger a summary carried (an empty one for anything malformed: a summary from an
-        older version, or metadata a plugin changed)."""
+        older version, or metadata a plugin changed). Read from the JSON string `to_metadata`
+        writes, or from the mapping it is parsed into (as earlier versions wrote it)."""
+        if isinstance(value, str) and len(value) <= _MAX_METADATA_CHARS:
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return cls()
         if not isinstance(value, Mapping):
             return cls()
         entries: list[Entry] = []
@@ -151,7 +166,7 @@ _MODAL = re.compile(
 # "not Y"), and a reason ("because", "since", "as it", "given", "so that", "to avoid", a
 # comparison, a clause after a colon or a dash), in the same sentence or the next one.
 _SAID_DECIDED = re.compile(
-    r"(?i)\b(?:decid(?:e|ed|ing)\b|decision\b|chose\b|chosen\b|settled (?:on|for)|opted (?:for|to)|went with|"
+    r"\b(?:decid(?:e|ed|ing)\b|decision\b|chose\b|chosen\b|settled (?:on|for)|opted (?:for|to)|went with|"
     r"went for|standardi[sz]ed on|agreed (?:on|to)|we picked|i picked)"
 )
 _CHOICE_VERB = (
@@ -177,12 +192,10 @@ _ALTERNATIVE = (
     r"versus|alternatives?\b|other options?\b|not \w+ but|against\b|(?:better|simpler|faster|safer|cheaper|"
     r"easier|lighter|smaller|more \w+|less \w+) than"
 )
-_CHOICE = re.compile(rf"(?im)\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})")
-_CHOICE_IN_TEXT = re.compile(rf"(?im)\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})".replace("$", r"(?=\s|$)"))
-"""`_CHOICE` over a whole message (a sentence's end is a space or a line's end in it)."""
-_ALTERNATIVE_RE = re.compile(rf"(?i)\b(?:{_ALTERNATIVE})")
+_CHOICE = re.compile(rf"\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})")
+_ALTERNATIVE_RE = re.compile(rf"\b(?:{_ALTERNATIVE})")
 _REASON = re.compile(
-    r"(?i)\b(?:because|'cause|cuz|since|except|reasons?:|mostly|after all|whereas|which \w+s\b|"
+    r"\b(?:because|'cause|cuz|since|except|reasons?:|mostly|after all|whereas|which \w+s\b|"
     r"as (?:it|they|we|there|you|nothing|everything|both|each|only|long as|well)\b|"
     r"as (?:the|this|that|these|our|their|its) \w+(?: \w+)? (?:is|are|was|were|has|have|had|does|do|did|can|will|"
     r"would|\w+s)\b|given(?: that)?|due to|owing to|thanks to|so that|so (?:we|it|the|that|"
@@ -197,6 +210,201 @@ _REASON = re.compile(
     r"we (?:need|want|must|have to|can't|cannot|don't|already)|already|knows?|familiar|"
     r"(?:faster|slower|simpler|safer|cheaper|easier|lighter|smaller|quicker|cleaner|more \w+|less \w+)\b)"
 )
+# What a message must hold for its sentences to be read for decisions (cheap word-set tests; each
+# alternative of `_SAID_DECIDED` and `_CHOICE` holds one of these words or prefixes, and of
+# `_REASON` one of these words or a colon, semicolon or dash).
+_SPACES = str.maketrans(dict.fromkeys('.,;:!?()[]{}"`*<>=/\\|#~^_+\u2014\u2013', " "))
+_CHOICE_WORDS = frozenset(
+    [
+        "vote",
+        "pick",
+        "picks",
+        "picked",
+        "picking",
+        "call",
+        "bet",
+        "answer",
+        "answer's",
+        "lean",
+        "leans",
+        "leaning",
+        "out",
+        "not",
+        "then",
+        "works",
+        "using",
+        "doing",
+        "so",
+        "opt",
+        "opts",
+        "opted",
+        "opting",
+        "go",
+        "goes",
+        "going",
+        "went",
+        "stick",
+        "sticks",
+        "sticking",
+        "stay",
+        "stays",
+        "staying",
+        "port",
+        "ported",
+        "porting",
+        "use",
+        "try",
+        "take",
+        "keep",
+        "keeping",
+        "no",
+        "better",
+        "best",
+        "rather",
+        "select",
+        "selected",
+        "selecting",
+        "drop",
+        "dropped",
+        "dropping",
+        "rule",
+        "rules",
+        "ruled",
+        "let's",
+        "let",
+        "we'll",
+        "will",
+        "should",
+        "we're",
+        "are",
+        "i'll",
+        "i'd",
+        "we'd",
+        "i'm",
+        "plan",
+        "just",
+        "it",
+        "wins",
+        "way",
+        "right",
+        "safer",
+        "makes",
+        "sense",
+        "instead",
+        "than",
+        "over",
+        "vs",
+        "versus",
+        "alternative",
+        "alternatives",
+        "option",
+        "options",
+        "against",
+        "more",
+        "less",
+        "choice",
+        "decision",
+        "chose",
+        "chosen",
+        "settled",
+        "agreed",
+    ]
+)
+_CHOICE_PREFIXES = re.compile(
+    r"choos|decid|settl|switch|mov|migrat|standardi|adopt|prefer|favo|replac|swap|ditch|abandon"
+)
+_REASON_WORDS = frozenset(
+    [
+        "because",
+        "cause",
+        "cuz",
+        "since",
+        "except",
+        "reason",
+        "reasons",
+        "mostly",
+        "after",
+        "whereas",
+        "which",
+        "as",
+        "given",
+        "due",
+        "owing",
+        "thanks",
+        "so",
+        "order",
+        "to",
+        "otherwise",
+        "way",
+        "point",
+        "considering",
+        "now",
+        "for",
+        "upside",
+        "benefit",
+        "advantage",
+        "downside",
+        "catch",
+        "problem",
+        "issue",
+        "trouble",
+        "too",
+        "than",
+        "fewer",
+        "doesn't",
+        "does",
+        "don't",
+        "do",
+        "can't",
+        "cannot",
+        "won't",
+        "isn't",
+        "aren't",
+        "wasn't",
+        "wouldn't",
+        "couldn't",
+        "didn't",
+        "lack",
+        "lacks",
+        "it",
+        "it's",
+        "that's",
+        "this",
+        "they",
+        "they're",
+        "its",
+        "their",
+        "we",
+        "already",
+        "knows",
+        "know",
+        "familiar",
+        "faster",
+        "slower",
+        "simpler",
+        "safer",
+        "cheaper",
+        "easier",
+        "lighter",
+        "smaller",
+        "quicker",
+        "cleaner",
+        "more",
+        "less",
+        "reasoning",
+    ]
+)
+
+
+def _may_decide(low: str) -> bool:
+    """Whether lower-cased `low` may state a decision (a choice word, and a reason word or a
+    clause after a colon, semicolon or dash), by word sets: no regex runs on most messages."""
+    words = set(low.translate(_SPACES).split())
+    if not (words & _CHOICE_WORDS or _CHOICE_PREFIXES.search(low)):
+        return False
+    return bool(words & _REASON_WORDS) or any(c in low for c in ":;\u2014\u2013") or " - " in low
+
+
 _EXPLAINED = re.compile(r"[:;\u2014\u2013]\s*\S+(?:\s+\S+){2,}|\s[-\u2013]{1,2}\s+\S+(?:\s+\S+){2,}")
 """A clause after a colon, a semicolon or a dash (a choice's reason is often written so)."""
 _CHECKBOX = re.compile(r"^\s*(?:[-*+]|\d+[.)])?\s*\[([ xX])\]\s+(.+?)\s*$")
@@ -240,8 +448,11 @@ def _one_line(text: str, kind: str) -> str:
     return clip_line(" ".join(text.split()), _TEXT_BYTES[kind])
 
 
+_NOT_KEY = re.compile(r"[^\w./:@-]+")
+
+
 def _norm(text: str) -> str:
-    return " ".join(re.sub(r"[^\w./:@-]+", " ", text.lower()).split())[:160]
+    return " ".join(_NOT_KEY.sub(" ", text[:400].lower()).split())[:160]
 
 
 def _window(text: str, window: tuple[int, int]) -> str:
@@ -264,13 +475,16 @@ def states_something(sentence: str) -> tuple[bool, int]:
     return False, 0
 
 
-def _reasoned(sentence: str) -> bool:
-    """Whether `sentence` gives a reason outside the words that make its choice."""
-    choices = [m.span() for m in _CHOICE.finditer(sentence)]
-    for m in _REASON.finditer(sentence):
-        if not any(lo <= m.start() and m.end() <= hi for lo, hi in choices):
-            return True
-    return bool(_EXPLAINED.search(sentence))
+def _cues(low: str) -> tuple[bool, int, bool, bool]:
+    """A lower-cased sentence's cues: (it says a decision was made, how many choice words it
+    has, whether it names an alternative, whether it gives a reason outside its choice words)."""
+    said = bool(_SAID_DECIDED.search(low))
+    spans = [m.span() for m in _CHOICE.finditer(low)]
+    reason = any(not any(lo <= m.start() and m.end() <= hi for lo, hi in spans) for m in _REASON.finditer(low)) or bool(
+        _EXPLAINED.search(low)
+    )
+    alternative = bool(spans) and bool(_ALTERNATIVE_RE.search(low))
+    return said, len(spans), alternative, reason
 
 
 def is_decision(sentence: str, following: str = "") -> bool:
@@ -278,52 +492,51 @@ def is_decision(sentence: str, following: str = "") -> bool:
     names the alternative): the reason in `sentence` or in the `following` sentence."""
     if sentence.rstrip().endswith("?"):
         return False  # a question decides nothing
-    if _SAID_DECIDED.search(sentence):
+    return _decides(_cues(sentence.lower()), _cues(following.lower()) if following else None)
+
+
+def _decides(cues: tuple[bool, int, bool, bool], following: tuple[bool, int, bool, bool] | None = None) -> bool:
+    said, choices, alternative, reason = cues
+    if said:
         return True
-    choices = _CHOICE.findall(sentence)
     if not choices:
         return False
-    if _reasoned(sentence):
-        return True
-    if len(choices) > 1 and _ALTERNATIVE_RE.search(sentence):
-        return True  # a choice and what it was chosen over
-    return bool(following) and not following.rstrip().endswith("?") and bool(_REASON.search(following))
+    if reason or (choices > 1 and alternative):
+        return True  # a choice with its reason, or with what it was chosen over
+    return following is not None and following[3]
 
 
 def decisions(text: str) -> list[str]:
-    """The decisions `text` states: a run of at most three sentences that each make a choice or
-    give a reason, holding both (a choice and its reason in either order, or a sentence that
-    says a decision was made). Only text with a choice word in it is split into sentences."""
-    if not _CHOICE_IN_TEXT.search(text) and not _SAID_DECIDED.search(text):
+    """The decisions `text` states: a sentence holding a choice and its reason (or saying a
+    decision was made), or a run of at most three sentences that each make a choice or give a
+    reason, holding both in either order. Only a message with a choice word and a reason word in
+    it is split into sentences."""
+    if not _may_decide(text.lower()):
         return []
     sentences = [s for s in _sentences(text) if not s.rstrip().endswith("?")]  # a question decides nothing
-    cues = [
-        (bool(_SAID_DECIDED.search(s)), bool(_CHOICE.search(s)), _reasoned(s) or bool(_REASON.search(s)))
-        for s in sentences
-    ]
+    cues = [_cues(s.lower()) for s in sentences]
+    decided = [len(s) >= 8 and _decides(c) for s, c in zip(sentences, cues, strict=True)]
     found: list[str] = []
     i = 0
     while i < len(sentences):
-        said, choice, reason = cues[i]
-        if len(sentences[i]) >= 8 and (said or is_decision(sentences[i])):
+        _, choices, _, reason = cues[i]
+        if decided[i]:
             nxt = i + 1  # "..., which rules Y out. So X.": the short choice after it is read with it
-            if nxt < len(sentences) and len(sentences[nxt]) <= 60 and cues[nxt][1] and not cues[nxt][2]:
+            if nxt < len(sentences) and len(sentences[nxt]) <= 60 and cues[nxt][1] and not cues[nxt][3]:
                 found.append(f"{sentences[i]} {sentences[nxt]}")
                 i += 2
             else:
                 found.append(sentences[i])
                 i += 1
             continue
-        if not choice and not reason:
+        if not choices and not reason:
             i += 1
             continue
         end = i + 1  # the run of choice and reason sentences that starts here (at most three)
-        while (
-            end < len(sentences) and end - i < 3 and (cues[end][1] or cues[end][2]) and not is_decision(sentences[end])
-        ):
+        while end < len(sentences) and end - i < 3 and (cues[end][1] or cues[end][3]) and not decided[end]:
             end += 1
         run = cues[i:end]
-        if end - i > 1 and any(c[1] for c in run) and any(c[2] for c in run):
+        if end - i > 1 and any(c[1] for c in run) and any(c[3] for c in run):
             found.append(" ".join(sentences[i:end]))
             i = end
         else:
@@ -531,6 +744,11 @@ def _merge_artifact(old: Entry, new: Entry) -> Entry:
     if not old.key.startswith("path:"):
         return attrs.evolve(new, rank=max(old.rank, new.rank) if "failed" in new.text else new.rank)
     path = old.key[5:]
+    prefix = f"{path} \u2014 "
+    plain = "(failed" not in old.text and "(failed" not in new.text
+    same_path = new.text.startswith(prefix) and old.text.startswith(prefix)
+    if plain and same_path and new.text[len(prefix) :] in old.text[len(prefix) :].split(", "):  # known action
+        return Entry(ARTIFACT, old.key, old.text, new.seq, max(old.rank, new.rank))
     before = old.text.split(" \u2014 ", 1)[1].split(" (failed", 1)[0] if " \u2014 " in old.text else ""
     now = new.text.split(" \u2014 ", 1)[1] if " \u2014 " in new.text else ""
     actions = list(dict.fromkeys([a for a in before.split(", ") if a] + [now.split(" (failed", 1)[0]]))
@@ -543,7 +761,14 @@ _DIGITS = re.compile(r"\d+")
 
 
 def _shape(entry: Entry) -> str:
-    return entry.kind + "\0" + _DIGITS.sub("#", entry.key)
+    return _shape_of(entry.kind, entry.key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_of(kind: str, key: str) -> str:
+    """A value entry's key with its numbers blanked (cached: a ledger's entries come back at
+    every compaction)."""
+    return kind + "\0" + _DIGITS.sub("#", key)
 
 
 def merge(previous: Ledger, observed: Iterable[Entry]) -> Ledger:
@@ -594,19 +819,26 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
         ledger = Ledger(ledger.entries, demoted)
     start = _first_read(messages)
     if start > 0:  # too many to read in one compaction: the older ones are named by their records
-        unread = [s for m, s in zip(messages[:start], seqs[:start], strict=False) if not m.is_summary and s > 0]
-        if unread:
+        # records are numbered in order (a summary's record among them is harmless)
+        lo = next((s for s in seqs[:start] if s > 0), None)
+        hi = next((seqs[i] for i in range(start - 1, -1, -1) if seqs[i] > 0), None)
+        if lo is not None and hi is not None:
             demoted = dict(ledger.demoted)
             for kind in SECTIONS:
-                demoted[kind] = _coalesce([*demoted.get(kind, ()), (min(unread), max(unread))])
+                demoted[kind] = _coalesce([*demoted.get(kind, ()), (min(lo, hi), max(lo, hi))])
             ledger = Ledger(ledger.entries, demoted)
     return merge(ledger, observe(messages[start:], seqs[start:]))
 
 
 def _first_read(messages: Sequence[Message]) -> int:
-    """Where the messages read start: at most `READ_MESSAGES` of the newest, never between a
+    """Where the messages read start: at most `READ_MESSAGES` of the newest and about
+    `READ_TOKENS` of their tokens (the message that reaches it is read), never between a
     tool call and its results (the read part starts at a user or assistant message)."""
-    start = max(0, len(messages) - READ_MESSAGES)
+    start, tokens = len(messages), 0
+    floor = max(0, len(messages) - READ_MESSAGES)
+    while start > floor and tokens < READ_TOKENS:
+        start -= 1
+        tokens += estimate_message_tokens(messages[start])
     while 0 < start < len(messages) and messages[start].role == "tool":
         start -= 1
     return start
@@ -674,7 +906,25 @@ def _ordered(ledger: Ledger, kind: str) -> list[Entry]:
 
 
 def _size(ledger: Ledger) -> int:
-    return utf8_len(render(ledger))
+    """`utf8_len(render(ledger))`, counted section by section without rendering."""
+    size, blocks = 0, 0
+    counts = dict.fromkeys(SECTIONS, 0)
+    for e in ledger.entries:
+        counts[e.kind] += 1
+        size += _line_size(e) + 1
+    for kind, heading in SECTIONS.items():
+        ranges = ledger.demoted.get(kind, ())
+        if ranges:
+            size += utf8_len(pointer_line(ranges)) + 1
+        if counts[kind] or ranges:
+            size += 3 + utf8_len(heading)
+            blocks += 1
+    return size + 2 * (blocks - 1) if blocks else 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _line_size(entry: Entry) -> int:
+    return utf8_len(entry.line())
 
 
 _WEIGHT = {ARTIFACT: 0, ERROR: 1, VALUE: 1, DECISION: 1, TASK: 2}
@@ -691,7 +941,7 @@ def fit(ledger: Ledger, max_bytes: int) -> Ledger:
     entries = ledger.entries
     order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, _WEIGHT[entries[i].kind], entries[i].seq, i))
     reserve = sum(len(pointer_line(((10**9, 10**9),) * _MAX_POINTER_RANGES)) + 1 for _ in SECTIONS)
-    sizes = [utf8_len(e.line()) + 1 for e in ledger.entries]
+    sizes = [_line_size(e) + 1 for e in ledger.entries]
     total = sum(sizes) + sum(len(h) + 8 for h in SECTIONS.values())
     gone: set[int] = set()
     for i in order:  # a first cut, by an upper bound of the pointer lines' size
@@ -738,7 +988,7 @@ def record_numbers(messages: Sequence[Message], seqs: Sequence[int], first_seq: 
 
 def dumps(ledger: Ledger) -> str:
     """The ledger as JSON (for debugging and tests)."""
-    return orjson.dumps(ledger.to_metadata()).decode()
+    return ledger.to_metadata()
 
 
 __all__ = [
@@ -750,6 +1000,7 @@ __all__ = [
     "LEDGER_KEY",
     "LEDGER_SHARE",
     "READ_MESSAGES",
+    "READ_TOKENS",
     "OPEN",
     "SECTIONS",
     "TASK",
