@@ -3,6 +3,7 @@ messages, pins, finalizers, reduction, the check after compacting, clipping the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from cmdc import (
     open_runtime,
     tool,
 )
+from cmdc._clip import utf8_len
 from cmdc.compaction.finalize import (
     USER_MESSAGES_KEY,
     FinalizeContext,
@@ -47,6 +49,7 @@ from cmdc.compaction.ledger import (
     Ledger,
     carry,
     decisions,
+    error_lines,
     fit,
     merge,
     observe,
@@ -133,7 +136,7 @@ def test_the_ledger_reads_what_structure_gives() -> None:
     assert (VALUE, 10) in kinds and (VALUE, 11) not in kinds  # a stated value; chit-chat is not one
     assert (DECISION, 12) in kinds
     text = render(merge(Ledger(), entries))
-    assert "src/pay.py \u2014 edited" in text and "`pytest -q tests/test_pay.py` -> failed" in text
+    assert "- edited: src/pay.py" in text and "`pytest -q tests/test_pay.py` -> failed" in text
     assert "[PAY-17]" in text and any(e.kind == ERROR for e in entries)
     assert "## Open tasks" not in text  # no tasks: that section is left out
     assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT, ERROR))
@@ -198,6 +201,14 @@ def test_a_reason_in_the_next_sentence_is_read_with_its_choice() -> None:
     assert "orjson it is" in entry.text and "too slow" in entry.text and entry.seq == 7
 
 
+def test_an_error_said_twice_in_one_output_is_one_line() -> None:
+    failed = "FAILED tests/test_b.py::test_t - billing.errors.TenantError: [E3258] tenant header missing"
+    output = f"E   billing.errors.TenantError: [E3258] tenant header missing\n...\n{failed}\n1 failed"
+    assert error_lines(output) == [failed]
+    two = "ERROR: disk full\nWarning\nFAILED tests/test_c.py::test_u - AssertionError: 1 != 2"
+    assert len(error_lines(two)) == 2  # different errors: both kept
+
+
 def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:
     """Past `READ_MESSAGES` evicted at once, the older ones are not read but named: every
     section's pointer covers their records."""
@@ -213,8 +224,10 @@ def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:
 _entry = st.builds(
     Entry,
     kind=st.sampled_from(sorted(SECTIONS)),
-    key=st.text("abcdefgh", min_size=1, max_size=6),
-    text=st.text("abcdefghij klmnop", min_size=1, max_size=120),
+    key=st.one_of(
+        st.text("abcdefgh", min_size=1, max_size=6), st.text("abc", min_size=1, max_size=4).map("path:{}".format)
+    ),
+    text=st.text("abcdefghij klmnop\u2014", min_size=1, max_size=120),
     seq=st.integers(1, 5_000),
     rank=st.integers(0, 3),
     status=st.sampled_from(["", OPEN, DONE]),
@@ -234,10 +247,14 @@ def test_a_ledger_entry_never_leaves_the_summary_without_a_journal_pointer(
         ledger = Ledger.from_metadata(fit(merge(ledger, batch), budget).to_metadata())
         seen.extend(batch)
         text = render(ledger)
+        assert utf8_len(text) <= budget or not ledger.entries  # fitted (only pointer lines past it)
         shown = {(e.kind, e.key) for e in ledger.entries}
         for e in seen:
             if (e.kind, e.key) in shown:
-                assert next(x for x in ledger.entries if (x.kind, x.key) == (e.kind, e.key)).line() in text
+                line = next(x for x in ledger.entries if (x.kind, x.key) == (e.kind, e.key)).line()
+                path, sep, _ = e.text.partition(" \u2014 ")
+                grouped = e.kind == ARTIFACT and e.key.startswith("path:") and sep  # files: by action
+                assert (path in text) if grouped else (line in text)
                 continue
             ranges = ledger.demoted.get(e.kind, ())
             # the record of its latest mention (the ledger keeps the newest)
@@ -295,13 +312,20 @@ async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_
     summary = first.state.messages[0]
     kept = summary.metadata[USER_MESSAGES_KEY]
     assert kept[-1].startswith("user message number 5")  # newest first within the budget
-    assert len(kept) == 3 and kept[0].startswith("user message number 3")
-    assert "bytes clipped" in kept[0]  # the one that did not fit: head and tail
+    assert [int(k.split()[3]) for k in kept] == list(range(6 - len(kept), 6))  # newest first, no gap
+    # The evicted part is small: the ledger and the user messages share what it leaves (the
+    # compaction stays a contraction) and nothing is clipped out of the summary's middle.
+    assert first.report.fallback is None, first.report
     users_section = summary.text.split("## All user messages", 1)[1].split("\n## ", 1)[0]
-    assert all(f"user message number {i}" not in users_section for i in range(3))
-    # (the ledger carries them, as values the user stated, whole or as a pointer to their records)
+    assert all(f"user message number {i}" not in users_section for i in range(6 - len(kept)))
+    # (the ledger carries the rest, as values the user stated, whole or as a pointer to their records)
     ledger_section = summary.text.split("## Requirements and values stated", 1)[1].split("\n## ", 1)[0]
-    assert "record" in ledger_section
+    pointed = [
+        (int(lo), int(hi or lo)) for lo, hi in re.findall(r"(\d+)(?:-(\d+))?", ledger_section.split("records", 1)[-1])
+    ]
+    for i in range(6 - len(kept)):  # message i is journal record i + 1
+        shown = f"user message number {i}" in ledger_section
+        assert shown or any(lo <= i + 1 <= hi for lo, hi in pointed), (i, ledger_section)
     # at the second compaction, the earlier ones come from the previous summary, not lost
     more = first.state.append(Message.user("a later question"), Message.assistant("b"))
     second = await Compactor(Recorder(SECTIONS_TEXT), user_message_budget=1_000, pin_task=False).force_compact(

@@ -608,7 +608,15 @@ def error_lines(text: str) -> list[str]:
         return []
     lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln) and not _NOT_ERROR.search(ln)]
     lines = [ln for ln in lines if ln and not ln.startswith(('File "', "Traceback"))] or lines
-    return list(dict.fromkeys(lines if len(lines) <= 2 else [lines[0], lines[-1]]))
+    ends = list(dict.fromkeys(lines if len(lines) <= 2 else [lines[0], lines[-1]]))
+    if len(ends) == 2:  # "E X: [E12] y" and "FAILED t::f - X: [E12] y" say one thing: the longer is kept
+        short, long = sorted(ends, key=len)
+        if _ERROR_MARK.sub("", short, count=1) in long:
+            return [long]
+    return ends
+
+
+_ERROR_MARK = re.compile(r"^(?:E|ERROR|FAILED|FAIL|error:?|fatal:)\s+")
 
 
 def _outcome(result: Message | None) -> tuple[str, bool]:
@@ -885,16 +893,34 @@ def without_ledger(text: str) -> str:
 
 
 def render(ledger: Ledger) -> str:
-    """The ledger as Markdown sections (empty sections left out)."""
+    """The ledger as Markdown sections (empty sections left out). Files are listed by what was
+    done to them, one line per set of actions (`- edited: a.py, b.py`)."""
     blocks: list[str] = []
     for kind, heading in SECTIONS.items():
-        lines = [e.line() for e in _ordered(ledger, kind)]
+        entries = _ordered(ledger, kind)
+        lines = _artifact_lines(entries) if kind == ARTIFACT else [e.line() for e in entries]
         ranges = ledger.demoted.get(kind, ())
         if ranges:
             lines.insert(0, pointer_line(ranges))
         if lines:
             blocks.append("\n".join([f"## {heading}", *lines]))
     return "\n\n".join(blocks)
+
+
+_PATH_SEP = " \u2014 "
+
+
+def _artifact_lines(entries: Sequence[Entry]) -> list[str]:
+    """Files grouped by what was done to them (in the order first seen), then commands."""
+    groups: dict[str, list[str]] = {}
+    others: list[str] = []
+    for e in entries:
+        path, sep, actions = e.text.partition(_PATH_SEP)
+        if e.key.startswith("path:") and sep:
+            groups.setdefault(actions, []).append(path)
+        else:
+            others.append(e.line())
+    return [f"- {actions}: {', '.join(paths)}" for actions, paths in groups.items()] + others
 
 
 def _ordered(ledger: Ledger, kind: str) -> list[Entry]:
@@ -906,20 +932,32 @@ def _ordered(ledger: Ledger, kind: str) -> list[Entry]:
 
 
 def _size(ledger: Ledger) -> int:
-    """`utf8_len(render(ledger))`, counted section by section without rendering."""
+    """`utf8_len(render(ledger))`, counted section by section (lines' sizes cached)."""
     size, blocks = 0, 0
-    counts = dict.fromkeys(SECTIONS, 0)
+    by_kind: dict[str, list[Entry]] = {k: [] for k in SECTIONS}
     for e in ledger.entries:
-        counts[e.kind] += 1
-        size += _line_size(e) + 1
+        by_kind[e.kind].append(e)
     for kind, heading in SECTIONS.items():
-        ranges = ledger.demoted.get(kind, ())
+        entries, ranges = by_kind[kind], ledger.demoted.get(kind, ())
+        if not entries and not ranges:
+            continue
+        blocks += 1
+        size += 3 + utf8_len(heading)
         if ranges:
-            size += utf8_len(pointer_line(ranges)) + 1
-        if counts[kind] or ranges:
-            size += 3 + utf8_len(heading)
-            blocks += 1
+            size += 1 + utf8_len(pointer_line(ranges))
+        if kind == ARTIFACT:
+            size += sum(1 + utf8_len(line) for line in _artifact_lines(entries))
+        else:
+            size += sum(1 + _line_size(e) for e in entries)
     return size + 2 * (blocks - 1) if blocks else 0
+
+
+def _cost(entry: Entry) -> int:
+    """About what `entry` adds to the rendered ledger (a file: its path in its group's line)."""
+    path, sep, _ = entry.text.partition(_PATH_SEP)
+    if entry.kind == ARTIFACT and entry.key.startswith("path:") and sep:
+        return utf8_len(path) + 2
+    return _line_size(entry) + 1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -940,28 +978,25 @@ def fit(ledger: Ledger, max_bytes: int) -> Ledger:
         return ledger
     entries = ledger.entries
     order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, _WEIGHT[entries[i].kind], entries[i].seq, i))
-    reserve = sum(len(pointer_line(((10**9, 10**9),) * _MAX_POINTER_RANGES)) + 1 for _ in SECTIONS)
-    sizes = [_line_size(e) + 1 for e in ledger.entries]
-    total = sum(sizes) + sum(len(h) + 8 for h in SECTIONS.values())
+    sizes = [_cost(e) for e in ledger.entries]
+    total = _size(ledger)
     gone: set[int] = set()
-    for i in order:  # a first cut, by an upper bound of the pointer lines' size
-        if total + reserve <= max_bytes:
+    for i in order:  # a first cut, by the entries' sizes (the pointer lines' growth is not counted yet)
+        if total <= max_bytes:
             break
         gone.add(i)
         total -= sizes[i]
     result = _demote(ledger, gone)
     size = _size(result)
     rest = iter(i for i in order if i not in gone)
-    while size > max_bytes:  # then exactly: enough more demoted to cover the overshoot, measured again
+    while size > max_bytes and len(gone) < len(entries):  # then exactly: enough more to cover the overshoot
         over = size - max_bytes
         for i in rest:
             gone.add(i)
             over -= sizes[i]
             if over <= 0:
                 break
-        else:
-            break
-        result = _demote(ledger, gone)
+        result = _demote(ledger, gone)  # measured again (with the pointer lines as they now are)
         size = _size(result)
     return result
 
