@@ -966,18 +966,19 @@ def _line_size(entry: Entry) -> int:
 
 
 _WEIGHT = {ARTIFACT: 0, ERROR: 1, VALUE: 1, DECISION: 1, TASK: 2}
-"""Within a rank, which kind is demoted first: what was done to files (the files themselves
-keep it), then what was said, the open tasks last."""
+"""Within a rank and a journal record, which kind is demoted first: what was done to files (the
+files themselves keep it), then what was said, the open tasks last."""
 
 
 def fit(ledger: Ledger, max_bytes: int) -> Ledger:
-    """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries (within a rank,
-    artifacts first: see `_WEIGHT`), oldest first, are demoted to their section's pointer line
-    (their journal records) until it fits."""
+    """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries, within a rank the
+    oldest (by journal record, whatever their kind; then `_WEIGHT`), are demoted to their
+    section's pointer line (their journal records) until it fits. (Files first within a rank,
+    as before, emptied the files' section of a small budget while older values stayed.)"""
     if _size(ledger) <= max_bytes:
         return ledger
     entries = ledger.entries
-    order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, _WEIGHT[entries[i].kind], entries[i].seq, i))
+    order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, entries[i].seq, _WEIGHT[entries[i].kind], i))
     sizes = [_cost(e) for e in ledger.entries]
     total = _size(ledger)
     gone: set[int] = set()
