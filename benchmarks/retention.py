@@ -298,12 +298,12 @@ def llama_missing() -> str | None:
     return llama_server.missing()
 
 
-MODEL_PROBES = 6
+MODEL_PROBES = 4
 """How many probes the model level asks (a few: each is two or three requests on 2 cores)."""
 MODEL_CONTEXT = 8_192
 """The e2e server's window (SmolLM2's own): a compaction's input in one request, and the summary
 and a question for the model level."""
-MODEL_COMPACTIONS = 4
+MODEL_COMPACTIONS = 2
 """The model summarizer's compactions per configuration (each is a minute or so on 2 cores)."""
 MODEL_SUMMARY_TOKENS = 160
 MODEL_SYSTEM = (
@@ -345,7 +345,9 @@ def model_probes(session: Session, state: State, most: int = MODEL_PROBES) -> li
     return picked
 
 
-async def model_level(session: Session, state: State, url: str, root: str, agent_id: str) -> ModelLevel:
+async def model_level(
+    session: Session, state: State, url: str, root: str, agent_id: str, probes: int = MODEL_PROBES
+) -> ModelLevel:
     """Ask the e2e server's model each of `model_probes` as a question, after the summary (the
     compacted context without its kept messages, which do not hold these probes), with the real
     recall tool over the journal under `root`: once offered (the model may call it), once
@@ -355,7 +357,7 @@ async def model_level(session: Session, state: State, url: str, root: str, agent
 
     tool = recall_tool(OffloadStore(root), agent_id)
     summaries = [m for m in state.messages if m.is_summary]
-    probes = model_probes(session, state)
+    asking = model_probes(session, state, probes)
     offered = offered_calls = required = 0
     greedy = {"temperature": 0}
     auto = provider(url, "openai", False, max_output_tokens=96, extra_body=greedy)
@@ -365,7 +367,7 @@ async def model_level(session: Session, state: State, url: str, root: str, agent
     )  # fmt: skip
     answering = provider(url, "openai", False, max_output_tokens=96, extra_body={**greedy, "tool_choice": "none"})
     try:
-        for p in probes:
+        for p in asking:
             question = Message.user(f"{p.query[0].upper()}{p.query[1:]}?")
             asked = (Message.system(MODEL_SYSTEM), *summaries, question)
             reply = await auto.complete(ModelRequest(asked, tools=(tool.schema,)))
@@ -380,7 +382,7 @@ async def model_level(session: Session, state: State, url: str, root: str, agent
     finally:
         for model in (auto, calling, answering):
             await model.aclose()
-    return ModelLevel(len(probes), offered, offered_calls, required)
+    return ModelLevel(len(asking), offered, offered_calls, required)
 
 
 async def _answer_after_recall(model: Any, tool: Any, asked: Sequence[Message], reply: Message) -> str:
@@ -404,7 +406,13 @@ def _answered(probe: Probe, answer: str) -> bool:
     return all(n.lower() in low for n in probe.needles)
 
 
-async def model_table(session: Session, out: Callable[[str], None], configs: Sequence[str] = ()) -> list[Score]:
+async def model_table(
+    session: Session,
+    out: Callable[[str], None],
+    configs: Sequence[str] = (),
+    compactions: int = MODEL_COMPACTIONS,
+    probes: int = MODEL_PROBES,
+) -> list[Score]:
     """The session summarized by SmolLM2-135M through the llama.cpp e2e server (its 8k window,
     the first `MODEL_COMPACTIONS` compactions; the offline summarizer as the fallback, as an agent
     has), per configuration (`configs`: names in `CONFIGS`, all by default); after the first
@@ -428,14 +436,14 @@ async def model_table(session: Session, out: Callable[[str], None], configs: Seq
                     tmp,
                     recall=False,
                     final=final,
-                    max_compactions=MODEL_COMPACTIONS,
+                    max_compactions=compactions,
                     **CONFIGS[name],
                 )
                 await model.aclose()
                 out("")
                 out(table(f"SmolLM2-135M (llama.cpp) summarizer, {len(session.turns)} turns; {name}", scores))
                 if n == 0 and final:
-                    level = await model_level(session, final[0], server.url, tmp, "retention")
+                    level = await model_level(session, final[0], server.url, tmp, "retention", probes)
                     out(
                         f"  model level (SmolLM2-135M asked {level.asked} evicted probes after the last summary, "
                         f"not gated): recall offered {level.offered}/{level.asked} answered "
@@ -466,6 +474,8 @@ async def run_all(
     out: Callable[[str], None] = print,
     recall_every: int = 10,
     model_turns: int = 0,
+    model_compactions: int = MODEL_COMPACTIONS,
+    model_probes: int = MODEL_PROBES,
 ) -> list[Score]:
     """Every table; returns the default summarizer's scores in the default configuration. The
     recall level (a search per evicted probe) is scored in the first configuration only, after
@@ -491,7 +501,7 @@ async def run_all(
     if why is not None:
         out(f"\nmodel summarizer (llama.cpp e2e server): skipped: {why}")
     elif model_turns:
-        await model_table(generate(seed, model_turns), out)
+        await model_table(generate(seed, model_turns), out, (), model_compactions, model_probes)
     return main
 
 
@@ -508,8 +518,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also a session of this many turns summarized by the llama.cpp e2e server's model (slow: minutes "
         "per compaction on 2 cores; needs python -m tests.e2e.llama_server fetch)",
     )
+    parser.add_argument("--model-compactions", type=int, default=MODEL_COMPACTIONS, help="per configuration")
+    parser.add_argument("--model-probes", type=int, default=MODEL_PROBES, help="questions for the model level")
     args = parser.parse_args(argv)
-    scores = trio.run(run_all, args.turns, args.seed, not args.no_recall, print, args.recall_every, args.model_turns)
+    scores = trio.run(
+        run_all,
+        args.turns,
+        args.seed,
+        not args.no_recall,
+        print,
+        args.recall_every,
+        args.model_turns,
+        args.model_compactions,
+        args.model_probes,
+    )
     print(f"\ntargets (default summarizer, default configuration): {met(scores)}")
     return 0
 
