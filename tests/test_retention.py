@@ -55,6 +55,7 @@ from cmdc.compaction.ledger import (
     observe,
     render,
 )
+from cmdc.compaction.ledger import _size as ledger_size
 from cmdc.errors import CompactionIncomplete
 from cmdc.message import PINNED_KEY
 from cmdc.providers import ScriptedProvider, SimulatedModel
@@ -251,6 +252,7 @@ def test_a_ledger_entry_never_leaves_the_summary_without_a_journal_pointer(
         seen.extend(batch)
         text = render(ledger)
         assert utf8_len(text) <= budget or not ledger.entries  # fitted (only pointer lines past it)
+        assert ledger_size(ledger) == utf8_len(text)  # the size fit counts is the rendered one
         shown = {(e.kind, e.key) for e in ledger.entries}
         for e in seen:
             if (e.kind, e.key) in shown:
