@@ -454,7 +454,7 @@ class Compactor:
                 ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
             else:
                 ledger = _ledger(split, written, cap)
-            users, answer = ledger_shares(cap, user_budget, answer_budget, ledger)  # within the cap too
+            users, answer = ledger_shares(budget, user_budget, answer_budget, ledger, cap)
             summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
             return summary, list(_tag_summaries(inserted, written))  # here, while the fsync runs
