@@ -13,7 +13,10 @@ categories (the probes a compaction is scored on):
 
 Each value kind has training phrasings and held-out phrasings (`HELD_OUT`): the ledger's
 heuristics were tuned on the first only, and a probe says which it used, so results are
-reported for both. Importable by the benchmarks and the tests.
+reported for both. The decisions (`DECISIONS`) come in four sets: training, a first held-out
+set (never read while designing), a set written later and then tuned on (in-sample now), and a
+fresh held-out set never tuned on; a probe's kind and `held_out` say which. Importable by the
+benchmarks and the tests.
 """
 
 from __future__ import annotations
