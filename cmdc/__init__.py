@@ -1,8 +1,6 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
-from . import runtime as _runtime
 from ._version import __version__
-from .agent import AgentOptions, AgentRef
 from .compact_tool import compact_context_tool
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
@@ -60,6 +58,8 @@ from .plugins import (
 )
 from .rehydrate import RehydrateReads
 from .runtime import Runtime, open_runtime
+from .runtime import runtime as _runtime
+from .runtime.agent import AgentOptions, AgentRef
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool

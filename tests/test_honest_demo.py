@@ -146,7 +146,7 @@ async def test_a_pattern_grant_is_described_not_enumerated(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("window", "budget"), [(None, 2_000), (4_000, 250), (1_000, 200), (1_000_000, 2_000)])
 async def test_recall_answers_fit_the_window(window: int | None, budget: int, tmp_path: Path) -> None:
-    from cmdc.runtime import _recall_budget
+    from cmdc.runtime.runtime import _recall_budget
 
     assert _recall_budget(window) == budget
     async with cmdc.open_runtime(log_events=False) as rt:

@@ -60,7 +60,7 @@ LAYERS = {
     " _bigjson _redact _mcp_reaper",
     1: "plugins compaction providers offload _index _stores store postgres checkpoint tools recall tracing otel mcp"
     " compact_tool rehydrate _mcp_stdio",
-    2: "agent runtime bus ray",
+    2: "agent runtime bus ray cluster",
     3: "cli _demo _chatfile __init__ __main__ ui",
 }
 LAYER = {name: layer for layer, names in LAYERS.items() for name in names.split()}

@@ -15,25 +15,33 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from ._check import choice, is_int, optional_integer, optional_seconds, text
-from ._frozen import thaw
-from ._trio import reraise
+from .._check import choice, is_int, optional_integer, optional_seconds, text
+from .._frozen import thaw
+from .._trio import reraise
+from ..compaction import Compactor
+from ..compaction.breaker import SummarizerBreaker
+from ..compaction.summary import ExtractiveSummarizer, Summarizer
+from ..errors import (
+    AgentNotFound,
+    AgentStopped,
+    CheckpointError,
+    CmdcError,
+    ConfigError,
+    DelegationRefused,
+    MailboxFull,
+)
+from ..events import ACTIVATED, DEACTIVATED, LEASE_LOST, STOPPED, Event
+from ..message import Message
+from ..offload import OffloadStore
+from ..plugins import Plugin
+from ..providers.base import Provider
+from ..recall import MIN_BUDGET, recall_tool
+from ..state import State, validate_agent_id
+from ..store import Checkpoints, FileCheckpoints, Leases, Store, open_store
+from ..tools import Tool, ToolSet, ToolSource, tool
+from ..tracing import Tracer
 from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Reply, current_chain
 from .bus import EventBus, Subscription
-from .compaction import Compactor
-from .compaction.breaker import SummarizerBreaker
-from .compaction.summary import ExtractiveSummarizer, Summarizer
-from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused, MailboxFull
-from .events import ACTIVATED, DEACTIVATED, LEASE_LOST, STOPPED, Event
-from .message import Message
-from .offload import OffloadStore
-from .plugins import Plugin
-from .providers.base import Provider
-from .recall import MIN_BUDGET, recall_tool
-from .state import State, validate_agent_id
-from .store import Checkpoints, FileCheckpoints, Leases, Store, open_store
-from .tools import Tool, ToolSet, ToolSource, tool
-from .tracing import Tracer
 
 UI_SERVER: Any = None
 """How `Runtime.serve_ui` starts the web page: set by `cmdc/__init__.py` (the faces layer owns

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, get_args
 import attrs
 import trio
 
-from ._check import choice, integer, optional_integer, optional_seconds, seconds, validator
-from ._frozen import past_bounds
-from .compact_tool import CompactionDesk, current_desk
-from .compaction import Compactor
-from .compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
-from .compaction.warm import AgentContext, set_agent_context
-from .errors import (
+from .._check import choice, integer, optional_integer, optional_seconds, seconds, validator
+from .._frozen import past_bounds
+from ..compact_tool import CompactionDesk, current_desk
+from ..compaction import Compactor
+from ..compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
+from ..compaction.warm import AgentContext, set_agent_context
+from ..errors import (
     AgentStopped,
     CheckpointError,
     CmdcError,
@@ -46,7 +46,7 @@ from .errors import (
     ToolArgumentsError,
     TurnAborted,
 )
-from .events import (
+from ..events import (
     COMPACTION_REQUESTED,
     COMPACTION_THRASH,
     CONTINUED,
@@ -69,8 +69,8 @@ from .events import (
     USAGE_REFUSED,
     Event,
 )
-from .message import KIND_KEY, Message, ToolCall
-from .plugins import (
+from ..message import KIND_KEY, Message, ToolCall
+from ..plugins import (
     Abort,
     AfterCompact,
     AfterResponse,
@@ -92,7 +92,7 @@ from .plugins import (
     fold,
     sort_plugins,
 )
-from .providers.base import (
+from ..providers.base import (
     CONTEXT_EXCEEDED_KEY,
     REFUSED_ARGUMENTS_KEY,
     STOP_REASON_KEY,
@@ -100,16 +100,16 @@ from .providers.base import (
     Provider,
     ToolSchema,
 )
-from .report import Compacted, Skipped
-from .state import State
-from .tools import Tool, ToolSet
-from .tracing import UNTRACED, Span, Tracer
+from ..report import Compacted, Skipped
+from ..state import State
+from ..tools import Tool, ToolSet
+from ..tracing import UNTRACED, Span, Tracer
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from ..store import Checkpoints
     from .bus import EventBus
-    from .store import Checkpoints
 
 RestartPolicy = Literal["permanent", "transient", "temporary"]
 

@@ -61,11 +61,10 @@ import ray.exceptions
 import trio
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ._check import optional_integer, optional_seconds
-from .agent import AgentOptions, _as_messages, current_chain
-from .compaction import Compacted, Skipped
-from .compaction.summary import Summarizer
-from .errors import (
+from .._check import optional_integer, optional_seconds
+from ..compaction import Compacted, Skipped
+from ..compaction.summary import Summarizer
+from ..errors import (
     AgentNotFound,
     AgentStopped,
     CmdcError,
@@ -75,14 +74,15 @@ from .errors import (
     NodeLost,
     TurnAborted,
 )
-from .events import Event
-from .message import Message
-from .plugins import Plugin
-from .providers.base import Provider
-from .runtime import Runtime, _matches, _naming_targets, _patterns, open_runtime
-from .state import State, validate_agent_id
-from .store import Leases, Store, open_store
-from .tools import Tool, tool
+from ..events import Event
+from ..message import Message
+from ..plugins import Plugin
+from ..providers.base import Provider
+from ..runtime.agent import AgentOptions, _as_messages, current_chain
+from ..runtime.runtime import Runtime, _matches, _naming_targets, _patterns, open_runtime
+from ..state import State, validate_agent_id
+from ..store import Leases, Store, open_store
+from ..tools import Tool, tool
 
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 # Retried on another node after a node died: reads, and what is done anyway once a node is gone.
@@ -286,14 +286,17 @@ class _Host:
             self._ready.set()
 
     async def _main(self) -> None:
-        async with open_runtime(
-            store=self._store_spec,
-            lease_ttl=self._options["lease_ttl"],
-            lease_owner=self.owner,
-            max_resident=self._options["max_resident"],
-            deactivate_after=self._options["deactivate_after"],
-            log_events=False,
-        ) as rt, trio.open_nursery() as calls:
+        async with (
+            open_runtime(
+                store=self._store_spec,
+                lease_ttl=self._options["lease_ttl"],
+                lease_owner=self.owner,
+                max_resident=self._options["max_resident"],
+                deactivate_after=self._options["deactivate_after"],
+                log_events=False,
+            ) as rt,
+            trio.open_nursery() as calls,
+        ):
             self.rt = rt
             self._calls = calls
             self._wake = trio.Event()
@@ -463,9 +466,7 @@ class _Host:
             finally:
                 self._starting.pop(name).set()
 
-    async def _call(
-        self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str | None
-    ) -> Any:
+    async def _call(self, name: str, op: str, args: tuple[Any, ...], chain: tuple[str, ...], sender: str | None) -> Any:
         if sender is not None:  # a delegated task: the target must accept it
             spec = self._specs.get(name)
             if spec is None:
