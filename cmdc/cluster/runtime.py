@@ -78,8 +78,10 @@ from ..events import Event
 from ..message import Message
 from ..plugins import Plugin
 from ..providers.base import Provider
-from ..runtime.agent import AgentOptions, _as_messages, current_chain
-from ..runtime.runtime import Runtime, _matches, _naming_targets, _patterns, open_runtime
+from ..runtime.delegation import matches, naming_targets, patterns
+from ..runtime.mailbox import as_messages, current_chain
+from ..runtime.options import AgentOptions
+from ..runtime.runtime import Runtime, open_runtime
 from ..state import State, validate_agent_id
 from ..store import Leases, Store, open_store
 from ..tools import Tool, tool
@@ -471,7 +473,7 @@ class _Host:
             spec = self._specs.get(name)
             if spec is None:
                 raise DelegationRefused(f"no agent of the cluster is called {name!r}")
-            if not _matches(sender, spec.accepts):
+            if not matches(sender, spec.accepts):
                 raise DelegationRefused(f"agent {name!r} does not accept delegated tasks from {sender!r}")
         ttl = self._options["lease_ttl"]
         with trio.fail_after(ttl * 2 + 30):  # a lease held elsewhere expires within ttl
@@ -597,7 +599,7 @@ def _cluster_delegate(node: _Host, parent: str, targets: tuple[str, ...], depth:
             if node.rt is None:
                 raise AgentStopped(f"agent {parent!r}: its cluster node is closing")
             return await node.rt.run_child(parent, task)
-        if not _matches(agent, targets):
+        if not matches(agent, targets):
             allowed = ", ".join(targets) if targets else "none"
             raise DelegationRefused(
                 f"agent {parent!r} may not delegate to {agent!r}: it may delegate to its own temporary "
@@ -611,7 +613,7 @@ def _cluster_delegate(node: _Host, parent: str, targets: tuple[str, ...], depth:
         reply: Message = await node.call_agent(agent, "prompt", (task,), chain, parent)
         return reply.text
 
-    return _naming_targets(tool(delegate, name="delegate"), targets or None)
+    return naming_targets(tool(delegate, name="delegate"), targets or None)
 
 
 # -- the caller's side -----------------------------------------------------------------------
@@ -650,7 +652,7 @@ class ClusterAgentRef:
     async def prompt(self, content: str | Message | Sequence[Message]) -> Message:
         """Run a turn on the agent's node; return the final reply (committed in the store).
         `NodeLost` if the node died during the turn and the turn did not commit."""
-        messages = _as_messages(content)
+        messages = as_messages(content)
         taken = [mid for mid in self._held if mid in self._acked]  # queued before this turn: it takes them
         try:
             reply: Message = await self._op("prompt", messages)
@@ -679,7 +681,7 @@ class ClusterAgentRef:
         the agent's node, and this handle holds them until a turn commits them: if the node
         dies first, they are queued again on the agent's new node (those in neither its
         checkpoint nor its journal), in order, before any later call on it is served."""
-        messages = _as_messages(content)
+        messages = as_messages(content)
         ids = [m.id for m in messages]
         if len(set(ids)) != len(ids) or any(mid in self._held for mid in ids):
             raise ConfigError(f"agent {self.name!r}: these messages are queued already (a message id is sent once)")
@@ -981,8 +983,8 @@ class ClusterRuntime:
             summarizer,
             options,
             recall,
-            () if delegation is True else _patterns("delegation", delegation),
-            _patterns("accepts", accepts),
+            () if delegation is True else patterns("delegation", delegation),
+            patterns("accepts", accepts),
         )
         spec = attrs.evolve(spec, gen=self._gen())
         ref = ClusterAgentRef(self, name)
