@@ -1,8 +1,26 @@
 """The actor layer: agents (one trio task each, serving a mailbox and running turns), their
-handles, and the runtime that spawns, finds, supervises, deactivates and activates them."""
+handles, and the runtime that spawns, finds, supervises, deactivates and activates them.
 
-from .agent import Agent, AgentOptions, AgentRef, RestartPolicy
+Modules: `options` (AgentOptions, SpawnOptions), `mailbox` (the requests and their reply slots),
+`ref` (AgentRef, AgentHandle), `agent` (the task and its turn loop), `runtime` (Runtime,
+open_runtime), `virtual` (activation and deactivation), `delegation` (grants, the delegate tool,
+the wait-for graph), `leases` (name leases), `bus` (event subscriptions)."""
+
+from .agent import Agent
 from .bus import EventBus, Subscription
+from .options import AgentOptions, RestartPolicy, SpawnOptions
+from .ref import AgentHandle, AgentRef
 from .runtime import Runtime, open_runtime
 
-__all__ = ["Agent", "AgentOptions", "AgentRef", "EventBus", "RestartPolicy", "Runtime", "Subscription", "open_runtime"]
+__all__ = [
+    "Agent",
+    "AgentHandle",
+    "AgentOptions",
+    "AgentRef",
+    "EventBus",
+    "RestartPolicy",
+    "Runtime",
+    "SpawnOptions",
+    "Subscription",
+    "open_runtime",
+]

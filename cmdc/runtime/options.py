@@ -9,6 +9,7 @@ from typing import Literal, TypedDict, get_args
 import attrs
 
 from .._check import choice, integer, optional_integer, optional_seconds, seconds, validator
+from ..errors import ConfigError
 
 RestartPolicy = Literal["permanent", "transient", "temporary"]
 
@@ -102,4 +103,19 @@ class SpawnOptions(TypedDict, total=False):
 OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
 DEFAULT_OPTIONS = AgentOptions()
 
-__all__ = ["DEFAULT_OPTIONS", "OPTION_NAMES", "AgentOptions", "RestartPolicy", "SpawnOptions"]
+
+def agent_options(options: AgentOptions | None, values: SpawnOptions) -> AgentOptions:
+    """The options `spawn` was given: `options` (or the defaults) with the keyword `values`
+    over it. An unknown keyword (from a caller no type checker saw) is a `ConfigError` naming
+    it; a bad value, one naming its option (`AgentOptions` checks each)."""
+    unknown = set(values) - OPTION_NAMES
+    if unknown:
+        raise ConfigError(f"unknown spawn option(s) {sorted(unknown)}; agent options are {sorted(OPTION_NAMES)}")
+    if options is None:
+        return AgentOptions(**values) if values else DEFAULT_OPTIONS
+    if not isinstance(options, AgentOptions):
+        raise ConfigError(f"options must be an AgentOptions value, got {options!r:.80}")
+    return attrs.evolve(options, **values) if values else options
+
+
+__all__ = ["DEFAULT_OPTIONS", "OPTION_NAMES", "AgentOptions", "RestartPolicy", "SpawnOptions", "agent_options"]

@@ -9,7 +9,7 @@ import secrets
 import socket
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import attrs
 import trio
@@ -39,7 +39,7 @@ from .agent import Agent
 from .bus import EventBus, Subscription
 from .delegation import NO_GRANTS, Delegation, Grant, Grants, delegate_tool, patterns
 from .leases import DEFAULT_LEASE_TTL, NameLeases
-from .options import DEFAULT_OPTIONS, OPTION_NAMES, AgentOptions
+from .options import AgentOptions, SpawnOptions, agent_options
 from .ref import AgentRef
 from .virtual import NO_PENDING, Slot, VirtualAgents
 
@@ -166,7 +166,7 @@ class Runtime(VirtualAgents, NameLeases, Delegation):
         accepts: Grant = False,
         recall: bool = False,
         options: AgentOptions | None = None,
-        **option_values: Any,
+        **option_values: Unpack[SpawnOptions],
     ) -> AgentRef:
         """Start an agent and return its handle once it is ready: its mailbox takes requests,
         and its `on_start` plugins have run (then through `nursery.start`).
@@ -187,19 +187,13 @@ class Runtime(VirtualAgents, NameLeases, Delegation):
         granted to reach it), or names and patterns of the agents it accepts. `recall`: give it
         the built-in `recall` tool, which reads evicted history back from its own offload
         journal (and no other). Agent options
-        (`max_steps`, `tool_timeout`, `restart`, ...) come as `options=AgentOptions(...)` or as
-        keywords.
+        (`max_steps`, `tool_timeout`, `restart`, ...) come as `options=AgentOptions(...)`, as
+        keywords (typed: `SpawnOptions`), or both (the keywords win).
         """
         if self._closed:
             raise AgentStopped("the runtime is closed")
         validate_agent_id(name)
-        unknown = set(option_values) - OPTION_NAMES
-        if unknown:
-            raise ConfigError(f"unknown spawn option(s) {sorted(unknown)}; agent options are {sorted(OPTION_NAMES)}")
-        if options is None:
-            options = AgentOptions(**option_values) if option_values else DEFAULT_OPTIONS
-        elif option_values:
-            options = attrs.evolve(options, **option_values)
+        options = agent_options(options, option_values)
         if not hasattr(provider, "complete"):
             raise ConfigError(f"provider must have an async complete(request) method, got {provider!r:.80}")
         if name in self._slots:
