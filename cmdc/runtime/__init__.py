@@ -8,19 +8,25 @@ the wait-for graph), `leases` (name leases), `bus` (event subscriptions)."""
 
 from .agent import Agent
 from .bus import EventBus, Subscription
+from .delegation import Grant
+from .leases import DEFAULT_LEASE_TTL
 from .options import AgentOptions, RestartPolicy, SpawnOptions
 from .ref import AgentHandle, AgentRef
-from .runtime import Runtime, open_runtime
+from .runtime import DEFAULT_RECALL_BUDGET, Runtime, open_runtime, with_instructions
 
 __all__ = [
+    "DEFAULT_LEASE_TTL",
+    "DEFAULT_RECALL_BUDGET",
     "Agent",
     "AgentHandle",
     "AgentOptions",
     "AgentRef",
     "EventBus",
+    "Grant",
     "RestartPolicy",
     "Runtime",
     "SpawnOptions",
     "Subscription",
     "open_runtime",
+    "with_instructions",
 ]

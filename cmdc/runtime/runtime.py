@@ -19,12 +19,7 @@ from .._trio import reraise
 from ..compaction import Compactor
 from ..compaction.breaker import SummarizerBreaker
 from ..compaction.summary import ExtractiveSummarizer, Summarizer
-from ..errors import (
-    AgentNotFound,
-    AgentStopped,
-    CmdcError,
-    ConfigError,
-)
+from ..errors import AgentNotFound, AgentStopped, CmdcError, ConfigError
 from ..events import DEACTIVATED, Event
 from ..message import Message
 from ..offload import OffloadStore
