@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import attrs
 import trio
 
-from .._frozen import past_bounds
 from ..compact_tool import CompactionDesk, current_desk
 from ..compaction import Compactor
 from ..compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
@@ -41,7 +40,6 @@ from ..errors import (
     ProviderError,
     RequestSkipped,
     StepLimitReached,
-    ToolArgumentsError,
     TurnAborted,
 )
 from ..events import (
@@ -58,10 +56,8 @@ from ..events import (
     RETRY,
     STOPPED,
     TOOL_CALLS_REFUSED,
-    TOOL_END,
     TOOL_RESULT_CAPPED,
     TOOL_RESULTS_MASKED,
-    TOOL_START,
     TURN_END,
     TURN_START,
     USAGE_REFUSED,
@@ -72,10 +68,8 @@ from ..plugins import (
     Abort,
     AfterCompact,
     AfterResponse,
-    AfterTool,
     BeforeCompact,
     BeforeRequest,
-    BeforeTool,
     Folded,
     HookName,
     LifecycleContext,
@@ -96,7 +90,6 @@ from ..providers.base import (
     STOP_REASON_KEY,
     ModelRequest,
     Provider,
-    ToolSchema,
 )
 from ..report import Compacted
 from ..state import State
@@ -117,6 +110,7 @@ from .mailbox import (
 )
 from .options import AgentOptions, RestartPolicy
 from .ref import AgentRef, Host
+from .tool_calls import ToolCalls
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -168,16 +162,13 @@ class _KeepTheQuestion(Plugin):
         return ctx.state.insert_after_summary(q)
 
 
-class Agent:
+class Agent(ToolCalls):
     """The agent task's state and loop. Users see it through an `AgentRef`."""
 
     __slots__ = (
         "_done_event",
         "_receive",
-        "_schemas",
-        "_seen",
         "_send",
-        "_tools",
         "aborted",
         "activated",
         "bus",
@@ -895,28 +886,7 @@ class Agent:
         if folded.value is not self.state:
             self.state = folded.value
 
-    # -- tools ----------------------------------------------------------------------------------
-    @property
-    def tools(self) -> dict[str, Tool]:
-        """The tools by name: its own, then those its tool sets (MCP servers) list now (a name
-        already taken keeps its first tool)."""
-        if self.toolsets:
-            versions = tuple(ts.version for ts in self.toolsets)
-            if versions != self._seen:
-                merged = dict(self.own_tools)
-                for ts in self.toolsets:
-                    for name, t in ts.tools.items():
-                        merged.setdefault(name, t)
-                self._tools, self._seen = merged, versions
-                self._schemas = tuple(t.schema for t in merged.values())
-        return self._tools
-
-    @property
-    def tool_schemas(self) -> tuple[ToolSchema, ...]:
-        """What the model is told of the tools, in the order of `tools`."""
-        self.tools  # noqa: B018  # rebuilds both views when a tool set changed
-        return self._schemas
-
+    # -- tools (see ToolCalls) -------------------------------------------------------------------
     async def _run_tools(self, state: State, reply: Message) -> list[Message]:
         calls, limit = reply.tool_calls, self.options.max_parallel_tools
         results: list[Message | None] = [None] * len(calls)
@@ -950,83 +920,6 @@ class Agent:
         if aborted:  # raised here, not inside the nursery: the caller gets PluginAborted itself
             raise aborted[0]
         return results  # type: ignore[return-value]  # every slot is filled once the nursery closes
-
-    async def _run_tool(
-        self,
-        state: State,
-        call: ToolCall,
-        results: list[Message | None],
-        i: int,
-        aborted: list[PluginAborted],
-        scope: trio.CancelScope,
-    ) -> None:
-        t0 = trio.current_time()
-        self._emit(TOOL_START, tool=call.name, call_id=call.id)
-        try:
-            with self._tool_span(call) as span:
-                call, result = await self._tool_result(state, call)
-                result = await self._after_tool(state, call, self.tools.get(call.name), result)
-                span.record(result)
-        except PluginAborted as exc:
-            aborted.append(exc)
-            scope.cancel()
-            return
-        results[i] = result
-        self._emit(TOOL_END, tool=call.name, call_id=call.id, error=result.is_error, duration=trio.current_time() - t0)
-
-    async def _tool_result(self, state: State, call: ToolCall) -> tuple[ToolCall, Message]:
-        """Run one tool call (after `before_tool`, which may rewrite it): the call as run and
-        its result; a failure of any kind is a result the model can read."""
-        tool = self.tools.get(call.name)
-
-        folded = await self._hook(
-            "before_tool",
-            BeforeTool(state, call, tool),
-            call,
-            lambda ctx, c: BeforeTool(state, c, self.tools.get(c.name)),
-        )
-        if isinstance(folded.stop, Skip):
-            return call, Message.tool_result(
-                call.id, f"tool call skipped by {folded.stopped_by}: {folded.stop.reason}", is_error=True
-            )
-        call = folded.value
-        tool = self.tools.get(call.name)  # the call as the plugins left it
-        if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
-            return call, Message.tool_result(
-                call.id, f"unknown tool {call.name!r}; available tools: {known}", is_error=True
-            )
-        options = self.options
-        why = past_bounds(call.arguments, options.max_tool_argument_values, options.max_tool_argument_depth)
-        if why is not None:
-            bounds = (
-                f"max_tool_argument_values={options.max_tool_argument_values:,}, "
-                f"max_tool_argument_depth={options.max_tool_argument_depth}"
-            )
-            text = f"tool {call.name!r} not run: its arguments were refused: {why} (the limits: {bounds})"
-            return call, Message.tool_result(call.id, text, is_error=True)
-        timeout = tool.timeout if tool.timeout is not None else self.options.tool_timeout
-        try:
-            with trio.fail_after(math.inf if timeout is None else timeout):
-                text = await tool.run(call.arguments)
-        except ToolArgumentsError as exc:
-            return call, Message.tool_result(call.id, str(exc), is_error=True)
-        except trio.TooSlowError:
-            return call, Message.tool_result(call.id, f"tool {call.name!r} timed out after {timeout} s", is_error=True)
-        except Exception as exc:
-            return call, Message.tool_result(
-                call.id, f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", is_error=True
-            )
-        return call, Message.tool_result(call.id, text)
-
-    async def _after_tool(self, state: State, call: ToolCall, tool: Tool | None, result: Message) -> Message:
-        folded = await self._hook(
-            "after_tool",
-            AfterTool(state, call, tool, result),
-            result,
-            lambda ctx, r: AfterTool(state, call, tool, r),
-        )
-        return folded.value
 
     # -- tracing (see cmdc.tracing): without a tracer, each of these is one `is None` test ------
     def _turn_span(self, request: Prompt) -> AbstractContextManager[Span]:
