@@ -46,7 +46,7 @@ def portable(exc: Exception) -> Exception:
     return exc
 
 
-class NodeDied(Exception):
+class _NodeDied(Exception):
     """The node actor of a bridge is dead (raised to the callers waiting on it)."""
 
 
@@ -73,7 +73,7 @@ class Bridge:
 
     async def call(self, name: str, op: str, args: tuple[Any, ...]) -> Any:
         if self.dead:
-            raise NodeDied(self.node.key)
+            raise _NodeDied(self.node.key)
         call_id = next(self._ids)
         pending = self._waiting[call_id] = Pending()
         self._outbox.append((call_id, name, op, args))
@@ -83,7 +83,7 @@ class Bridge:
         finally:
             self._waiting.pop(call_id, None)
         if pending.dead:
-            raise NodeDied(self.node.key)
+            raise _NodeDied(self.node.key)
         return unwrap(pending.answer)
 
     async def run(self) -> None:
@@ -152,4 +152,4 @@ class NodeRef:
     node_id: str = ""  # the Ray node it is pinned to
 
 
-__all__ = ["DEAD", "Bridge", "NodeDied", "NodeRef", "Pending", "await_ref", "portable", "unwrap"]
+__all__ = ["DEAD", "Bridge", "NodeRef", "Pending", "await_ref", "portable", "unwrap"]

@@ -30,14 +30,18 @@ The cluster runtime has the face of `open_runtime`'s (`spawn`, `get`/`whereis`, 
   agent's new node (unless its checkpoint or journal has it). An acknowledged turn (its reply
   returned) is committed in the store before the reply leaves the node: never lost.
 
-The bridge between Ray and trio is here alone: Ray calls into a node's trio thread through
-`trio.from_thread.run`, and trio code awaits an `ObjectRef` through its future's done-callback
-(`trio_token.run_sync_soon`), never blocking the trio thread. The caller's calls to a node are
-batched (`Bridge`): the calls made while one batch travels go in the next, and one long poll
-brings back every answer ready, so no turn holds a Ray thread and a turn costs a fraction of a
-Ray call. The spawn specs (provider, tools,
-plugins, ...) travel to every node through Ray's object store and are kept in each node's
-memory and in the caller's: the registry of names lives in the process that opened the cluster.
+The bridge between Ray and trio is in this package alone (`bridge`, `node`): Ray calls into a
+node's trio thread through `trio.from_thread.run`, and trio code awaits an `ObjectRef` through
+its future's done-callback (`trio_token.run_sync_soon`), never blocking the trio thread. The
+caller's calls to a node are batched (`Bridge`): the calls made while one batch travels go in
+the next, and one long poll brings back every answer ready, so no turn holds a Ray thread and a
+turn costs a fraction of a Ray call. The spawn specs (provider, tools, plugins, ...; `Spec`)
+travel to every node through Ray's object store and are kept in each node's memory and in the
+caller's: the registry of names lives in the process that opened the cluster.
+
+Modules: `bridge` (awaiting Ray from trio, batched calls), `placement` (`place`, `Spec`), `node`
+(the node actor and its runtime), and this one (the caller's side: `ClusterRuntime`, its agent
+handles, subscriptions, `open_cluster`). `cmdc.ray` is this module.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ from ..runtime.options import AgentOptions, SpawnOptions, agent_options
 from ..state import State, validate_agent_id
 from ..store import Leases, Store, open_store
 from ..tools import Tool
-from .bridge import DEAD, Bridge, NodeDied, NodeRef, await_ref, unwrap
+from .bridge import DEAD, Bridge, NodeRef, _NodeDied, await_ref, unwrap
 from .node import Node, close_node, start_node
 from .placement import Spec, place
 
@@ -473,7 +477,7 @@ class ClusterRuntime:
                 if op in ("prompt", "compact"):  # cancelling the call cancels the turn, as on one machine
                     node.handle.call.remote(name, "abort", (), (), None)
                 raise
-            except NodeDied:
+            except _NodeDied:
                 await self._node_died(node)
                 if op in _RETRIED:
                     continue

@@ -98,12 +98,12 @@ from ..tracing import UNTRACED, Span, Tracer
 from .mailbox import (
     Call,
     Compact,
-    Crash,
     Deactivate,
-    DeactivateNow,
     Prompt,
     Send,
-    StopRequested,
+    _Crash,
+    _DeactivateNow,
+    _StopRequested,
     begun,
     check_system,
     current_chain,
@@ -358,10 +358,10 @@ class Agent(ToolCalls):
                 self.serving = True
                 try:
                     await self._serve(request)
-                except (StopRequested, DeactivateNow):
+                except (_StopRequested, _DeactivateNow):
                     ended = "stopped"
                     return
-                except Crash as crash:
+                except _Crash as crash:
                     error = crash.__cause__ or crash
                     self._emit(ERROR, error=repr(error), during="turn", crashed=True)
                     now = trio.current_time()
@@ -429,7 +429,7 @@ class Agent(ToolCalls):
         elif isinstance(request, Call):
             try:
                 request.reply.set(request.fn(self))
-            except StopRequested:
+            except _StopRequested:
                 request.reply.set(None)
                 raise
         elif isinstance(request, Compact):
@@ -470,7 +470,7 @@ class Agent(ToolCalls):
         # From here to the mailbox's closing there is no checkpoint: nothing can slip in.
         self.deactivating = True
         request.reply.set(True)
-        raise DeactivateNow
+        raise _DeactivateNow
 
     async def _serve_compact(self, request: Compact) -> None:
         if request.reply.abandoned:
@@ -511,7 +511,7 @@ class Agent(ToolCalls):
                     await self._lifecycle("on_error", OnError(self.state, exc))
                     self._check_lease(exc)
                     if not isinstance(exc, CmdcError):
-                        raise Crash(repr(exc)) from exc
+                        raise _Crash(repr(exc)) from exc
                 else:
                     request.reply.set(reply)
             if scope.cancelled_caught:
@@ -530,7 +530,7 @@ class Agent(ToolCalls):
         if isinstance(exc, LeaseLost):
             self.deactivating = True
             self.checkpointed = True  # what it had is in the store, not a new State
-            raise DeactivateNow
+            raise _DeactivateNow
 
     # -- the turn -------------------------------------------------------------------------------
     async def _commit(self, state: State, *, took_pending: bool = True) -> None:

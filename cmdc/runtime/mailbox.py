@@ -87,12 +87,14 @@ class Call:
     reply: Reply
 
 
-class Crash(Exception):
+# The agent loop's control flow (never an error a user sees, so not in cmdc.errors): private to
+# this package, shared by its modules.
+class _Crash(Exception):
     """An unexpected error in a turn: delivered to the caller, then the agent crashes."""
 
 
-class StopRequested(Exception):
-    pass
+class _StopRequested(Exception):
+    """Raised by a `Call` (`AgentRef.stop`) inside the agent task: its loop ends."""
 
 
 @attrs.define(slots=True)
@@ -102,8 +104,8 @@ class Deactivate:
     reply: Reply
 
 
-class DeactivateNow(Exception):
-    pass
+class _DeactivateNow(Exception):
+    """A deactivation went through (its state saved): the agent's loop ends."""
 
 
 def as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, ...]:
@@ -137,13 +139,10 @@ def check_system(begun: bool, messages: Sequence[Message]) -> None:
 __all__ = [
     "Call",
     "Compact",
-    "Crash",
     "Deactivate",
-    "DeactivateNow",
     "Prompt",
     "Reply",
     "Send",
-    "StopRequested",
     "as_messages",
     "begun",
     "check_system",

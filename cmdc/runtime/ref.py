@@ -14,7 +14,7 @@ from ..message import Message
 from ..plugins import Plugin
 from ..report import Compacted, Skipped
 from ..state import State
-from .mailbox import Call, Compact, Reply, Send, StopRequested, as_messages, begun, check_system, prompt_request
+from .mailbox import Call, Compact, Reply, Send, _StopRequested, as_messages, begun, check_system, prompt_request
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -269,7 +269,7 @@ class AgentRef:
 
 
 def _stop(agent: Agent) -> None:
-    raise StopRequested
+    raise _StopRequested
 
 
 __all__ = ["AgentHandle", "AgentRef", "Host"]
