@@ -17,7 +17,6 @@ from ..tools import Tool, tool
 from .mailbox import current_chain
 
 if TYPE_CHECKING:
-    from ..store import Checkpoints
     from .agent import Agent
     from .ref import AgentRef
     from .runtime import Runtime
@@ -62,15 +61,14 @@ NO_GRANTS = Grants(children=False, targets=None, accepts=None)
 
 
 class Delegation:
-    """The runtime's side of delegation (a part of `Runtime`): temporary children, the grants
-    check, the wait-for graph."""
+    """The runtime's side of delegation (a part of `Runtime`, whose `run_child` spawns a
+    temporary child): children's names and count, the grants check, the wait-for graph."""
 
     _slots: dict[str, Slot]
     _children: itertools.count[int]
     _child_token: str
     _live_children: dict[str, int]  # agent -> its temporary children running now
     _waits: dict[str, list[str]]  # the wait-for graph: agent -> agents it waits on
-    checkpoints: Checkpoints | None
 
     if TYPE_CHECKING:
 
