@@ -43,7 +43,6 @@ from .errors import (
 )
 from .events import Event
 from .message import ImagePart, Message, TextPart, TokenUsage, ToolCall
-from .offload import JournalRecord, OffloadStore
 from .plugins import (
     Abort,
     AfterCompact,
@@ -61,6 +60,7 @@ from .plugins import (
 from .rehydrate import RehydrateReads
 from .runtime import Runtime, open_runtime
 from .state import State, validate_agent_id
+from .store.file.journal import JournalRecord, OffloadStore
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
 from .ui import serve_runtime as _serve_ui

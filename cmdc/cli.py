@@ -46,7 +46,6 @@ from ._chatfile import (
 )
 from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
-from ._fs import os_cause, probe_dir, stricter_mode
 from ._redact import redact_url
 from ._trio import one_of, reraise
 from ._version import __version__
@@ -66,9 +65,10 @@ from .errors import (
 from .events import JOURNAL_DAMAGED, Event
 from .message import Message
 from .message import _encode_default as encode_default
-from .offload import JournalRecord, JournalReport, OffloadStore
 from .state import ENCODE_EAGERLY, State, validate_agent_id
 from .store import Store, open_store
+from .store.file.journal import JournalRecord, JournalReport, OffloadStore
+from .store.fs import os_cause, probe_dir, stricter_mode
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
 

@@ -20,11 +20,11 @@ import trio
 
 from ._check import integer
 from ._clip import clip
-from ._search import MAX_QUERY_CHARS
 from .errors import ConfigError, ToolArgumentsError
 from .message import Message
-from .offload import JournalRecord, OffloadStore
 from .store import Store
+from .store.file.journal import JournalRecord, OffloadStore
+from .store.search import MAX_QUERY_CHARS
 from .tokens import estimate_text_tokens
 from .tools import Tool, tool
 

@@ -26,12 +26,12 @@ from .compaction.summary import ExtractiveSummarizer, Summarizer
 from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused, MailboxFull
 from .events import ACTIVATED, DEACTIVATED, LEASE_LOST, STOPPED, Event
 from .message import Message
-from .offload import OffloadStore
 from .plugins import Plugin
 from .providers.base import Provider
 from .recall import MIN_BUDGET, recall_tool
 from .state import State, validate_agent_id
 from .store import Checkpoints, FileCheckpoints, Leases, Store, open_store
+from .store.file.journal import OffloadStore
 from .tools import Tool, ToolSet, ToolSource, tool
 from .tracing import Tracer
 

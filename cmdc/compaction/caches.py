@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._stores import _STORES, shared_store
+from ..store.cache import _STORES, shared_store
 from .config import CompactConfig
 
 _PARSED: dict[int, tuple[Mapping[str, Any], CompactConfig]] = {}

@@ -20,7 +20,6 @@ import orjson
 import trio
 
 from .._check import is_int, optional_integer
-from .._stores import _STORES, shared_store
 from .._trio import one_of, reraise
 from ..errors import (
     CompactionAborted,
@@ -43,12 +42,13 @@ from ..events import (
     emit,
 )
 from ..message import Message, TokenUsage
-from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..providers.base import ModelRequest
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
+from ..store.cache import _STORES, shared_store
+from ..store.file.journal import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
 from .breaker import SummarizerBreaker

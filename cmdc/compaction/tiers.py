@@ -36,8 +36,8 @@ import orjson
 from .._clip import clip, utf8_len
 from .._frozen import thaw
 from ..message import Message, ToolCall
-from ..offload import AppendResult, JournalRef
 from ..state import State
+from ..store.file.journal import AppendResult, JournalRef
 from .config import CompactConfig
 from .cutoff import split_messages
 

@@ -45,11 +45,11 @@ from ..events import (
     Event,
 )
 from ..message import Message
-from ..offload import JournalRecord, OffloadStore
 from ..report import CompactionReport
 from ..runtime import Runtime
 from ..state import State, validate_agent_id
 from ..store import FileStore, Store
+from ..store.file.journal import JournalRecord, OffloadStore
 
 POINTS = 400  # timeline entries kept per agent
 TURNS = 8  # span trees kept per agent

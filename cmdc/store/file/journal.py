@@ -74,9 +74,22 @@ import attrs
 import orjson
 import trio
 
-from . import _bigjson, _index
-from ._check import integer, seconds
-from ._fs import (
+from ..._check import integer, seconds
+from ...errors import ConfigError, IndexUnavailable, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
+from ...events import (
+    JOURNAL_DAMAGED,
+    JOURNAL_INDEX_REBUILT,
+    JOURNAL_LOST,
+    JOURNAL_REPAIRED,
+    Event,
+    EventSink,
+    emit,
+    logger,
+)
+from ...message import Message
+from ...state import validate_agent_id
+from .. import bigjson as _bigjson
+from ..fs import (
     DirProbe,
     atomic_write,
     fsync_dir,
@@ -88,20 +101,8 @@ from ._fs import (
     write_all,
     write_pieces,
 )
-from ._search import MAX_QUERY_CHARS, count_call_words, query_words, rank
-from .errors import ConfigError, IndexUnavailable, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
-from .events import (
-    JOURNAL_DAMAGED,
-    JOURNAL_INDEX_REBUILT,
-    JOURNAL_LOST,
-    JOURNAL_REPAIRED,
-    Event,
-    EventSink,
-    emit,
-    logger,
-)
-from .message import Message
-from .state import validate_agent_id
+from ..search import MAX_QUERY_CHARS, count_call_words, query_words, rank
+from . import index as _index
 
 _BLOCK = 64 * 1024
 _SCAN_LIMIT = 32 * 1024 * 1024  # how far back a writer reads to learn the latest attempts

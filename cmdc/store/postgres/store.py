@@ -63,12 +63,9 @@ import psycopg
 import psycopg_pool
 import trio
 
-from . import _bigjson, _index
-from ._check import flag, integer, is_number, seconds
-from ._fs import run_bounded
-from ._redact import REDACTED, journal_label, redact_url, scrub, secrets_of
-from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
-from .errors import (
+from ..._check import flag, integer, is_number, seconds
+from ..._redact import REDACTED, journal_label, redact_url, scrub, secrets_of
+from ...errors import (
     CheckpointCorrupted,
     CmdcError,
     ConfigError,
@@ -79,11 +76,15 @@ from .errors import (
     StoreRefused,
     StoreUnavailable,
 )
-from .events import INDEX_FAILED, INDEX_RETRY, Event, EventSink, emit, log_event, logger
-from .message import Message
-from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
-from .state import State, validate_agent_id
-from .store import StoreReport
+from ...events import INDEX_FAILED, INDEX_RETRY, Event, EventSink, emit, log_event, logger
+from ...message import Message
+from ...state import State, validate_agent_id
+from .. import bigjson as _bigjson
+from ..file import index as _index
+from ..file.journal import ATTEMPTS_KEY, AppendResult, JournalRecord
+from ..fs import run_bounded
+from ..protocol import StoreReport
+from ..search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
 
 SCHEMA_VERSION = 7
 SEARCH_CANDIDATES = 500
@@ -1399,7 +1400,7 @@ class PostgresStore:
 
     async def transcript(self, agent_id: str) -> str:
         """The journal as Markdown, for people (the file store writes the same beside its journal)."""
-        from .offload import _transcript
+        from ..file.journal import _transcript
 
         records = await self.records(agent_id)
 

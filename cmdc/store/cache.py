@@ -8,7 +8,7 @@ from __future__ import annotations
 import weakref
 from pathlib import Path
 
-from .offload import OffloadStore
+from .file.journal import OffloadStore
 
 _STORES: weakref.WeakValueDictionary[Path, OffloadStore] = weakref.WeakValueDictionary()
 

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import IndexUnavailable
+from ...errors import IndexUnavailable
 
 if TYPE_CHECKING:
-    from .message import Message
+    from ...message import Message
 
 SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
@@ -398,8 +398,8 @@ def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
 
 
 def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, Any], mark: int, end: int) -> None:
-    from .errors import OffloadCorrupted
-    from .offload import _decode_at, _fused_cuts, _lines, _summary_attempts
+    from ...errors import OffloadCorrupted
+    from .journal import _decode_at, _fused_cuts, _lines, _summary_attempts
 
     data, stop = _read_lines(fd, mark, end)
     last_seq, damaged = int(meta["last_seq"]), int(meta["damaged"])
@@ -545,7 +545,7 @@ def tokens_in_slices(text: str) -> Iterator[list[str]]:
 def _rest_words(data: bytes, start: int, end: int) -> list[str]:
     """The distinct words (and identifiers) of the text of the message line `data[start:end]`
     past its first `TEXT_CHARS` characters, read a piece at a time (never built whole)."""
-    from . import _bigjson
+    from .. import bigjson as _bigjson
 
     try:
         span = _bigjson.content_span(data, start + len(b'{"message":'), end)
@@ -579,7 +579,7 @@ token: `src/billing/mod_7.py` is one token of the `ids` column (its parts are in
 
 @functools.cache
 def _offload() -> Any:
-    from . import offload  # imported late: it imports this module
+    from . import journal as offload  # imported late: it imports this module
 
     return offload
 
@@ -819,7 +819,7 @@ class Indexer:
                 self._wake.wait(due - now)
 
     def _run(self) -> None:
-        from .events import logger
+        from ...events import logger
 
         with contextlib.suppress(OSError, AttributeError):  # Linux: this thread alone yields to the others
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

@@ -56,17 +56,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import attrs
 import trio
 
-from ._fs import refuse_linked
-from ._redact import redact_url
-from ._stores import shared_store
-from .checkpoint import CheckpointStore
-from .errors import ConfigError, NameLeased, StoreUnavailable
-from .message import Message
-from .offload import AppendResult, JournalExtent, JournalRecord, JournalReport, OffloadStore
-from .state import State, validate_agent_id
+from .._redact import redact_url
+from ..errors import ConfigError, NameLeased, StoreUnavailable
+from ..message import Message
+from ..state import State, validate_agent_id
+from .cache import shared_store
+from .file.checkpoints import CheckpointStore
+from .file.journal import AppendResult, JournalExtent, JournalRecord, JournalReport, OffloadStore
+from .fs import refuse_linked
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStore
+    from .postgres.store import PostgresStore
 
 
 @attrs.frozen
@@ -356,12 +356,12 @@ class FileCheckpoints(CheckpointStore):
 def open_store(spec: str | os.PathLike[str] | Store) -> Store:
     """The store `spec` names: a `postgresql://` URL, a directory (the file store), or a store
     object (returned as is). Not yet started: `await store.start()` (the runtime does)."""
-    postgres = sys.modules.get("cmdc.postgres")
+    postgres = sys.modules.get("cmdc.store.postgres.store")
     if isinstance(spec, FileStore) or (postgres is not None and isinstance(spec, postgres.PostgresStore)):
         return spec  # the shipped stores skip the protocol's isinstance (~20 µs: every agent's compactor asks)
     if isinstance(spec, str) and spec.startswith(("postgresql://", "postgres://")):
         try:
-            from .postgres import PostgresStore
+            from .postgres.store import PostgresStore
         except ImportError as exc:
             raise ConfigError(
                 f"a postgresql:// store needs the postgres extra: pip install 'cmdc[postgres]' ({exc})"

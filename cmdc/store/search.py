@@ -19,8 +19,8 @@ import orjson
 import trio
 
 if TYPE_CHECKING:
-    from .message import Message
-    from .offload import JournalRecord
+    from ..message import Message
+    from .file.journal import JournalRecord
 
 T = TypeVar("T")
 
