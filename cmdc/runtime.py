@@ -31,7 +31,6 @@ from .providers.base import Provider
 from .recall import MIN_BUDGET, recall_tool
 from .state import State, validate_agent_id
 from .store import Checkpoints, FileCheckpoints, Leases, Store, open_store
-from .store.file.journal import OffloadStore
 from .tools import Tool, ToolSet, ToolSource, tool
 from .tracing import Tracer
 
@@ -342,9 +341,7 @@ class Runtime:
         compactor = self._compactor(summarizer if summarizer is not None else provider, plugins, options)
         settings = compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
         if self.store is None:  # journals go to the config's directory: unusable fails the spawn too
-            journals = compactor.store_for(settings)
-            if isinstance(journals, OffloadStore):
-                await journals.check_usable()
+            await compactor.start_store(settings)
         given = await self._live_tools(tools)
         if recall:
             if any(isinstance(t, Tool) and t.name == "recall" for t in given):

@@ -1,8 +1,22 @@
-"""Everything durable: the `Store` protocol, the file store (`cmdc.store.file`), the
-PostgreSQL store (`cmdc.store.postgres`), the search helpers both share.
+"""Everything durable: the typed `Store` protocol (`protocol`), the file store (`file`), the
+PostgreSQL store (`postgres`, extra `postgres`), the record types both hand out (`records`),
+the search ranking both share (`search`) and the one transcript renderer (`transcript`).
 
 The journal's rules are stated once, in docs/journal.md."""
 
-from .protocol import Checkpoints, FileCheckpoints, FileStore, Leases, Store, StoreReport, open_store
+from .file.store import FileCheckpoints, FileStore
+from .open import open_store
+from .protocol import Checkpoints, JournalReader, Leases, OnNumbered, Store
+from .records import StoreReport
 
-__all__ = ["Checkpoints", "FileCheckpoints", "FileStore", "Leases", "Store", "StoreReport", "open_store"]
+__all__ = [
+    "Checkpoints",
+    "FileCheckpoints",
+    "FileStore",
+    "JournalReader",
+    "Leases",
+    "OnNumbered",
+    "Store",
+    "StoreReport",
+    "open_store",
+]

@@ -312,6 +312,14 @@ class Connections:
                 with spare[1]:
                     spare[0].close()
 
+    def close_all(self) -> None:
+        """Close every open index (one in use is closed when its user is done with it)."""
+        with self._lock:
+            held, self._open = list(self._open.values()), {}
+        for conn, lock, _ in held:
+            with lock:
+                conn.close()
+
     def close(self, journal: Path) -> None:
         with self._lock:
             held = self._open.pop(journal, None)

@@ -1,51 +1,23 @@
-"""The offload store: each agent's journal of evicted messages, a log of attempts and commits.
+"""The file store's journal: `<root>/<agent_id>.jsonl`, one per agent, a log of attempts and
+commits (`OffloadStore`).
 
-`<root>/<agent_id>.jsonl` holds one JSON object per line, of three kinds::
+The protocol it keeps (exactly-once attempts and commits, stable record numbers and journal
+identity, damage contained) and the line format are stated once, in docs/journal.md. Here: the
+line codec (`_record_lines`, `_decode_at`, the checksums), the scan and recovery of a file
+(`_scan`, `_lines_back`, `_find_head`, `_move_aside`) and the writer (`OffloadStore`: a lock per
+journal, `flock` across processes, the end of the file checked before every append).
 
-    {"journal":"j…","follows":null,"agent":"a1","seq":0,"ts":…,"crc":"…"}      identity / link
-    {"message":{…},"compaction":3,"ts":…,"seq":17,"attempt":"k…","journal":"j…","crc":"…"}
-    {"commit":["k…"],"journal":"j…","seq":17,"ts":…,"crc":"…"}                 commit marker
-    {"commit":["k…"],"journal":"j…","seq":17,"ts":…,"crc":"…"}                 (its copy)
-
-Every line starts with a fixed head (`{"message":`, `{"journal":`, `{"commit":`) and ends with
-the fixed suffix `,"crc":"xxxxxxxx"}`, the CRC-32 of every byte between them: a flipped byte
-anywhere is detected while the line stays plain JSON (a message's checksum, computed once when
-it entered its state, is reused). `seq` is the record number of a message, or the highest
-number given out so far on a control line; numbers only grow and are never reused.
-
-**Attempts and commits.** A batch is written by an attempt (its records carry the attempt id)
-and becomes visible only when a commit line names the attempt (`append(commit=True)` writes both
-at once). A summary message carries the attempts it depends on, so a committed batch that holds
-an earlier summary also makes that summary's attempts visible. Readers key records by message
-id: each committed message is seen once, at its first committed record (its stable address).
-Appending a message the writer already knows in this journal (same id, same content) reuses
-its record; a writer knows the end of the file, and, when the caller's state is behind the
-journal (`expect.seq` below its highest number), every record numbered after the state's.
-Lines written by an older cmdc (no attempt) count as committed.
-
-**Identity.** The first line names the journal (`journal`); every record repeats the id, so the
-last line of the file says which journal it is. A state carries `JournalRef(journal, seq)`.
-Before appending, the writer checks the end of the file (its content, not only its size); a
-journal that vanished, was replaced or was truncated below what the state (or this store)
-expects raises `JournalLost` after a link line is written durably (`follows` the lost journal,
-numbering on past everything handed out): the retry then writes its whole batch, and no record
-number is ever reused. A journal whose link lines lead back to the expected one (directly or
-through other successors) is its successor: that loss was recorded already, by this process or
-by one before a restart, and is not reported again.
-
-**Damage.** A damaged line (checksum, shape, broken JSON) is skipped by readers, counted and
-reported as an event; a torn or damaged tail is moved to `<agent_id>.jsonl.damaged` by the next
-writer before it appends; `repair` rewrites the journal keeping every valid line, moving the
-damaged bytes to the same side file. One flipped bit costs at most the record whose line it
-lands in: a commit is written as two identical lines (one damaged copy hides nothing; a repair
-writes it back from its twin; journals of one commit line each, written before, are read as
-ever), and a damaged line that is two whole lines joined by a damaged newline (both halves pass
-their checksums) is read as the two (a repair puts the newline back; so does a writer, for the
-file's last one). `<root>/<agent_id>.md` is a transcript for people, written on request by
-`write_transcript`. The journal, its side file (and the file store's lease files) are refused
-when they are not a regular file with one link: a hard link planted at the name would make a
-write land outside the store.
+Implementation notes the page does not need: every line starts with a fixed head and ends with
+the fixed suffix `,"crc":"xxxxxxxx"}`, the CRC-32 of the bytes between them (a message's
+checksum, computed once when it entered its state, is reused). A writer knows the end of the
+file and, when the caller's state is behind the journal (`expect.seq` below its highest number),
+every record numbered after the state's: that is how it reuses a retried message's record. A
+journal whose link lines lead back to the expected one (directly or through other successors) is
+its successor: that loss was recorded already and is not reported again. The journal, its side
+file (and the file store's lease files) are refused when they are not a regular file with one
+link: a hard link planted at the name would make a write land outside the store.
 """
+
 
 from __future__ import annotations
 
@@ -56,7 +28,6 @@ import functools
 import inspect
 import os
 import re
-import secrets
 import sqlite3
 import stat
 import struct
@@ -68,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import orjson
@@ -101,7 +72,18 @@ from ..fs import (
     write_all,
     write_pieces,
 )
+from ..records import (
+    ATTEMPTS_KEY,
+    JOURNAL_KEY,
+    AppendResult,
+    JournalExtent,
+    JournalRecord,
+    JournalRef,
+    new_attempt_id,
+    new_journal_id,
+)
 from ..search import MAX_QUERY_CHARS, count_call_words, query_words, rank
+from ..transcript import md_code, md_fenced, transcript_pieces
 from . import index as _index
 
 _BLOCK = 64 * 1024
@@ -129,61 +111,6 @@ _JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFO
 _LINES_AT_ONCE = 512  # records an append builds the lines of at a time (~300 kB: they stay in the caches)
 _JOIN = 400  # pieces joined per write (~120 kB): a small buffer malloc reuses (a megabyte is mapped
 # and unmapped each time, page faults included: the whole write took ~1.5x as long)
-ATTEMPTS_KEY = "cmdc.attempts"
-"""Summary metadata: the journal attempts a summary depends on (committed together with it)."""
-JOURNAL_KEY = "cmdc.journal"
-"""Summary metadata: the id of the journal that holds what the summary replaced."""
-
-
-def new_journal_id() -> str:
-    return "j" + secrets.token_hex(8)
-
-
-def new_attempt_id() -> str:
-    return "k" + secrets.token_hex(8)
-
-
-@attrs.frozen
-class JournalRecord:
-    """One message record of an offload journal."""
-
-    seq: int
-    compaction: int
-    timestamp: float
-    message: Message
-    attempt: str | None = None
-    journal: str | None = None
-    clipped: int = 0
-    """Characters of the message's text left out: a read with `max_chars` gives a message
-    whose text is longer than that as a copy holding its first `max_chars` characters (for
-    showing; not to be journaled again)."""
-
-
-@attrs.frozen
-class JournalRef:
-    """What a state knows of its journal: the journal's id and the highest record number the
-    state's summaries name. `append(expect=...)` checks the file against it."""
-
-    journal: str | None = None
-    seq: int = 0
-
-
-@attrs.frozen
-class AppendResult:
-    """What an append did: `written` records are new; `first_seq..last_seq` cover the whole
-    batch, including messages already in the journal (their records are reused). `pending`:
-    the attempts a commit must name for the batch to become visible (empty once it is)."""
-
-    path: Path
-    first_seq: int
-    last_seq: int
-    written: int
-    journal: str | None = None
-    attempt: str | None = None
-    pending: tuple[str, ...] = ()
-    seqs: tuple[int, ...] = ()  # each message's record number, in the batch's order
-
-
 @attrs.frozen
 class Damage:
     """A damaged line: its number (1-based), byte offset and length, and what is wrong."""
@@ -216,17 +143,6 @@ class JournalReport:
     @property
     def clean(self) -> bool:
         return not self.damaged and not self.torn
-
-
-@attrs.frozen
-class JournalExtent:
-    """What a journal holds, as its index counts it: committed records, the first and last
-    record numbers (0 when empty), and the compactions they came from."""
-
-    records: int
-    first_seq: int
-    last_seq: int
-    compactions: int
 
 
 @attrs.frozen
@@ -1137,77 +1053,10 @@ def _move_aside(side: Path, source: Path, chunks: Sequence[tuple[int, bytes, str
     return moved
 
 
-_BACKTICKS = re.compile(r"`+")
-
-
-_NOT_BACKTICK = re.compile(r"[^`]")
-_TEXT_SLICE = 64 * 1024  # characters of a text one regex call looks at
-
-
-def _longest_backticks(text: str) -> int:
-    """The longest run of backticks in `text`, a slice at a time (cut where no run is)."""
-    best, start, n = 0, 0, len(text)
-    while start < n:
-        end = min(n, start + _TEXT_SLICE)
-        if text.find("`", start, end) < 0:  # the common case: no backtick at all
-            start = end
-            continue
-        if end < n and text[end - 1] == "`":
-            m = _NOT_BACKTICK.search(text, end)
-            end = m.start() if m is not None else n
-        best = max(best, max((len(run) for run in _BACKTICKS.findall(text, start, end)), default=0))
-        start = end
-    return best
-
-
-def md_code(text: str) -> str:
-    """`text` as inert inline Markdown code on one line, whatever backticks it holds."""
-    text = " ".join(text.split())
-    fence = "`" * (_longest_backticks(text) + 1)
-    return f"{fence} {text} {fence}" if text else "` `"
-
-
-def md_fenced(text: str) -> str:
-    """`text` in a fenced code block longer than any backtick run inside it: headings, HTML,
-    links and fences in it stay inert text."""
-    return b"".join(_fenced(text)).decode()
-
-
-def _fenced(text: str) -> list[bytes]:
-    """`md_fenced(text)` encoded, in pieces: a huge text a slice at a time."""
-    fence = "`" * max(3, _longest_backticks(text) + 1)
-    end = len(text)
-    while end and text[end - 1] == "\n":
-        end -= 1
-    body = [text[i : min(end, i + _TEXT_SLICE * 4)].encode() for i in range(0, end, _TEXT_SLICE * 4)]
-    return [f"{fence}text\n".encode(), *body, f"\n{fence}\n".encode()]
-
-
-def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> list[bytes]:
-    """Markdown for people, in pieces (a huge text is many): only the headings are Markdown;
-    every text that came from a model, a tool or a user is fenced or inline code, so nothing in
-    it renders (a `# Title`, `<script>`)."""
-    out = [f"## Compaction {compaction} — records {records[0][0]}\N{EN DASH}{records[-1][0]}\n\n".encode()]
-    for seq, msg in records:
-        head = f"### {seq} · {msg.role}"
-        if msg.tool_call_id is not None:
-            head += f" (call {md_code(msg.tool_call_id)}{', error' if msg.is_error else ''})"
-        out.append((head + "\n\n").encode())
-        for call in msg.tool_calls:
-            args = orjson.dumps(call.to_dict()["arguments"]).decode()
-            out.append(f"- tool call {md_code(call.name)} (id {md_code(call.id)}): {md_code(args)}\n\n".encode())
-        if msg.text:
-            out += _fenced(msg.text)
-            out.append(b"\n")
-    return out
-
-
 class OffloadStore:
-    """Journals under `root`, one per agent; see the module docstring. `root` is made absolute
+    """Journals under `root`, one per agent; the protocol: docs/journal.md. `root` is made absolute
     once, here: a later `chdir` does not move the journals. `on_event` receives
     `journal_lost`, `journal_damaged` and `journal_repaired` events."""
-
-    clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
 
     def __init__(
         self,
@@ -1221,11 +1070,11 @@ class OffloadStore:
         self.root = Path(os.path.abspath(root))
         self.on_event = on_event
         self._journals: dict[str, _Journal] = {}
-        self._probe = DirProbe(self.root)
+        self._probe = DirProbe.of(self.root)
         if not isinstance(index, bool):
             raise ConfigError(f"index must be True or False, got {index!r}")
         self.index = index
-        """Whether the search and offsets index beside each journal is used (see `cmdc._index`)."""
+        """Whether the search and offsets index beside each journal is used (see `cmdc.store.file.index`)."""
         self._indexer = _index.Indexer(self._index_in_background)
         self._tokens: dict[Path, tuple[str, trio.lowlevel.TrioToken | None]] = {}  # who to tell of a rebuild
         self._index_seen: set[Path] = set()  # journals whose index this store opened (one gone is missing)
@@ -1233,6 +1082,11 @@ class OffloadStore:
 
     def __repr__(self) -> str:
         return f"OffloadStore({str(self.root)!r})"
+
+    async def aclose(self) -> None:
+        """Close the idle open search indexes (they reopen on the next use). Quick, and no
+        checkpoint: an agent's task closes its compactor's store as it ends."""
+        self._index_conns.close_all()
 
     async def check_usable(self) -> None:
         """Check once that journals can be written under `root` (created if missing; a probe
@@ -1248,6 +1102,10 @@ class OffloadStore:
             raise OffloadError(
                 f"offload directory {self.root} is not usable: a test write took over {self.write_timeout} s"
             ) from None
+
+    def location(self, agent_id: str) -> str:
+        """The journal's file, as a string (`JournalReader`'s location)."""
+        return str(self.path_for(agent_id))
 
     def path_for(self, agent_id: str) -> Path:
         """The journal's path; raises `ConfigError` for an unsafe agent id."""
@@ -1319,7 +1177,7 @@ class OffloadStore:
         same write; otherwise it stays invisible until `commit(agent_id, result.pending)`.
         Messages already in the journal (same id, same content) reuse their records.
         `expect`: the journal the caller's state names; a vanished, replaced or truncated
-        journal raises `JournalLost` before anything is appended (see the module docstring).
+        journal raises `JournalLost` before anything is appended (docs/journal.md, "Stable addresses").
         `on_numbered(result)`: called in trio's thread, with what this call will return, as
         soon as the records are written and numbered, while the fsync still runs: work that
         needs the record numbers (a summary naming them) overlaps the wait for the disk. It
@@ -1970,7 +1828,7 @@ class OffloadStore:
                 if not batches or batches[-1][-1].compaction != r.compaction:
                     batches.append([])
                 batches[-1].append(r)
-            data = [piece for b in batches for piece in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
+            data = [p for b in batches for p in transcript_pieces(b[0].compaction, [(r.seq, r.message) for r in b])]
             if fd < 0:
                 atomic_write(md, data)
             else:
@@ -2334,6 +2192,8 @@ __all__ = [
     "JournalRef",
     "JournalReport",
     "OffloadStore",
+    "md_code",
+    "md_fenced",
     "new_attempt_id",
     "new_journal_id",
 ]

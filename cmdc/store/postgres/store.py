@@ -1,16 +1,13 @@
 """The PostgreSQL store: every agent's journal and checkpoint in one database (extra `postgres`).
 
-`PostgresStore(url)` keeps the offload store's promises in tables instead of files:
+`PostgresStore(url)` keeps the file store's promises in tables instead of files:
 
-- **Journal.** `cmdc_records` holds one row per journaled message: `(agent_id, seq)` is its
-  stable address, `message` the message's exact JSON bytes and `crc` their CRC-32 (checked on
-  every read: a damaged row is skipped and counted, never guessed at). Record numbers come from
-  the agent's row in `cmdc_journals` (its journal id and the highest number given out), taken
-  with `SELECT ... FOR UPDATE`, so they only grow and are never reused, even across writers.
-- **Attempts and commits.** A batch is written by an attempt (`cmdc_attempts`); its rows are
-  visible to readers only once the attempt is committed (at once by default). A message that is
-  already journaled for the agent (same id, same content) keeps its record: a retried batch
-  neither duplicates nor renumbers anything, and a retry after a lost connection is safe.
+- **Journal.** The journal protocol (docs/journal.md: exactly-once attempts and commits,
+  stable addresses, damage contained) in tables: `cmdc_records` (one row per record, `(agent_id,
+  seq)` its address, the message's exact JSON bytes and their CRC-32, checked on every read),
+  `cmdc_journals` (the agent's journal id and highest number, taken `FOR UPDATE`, so numbers
+  only grow, even across writers), `cmdc_attempts` (an attempt's rows are visible once it is
+  committed).
 - **Search.** `body` (the text a person would search: content, tool names and arguments, its
   first `SEARCH_PREFIX_CHARS` characters without base64 runs, so a vector always fits) feeds
   a `tsvector` per record in `cmdc_search`, with a GIN index, queried with the `simple`
@@ -22,10 +19,7 @@
   holding any, are ranked by `ts_rank` (see `PostgresStore.search`). The store runs `ANALYZE`
   on the search and record tables after indexing many records (see `ANALYZE_MIN`): without
   statistics the planner reads a freshly filled journal by its primary key, not the index.
-- **Loss and repair.** A state that names a journal the database no longer has (another id,
-  or fewer records) gets `JournalLost`, as with the file store, after a successor journal is
-  recorded (`cmdc_journal_links`: which journal each successor took over from). A state naming
-  any journal up the chain of successors goes on in the newest, as with the file store.
+- **Loss and repair.** A lost journal's successor is recorded in `cmdc_journal_links`;
   `repair` moves damaged rows to `cmdc_damaged`.
 - **Checkpoints.** `cmdc_checkpoints` holds `State.to_json()` per agent. Saving a state also
   commits, in the same transaction, the journal attempts its summaries name: a compaction's
@@ -55,7 +49,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 import orjson
@@ -81,9 +75,9 @@ from ...message import Message
 from ...state import State, validate_agent_id
 from .. import bigjson as _bigjson
 from ..file import index as _index
-from ..file.journal import ATTEMPTS_KEY, AppendResult, JournalRecord
 from ..fs import run_bounded
-from ..protocol import StoreReport
+from ..protocol import OnNumbered, Store
+from ..records import ATTEMPTS_KEY, AppendResult, JournalExtent, JournalRecord, JournalRef, StoreReport
 from ..search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
 
 SCHEMA_VERSION = 7
@@ -421,12 +415,13 @@ def _summary_attempts(state: State) -> list[str]:
     return out
 
 
-def _wanted(expect: Any) -> tuple[str | None, int] | None:
-    """What a caller's state knows of its journal (a `JournalRef`, or any object with
-    `journal` and `seq`): (journal id, highest record number it names)."""
+def _wanted(expect: JournalRef | None) -> tuple[str | None, int] | None:
+    """What a caller's state knows of its journal: (journal id, highest record number it names)."""
     if expect is None:
         return None
-    journal, seq = getattr(expect, "journal", None), getattr(expect, "seq", 0)
+    if not isinstance(expect, JournalRef):
+        raise ConfigError(f"expect must be a JournalRef, got {expect!r:.80}")
+    journal, seq = expect.journal, expect.seq
     if journal is not None and not isinstance(journal, str):
         raise ConfigError(f"expect.journal must be a journal id or None, got {journal!r:.80}")
     return journal, integer(seq, "expect.seq", minimum=0)
@@ -499,7 +494,6 @@ class PostgresStore:
     A store shared by several runtimes is `shared` (its runtimes lease every agent name by
     default: see `open_runtime`)."""
 
-    clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
     shared: ClassVar[bool] = True  # one database, many processes: runtimes lease names on it by default
 
     def __init__(
@@ -836,8 +830,8 @@ class PostgresStore:
         compaction: int = 0,
         attempt: str | None = None,
         commit: bool = True,
-        expect: Any = None,
-        **options: Any,
+        expect: JournalRef | None = None,
+        on_numbered: OnNumbered | None = None,
     ) -> AppendResult:
         """Journal `messages` as one batch of `attempt` (a new one when None), durably (the
         transaction has committed when this returns). With `commit` the batch is visible at
@@ -850,8 +844,6 @@ class PostgresStore:
         names raises `JournalLost` before anything is written, after recording the loss (a
         successor journal numbering on past both): the retry writes the whole batch."""
         validate_agent_id(agent_id)
-        if options:
-            raise ConfigError(f"unknown append option(s) {sorted(options)}")
         integer(compaction, "compaction", minimum=0)
         if attempt is not None and (not isinstance(attempt, str) or not 1 <= len(attempt) <= 64):
             raise ConfigError(f"attempt must be a short string, got {attempt!r:.80}")
@@ -874,7 +866,7 @@ class PostgresStore:
         last = max(numbers) if numbers else -1
         location = self.location(agent_id)
         # the file store's result names a file; here the "path" is the journal's location string
-        return AppendResult(
+        result = AppendResult(
             path=location,  # type: ignore[arg-type]
             first_seq=first,
             last_seq=last,
@@ -884,6 +876,12 @@ class PostgresStore:
             pending=tuple(pending),
             seqs=tuple(numbers),
         )
+        if on_numbered is not None and written:  # numbered and durable at once: told just before returning
+            try:
+                on_numbered(result)
+            except Exception:
+                logger.exception("postgres: an append's on_numbered callback failed (agent %s)", agent_id)
+        return result
 
     @staticmethod
     def _journal_row(conn: psycopg.Connection[Any], agent_id: str) -> tuple[str, int, str | None, bool]:
@@ -1097,7 +1095,7 @@ class PostgresStore:
             for row in fresh:
                 copy.write_row(row)
 
-    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool:
+    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: JournalRef | None = None) -> bool:
         """Make the batches of `attempts` visible; return whether any was not already."""
         validate_agent_id(agent_id)
         wanted = [a for a in dict.fromkeys(attempts) if isinstance(a, str)]
@@ -1134,7 +1132,7 @@ class PostgresStore:
     @staticmethod
     def _decode(rows: Sequence[tuple[Any, ...]], max_chars: int | None = None) -> tuple[list[JournalRecord], list[int]]:
         """The rows' records and the seqs of damaged rows. A huge message is read in short
-        steps (`cmdc._bigjson`); `max_chars`: texts cut as `records` says."""
+        steps (`cmdc.store.bigjson`); `max_chars`: texts cut as `records` says."""
         records: list[JournalRecord] = []
         damaged: list[int] = []
         for seq, compaction, ts, data, crc in rows:
@@ -1158,11 +1156,42 @@ class PostgresStore:
     async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
         """Every visible record in seq order, each message once. Damaged rows are skipped.
         `max_chars`: a longer text comes cut to that many characters, the record's `clipped`
-        counting the rest (see `cmdc.store`)."""
+        counting the rest (see docs/journal.md)."""
         return await self.read_range(agent_id, 1, 2**62, max_chars=max_chars)
 
     async def read(self, agent_id: str) -> list[Message]:
         return [r.message for r in await self.records(agent_id)]
+
+    async def last_records(self, agent_id: str, n: int, *, max_chars: int | None = None) -> list[JournalRecord]:
+        """The last `n` visible records, in seq order (`max_chars`: as `records`)."""
+        validate_agent_id(agent_id)
+        integer(n, "n", minimum=0)
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
+        if not n:
+            return []
+        rows = await self._run(self._last_sync, agent_id, n)
+        return (await trio.to_thread.run_sync(self._decode, rows[::-1], max_chars))[0]
+
+    def _last_sync(self, conn: psycopg.Connection[Any], agent_id: str, n: int) -> list[tuple[Any, ...]]:
+        with conn.transaction():
+            query = self._VISIBLE + " ORDER BY r.seq DESC LIMIT %s"
+            return conn.execute(query, (agent_id, n), binary=True).fetchall()
+
+    async def extent(self, agent_id: str) -> JournalExtent:
+        """How many visible records the journal holds, their first and last numbers and the
+        compactions they came from (counted as `verify` counts them; no message is decoded)."""
+        validate_agent_id(agent_id)
+        count, first, last, compactions = await self._run(self._extent_sync, agent_id)
+        return JournalExtent(count, first, last, compactions)
+
+    def _extent_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[int, int, int, int]:
+        with conn.transaction():
+            wanted = "count(*), coalesce(min(r.seq), 0), coalesce(max(r.seq), 0)"
+            span = self._VISIBLE.replace("r.seq, r.compaction, r.ts, r.message, r.crc", wanted)
+            row = conn.execute(f"SELECT *, ({self._COMPACTIONS}) FROM ({span}) s", (agent_id, agent_id)).fetchone()
+            assert row is not None
+            return int(row[0]), int(row[1]), int(row[2]), int(row[3])
 
     async def read_range(
         self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
@@ -1179,7 +1208,7 @@ class PostgresStore:
     ) -> list[JournalRecord]:
         """Visible records holding words of `query` (case-insensitive; its first 64 distinct
         words; an identifier with `/ . _ -` counts whole and by its parts), best first, at most
-        `limit`, ranked as the file store ranks them (`cmdc._index.bm25`: rare words outweigh
+        `limit`, ranked as the file store ranks them (`cmdc.store.file.index.bm25`: rare words outweigh
         common ones, an exact identifier or the query's words in a row rank first, a summary's
         score counts half).
 
@@ -1341,6 +1370,16 @@ class PostgresStore:
         records, damaged = await trio.to_thread.run_sync(self._decode, rows, _bigjson.BIG)  # texts not built whole
         return StoreReport(agent_id, journal, len(records), compactions, uncommitted, tuple(damaged))
 
+    _COMPACTIONS = (
+        "SELECT count(*) FROM (SELECT b.compaction, "
+        "lag(b.compaction, 1, 0) OVER (ORDER BY b.first) AS prev FROM "
+        "(SELECT min(r.compaction) AS compaction, min(r.seq) AS first FROM cmdc_records r "
+        "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed "
+        "WHERE r.agent_id = %s GROUP BY r.attempt) b) c WHERE c.compaction > 0 AND c.compaction <> c.prev"
+    )
+    """Compactions: committed batches whose compaction number moves from the previous batch's
+    (capped, masked and clipped results are batches numbered with the current one)."""
+
     def _verify_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str | None, list[Any], int, int]:
         with conn.transaction():
             row = conn.execute("SELECT journal FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
@@ -1348,11 +1387,7 @@ class PostgresStore:
             # Compactions: committed batches whose compaction number moves from the previous
             # batch's (capped, masked and clipped results are batches numbered with the current one)
             counts = conn.execute(
-                "SELECT (SELECT count(*) FROM (SELECT b.compaction, "
-                "lag(b.compaction, 1, 0) OVER (ORDER BY b.first) AS prev FROM "
-                "(SELECT min(r.compaction) AS compaction, min(r.seq) AS first FROM cmdc_records r "
-                "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed "
-                "WHERE r.agent_id = %s GROUP BY r.attempt) b) c WHERE c.compaction > 0 AND c.compaction <> c.prev), "
+                f"SELECT ({self._COMPACTIONS}), "
                 "(SELECT count(*) FROM cmdc_records r JOIN cmdc_attempts a "
                 "ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND NOT a.committed WHERE r.agent_id = %s)",
                 (agent_id, agent_id),
@@ -1400,7 +1435,7 @@ class PostgresStore:
 
     async def transcript(self, agent_id: str) -> str:
         """The journal as Markdown, for people (the file store writes the same beside its journal)."""
-        from ..file.journal import _transcript
+        from ..transcript import transcript_pieces
 
         records = await self.records(agent_id)
 
@@ -1410,7 +1445,7 @@ class PostgresStore:
                 if not batches or batches[-1][-1].compaction != r.compaction:
                     batches.append([])
                 batches[-1].append(r)
-            pieces = [p for b in batches for p in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
+            pieces = [p for b in batches for p in transcript_pieces(b[0].compaction, [(r.seq, r.message) for r in b])]
             return "".join(p.decode() for p in pieces)  # each piece is whole characters: one big copy, not two
 
         return await trio.to_thread.run_sync(render)
@@ -1593,5 +1628,8 @@ def migrate(conn: psycopg.Connection[Any]) -> int:
             )
     return found
 
+
+if TYPE_CHECKING:  # mypy checks that the PostgreSQL store satisfies the protocol
+    _POSTGRES_STORE: type[Store] = PostgresStore
 
 __all__ = ["PostgresCheckpoints", "PostgresStore", "StoreRefused", "StoreUnavailable", "is_postgres_url", "migrate"]
