@@ -1053,6 +1053,83 @@ def _move_aside(side: Path, source: Path, chunks: Sequence[tuple[int, bytes, str
     return moved
 
 
+@attrs.frozen
+class _AppendPlan:
+    """What an append writes, decided before any byte is: the messages that get new records
+    (`fresh`, numbered `first`, `first + 1`, ... in the batch's order), each batch message's
+    record number (`seqs`), the number after the last new one (`next_seq`), the attempts its
+    commit names (`ordered`, the append's own first), the journal's highest number after it
+    (`high`), and the uncommitted attempts it supersedes."""
+
+    fresh: Sequence[Message]
+    seqs: Sequence[int]
+    first: int
+    next_seq: int
+    ordered: tuple[str, ...]
+    high: int
+    superseded: frozenset[str]
+
+
+def _plan_append(
+    journal: _Journal, batch: tuple[Message, ...], in_batch: set[str], compaction: int, attempt: str
+) -> _AppendPlan:
+    """The append of `batch` as attempt `attempt`, planned from what the writer knows of the
+    journal (its end, the records it remembers): pure, no I/O, nothing changed."""
+    pending = {attempt}
+    superseded: set[str] = set()
+    first = journal.seq + 1
+    # the common case: every message is new (checked over the smaller of the two)
+    if journal.known.index.keys().isdisjoint(in_batch):
+        fresh: Sequence[Message] = batch
+        next_seq = first + len(batch)
+        seqs: Sequence[int] = range(first, next_seq)
+    else:
+        fresh, numbers = OffloadStore._reused(journal, batch, in_batch, compaction, pending, superseded)
+        next_seq = first
+        for i, s in enumerate(numbers):
+            if s < 0:
+                numbers[i] = next_seq
+                next_seq += 1
+        seqs = numbers
+    if not fresh:
+        pending.discard(attempt)
+    ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
+    high = max(journal.seq, next_seq - 1)
+    return _AppendPlan(fresh, seqs, first, next_seq, ordered, high, frozenset(superseded))
+
+
+def _write_synced(fd: int, path: Path, journal: _Journal, write: Callable[[], bytes], *, archive: bool) -> None:
+    """The one write-and-fsync step of every journal change (appends and commits), run with the
+    file locked: `write()` appends the lines and returns the last one. A failed write leaves the
+    file where it ended (truncated back) and is raised as `OffloadError`; a failed fsync marks the
+    journal failed (later appends are refused: what reached the disk is unknown). Then the file's
+    new end is remembered. `archive`: the written pages go back to the system but for the last
+    line's (a journal is rarely read; the next change reads its last line)."""
+    size = os.fstat(fd).st_size
+    try:
+        last = write()
+        end = os.fstat(fd).st_size
+    except BaseException as exc:  # nothing of the change stays: the file ends where it did
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc2:
+            journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
+        journal.forget_file()
+        if isinstance(exc, OSError):
+            raise _offload_error(path, exc, "write") from exc
+        raise
+    try:
+        os.fsync(fd)
+        if archive and end - size > len(last):  # (a length of 0 would mean: to the end of the file)
+            os.posix_fadvise(fd, size, end - size - len(last), os.POSIX_FADV_DONTNEED)
+        if size == 0:
+            fsync_dir(path.parent)
+    except OSError as exc:
+        journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
+        raise _offload_error(path, exc, "fsync") from exc
+    journal.size, journal.last = end, last
+
+
 class OffloadStore:
     """Journals under `root`, one per agent; the protocol: docs/journal.md. `root` is made absolute
     once, here: a later `chdir` does not move the journals. `on_event` receives
@@ -1478,69 +1555,35 @@ class OffloadStore:
                 unknown = in_batch.difference(journal.known.index)
                 if unknown:
                     self._learn_since(fd, path, journal, expect.seq, unknown)
-            pending = {attempt}
-            first = journal.seq + 1
-            # the common case: every message is new (checked over the smaller of the two)
-            if journal.known.index.keys().isdisjoint(in_batch):
-                fresh: Sequence[Message] = batch
-                next_seq = first + len(batch)
-                seqs: Sequence[int] = range(first, next_seq)
-            else:
-                fresh, numbers = self._reused(journal, batch, in_batch, compaction, pending)
-                next_seq = first
-                for i, s in enumerate(numbers):
-                    if s < 0:
-                        numbers[i] = next_seq
-                        next_seq += 1
-                seqs = numbers
-            if not fresh:
-                pending.discard(attempt)
-            ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
-            if not fresh and not ordered and not head:
+            plan = _plan_append(journal, batch, in_batch, compaction, attempt)
+            journal.superseded |= plan.superseded  # (known now: a failed write does not undo it)
+            seqs = plan.seqs
+            if not plan.fresh and not plan.ordered and not head:
                 return AppendResult(path, min(seqs), max(seqs), 0, jid, attempt, (), tuple(seqs))
-            high = max(journal.seq, next_seq - 1)
-            commit_line = _commit_line(ordered, jid, high) if commit and ordered else b""
-            fresh_ids = ids if fresh is batch else [m.id for m in fresh]
-            size = os.fstat(fd).st_size
-            doing = "write"
-            try:
-                written = len(head)
+            fresh, first, ordered = plan.fresh, plan.first, plan.ordered
+            commit_line = _commit_line(ordered, jid, plan.high) if commit and ordered else b""
+            low, top = (first, plan.next_seq - 1) if fresh is batch else (min(seqs), max(seqs))
+            result = AppendResult(path, low, top, len(fresh), jid, attempt, () if commit else ordered, tuple(seqs))
+            crcs: array[int] = array("L")
+
+            def write() -> bytes:
+                nonlocal crcs
+                last = b""
                 if head:
                     write_all(fd, head)
-                crcs, last, n = _write_records(fd, first, compaction, time.time(), fresh, attempt, jid)
-                written += n + len(commit_line)
+                crcs, last, _ = _write_records(fd, first, compaction, time.time(), fresh, attempt, jid)
                 if commit_line:
                     write_all(fd, commit_line)
-            except BaseException:  # nothing of the batch stays: the file ends where it did
-                try:
-                    os.ftruncate(fd, size)
-                except OSError as exc2:
-                    journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
-                journal.forget_file()
-                raise
-            low, top = (first, next_seq - 1) if fresh is batch else (min(seqs), max(seqs))
-            result = AppendResult(path, low, top, len(fresh), jid, attempt, () if commit else ordered, tuple(seqs))
-            if numbered is not None:
-                numbered(result)
-            last = commit_line[len(commit_line) // 2 :] or last or head or journal.last  # the last line written
-            doing = "fsync"
-            try:
-                os.fsync(fd)
-                # The journal is an archive, rarely read: let its pages go back to the system,
-                # but for the last line's, which the next append or commit reads to check the end.
-                if written > len(last):  # (a length of 0 would mean: to the end of the file)
-                    os.posix_fadvise(fd, size, written - len(last), os.POSIX_FADV_DONTNEED)
-                if size == 0:
-                    fsync_dir(path.parent)
-            except OSError as exc:
-                journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
-                raise
-            journal.size, journal.last = size + written, last
-            journal.journal, journal.seq = jid, high
-            journal.expected = (jid, high)
+                if numbered is not None:
+                    numbered(result)
+                return commit_line[len(commit_line) // 2 :] or last or head or journal.last  # the last line written
+
+            _write_synced(fd, path, journal, write, archive=True)
+            journal.journal, journal.seq = jid, plan.high
+            journal.expected = (jid, plan.high)
             # the fresh records are numbered first, first + 1, ... in the batch's order
             if fresh:
-                journal.known.add(fresh_ids, first, crcs, attempt, compaction)
+                journal.known.add(ids if fresh is batch else [m.id for m in fresh], first, crcs, attempt, compaction)
             if commit and ordered:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)
@@ -1597,7 +1640,12 @@ class OffloadStore:
 
     @staticmethod
     def _reused(
-        journal: _Journal, batch: tuple[Message, ...], in_batch: set[str], compaction: int, pending: set[str]
+        journal: _Journal,
+        batch: tuple[Message, ...],
+        in_batch: set[str],
+        compaction: int,
+        pending: set[str],
+        superseded: set[str],
     ) -> tuple[list[Message], list[int]]:
         """For a batch holding messages the journal has: (the messages to write, the record
         number of each message of the batch, -1 where it gets a new one); the uncommitted
@@ -1606,7 +1654,8 @@ class OffloadStore:
         committing the retry commits the whole attempt. An uncommitted attempt one of whose
         messages gets a new record here is superseded: its records are never reused again (a
         batch reusing its other records would commit it, and readers would then show that
-        message at its older number, not the one reported)."""
+        message at its older number, not the one reported): those go to `superseded` (the
+        journal's own set is left to the caller)."""
         done = journal.committed
         partial: set[str | None] = set()
         if journal.known.uncommitted(done):
@@ -1621,7 +1670,12 @@ class OffloadStore:
                 and (
                     known[2] is None
                     or known[2] in journal.committed
-                    or (known[3] == compaction and known[2] not in partial and known[2] not in journal.superseded)
+                    or (
+                        known[3] == compaction
+                        and known[2] not in partial
+                        and known[2] not in journal.superseded
+                        and known[2] not in superseded
+                    )
                 )
             ):
                 seqs.append(known[0])
@@ -1629,7 +1683,7 @@ class OffloadStore:
                     pending.add(known[2])
             else:
                 if known is not None and known[2] is not None and known[2] not in journal.committed:
-                    journal.superseded.add(known[2])
+                    superseded.add(known[2])
                 seqs.append(-1)
                 fresh.append(m)
         return fresh, seqs
@@ -1674,22 +1728,12 @@ class OffloadStore:
             if head or not wanted:  # a new file holds no attempt to commit
                 return False
             line = _commit_line(wanted, jid, journal.seq)
-            size = os.fstat(fd).st_size
-            doing = "write"
-            try:
+
+            def write() -> bytes:
                 write_all(fd, line)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, size)
-                journal.forget_file()
-                raise
-            doing = "fsync"
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
-                raise
-            journal.size, journal.last = size + len(line), line[len(line) // 2 :]  # (its second copy)
+                return line[len(line) // 2 :]  # (its second copy)
+
+            _write_synced(fd, path, journal, write, archive=False)
             journal.committed.update(wanted)
             self._prune(journal, wanted)
             return True
