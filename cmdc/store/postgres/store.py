@@ -57,30 +57,31 @@ import psycopg
 import psycopg_pool
 import trio
 
-from ..._check import flag, integer, is_number, seconds
+from ..._check import flag, integer, seconds
 from ..._redact import REDACTED, journal_label, redact_url, scrub, secrets_of
 from ...errors import (
-    CheckpointCorrupted,
-    CmdcError,
     ConfigError,
     InvalidMessage,
     JournalLost,
-    LeaseLost,
-    NameLeased,
     StoreRefused,
     StoreUnavailable,
 )
 from ...events import INDEX_FAILED, INDEX_RETRY, Event, EventSink, emit, log_event, logger
 from ...message import Message
-from ...state import State, validate_agent_id
+from ...state import validate_agent_id
 from .. import bigjson as _bigjson
 from ..file import index as _index
 from ..fs import run_bounded
 from ..protocol import OnNumbered, Store
-from ..records import ATTEMPTS_KEY, AppendResult, JournalExtent, JournalRecord, JournalRef, StoreReport
+from ..records import ATTEMPTS_KEY as ATTEMPTS_KEY  # (importable from here, as before the split)
+from ..records import AppendResult, JournalExtent, JournalRecord, JournalRef, StoreReport
 from ..search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
+from .checkpoints import CheckpointRows, PostgresCheckpoints
+from .leases import LeaseRows
+from .schema import _MIGRATIONS as _MIGRATIONS  # (importable from here, as before the split)
+from .schema import SCHEMA_VERSION as SCHEMA_VERSION
+from .schema import migrate
 
-SCHEMA_VERSION = 7
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
 SEARCH_DF_MAX = 100_000
@@ -92,7 +93,6 @@ indexer's usual lag is the last batch); past that, it indexes them first."""
 SEARCH_NARROW_BELOW = 50_000
 """Journals with at most this many records are searched through their agent's index lexeme."""
 _COPY_TYPES = ["text", "int8", "text", "text", "int4", "float8", "text", "int8", "bytea", "text"]
-_LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 _INDEX_LOCK_CLASS = 0x636D6469  # with the agent's hash: the lock indexers of one agent take turns on ("cmdi")
 _WORD = re.compile(r"\w+")
 
@@ -126,115 +126,6 @@ def _ranked_words(raw: bytes) -> tuple[list[str], bool] | None:
 
 T = TypeVar("T")
 
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        """CREATE TABLE cmdc_journals (
-            agent_id text PRIMARY KEY,
-            journal text NOT NULL,
-            seq bigint NOT NULL DEFAULT 0
-        )""",
-        """CREATE TABLE cmdc_attempts (
-            agent_id text NOT NULL,
-            attempt text NOT NULL,
-            committed boolean NOT NULL DEFAULT false,
-            PRIMARY KEY (agent_id, attempt)
-        )""",
-        """CREATE TABLE cmdc_records (
-            agent_id text NOT NULL,
-            seq bigint NOT NULL,
-            journal text NOT NULL,
-            attempt text NOT NULL,
-            compaction integer NOT NULL,
-            ts double precision NOT NULL,
-            message_id text NOT NULL,
-            crc bigint NOT NULL,
-            message bytea NOT NULL,
-            body text NOT NULL,
-            words tsvector GENERATED ALWAYS AS (to_tsvector('simple', body)) STORED,
-            PRIMARY KEY (agent_id, seq)
-        )""",
-        "CREATE UNIQUE INDEX cmdc_records_message ON cmdc_records (agent_id, message_id)",
-        "CREATE INDEX cmdc_records_words ON cmdc_records USING gin (words)",
-        """CREATE TABLE cmdc_checkpoints (
-            agent_id text PRIMARY KEY,
-            state bytea NOT NULL,
-            crc bigint NOT NULL,
-            saved_at double precision NOT NULL
-        )""",
-    ),
-    2: (
-        # the journal a successor took over from, when the one a state expected was lost
-        "ALTER TABLE cmdc_journals ADD COLUMN follows text",
-        # damaged rows moved aside by `repair`, kept as they were
-        """CREATE TABLE cmdc_damaged (
-            agent_id text NOT NULL,
-            seq bigint NOT NULL,
-            journal text NOT NULL,
-            attempt text NOT NULL,
-            compaction integer NOT NULL,
-            ts double precision NOT NULL,
-            message_id text NOT NULL,
-            crc bigint NOT NULL,
-            message bytea NOT NULL,
-            reason text NOT NULL,
-            moved_at double precision NOT NULL,
-            PRIMARY KEY (agent_id, seq)
-        )""",
-    ),
-    3: (
-        # the agent is a lexeme of its records' search vector (one no text can produce: it holds
-        # a space), so the GIN index finds one agent's matches without reading other agents' rows
-        "DROP INDEX cmdc_records_words",
-        "ALTER TABLE cmdc_records DROP COLUMN words",
-        "ALTER TABLE cmdc_records ADD COLUMN words tsvector GENERATED ALWAYS AS "
-        "(to_tsvector('simple', body) || array_to_tsvector(ARRAY['cmdc agent=' || agent_id])) STORED",
-        "CREATE INDEX cmdc_records_words ON cmdc_records USING gin (words)",
-    ),
-    4: (  # name leases (one row per leased agent) and their fencing tokens
-        "CREATE SEQUENCE cmdc_lease_tokens",
-        """CREATE TABLE cmdc_leases (
-            agent_id text PRIMARY KEY,
-            owner text NOT NULL,
-            token bigint NOT NULL,
-            expires_at timestamptz NOT NULL
-        )""",
-        "CREATE INDEX cmdc_leases_owner ON cmdc_leases (owner)",
-    ),
-    5: (
-        # new entries wait in the index's pending list, which every search reads whole: keep it
-        # short (256 kB, not the server's default, 4 MB) so a search right after a large append stays fast
-        "ALTER INDEX cmdc_records_words SET (gin_pending_list_limit = 256)",
-    ),
-    6: (
-        # the search vectors move to a table of their own, filled after the journal's commit by the
-        # store's indexer (`PostgresStore.index`): a journal batch no longer computes vectors or
-        # updates the GIN index in its transaction. `cmdc_journals.indexed_seq`: every record up
-        # to it is in `cmdc_search`; a search reads the records past it without the index.
-        """CREATE TABLE cmdc_search (
-            agent_id text NOT NULL,
-            seq bigint NOT NULL,
-            words tsvector NOT NULL,
-            PRIMARY KEY (agent_id, seq)
-        )""",
-        "INSERT INTO cmdc_search (agent_id, seq, words) SELECT agent_id, seq, words FROM cmdc_records",
-        "CREATE INDEX cmdc_search_words ON cmdc_search USING gin (words) WITH (gin_pending_list_limit = 256)",
-        "ALTER TABLE cmdc_journals ADD COLUMN indexed_seq bigint NOT NULL DEFAULT 0",
-        "UPDATE cmdc_journals SET indexed_seq = seq",
-        "ALTER TABLE cmdc_records DROP COLUMN words",  # and its index
-    ),
-    7: (
-        # every recorded loss, not only the last: a successor journal and the one it took over
-        # from, so a state naming a journal two or more losses back goes on in the newest
-        """CREATE TABLE cmdc_journal_links (
-            agent_id text NOT NULL,
-            journal text NOT NULL,
-            follows text NOT NULL,
-            PRIMARY KEY (agent_id, journal)
-        )""",
-        "INSERT INTO cmdc_journal_links (agent_id, journal, follows) "
-        "SELECT agent_id, journal, follows FROM cmdc_journals WHERE follows IS NOT NULL",
-    ),
-}
 LINKS_MAX = 10_000
 """Recorded losses of one agent's journal a check follows at most (a chain that long, or a cycle
 a hostile row could make, ends the walk: the state's journal is then taken as lost)."""
@@ -406,15 +297,6 @@ def _message_bytes(message: Message) -> tuple[bytes, int]:
     return data, crc
 
 
-def _summary_attempts(state: State) -> list[str]:
-    out: list[str] = []
-    for m in state.messages:
-        attempts = m.metadata.get(ATTEMPTS_KEY)
-        if isinstance(attempts, (list, tuple)):
-            out += [a for a in attempts if isinstance(a, str)]
-    return out
-
-
 def _wanted(expect: JournalRef | None) -> tuple[str | None, int] | None:
     """What a caller's state knows of its journal: (journal id, highest record number it names)."""
     if expect is None:
@@ -427,57 +309,7 @@ def _wanted(expect: JournalRef | None) -> tuple[str | None, int] | None:
     return journal, integer(seq, "expect.seq", minimum=0)
 
 
-class PostgresCheckpoints:
-    """The checkpoint side of a `PostgresStore` (what `open_runtime` gives its agents)."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-
-    def __repr__(self) -> str:
-        return f"PostgresCheckpoints({redact(self._store.url)!r})"
-
-    async def save(self, state: State) -> str:
-        """Replace the agent's checkpoint with `state` and commit the journal attempts its
-        summaries name, in one transaction; return where it is."""
-        if not isinstance(state, State):
-            raise TypeError(f"save takes a State, got {type(state).__name__}")
-        validate_agent_id(state.agent_id)
-        attempts = _summary_attempts(state)
-        await self._store._run(self._store._save_sync, state.agent_id, state, attempts, write=True)
-        if attempts and self._store.background_index:  # batches it committed: index them
-            self._store._index_later([state.agent_id])
-        return f"{journal_label(self._store.url)}#checkpoint/{state.agent_id}"
-
-    async def load(self, agent_id: str) -> State | None:
-        validate_agent_id(agent_id)
-        row = await self._store._run(self._store._load_sync, agent_id)
-        if row is None:
-            return None
-        data, crc = bytes(row[0]), row[1]
-        if zlib.crc32(data) != crc:
-            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} in {redact(self._store.url)}: checksum mismatch")
-        try:
-            state = State.from_json(data)
-        except ConfigError as exc:  # whole, but its config is refused now (e.g. a key of the user's own)
-            raise ConfigError(
-                f"checkpoint of {agent_id!r}: {exc} (saved before config keys were checked: rename it there)"
-            ) from exc
-        except Exception as exc:
-            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} is corrupted: {exc}") from exc
-        if state.agent_id != agent_id:
-            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} holds agent {state.agent_id!r}")
-        return state
-
-    async def delete(self, agent_id: str) -> None:
-        validate_agent_id(agent_id)
-        await self._store._run(self._store._delete_sync, agent_id, write=True)
-
-    async def agents(self) -> list[str]:
-        """The agents that have a checkpoint, sorted."""
-        return await self._store._run(self._store._list_sync)
-
-
-class PostgresStore:
+class PostgresStore(CheckpointRows, LeaseRows):
     """Journals and checkpoints in a PostgreSQL database; see the module docstring.
 
     Use `await PostgresStore.open(url)` (or `async with`), and `aclose()` when done.
@@ -1449,184 +1281,6 @@ class PostgresStore:
             return "".join(p.decode() for p in pieces)  # each piece is whole characters: one big copy, not two
 
         return await trio.to_thread.run_sync(render)
-
-    # -- checkpoints ---------------------------------------------------------------------------------
-    def _save_sync(self, conn: psycopg.Connection[Any], agent_id: str, state: State, attempts: list[str]) -> None:
-        data = state.to_json()  # in the worker: a state holding megabytes is a long call
-        with conn.transaction():
-            self._fence(conn, agent_id)
-            conn.execute(
-                "INSERT INTO cmdc_checkpoints (agent_id, state, crc, saved_at) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (agent_id) DO UPDATE SET state = excluded.state, crc = excluded.crc, "
-                "saved_at = excluded.saved_at",
-                (agent_id, data, zlib.crc32(data), time.time()),
-            )
-            if attempts:  # the batches this state's summaries stand for become visible with it
-                conn.execute(
-                    "UPDATE cmdc_attempts SET committed = true WHERE agent_id = %s AND attempt = ANY(%s) "
-                    "AND NOT committed",
-                    (agent_id, attempts),
-                )
-
-    @staticmethod
-    def _load_sync(conn: psycopg.Connection[Any], agent_id: str) -> tuple[Any, int] | None:
-        with conn.transaction():
-            row = conn.execute("SELECT state, crc FROM cmdc_checkpoints WHERE agent_id = %s", (agent_id,)).fetchone()
-        return None if row is None else (row[0], int(row[1]))
-
-    def _delete_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> None:
-        with conn.transaction():
-            self._fence(conn, agent_id)
-            conn.execute("DELETE FROM cmdc_checkpoints WHERE agent_id = %s", (agent_id,))
-
-    @staticmethod
-    def _list_sync(conn: psycopg.Connection[Any]) -> list[str]:
-        with conn.transaction():
-            return [str(a) for (a,) in conn.execute("SELECT agent_id FROM cmdc_checkpoints ORDER BY agent_id")]
-
-    # -- name leases (see `cmdc.store.Leases`) -------------------------------------------------------
-    # A lease is a row (owner, fencing token, expiry by the server's clock). Every write for an
-    # agent whose lease this store holds first locks that row FOR SHARE and checks the owner and
-    # token, in the write's own transaction: a takeover (an UPDATE of the row) waits for writes
-    # in progress, and a write after a takeover finds another token and raises `LeaseLost`.
-    def _fence(self, conn: psycopg.Connection[Any], agent_id: str) -> None:
-        held = self._held.get(agent_id)
-        if held is None:
-            return
-        row = conn.execute(
-            "SELECT 1 FROM cmdc_leases WHERE agent_id = %s AND owner = %s AND token = %s FOR SHARE",
-            (agent_id, held[0], held[1]),
-        ).fetchone()
-        if row is None:
-            raise LeaseLost(
-                f"agent {agent_id!r}: the name's lease (owner {held[0]!r}, token {held[1]}) was lost "
-                "to another runtime; this write was refused"
-            )
-
-    async def acquire_lease(self, agent_id: str, owner: str, *, ttl: float, takeover: Collection[str] = ()) -> int:
-        """Lease the name to `owner` for `ttl` seconds; return the fencing token. `NameLeased`
-        while another owner (not in `takeover`) holds an unexpired lease."""
-        validate_agent_id(agent_id)
-        _check_owner(owner)
-        span = _check_ttl(ttl)
-        token, holder = await self._run(self._acquire_sync, agent_id, owner, span, list(takeover), write=True)
-        if token is None:
-            who, left = holder if holder is not None else ("?", 0.0)
-            raise NameLeased(f"agent {agent_id!r} is leased to {who!r} for {left:.1f} s more")
-        self._held[agent_id] = (owner, token)
-        return token
-
-    @staticmethod
-    def _acquire_sync(
-        conn: psycopg.Connection[Any], agent_id: str, owner: str, ttl: float, takeover: list[str]
-    ) -> tuple[int | None, tuple[str, float] | None]:
-        with conn.transaction():
-            row = conn.execute(
-                "INSERT INTO cmdc_leases AS l (agent_id, owner, token, expires_at) "
-                "VALUES (%s, %s, nextval('cmdc_lease_tokens'), clock_timestamp() + make_interval(secs => %s)) "
-                "ON CONFLICT (agent_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
-                "expires_at = excluded.expires_at "
-                "WHERE l.expires_at < clock_timestamp() OR l.owner = excluded.owner OR l.owner = ANY(%s) "
-                "RETURNING token",
-                (agent_id, owner, ttl, takeover),
-            ).fetchone()
-            if row is not None:
-                return int(row[0]), None
-            held = conn.execute(
-                "SELECT owner, extract(epoch FROM expires_at - clock_timestamp()) FROM cmdc_leases WHERE agent_id = %s",
-                (agent_id,),
-            ).fetchone()
-        return None, (None if held is None else (str(held[0]), float(held[1])))
-
-    async def renew_leases(self, owner: str, *, ttl: float) -> list[str]:
-        """Extend every lease `owner` holds through this store by `ttl` seconds; return the
-        names still held (a lease taken over or broken meanwhile is not renewed, and forgotten)."""
-        _check_owner(owner)
-        span = _check_ttl(ttl)
-        mine = {a: t for a, (o, t) in self._held.items() if o == owner}
-        if not mine:
-            return []
-        kept = await self._run(self._renew_sync, owner, span, list(mine), [mine[a] for a in mine], write=True)
-        for agent_id, token in mine.items():
-            if agent_id not in kept and self._held.get(agent_id) == (owner, token):
-                del self._held[agent_id]
-        return sorted(kept)
-
-    @staticmethod
-    def _renew_sync(
-        conn: psycopg.Connection[Any], owner: str, ttl: float, agents: list[str], tokens: list[int]
-    ) -> set[str]:
-        with conn.transaction():
-            rows = conn.execute(
-                "UPDATE cmdc_leases l SET expires_at = clock_timestamp() + make_interval(secs => %s) "
-                "FROM unnest(%s::text[], %s::bigint[]) AS h(agent_id, token) "
-                "WHERE l.agent_id = h.agent_id AND l.token = h.token AND l.owner = %s RETURNING l.agent_id",
-                (ttl, agents, tokens, owner),
-            ).fetchall()
-        return {str(a) for (a,) in rows}
-
-    async def release_lease(self, agent_id: str, owner: str, token: int) -> None:
-        """Give up the lease `token` of `owner` on the name (a later grant is kept)."""
-        validate_agent_id(agent_id)
-        if self._held.get(agent_id) == (owner, token):
-            del self._held[agent_id]
-        await self._run(self._release_sync, agent_id, owner, int(token), write=True)
-
-    @staticmethod
-    def _release_sync(conn: psycopg.Connection[Any], agent_id: str, owner: str, token: int) -> None:
-        with conn.transaction():
-            conn.execute(
-                "DELETE FROM cmdc_leases WHERE agent_id = %s AND owner = %s AND token = %s", (agent_id, owner, token)
-            )
-
-    async def break_leases(self, owner: str) -> int:
-        """End every lease of `owner` (an owner known to be dead); return how many."""
-        _check_owner(owner)
-        for agent_id in [a for a, (o, _) in self._held.items() if o == owner]:
-            del self._held[agent_id]
-        return await self._run(self._break_sync, owner, write=True)
-
-    @staticmethod
-    def _break_sync(conn: psycopg.Connection[Any], owner: str) -> int:
-        with conn.transaction():
-            return conn.execute("DELETE FROM cmdc_leases WHERE owner = %s", (owner,)).rowcount
-
-
-def _check_owner(owner: object) -> str:
-    if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
-        raise ConfigError(f"a lease owner must be a string of 1 to 200 characters, got {owner!r:.80}")
-    return owner
-
-
-def _check_ttl(ttl: object) -> float:
-    if not is_number(ttl) or not 0 < ttl <= 86_400:
-        raise ConfigError(f"a lease ttl must be a positive number of seconds (at most a day), got {ttl!r}")
-    return float(ttl)
-
-
-def migrate(conn: psycopg.Connection[Any]) -> int:
-    """Create or bring the schema up to `SCHEMA_VERSION` (under an advisory lock, so two
-    processes opening one database at once do not race); return the version found before.
-    A database from a newer cmdc is refused."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        conn.execute("CREATE TABLE IF NOT EXISTS cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
-        row = conn.execute("SELECT value FROM cmdc_meta WHERE key = 'schema_version'").fetchone()
-        found = 0 if row is None else int(row[0])
-        if found > SCHEMA_VERSION:
-            raise CmdcError(
-                f"the database holds cmdc schema version {found}; this cmdc knows up to {SCHEMA_VERSION}: upgrade cmdc"
-            )
-        for version in range(found + 1, SCHEMA_VERSION + 1):
-            for statement in _MIGRATIONS[version]:
-                conn.execute(statement)
-        if found != SCHEMA_VERSION:
-            conn.execute(
-                "INSERT INTO cmdc_meta (key, value) VALUES ('schema_version', %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(SCHEMA_VERSION),),
-            )
-    return found
 
 
 if TYPE_CHECKING:  # mypy checks that the PostgreSQL store satisfies the protocol
