@@ -70,7 +70,7 @@ from ...events import INDEX_FAILED, INDEX_RETRY, Event, EventSink, emit, log_eve
 from ...message import Message
 from ...state import validate_agent_id
 from .. import bigjson as _bigjson
-from ..file import index as _index
+from .. import search as _ranking
 from ..fs import run_bounded
 from ..protocol import OnNumbered, Store
 from ..records import ATTEMPTS_KEY as ATTEMPTS_KEY  # (importable from here, as before the split)
@@ -107,19 +107,19 @@ def _ranked_words(raw: bytes) -> tuple[list[str], bool] | None:
     is a summary), read with one `orjson.loads` (a huge one through the message decoder); None
     for a row that cannot be read (the decoder skips it too)."""
     try:
-        if len(raw) > _index.TEXT_CHARS:
-            message = _bigjson.message_from_json(raw, _index.TEXT_CHARS)[0]
-            return _index.tokens(_index.record_text(message)), message.is_summary
+        if len(raw) > _ranking.TEXT_CHARS:
+            message = _bigjson.message_from_json(raw, _ranking.TEXT_CHARS)[0]
+            return _ranking.tokens(_ranking.record_text(message)), message.is_summary
         obj = orjson.loads(raw)
         content = obj.get("content", "")
         if not isinstance(content, str):
             message = Message.from_dict(obj)
-            return _index.tokens(_index.record_text(message)), message.is_summary
+            return _ranking.tokens(_ranking.record_text(message)), message.is_summary
         parts = [content]
         for call in obj.get("tool_calls", []):
             parts += (call["name"], orjson.dumps(call.get("arguments", {})).decode())
         summary = (obj.get("metadata") or {}).get("cmdc.kind") == "summary"
-        return _index.tokens("\n".join(parts)), summary
+        return _ranking.tokens("\n".join(parts)), summary
     except (orjson.JSONDecodeError, InvalidMessage, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -1040,7 +1040,7 @@ class PostgresStore(CheckpointRows, LeaseRows):
     ) -> list[JournalRecord]:
         """Visible records holding words of `query` (case-insensitive; its first 64 distinct
         words; an identifier with `/ . _ -` counts whole and by its parts), best first, at most
-        `limit`, ranked as the file store ranks them (`cmdc.store.file.index.bm25`: rare words outweigh
+        `limit`, ranked as the file store ranks them (`cmdc.store.search.bm25`: rare words outweigh
         common ones, an exact identifier or the query's words in a row rank first, a summary's
         score counts half).
 
@@ -1060,7 +1060,7 @@ class PostgresStore(CheckpointRows, LeaseRows):
         integer(limit, "search limit")
         if max_chars is not None:
             integer(max_chars, "max_chars", minimum=0)
-        terms, phrase = _index.query_terms(query[:MAX_QUERY_CHARS])
+        terms, phrase = _ranking.query_terms(query[:MAX_QUERY_CHARS])
         terms = terms[:MAX_QUERY_WORDS]
         if not terms or not limit:
             return []
@@ -1108,9 +1108,9 @@ class PostgresStore(CheckpointRows, LeaseRows):
         for term in terms:
             counted[term] += sum(1 for words in late if term in words)
         if phrase is not None:
-            counted[phrase] += sum(1 for words in late if _index.holds_phrase(words, phrase))
+            counted[phrase] += sum(1 for words in late if _ranking.holds_phrase(words, phrase))
         n = max(int(total[0]) if total else 0, len(kept))
-        scores = _index.bm25([doc for _, doc in kept], terms, phrase, n, lambda t: counted.get(t, 0), average)
+        scores = _ranking.bm25([doc for _, doc in kept], terms, phrase, n, lambda t: counted.get(t, 0), average)
         order = sorted(range(len(kept)), key=lambda i: (-scores[i], int(kept[i][0][0])))
         best = [kept[i][0] for i in order[: limit + 8]]  # a few spare, should one be damaged
         return self._decode(best, max_chars)[0][:limit]
@@ -1131,8 +1131,8 @@ class PostgresStore(CheckpointRows, LeaseRows):
             (agent_id, _AVERAGE_SAMPLE),
             binary=True,
         ).fetchall()
-        sample = self._decode(rows, _index.TEXT_CHARS)[0]
-        lengths = [len(_index.tokens(_index.record_text(r.message))) for r in sample]
+        sample = self._decode(rows, _ranking.TEXT_CHARS)[0]
+        lengths = [len(_ranking.tokens(_ranking.record_text(r.message))) for r in sample]
         average = sum(lengths) / len(lengths) if lengths else 1.0
         if len(self._averages) > 10_000:
             self._averages.clear()
