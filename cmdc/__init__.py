@@ -41,7 +41,6 @@ from .errors import (
 )
 from .events import Event
 from .message import ImagePart, Message, TextPart, TokenUsage, ToolCall
-from .offload import JournalRecord, OffloadStore
 from .plugins import (
     Abort,
     AfterCompact,
@@ -60,6 +59,7 @@ from .rehydrate import RehydrateReads
 from .runtime import AgentHandle, AgentOptions, AgentRef, Runtime, SpawnOptions, open_runtime
 from .runtime import runtime as _runtime
 from .state import State, validate_agent_id
+from .store.file.journal import JournalRecord, OffloadStore
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
 from .ui import serve_runtime as _serve_ui

@@ -11,9 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "cmdc"
 BELOW_COMPACTION = [
     *sorted((ROOT / "providers").glob("*.py")),
-    ROOT / "store.py",
-    ROOT / "_stores.py",
-    ROOT / "offload.py",
+    *sorted((ROOT / "store").rglob("*.py")),
 ]
 
 
@@ -56,10 +54,11 @@ def test_the_extractive_summarizer_is_the_same_object_everywhere() -> None:
 
 # DESIGN.md's layers. A new module gets its layer here (the test below names any that has none).
 LAYERS = {
-    0: "message state errors tokens events groups report synthetic _check _clip _frozen _fs _trio _version _search"
-    " _bigjson _redact _mcp_reaper",
-    1: "plugins compaction providers offload _index _stores store postgres checkpoint tools recall tracing otel mcp"
-    " compact_tool rehydrate _mcp_stdio",
+    0: "message state errors tokens events groups report synthetic _check _clip _frozen _trio _version _redact"
+    " _mcp_reaper",
+    # store: the package; offload _index postgres checkpoint _fs _search _bigjson: its old paths
+    1: "store offload _index postgres checkpoint _fs _search _bigjson"
+    " plugins compaction providers tools recall tracing otel mcp compact_tool rehydrate _mcp_stdio",
     2: "agent runtime bus ray cluster",
     3: "cli _demo _chatfile __init__ __main__ ui",
 }
@@ -147,9 +146,7 @@ def private_reach(path: Path, root: Path = ROOT) -> list[str]:
     return out
 
 
-# Reaches known and being removed elsewhere: the process-wide store cache goes with the storage
-# packages (issue 25, part 1).
-KNOWN_REACH = {"cmdc._stores._STORES (private to cmdc)"}
+KNOWN_REACH: set[str] = set()  # none left: the process-wide store cache went with the storage packages
 
 
 @pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
@@ -196,3 +193,61 @@ def test_the_private_reach_check(tmp_path: Path, module: str, source: str, flagg
         (root / name).write_text("")
     (root / module).write_text(source + "\n")
     assert bool(private_reach(root / module, root)) is flagged
+
+
+def _package(module: str) -> str:
+    """The package a module (a dotted name under `cmdc`) belongs to, for the privacy rule below:
+    `cmdc.store.file.journal` -> `cmdc.store.file`, a top-level module -> itself."""
+    parts = module.split(".")
+    return ".".join(parts[:-1]) if len(parts) > 2 else module
+
+
+def underscored_imports(path: Path) -> list[str]:
+    """`from X import _name` in `path` (lazy imports included) where X is a `cmdc` module of
+    another package: an underscored name imported from outside its package."""
+    here = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+    mine = here.rsplit(".", 1)[0] if path.name != "__init__.py" else here.removesuffix(".__init__")
+    package = path.relative_to(ROOT.parent).with_suffix("").parts[:-1]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = list(package[: len(package) - node.level + 1]) if node.level else []
+        module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+        if not module.startswith("cmdc.") or module == mine or module.startswith(mine + "."):
+            continue
+        if _package(module) == mine:
+            continue
+        out += [f"{module}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+STORE_FILES = sorted((ROOT / "store").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", STORE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_store_package_imports_no_other_packages_private_names(path: Path) -> None:
+    """DESIGN.md: no module imports another package's underscored names. The store package
+    keeps it: the file store, the PostgreSQL store and the shared modules reach each other only
+    through public names (`cmdc/_check.py`-style private top-level helpers are modules, not names)."""
+    assert not underscored_imports(path)
+
+
+def test_nothing_outside_the_store_package_imports_its_private_names() -> None:
+    found = {
+        str(path.relative_to(ROOT)): names
+        for path in sorted(ROOT.rglob("*.py"))
+        if (ROOT / "store") not in path.parents
+        for names in [[n for n in underscored_imports(path) if n.startswith("cmdc.store.")]]
+        if names
+    }
+    assert not found
+
+
+def test_the_store_protocol_imports_no_store() -> None:
+    """The protocol and the record types stand below both stores: no cycle between a store and
+    the protocol it satisfies (store.py and postgres.py imported each other before the split)."""
+    for name in ("protocol.py", "records.py"):
+        below = imported(ROOT / "store" / name)
+        stores = [m for m in below if m.startswith(("cmdc.store.file", "cmdc.store.postgres"))]
+        assert not stores

@@ -398,6 +398,8 @@ class Agent(ToolCalls):
             if not self.deactivating:
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
                     await self._lifecycle("on_stop", OnStop(self.state))
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.compactor.aclose()  # the store it opened (if any) is its to close
             self.done = True
             if self._done_event is not None:
                 self._done_event.set()

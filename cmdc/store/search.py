@@ -5,22 +5,26 @@ Scoring grows with the journal and with each record's size. Text is scanned in s
 any one C call): a 50 MB record is many calls, not one. The file store ranks in its worker
 thread (`rank`), over the records whose lines can match; `rank_in_bites` runs the same on the
 trio thread in bites of at most `BITE` seconds, with a checkpoint between two bites.
+
+Below: the words and the BM25 ranking both stores' indexes share (`tokens`, `query_terms`,
+`bm25`): the file store's FTS5 sidecar and the PostgreSQL store rank a query alike.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import orjson
 import trio
 
 if TYPE_CHECKING:
-    from .message import Message
-    from .offload import JournalRecord
+    from ..message import Message
+    from .records import JournalRecord
 
 T = TypeVar("T")
 
@@ -155,3 +159,99 @@ async def rank_in_bites(records: Sequence[JournalRecord], words: Sequence[str], 
     for _ in _rank_steps(records, words, limit, out, {}):
         await trio.lowlevel.checkpoint()
     return out
+
+
+# -- the words and the ranking of both stores' search indexes (the file store's FTS5 sidecar, the
+# PostgreSQL store's tsvectors) -----------------------------------------------------------------
+
+TEXT_CHARS = 256 * 1024
+"""Characters of a record's text that are indexed (a longer text is indexed by its head)."""
+SUMMARY_WEIGHT = 0.5
+"""A summary's score is multiplied by this: it quotes records that are themselves in the journal,
+and the record is the source."""
+K1, B = 1.2, 0.75
+"""BM25's parameters (FTS5's `bm25()` uses these)."""
+MAX_QUERY_TERMS = 64
+LONGEST_COMPOUND = 256  # characters of an identifier kept whole (a longer one counts by its parts)
+COMPOUND = re.compile(r"(?<!\w)\w++(?:[/._-]++\w++)+")  # possessive, from a word's start: linear
+_WORD_RE = re.compile(r"\w+")
+
+
+def tokens(text: str) -> list[str]:
+    """The words of `text`, casefolded, in order; an identifier holding `/ . _ -` between its
+    parts (`src/billing/mod_7.py`, `E-4127`) comes as its parts and then whole."""
+    low = text.casefold()
+    out: list[str] = []
+    pos = 0
+    for m in COMPOUND.finditer(low):
+        out += _WORD_RE.findall(low, pos, m.start())
+        out += _WORD_RE.findall(m[0])
+        if len(m[0]) <= LONGEST_COMPOUND:
+            out.append(m[0])
+        pos = m.end()
+    out += _WORD_RE.findall(low, pos)
+    return out
+
+
+def record_text(message: Message) -> str:
+    """What is indexed of a message: its text (up to `TEXT_CHARS`), its tool calls' names and
+    arguments."""
+    parts = [message.text[:TEXT_CHARS]]
+    for call in message.tool_calls:
+        parts.append(call.name)
+        parts.append(orjson.dumps(call.to_dict()["arguments"]).decode()[:TEXT_CHARS])
+    return "\n".join(parts)
+
+
+def query_terms(query: str) -> tuple[list[str], str | None]:
+    """The distinct terms of a query (at most `MAX_QUERY_TERMS`) and the phrase of its plain
+    words in order (None for fewer than two): plain words, never syntax."""
+    words = tokens(query)
+    terms = list(dict.fromkeys(words))[:MAX_QUERY_TERMS]
+    plain = [w for w in words if _WORD_RE.fullmatch(w)][:MAX_QUERY_TERMS]
+    return terms, (" ".join(plain) if len(plain) > 1 else None)
+
+
+def bm25(
+    docs: Sequence[tuple[Sequence[str], bool]],
+    terms: Sequence[str],
+    phrase: str | None,
+    total: int,
+    frequency: Callable[[str], int],
+    average: float,
+) -> list[float]:
+    """Each document's BM25 score as FTS5 computes it (higher is better here), a summary's times
+    `SUMMARY_WEIGHT`: `docs` are (tokens, is summary); `frequency(term)` the documents holding a
+    term (or the phrase), `total` the documents, `average` their mean length in tokens."""
+    queries: list[Sequence[str]] = [[t] for t in terms]
+    if phrase is not None:
+        queries.append(phrase.split())
+    idf = []
+    for q in queries:
+        n = frequency(" ".join(q))
+        value = math.log((total - n + 0.5) / (n + 0.5))
+        idf.append(value if value > 0 else 1e-6)
+    out = []
+    for words, summary in docs:
+        length = len(words)
+        plain = [w for w in words if _WORD_RE.fullmatch(w)]  # a phrase is matched in the text's words
+        norm = K1 * (1 - B + B * length / max(average, 1e-9))
+        score = 0.0
+        for q, weight in zip(queries, idf, strict=True):
+            hits = _count(words if len(q) == 1 else plain, q)
+            if hits:
+                score += weight * hits * (K1 + 1) / (hits + norm)
+        out.append(score * (SUMMARY_WEIGHT if summary else 1.0))
+    return out
+
+
+def holds_phrase(words: Sequence[str], phrase: str) -> bool:
+    """Whether the plain words of a document's `words` hold `phrase` (words in a row)."""
+    return _count([w for w in words if _WORD_RE.fullmatch(w)], phrase.split()) > 0
+
+
+def _count(words: Sequence[str], phrase: Sequence[str]) -> int:
+    if len(phrase) == 1:
+        return words.count(phrase[0])
+    n, k = len(words), len(phrase)
+    return sum(1 for i in range(n - k + 1) if words[i] == phrase[0] and list(words[i : i + k]) == list(phrase))
