@@ -18,7 +18,7 @@ import cmdc
 from cmdc import Message, OffloadStore, ToolCall
 from cmdc.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 

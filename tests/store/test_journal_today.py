@@ -13,7 +13,7 @@ import pytest
 from cmdc import Message, OffloadStore
 from cmdc.offload import JournalRef, _record_pieces
 
-DATA = Path(__file__).parent / "data" / "journal_today_format.jsonl"
+DATA = Path(__file__).parents[1] / "data" / "journal_today_format.jsonl"
 JOURNAL = "ja1ded1f2e6c48331"
 NEVER_COMMITTED = "k71731385f0921a0a"
 

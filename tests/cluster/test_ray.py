@@ -24,7 +24,7 @@ from cmdc import ConfigError, Message, NodeLost, open_runtime
 from cmdc.errors import DelegationRefused
 from cmdc.providers import ScriptedProvider, SimulatedModel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 if os.environ.get("CMDC_REQUIRE_RAY", "") in ("", "0"):
     ray = pytest.importorskip("ray", reason="the Ray tests need ray: pip install -e '.[ray]'")

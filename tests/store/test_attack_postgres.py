@@ -30,10 +30,10 @@ from cmdc.errors import StoreRefused, StoreUnavailable
 from cmdc.postgres import PostgresStore, connection_lost, retryable
 from cmdc.providers import ScriptedProvider
 from cmdc.recall import recall_tool
+from tests.cli.test_cli import conversation, write_jsonl
 from tests.conftest import with_database
-from tests.test_cli import conversation, write_jsonl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PADDING = "\n" + " ".join(f"line {i} of a long report." for i in range(200))
 SECRETS = ("userinfo-PW-1", "query-PW-2", "ssl-PW-3", "passfile-PW-4", "sslkey-PW-5")
 

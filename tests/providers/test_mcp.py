@@ -3,7 +3,7 @@
 An in-process `MCPServer` (the SDK's FastMCP), `mcp-server-time` from PyPI (a Python child
 process), and `@modelcontextprotocol/server-everything` and `server-filesystem` from npm (node
 child processes, over stdio and streamable HTTP). The npm servers are installed by
-`python -m tests.mcp_servers fetch`; without them these tests skip, unless
+`python -m tests._support.mcp_servers fetch`; without them these tests skip, unless
 `CMDC_REQUIRE_MCP=1` (as in CI), which makes a missing server a failure.
 
 Everything here runs under trio (pytest-trio): the SDK's anyio code on trio's event loop.
@@ -31,7 +31,7 @@ from cmdc import Message
 from cmdc.events import TOOL_START
 from cmdc.providers import ScriptedProvider
 from cmdc.tools import ToolSet
-from tests import mcp_servers
+from tests._support import mcp_servers
 
 call = ScriptedProvider.tool_call
 
@@ -377,7 +377,7 @@ async def test_a_cancelled_runtime_still_stops_its_servers(npm_bin: Any) -> None
 async def test_server_killed_mid_call_gives_a_readable_error(npm_bin: Any) -> None:
     """The server dies while a call is in flight: that call and the next are errors the model
     reads, the agent keeps serving, and its other tools still work (not restarted here: see
-    tests/test_mcp_bounds.py for restarts)."""
+    tests/providers/test_mcp_bounds.py for restarts)."""
     everything = cmdc.mcp.stdio(npm_bin("mcp-server-everything"), restarts=None)
     provider = ScriptedProvider(
         [

@@ -27,7 +27,7 @@ AGENT = "a1"
 # Written by the code before commits were doubled (one commit line per commit): three
 # compactions (committed at once; committed later; one attempt never committed beside one
 # committed with a summary).
-TODAYS_FORMAT = (Path(__file__).parent / "data" / "journal_one_commit_line.jsonl").read_bytes()
+TODAYS_FORMAT = (Path(__file__).parents[1] / "data" / "journal_one_commit_line.jsonl").read_bytes()
 
 
 def msg(text: str) -> Message:

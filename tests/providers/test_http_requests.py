@@ -152,7 +152,7 @@ async def test_openai_body_limits_streaming_extra_body_and_images(tmp_path: Path
 
 async def test_anthropic_request_body_field_by_field() -> None:
     endpoint = Endpoint((200, anthropic_reply()))
-    provider = AnthropicProvider(  # cache breakpoints: tests/test_prompt_cache.py
+    provider = AnthropicProvider(  # cache breakpoints: tests/compaction/test_prompt_cache.py
         "claude-test",
         base_url="https://anthropic.test",
         api_key="sk-ant",

@@ -28,7 +28,7 @@ from cmdc.compaction import ExtractiveSummarizer
 from cmdc.errors import ConfigError, TurnAborted
 from cmdc.providers import ModelRequest, ScriptedProvider
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PADDING = "\n" + " ".join(f"line {i} of a long report." for i in range(200))
 SECRETS = ("SECRET-PROMPT", "SECRET-ARG", "SECRET-RESULT", "SECRET-REPLY", "SECRET-CHILD", "SECRET-SYSTEM")
 

@@ -18,7 +18,7 @@ from cmdc import ConfigError, LeaseLost, Message, NameLeased, State, open_runtim
 from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.store import Leases, Store, open_store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["file", "postgres"])
@@ -169,7 +169,7 @@ async def test_two_runtimes_never_have_one_name_active_and_a_lost_lease_leaves_m
 
 def racer(store: str, names: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.lease_racer", store, *names],
+        [sys.executable, "-m", "tests._support.lease_racer", store, *names],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

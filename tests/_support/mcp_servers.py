@@ -1,7 +1,7 @@
 """The real MCP servers of the MCP tests: two from the npm registry, one from PyPI.
 
-    python -m tests.mcp_servers fetch     # install the npm ones (pinned by tests/npm/package-lock.json)
-    python -m tests.mcp_servers status    # where they are
+    python -m tests._support.mcp_servers fetch     # install the npm ones (pinned by tests/npm/package-lock.json)
+    python -m tests._support.mcp_servers status    # where they are
 
 `@modelcontextprotocol/server-everything` and `@modelcontextprotocol/server-filesystem` are
 installed with `npm ci` (the lockfile pins every version) into `$CMDC_MCP_CACHE`, else
@@ -21,8 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-FETCH_COMMAND = "python -m tests.mcp_servers fetch"
-SPEC = Path(__file__).resolve().parent / "npm"
+FETCH_COMMAND = "python -m tests._support.mcp_servers fetch"
+SPEC = Path(__file__).resolve().parents[1] / "npm"
 BINS = ("mcp-server-everything", "mcp-server-filesystem")
 
 
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
     elif command == "status":
         print(f"{cache_dir()}: {'installed' if installed() else 'not installed (' + FETCH_COMMAND + ')'}")
     else:
-        raise SystemExit(f"usage: {FETCH_COMMAND} | python -m tests.mcp_servers status")
+        raise SystemExit(f"usage: {FETCH_COMMAND} | python -m tests._support.mcp_servers status")
 
 
 if __name__ == "__main__":

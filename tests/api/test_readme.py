@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -41,7 +41,7 @@ def run_block(code: str, cwd: Path, timeout: float = 120) -> subprocess.Complete
 
 
 # Blocks that talk to real model endpoints (keys, servers): compiled only.
-NETWORK = {"Real model providers", "Running on a Ray cluster"}  # (a Ray cluster and a database: tests/test_ray.py)
+NETWORK = {"Real model providers", "Running on a Ray cluster"}  # tests/cluster/test_ray.py runs them
 TRACES = "Traces (OpenTelemetry)"  # needs the otel extra and the SDK (both in dev): run
 
 

@@ -15,7 +15,7 @@ from benchmarks._table import Row, render
 from cmdc import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from cmdc.synthetic import conversation
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_python_m_benchmarks_prints_one_table() -> None:

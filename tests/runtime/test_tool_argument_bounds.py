@@ -209,7 +209,7 @@ def test_keys_are_counted_unparsed_only_when_surely_too_many() -> None:
 
 
 def test_the_argument_benchmark_prints_its_figures() -> None:
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.argument_stall", "--keys", "20000"],
         capture_output=True,

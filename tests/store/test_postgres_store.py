@@ -450,7 +450,7 @@ async def test_an_immediate_restart_loses_nothing_acknowledged(pg: PostgresStore
     assert [r.seq for r in await pg.records("a1")] == sorted(r.seq for r in await pg.records("a1"))
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def kill_writers(url: str, runs: int) -> list[str]:
@@ -459,7 +459,7 @@ def kill_writers(url: str, runs: int) -> list[str]:
     acked: list[str] = []
     for run in range(runs):
         proc = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "tests", "pg_writer.py"), url, "crashy"],
+            [sys.executable, os.path.join(ROOT, "tests", "_support", "pg_writer.py"), url, "crashy"],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -22,7 +22,7 @@ from cmdc.events import FIELDS, LEVELS, Event, log_event
 from cmdc.message import Message
 from cmdc.providers import ModelRequest, OpenAIProvider, SimulatedModel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # A program like the README's: tools, a plugin, compactions and overflows, its own prints.
 PROGRAM = """

@@ -1,4 +1,4 @@
-"""Power loss and disk faults under the offload journal and the checkpoint store (tests/faultfs.py).
+"""Power loss and disk faults under the offload journal and the checkpoint store (tests/_support/faultfs.py).
 
 Each fault (ENOSPC, ENOSPC after a short write, EIO from fsync, EACCES from open, EIO from
 pread, ftruncate or rename) leaves the caller's `State` unchanged, through the `Compactor` and

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "cmdc"
+ROOT = Path(__file__).resolve().parents[2] / "cmdc"
 BELOW_COMPACTION = [
     *sorted((ROOT / "providers").glob("*.py")),
     *sorted((ROOT / "store").rglob("*.py")),

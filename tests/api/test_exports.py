@@ -237,7 +237,7 @@ async def test_a_compaction_as_the_contract_shows_it(tmp_path: Path) -> None:
 
 
 def test_version_on_the_command_line() -> None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-m", "cmdc", "--version"], cwd=root, capture_output=True, text=True, timeout=60
     )
@@ -286,7 +286,7 @@ def test_the_old_module_paths(old: str) -> None:
 def test_import_cmdc_never_imports_ray() -> None:
     """The cluster (extra `ray`) is imported with `cmdc.ray` only; the old paths neither."""
     code = "import sys, cmdc, cmdc.agent, cmdc.bus, cmdc.runtime\nassert 'ray' not in sys.modules, 'ray imported'\n"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
@@ -307,6 +307,6 @@ def test_mcp_is_imported_on_first_use_only() -> None:
         "assert 'mcp' not in sys.modules and 'cmdc.mcp' not in sys.modules\n"
         "assert callable(cmdc.mcp.stdio) and 'mcp' in sys.modules\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cmdc.cli import main
-from tests.test_cli import conversation, write_jsonl
+from tests.cli.test_cli import conversation, write_jsonl
 
 
 def test_compact_into_postgres_then_read_history(

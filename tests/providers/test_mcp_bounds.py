@@ -1,4 +1,4 @@
-"""cmdc.mcp.stdio against a hostile server (tests/mcp_hostile.py): a 100 MB result, processes
+"""cmdc.mcp.stdio against a hostile server (tests/_support/mcp_hostile.py): a 100 MB result, processes
 that try to outlive the runtime, a server that dies."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from cmdc.events import MCP_MESSAGE_CLIPPED, MCP_SERVER_GAVE_UP, MCP_SERVER_REST
 from cmdc.providers import ScriptedProvider
 
 call = ScriptedProvider.tool_call
-HOSTILE = str(Path(__file__).with_name("mcp_hostile.py"))
-ROOT = str(Path(__file__).resolve().parent.parent)
+HOSTILE = str(Path(__file__).parents[1] / "_support" / "mcp_hostile.py")
+ROOT = str(Path(__file__).resolve().parents[2])
 MB = 1 << 20
 
 

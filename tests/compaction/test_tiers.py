@@ -46,7 +46,7 @@ from cmdc.offload import AppendResult
 from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.recall import recall_tool
 from cmdc.tokens import estimate_message_tokens
-from tests.fakes import Recorder, drain
+from tests._support.fakes import Recorder, drain
 
 BIG = "".join(f"line {i}: ünïcode ✓ value={i * 7919 % 10007}\n" for i in range(4_000))  # ~160 KB
 
@@ -175,7 +175,7 @@ async def test_per_tool_limits_and_no_cap(tmp_path: Path) -> None:
             assert (CAPPED_KEY in result.metadata) is capped
 
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 KILLER = """
 import os, signal, sys, trio
 import cmdc
@@ -514,7 +514,7 @@ async def test_rehydration_reinjects_the_newest_reads_within_budget(tmp_path: Pa
 
 async def test_mcp_results_are_capped_too(tmp_path: Path) -> None:
     import cmdc.mcp
-    from tests.test_mcp import demo_server
+    from tests.providers.test_mcp import demo_server
 
     model = ScriptedProvider([ScriptedProvider.tool_call("big", {"size": 100_000}, id="b1"), "done"])
     async with open_runtime(log_events=False) as rt:
