@@ -59,6 +59,7 @@ import trio
 from ._fs import refuse_linked
 from ._redact import redact_url
 from ._stores import shared_store
+from ._version import install_hint
 from .checkpoint import CheckpointStore
 from .errors import ConfigError, NameLeased, StoreUnavailable
 from .message import Message
@@ -364,7 +365,7 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
             from .postgres import PostgresStore
         except ImportError as exc:
             raise ConfigError(
-                f"a postgresql:// store needs the postgres extra: pip install 'cmdc[postgres]' ({exc})"
+                f"a postgresql:// store needs the postgres extra: {install_hint('postgres')} ({exc})"
             ) from None
         pg: PostgresStore = PostgresStore(spec)
         return pg

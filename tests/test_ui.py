@@ -361,7 +361,8 @@ def test_missing_extra_is_named() -> None:
         "trio.run(main)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert "ERR the web page needs the ui extra: pip install 'cmdc[ui]'" in out.stdout
+    hint = "pip install 'cmdc-agents[ui]' (from a checkout: pip install -e '.[ui]')"
+    assert f"ERR the web page needs the ui extra: {hint}" in out.stdout
 
 
 def test_demo_ui_prints_its_url_and_ends_at_ctrl_c(tmp_path: Path) -> None:
