@@ -1,9 +1,10 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
 from . import runtime as _runtime
+from ._compact_tool import compact_context_tool
+from ._rehydrate import RehydrateReads
 from ._version import __version__
 from .agent import AgentOptions, AgentRef
-from .compact_tool import compact_context_tool
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
     CompactConfig,
@@ -87,7 +88,6 @@ from .plugins import (
     Plugin,
     Skip,
 )
-from .rehydrate import RehydrateReads
 from .runtime import Runtime, open_runtime
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages

@@ -20,8 +20,9 @@ import attrs
 import trio
 
 from ._check import choice, integer, optional_integer, optional_seconds, seconds, validator
+from ._compact_tool import CompactionDesk, current_desk
 from ._frozen import past_bounds
-from .compact_tool import CompactionDesk, current_desk
+from ._report import Compacted, Skipped
 from .compaction import Compactor
 from .compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
 from .compaction.warm import AgentContext, set_agent_context
@@ -100,7 +101,6 @@ from .providers.base import (
     Provider,
     ToolSchema,
 )
-from .report import Compacted, Skipped
 from .state import State
 from .tools import Tool, ToolSet
 from .tracing import UNTRACED, Span, Tracer

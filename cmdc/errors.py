@@ -74,7 +74,7 @@ if TYPE_CHECKING:  # names only: errors are layer 0 and import nothing at run ti
     from collections.abc import Sequence
     from pathlib import Path
 
-    from .report import CompactionReport
+    from ._report import CompactionReport
     from .state import State
 
 

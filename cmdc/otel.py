@@ -65,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"cmdc.otel needs the otel extra: {install_hint('otel')} ({exc})") from exc
 
 from ._check import flag, integer
+from ._report import Compacted, CompactionReport, Skipped
 from ._version import __version__
 from .errors import CmdcError, ConfigError, ContextOverflow
 from .events import (
@@ -78,7 +79,6 @@ from .events import (
 )
 from .message import Message, ToolCall
 from .providers.base import STOP_REASON_KEY, ModelRequest, Provider
-from .report import Compacted, CompactionReport, Skipped
 from .state import State
 from .tools import Tool
 from .tracing import Span

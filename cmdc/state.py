@@ -13,8 +13,8 @@ import orjson
 
 from ._check import integer
 from ._frozen import freeze_mapping, thaw
+from ._groups import EMPTY_INDEX, CallIndex
 from .errors import ConfigError, InvalidMessage, InvalidState
-from .groups import EMPTY_INDEX, CallIndex
 from .message import Message, TokenUsage
 from .tokens import estimate_message_tokens
 

@@ -254,9 +254,9 @@ def test_insert_after_summary_places_and_refuses() -> None:
 
 
 def test_report_is_importable_from_everywhere_it_was() -> None:
+    from cmdc import CompactionReport as C
     from cmdc.compaction import CompactionReport as A
     from cmdc.compaction.compactor import CompactionReport as B
-    from cmdc.report import CompactionReport as C
 
     assert A is B is C is CompactionReport
 

@@ -314,8 +314,8 @@ def test_watcher_coalesces_and_is_bounded() -> None:
 
 
 def test_recorder_counts_compactions_by_reason() -> None:
+    from cmdc import CompactionReport
     from cmdc.events import COMPACTION_END, COMPACTION_FAILED, Event
-    from cmdc.report import CompactionReport
 
     def report(reason: str) -> CompactionReport:
         return CompactionReport(reason, 900, 300, 20, 5, 15, "/j", 1, 15, 1, 80, "s", 1, 0.1)

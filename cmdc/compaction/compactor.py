@@ -20,6 +20,7 @@ import orjson
 import trio
 
 from .._check import is_int, optional_integer
+from .._report import Compacted, CompactionReport, Skipped
 from .._stores import _STORES, shared_store
 from .._trio import one_of, reraise
 from ..errors import (
@@ -46,7 +47,6 @@ from ..message import Message, TokenUsage
 from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..providers.base import ModelRequest
-from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
 from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens

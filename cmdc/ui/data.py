@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from .._report import CompactionReport
 from ..bus import Subscription
 from ..compaction.config import CompactConfig
 from ..errors import CmdcError
@@ -46,7 +47,6 @@ from ..events import (
 )
 from ..message import Message
 from ..offload import JournalRecord, OffloadStore
-from ..report import CompactionReport
 from ..runtime import Runtime
 from ..state import State, validate_agent_id
 from ..store import FileStore, Store
