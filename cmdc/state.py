@@ -339,3 +339,8 @@ class State:
             return cls.from_dict(orjson.loads(data))
         except orjson.JSONDecodeError as exc:
             raise InvalidState(f"state is not valid JSON: {exc}") from None
+
+__all__ = [
+    "State",
+    "validate_agent_id",
+]
