@@ -24,6 +24,7 @@ from cmdc import (
     open_runtime,
 )
 from cmdc.providers import ModelRequest
+from cmdc.testing import drain
 
 
 class Echo:
@@ -134,13 +135,8 @@ async def test_a_subscription_ends_when_its_agent_stops(tmp_path: Path) -> None:
             kinds = [e.kind async for e in sub]  # finishes: no hang after stop()
             assert kinds[0] == "turn_start" and kinds[-1] == "stopped"
             assert not everything.closed  # the all-agents subscription goes on
-            last = None
-            while True:
-                try:
-                    last = everything.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            assert last is not None and last.kind == "stopped" and last.data["reason"] == "stopped"
+            last = drain(everything)[-1]
+            assert last.kind == "stopped" and last.data["reason"] == "stopped"
         # the name spawned again: a new subscription follows the new agent
         again = await rt.spawn("a1", Echo(), config=cfg(tmp_path))
         with rt.subscribe("a1") as sub:
