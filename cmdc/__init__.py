@@ -1,10 +1,8 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
-from . import runtime as _runtime
 from ._compact_tool import compact_context_tool
 from ._rehydrate import RehydrateReads
 from ._version import __version__
-from .agent import AgentOptions, AgentRef
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
     CompactConfig,
@@ -88,7 +86,8 @@ from .plugins import (
     Plugin,
     Skip,
 )
-from .runtime import Runtime, open_runtime
+from .runtime import AgentHandle, AgentOptions, AgentRef, Runtime, SpawnOptions, open_runtime
+from .runtime import runtime as _runtime
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
@@ -101,6 +100,7 @@ __all__ = [
     "AfterCompact",
     "AfterResponse",
     "AfterTool",
+    "AgentHandle",
     "AgentNotFound",
     "AgentOptions",
     "AgentRef",
@@ -175,6 +175,7 @@ __all__ = [
     "StoreUnavailable",
     "SummarizerError",
     "SummarizerTimeout",
+    "SpawnOptions",
     "SummaryAttempt",
     "TextPart",
     "TokenUsage",

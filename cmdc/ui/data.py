@@ -22,7 +22,6 @@ import attrs
 import trio
 
 from .._report import CompactionReport
-from ..bus import Subscription
 from ..compaction.config import CompactConfig
 from ..errors import CmdcError
 from ..events import (
@@ -48,6 +47,7 @@ from ..events import (
 from ..message import Message
 from ..offload import JournalRecord, OffloadStore
 from ..runtime import Runtime
+from ..runtime.bus import Subscription
 from ..state import State, validate_agent_id
 from ..store import FileStore, Store
 
