@@ -1,7 +1,9 @@
-"""Fakes shared by the tests: a recording summarizer, a scripted summarizing model, an adding
-model and its tool, State and config builders, a drain for subscriptions, an HTTP endpoint with
-the OpenAI and Anthropic replies and SSE bodies it scripts, and conversations with tool calls
-(builders, the pair check, a hypothesis strategy)."""
+"""Fakes internal to cmdc's own tests: a scripted summarizing model, an adding model and its
+tool, State and config builders, an HTTP endpoint with the OpenAI and Anthropic replies and SSE
+bodies it scripts, conversations with tool calls (builders, the pair check, a hypothesis
+strategy), and journal-file helpers. The fakes a user's tests want too (the recording
+summarizer, `drain`, scripted and simulated models, synthetic conversations) are public, in
+`cmdc.testing`."""
 
 from __future__ import annotations
 
@@ -21,8 +23,6 @@ from hypothesis import strategies as st
 import cmdc
 import cmdc.offload as offload
 from cmdc import ImagePart, Message, State, TextPart, TokenUsage, ToolCall, tool
-from cmdc.bus import Subscription
-from cmdc.events import Event
 from cmdc.message import PINNED_KEY
 from cmdc.providers import ModelRequest, ToolSchema
 from cmdc.providers.base import STOP_REASON_KEY
@@ -41,18 +41,6 @@ SECTIONS = [
 from the code that checks them)."""
 STRUCTURED = "\n".join(f"## {name}\n- noted" for name in SECTIONS)
 """A summary with every section."""
-
-
-class Recorder:
-    """A summarizer (an async callable) that records what it was given and answers `answer`."""
-
-    def __init__(self, answer: str = "the summary") -> None:
-        self.calls: list[tuple[list[Message], str]] = []
-        self.answer = answer
-
-    async def __call__(self, messages: Sequence[Message], instruction: str) -> str:
-        self.calls.append((list(messages), instruction))
-        return self.answer
 
 
 class ScriptedSummaryModel:
@@ -124,16 +112,6 @@ def grow(state: State, round_no: int, size: int = 300) -> State:
 def make_state(offload: Path, messages: Sequence[Message] = (), *, agent_id: str = "a1", **config: Any) -> State:
     """A State of `messages` whose journal goes to the directory `offload`, with `config`."""
     return State(agent_id=agent_id, messages=messages, config={"compact_offload_dir": str(offload), **config})
-
-
-def drain(sub: Subscription) -> list[Event]:
-    """The events a subscription holds now, taken without waiting."""
-    out = []
-    while True:
-        try:
-            out.append(sub.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return out
 
 
 def sse(*events: Any, event_names: bool = False) -> bytes:

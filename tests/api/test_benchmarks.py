@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks._table import Row, render
 from cmdc import ImagePart, Message, TextPart, TokenUsage, ToolCall
-from cmdc.synthetic import conversation
+from cmdc.testing import conversation
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -82,3 +82,57 @@ def test_errors_with_fields_survive_pickling() -> None:
     assert "invalid arguments for tool 't'" in str(tool)
     chat = errors.ChatFileError(Path("c.jsonl"), "not valid JSON", line=3)
     assert str(chat) == "c.jsonl:3: not valid JSON" and chat.line == 3 and chat.problem == "not valid JSON"
+
+
+def _drawn_tree() -> dict[str, tuple[str | None, set[str]]]:
+    """The tree in `cmdc.errors`' docstring: each class name -> (the class it is drawn under,
+    the other bases its `(also ...)` names)."""
+    doc = errors.__doc__ or ""
+    drawn: dict[str, tuple[str | None, set[str]]] = {}
+    stack: list[str] = []
+    for line in doc.splitlines():
+        if not line.startswith("    ") or not line.strip():
+            continue
+        body = line[4:]
+        marker = max(body.find("├── "), body.find("└── "))
+        depth = 0 if marker < 0 else marker // 4 + 1
+        label = body if marker < 0 else body[marker + 4 :]
+        name, _, rest = label.partition(" ")
+        also = rest.removeprefix("(also ").removesuffix(")").split(", ") if rest.startswith("(also ") else []
+        del stack[depth:]
+        assert name not in drawn, f"{name} drawn twice"
+        drawn[name] = (stack[-1] if stack else None, set(also))
+        stack.append(name)
+    return drawn
+
+
+def test_every_error_is_exported_and_drawn_under_its_bases() -> None:
+    """Every class in `cmdc.errors` is in `errors.__all__`, exported from `cmdc` as the same
+    object, and drawn in the docstring's tree under its first base with its other bases named;
+    the tree names nothing else."""
+    classes = {n: c for n, c in vars(errors).items() if inspect.isclass(c) and c.__module__ == "cmdc.errors"}
+    assert sorted(errors.__all__) == sorted(classes)
+    for name, cls in classes.items():
+        assert name in cmdc.__all__ and getattr(cmdc, name) is cls, name
+    drawn = _drawn_tree()
+    assert set(drawn) - set(classes) == {"DeprecationWarning"}
+    for name, cls in classes.items():
+        assert name in drawn, f"{name} is not drawn in cmdc.errors' docstring"
+        parent, also = drawn[name]
+        bases = [b.__name__ for b in cls.__bases__]
+        if cls is errors.CmdcError:  # the root, drawn alone
+            assert (parent, also, bases) == (None, set(), ["Exception"])
+        else:
+            assert (parent, also) == (bases[0], set(bases[1:])), name
+
+
+def test_the_drawing_parser_sees_a_misplaced_class() -> None:
+    """The tree check fails on a class drawn under the wrong parent (the parser reads depth)."""
+    wrong = (errors.__doc__ or "").replace("    │   │   └── TooManyToolCalls", "    ├── TooManyToolCalls")
+    saved = errors.__doc__
+    try:
+        errors.__doc__ = wrong
+        assert _drawn_tree()["TooManyToolCalls"][0] == "CmdcError"
+    finally:
+        errors.__doc__ = saved
+    assert _drawn_tree()["TooManyToolCalls"][0] == "ReplyTooLarge"

@@ -21,6 +21,7 @@ from cmdc import events
 from cmdc.events import FIELDS, LEVELS, Event, log_event
 from cmdc.message import Message
 from cmdc.providers import ModelRequest, OpenAIProvider, SimulatedModel
+from cmdc.testing import drain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -226,11 +227,7 @@ async def test_a_whole_run_emits_every_kind_in_its_one_shape(tmp_path: Path) -> 
             )
             for turn in range(25):
                 await agent.prompt(f"step {turn}: " + "details " * 40)
-            while True:
-                try:
-                    event = sub.receive_nowait()
-                except trio.WouldBlock:
-                    break
+            for event in drain(sub):
                 seen.setdefault(event.kind, set()).add(frozenset(event.data))
     for kind, shapes in seen.items():
         assert shapes == {frozenset(FIELDS[kind])}, kind

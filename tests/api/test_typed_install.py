@@ -66,8 +66,10 @@ def build_editable(tmp_path: Path) -> Path:
 
 def test_the_editable_install_is_a_plain_path_entry(tmp_path: Path) -> None:
     wheel = build_editable(tmp_path)
+    assert wheel.name.startswith("cmdc_agents-")  # the distribution's name, not PyPI's unrelated `cmdc`
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
+        assert any(n.startswith("cmdc_agents-") and n.endswith(".dist-info/METADATA") for n in names), names
         pths = [n for n in names if n.endswith(".pth")]
         assert len(pths) == 1, names
         assert zf.read(pths[0]).decode().split() == [str(ROOT)]

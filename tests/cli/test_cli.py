@@ -173,7 +173,7 @@ def test_demo_real_provider_without_http_extra(
     monkeypatch.delattr(cmdc.providers, "OpenAIProvider", raising=False)  # not cached yet
     monkeypatch.setitem(sys.modules, "cmdc.providers.openai", None)  # as if httpx were missing
     assert main(["demo", "--provider", "openai", "--model", "m"]) == 2
-    assert "cmdc[http]" in capsys.readouterr().err
+    assert "cmdc-agents[http]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -42,6 +43,36 @@ def test_version_from_the_command_and_the_package(capsys: pytest.CaptureFixture[
         [sys.executable, "-m", "cmdc", "--version"], capture_output=True, text=True, env=ENV, check=False
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, f"cmdc {cmdc.__version__}\n", "")
+
+
+def test_the_distribution_is_cmdc_agents_never_pypis_cmdc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cmdc` on PyPI is an unrelated package: the distribution is `cmdc-agents` (the import name
+    and the command stay `cmdc`), the version is read from its metadata only, and the install
+    hints name it, with the checkout's form beside it."""
+    import importlib.metadata
+
+    from cmdc import _version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == _version.DISTRIBUTION == "cmdc-agents"
+    assert project["scripts"] == {"cmdc": "cmdc.cli:main"}
+    asked: list[str] = []
+
+    def version(name: str) -> str:
+        asked.append(name)
+        if name == "cmdc":
+            return "2.0.0"  # the unrelated package, were it installed beside
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(_version, "version", version)
+    assert _version._version() == _version.SOURCE_VERSION and asked == ["cmdc-agents"]
+    monkeypatch.setattr(_version, "version", lambda name: {"cmdc-agents": "9.1"}[name])
+    assert _version._version() == "9.1"
+    hint = _version.install_hint("ray,postgres")
+    assert hint == "pip install 'cmdc-agents[ray,postgres]' (from a checkout: pip install -e '.[ray,postgres]')"
+    sources = [*(ROOT / "cmdc").rglob("*.py"), ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    stale = [str(p.relative_to(ROOT)) for p in sources if re.search(r"install '?cmdc\[", p.read_text("utf-8"))]
+    assert stale == []
 
 
 @pytest.fixture

@@ -314,8 +314,8 @@ def test_watcher_coalesces_and_is_bounded() -> None:
 
 
 def test_recorder_counts_compactions_by_reason() -> None:
+    from cmdc import CompactionReport
     from cmdc.events import COMPACTION_END, COMPACTION_FAILED, Event
-    from cmdc.report import CompactionReport
 
     def report(reason: str) -> CompactionReport:
         return CompactionReport(reason, 900, 300, 20, 5, 15, "/j", 1, 15, 1, 80, "s", 1, 0.1)
@@ -361,7 +361,8 @@ def test_missing_extra_is_named() -> None:
         "trio.run(main)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert "ERR the web page needs the ui extra: pip install 'cmdc[ui]'" in out.stdout
+    hint = "pip install 'cmdc-agents[ui]' (from a checkout: pip install -e '.[ui]')"
+    assert f"ERR the web page needs the ui extra: {hint}" in out.stdout
 
 
 def test_demo_ui_prints_its_url_and_ends_at_ctrl_c(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from fakes import Recorder, asst, check_pairs, conversations, res, state_in
+from fakes import asst, check_pairs, conversations, res, state_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,12 +28,12 @@ from cmdc import tokens as tokens_mod
 from cmdc.compaction.config import Threshold
 from cmdc.compaction.ledger import without_ledger
 from cmdc.providers import ModelRequest
-from cmdc.synthetic import conversation
+from cmdc.testing import RecordingSummarizer, conversation
 
 
 async def test_below_threshold_is_skipped(tmp_path: Path) -> None:
     state = state_in(tmp_path, conversation(20))
-    result = await Compactor(Recorder()).maybe_compact(state)
+    result = await Compactor(RecordingSummarizer()).maybe_compact(state)
     assert isinstance(result, Skipped) and result.state is state
     assert not (tmp_path / "offload").exists()
 
@@ -42,7 +42,7 @@ async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> Non
     msgs = conversation(60)
     state = state_in(tmp_path, msgs, compact_trigger=("messages", 50))
     events: list[Event] = []
-    summarizer = Recorder()
+    summarizer = RecordingSummarizer()
     result = await Compactor(summarizer, on_event=events.append).maybe_compact(state)
     assert isinstance(result, Compacted)
     new, report = result.state, result.report
@@ -56,13 +56,13 @@ async def test_compaction_replaces_evicted_with_a_summary(tmp_path: Path) -> Non
     offloaded = await OffloadStore(tmp_path / "offload").read("a1")
     assert kept[0] == msgs[1]  # the session's task (its first user message) stays verbatim
     assert [m.id for m in offloaded] + [m.id for m in kept[1:]] == [m.id for m in msgs[2:]]
-    assert summarizer.calls[0][0] == offloaded  # the pinned task stays verbatim: not read, not restated
+    assert list(summarizer.calls[0].messages) == offloaded  # the pinned task stays verbatim: not read, not restated
     check_pairs(kept, msgs)
     assert new.compactions == 1 and report.compaction == 1
     assert report.reason == "auto" and report.evicted == len(offloaded)
     assert report.messages_before == 60 and report.messages_after == len(new.messages)
     assert report.tokens_after < report.tokens_before and report.tokens_after == new.token_usage
-    assert report.attempts == 1 and report.summarizer == "Recorder"
+    assert report.attempts == 1 and report.summarizer == "RecordingSummarizer"
     assert [e.kind for e in events] == ["compaction_start", "summarizer_attempt", "compaction_end"]
     assert events[-1].data["report"] == report
     # The baseline is invalidated: kept replies' usage predates the compaction.
@@ -141,7 +141,7 @@ async def test_custom_token_counter_drives_the_trigger(tmp_path: Path) -> None:
 
 
 async def test_chained_compaction_sees_the_previous_summary(tmp_path: Path) -> None:
-    summarizer = Recorder()
+    summarizer = RecordingSummarizer()
     compactor = Compactor(summarizer)
     state = state_in(tmp_path, conversation(40))
     first = await compactor.force_compact(state)
@@ -187,7 +187,7 @@ async def test_a_provider_can_summarize(tmp_path: Path) -> None:
 
 async def test_large_input_is_summarized_in_rolling_chunks(tmp_path: Path) -> None:
     msgs = conversation(200)
-    summarizer = Recorder("partial")
+    summarizer = RecordingSummarizer("partial")
     state = state_in(tmp_path, msgs)
     result = await Compactor(summarizer, summarizer_input_tokens=2_000).force_compact(state)
     assert isinstance(result, Compacted)
@@ -253,7 +253,7 @@ def test_force_compact_never_splits_pairs_nor_loses_a_message(msgs: list[Message
                 messages=msgs,
                 config={"compact_offload_dir": tmp, "compact_keep": (keep.mode, keep.value)},
             )
-            result = await Compactor(Recorder()).force_compact(state)
+            result = await Compactor(RecordingSummarizer()).force_compact(state)
             if isinstance(result, Skipped):
                 assert result.state is state
                 return

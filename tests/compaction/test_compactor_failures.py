@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from fakes import REAL_FSYNC, Recorder, is_journal_fd, state_in
+from fakes import REAL_FSYNC, is_journal_fd, state_in
 
 from cmdc import (
     Compacted,
@@ -28,14 +28,14 @@ from cmdc import (
 from cmdc.compaction import SummaryAttempt, default_should_retry
 from cmdc.events import COMPACTION_FAILED
 from cmdc.store import FileStore
-from cmdc.synthetic import conversation
+from cmdc.testing import RecordingSummarizer, conversation
 
 
 @pytest.mark.parametrize("answer", ["", "   \n"])
 async def test_empty_summary_fails_and_changes_nothing(tmp_path: Path, answer: str) -> None:
     state = state_in(tmp_path, conversation(30))
     with pytest.raises(CompactionError, match="empty"):
-        await Compactor(Recorder(answer), retries=1, retry_backoff=0).force_compact(state)
+        await Compactor(RecordingSummarizer(answer), retries=1, retry_backoff=0).force_compact(state)
     assert state == state_in(tmp_path, state.messages)
 
 
@@ -49,7 +49,7 @@ async def test_raising_summarizer_fails_then_a_retry_duplicates_nothing(tmp_path
     with pytest.raises(CompactionError, match="model down"):
         await Compactor(broken, retries=0).force_compact(state)
     assert state.to_json() == before
-    compactor = Compactor(Recorder())
+    compactor = Compactor(RecordingSummarizer())
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted)
     assert all("placeholder" not in m.text for m in result.state.messages)
@@ -65,7 +65,7 @@ async def test_offload_failure_changes_nothing_and_skips_the_summarizer(tmp_path
         messages=conversation(30),
         config={"compact_offload_dir": str(blocker / "sub"), "compact_keep": ("messages", 2)},
     )
-    summarizer = Recorder()
+    summarizer = RecordingSummarizer()
     with pytest.raises(OffloadError):
         await Compactor(summarizer).force_compact(state)
     assert summarizer.calls == []
@@ -81,7 +81,7 @@ async def test_disk_full_changes_nothing(tmp_path: Path, monkeypatch: pytest.Mon
         return real_write(fd, data)
 
     monkeypatch.setattr(os, "write", full)
-    summarizer = Recorder()
+    summarizer = RecordingSummarizer()
     with pytest.raises(OffloadError, match="No space"):
         await Compactor(summarizer).force_compact(state)
     assert summarizer.calls == []
@@ -98,13 +98,13 @@ async def test_retries_then_failover(tmp_path: Path, autojump_clock: trio.abc.Cl
         tries += 1
         raise ConnectionError("reset")
 
-    backup = Recorder("backup summary")
+    backup = RecordingSummarizer("backup summary")
     events: list[Event] = []
     compactor = Compactor(flaky, fallbacks=[backup], retries=2, retry_backoff=1.0, on_event=events.append)
     start = trio.current_time()
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted)
-    assert tries == 3 and result.report.attempts == 4 and result.report.summarizer == "Recorder"
+    assert tries == 3 and result.report.attempts == 4 and result.report.summarizer == "RecordingSummarizer"
     assert trio.current_time() - start >= 1.0 + 2.0  # backoff between the primary's attempts
     roles = [(e.data["role"], e.data["ok"]) for e in events if e.kind == "summarizer_attempt"]
     assert roles == [("primary", False)] * 3 + [("failover", True)]
@@ -112,7 +112,12 @@ async def test_retries_then_failover(tmp_path: Path, autojump_clock: trio.abc.Cl
 
 async def test_every_summarizer_failing_raises(tmp_path: Path) -> None:
     state = state_in(tmp_path, conversation(30))
-    compactor = Compactor(Recorder(""), fallbacks=[Recorder(""), Recorder("")], retries=0, retry_backoff=0)
+    compactor = Compactor(
+        RecordingSummarizer(""),
+        fallbacks=[RecordingSummarizer(""), RecordingSummarizer("")],
+        retries=0,
+        retry_backoff=0,
+    )
     with pytest.raises(CompactionError, match="3 attempts"):
         await compactor.force_compact(state)
     # written ahead, but never committed: readers do not see the failed attempt
@@ -137,7 +142,7 @@ async def test_cancelled_compaction_leaves_the_state_alone(tmp_path: Path) -> No
             nursery.cancel_scope.cancel()
     assert not scope.cancelled_caught and state.to_json() == before
     # the journal is whole and a later compaction sees every message once
-    result = await Compactor(Recorder()).force_compact(state)
+    result = await Compactor(RecordingSummarizer()).force_compact(state)
     assert isinstance(result, Compacted)
     offloaded = await OffloadStore(tmp_path / "offload").read("a1")
     assert len(offloaded) == result.report.evicted
@@ -170,10 +175,10 @@ async def test_failover_callable_gets_the_last_attempt(tmp_path: Path, autojump_
     async def primary(messages: Sequence[Message], instruction: str) -> str:
         raise TimeoutError("primary timed out")
 
-    big_model = Recorder("summary by the big model")
+    big_model = RecordingSummarizer("summary by the big model")
     calls: list[SummaryAttempt | None] = []
 
-    def failover(last: SummaryAttempt | None) -> tuple[Recorder, list[Message]]:
+    def failover(last: SummaryAttempt | None) -> tuple[RecordingSummarizer, list[Message]]:
         calls.append(last)
         assert last is not None
         return big_model, list(last.messages)  # the same input, a model with a larger window
@@ -183,7 +188,7 @@ async def test_failover_callable_gets_the_last_attempt(tmp_path: Path, autojump_
     compactor = Compactor(primary, retries=1, retry_backoff=1.0, failover=failover, on_event=events.append)
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted)
-    assert result.report.summarizer == "Recorder" and result.report.attempts == 3
+    assert result.report.summarizer == "RecordingSummarizer" and result.report.attempts == 3
     assert len(calls) == 1 and calls[0] is not None
     assert calls[0].number == 2 and isinstance(calls[0].error, TimeoutError) and calls[0].answer is None
     roles = [(e.data["role"], e.data["ok"]) for e in events if e.kind == "summarizer_attempt"]
@@ -216,7 +221,9 @@ async def test_a_predicate_can_stop_retrying_an_error(tmp_path: Path) -> None:
         return default_should_retry(attempt)
 
     state = state_in(tmp_path, conversation(30))
-    compactor = Compactor(auth_broken, fallbacks=[Recorder("backup")], should_retry=retry_transient, retries=5)
+    compactor = Compactor(
+        auth_broken, fallbacks=[RecordingSummarizer("backup")], should_retry=retry_transient, retries=5
+    )
     result = await compactor.force_compact(state)
     assert isinstance(result, Compacted) and tries == 1 and result.report.attempts == 2
 
@@ -289,7 +296,7 @@ async def test_a_journal_fsync_failing_after_the_summary_fails_the_compaction(
     state = state_in(tmp_path, conversation(30))
     before = state.to_json()
     started = threading.Event()
-    summarizer = Recorder()
+    summarizer = RecordingSummarizer()
     events: list[Event] = []
 
     async def summarize(messages: Sequence[Message], instruction: str) -> str:
@@ -343,7 +350,7 @@ async def test_a_summarizer_failing_during_the_fsync_waits_for_it(
     failures = [e for e in events if e.kind == COMPACTION_FAILED]
     assert len(failures) == 1 and expected[1] in failures[0].data["error"]
     if not fsync_fails:  # the attempt is in the journal, uncommitted: a retry reuses its records
-        result = await Compactor(Recorder()).force_compact(state)
+        result = await Compactor(RecordingSummarizer()).force_compact(state)
         assert isinstance(result, Compacted)
         offloaded = await OffloadStore(tmp_path / "offload").read("a1")
         assert len(offloaded) == len({m.id for m in offloaded}) == result.report.evicted

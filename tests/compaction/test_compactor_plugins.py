@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from fakes import Recorder, asst, check_pairs, res, state_in
+from fakes import asst, check_pairs, res, state_in
 
 from cmdc import (
     Abort,
@@ -23,7 +23,7 @@ from cmdc import (
     Skipped,
     State,
 )
-from cmdc.synthetic import conversation
+from cmdc.testing import RecordingSummarizer, conversation
 
 
 class SkipAll(Plugin):
@@ -49,7 +49,7 @@ class Reinject(Plugin):
 async def test_before_compact_skip(tmp_path: Path) -> None:
     events: list[Event] = []
     state = state_in(tmp_path, conversation(30))
-    result = await Compactor(Recorder(), plugins=[SkipAll()], on_event=events.append).force_compact(state)
+    result = await Compactor(RecordingSummarizer(), plugins=[SkipAll()], on_event=events.append).force_compact(state)
     assert isinstance(result, Skipped) and result.skipped_by == "SkipAll" and result.reason == "not now"
     assert events[-1].kind == "compaction_skipped" and events[-1].data["skipped_by"] == "SkipAll"
     assert not (tmp_path / "offload").exists()
@@ -67,7 +67,9 @@ async def test_before_compact_abort(tmp_path: Path) -> None:
 async def test_raising_plugins_are_reported_and_skipped(tmp_path: Path) -> None:
     events: list[Event] = []
     state = state_in(tmp_path, conversation(30))
-    result = await Compactor(Recorder(), plugins=[Raising(), Reinject()], on_event=events.append).force_compact(state)
+    result = await Compactor(
+        RecordingSummarizer(), plugins=[Raising(), Reinject()], on_event=events.append
+    ).force_compact(state)
     assert isinstance(result, Compacted)
     errors = [e.data for e in events if e.kind == "plugin_error"]
     assert [(e["plugin"], e["hook"]) for e in errors] == [("Raising", "before_compact"), ("Raising", "after_compact")]
@@ -95,7 +97,7 @@ async def test_before_compact_can_evict_less_and_pairs_are_reclosed(tmp_path: Pa
             return [m for m in ctx.evicted if m.text != "keep me" and m.tool_call_id != "B"]
 
     state = state_in(tmp_path, msgs, compact_keep=("messages", 1))
-    result = await Compactor(Recorder(), plugins=[KeepSome()], pin_task=False).force_compact(state)
+    result = await Compactor(RecordingSummarizer(), plugins=[KeepSome()], pin_task=False).force_compact(state)
     assert isinstance(result, Compacted)
     kept = result.state.messages[1:]
     assert [m.tool_call_id or (m.tool_calls[0].id if m.tool_calls else m.text) for m in kept] == [
@@ -113,7 +115,7 @@ async def test_a_bad_plugin_return_is_ignored(tmp_path: Path) -> None:
             return [Message.user("not offered")]
 
     events: list[Event] = []
-    result = await Compactor(Recorder(), plugins=[Bad()], on_event=events.append).force_compact(
+    result = await Compactor(RecordingSummarizer(), plugins=[Bad()], on_event=events.append).force_compact(
         state_in(tmp_path, conversation(30))
     )
     assert isinstance(result, Compacted)
@@ -128,7 +130,7 @@ async def test_a_hanging_plugin_times_out(tmp_path: Path, autojump_clock: trio.a
             await trio.sleep_forever()
 
     events: list[Event] = []
-    result = await Compactor(Recorder(), plugins=[Hang()], on_event=events.append).force_compact(
+    result = await Compactor(RecordingSummarizer(), plugins=[Hang()], on_event=events.append).force_compact(
         state_in(tmp_path, conversation(30))
     )
     assert isinstance(result, Compacted)

@@ -13,7 +13,7 @@ import pytest
 
 from cmdc import Compacted, Compactor, Message, State
 from cmdc.providers import ExtractiveSummarizer
-from cmdc.synthetic import conversation
+from cmdc.testing import conversation
 
 
 def test_the_extractive_summary_does_not_depend_on_the_old_middle() -> None:

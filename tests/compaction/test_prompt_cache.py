@@ -9,13 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
-from fakes import SEARCH, SSE, STRUCTURED, Endpoint, drain, make_state, sse
+from fakes import SEARCH, SSE, STRUCTURED, Endpoint, make_state, sse
 
-from cmdc import Compactor, Message, TokenUsage
+from cmdc import Compacted, Compactor, Message, TokenUsage
 from cmdc.compaction.warm import AgentContext, set_agent_context
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
 from cmdc.providers.base import STOP_REASON_KEY
-from cmdc.report import Compacted
+from cmdc.testing import drain
 
 # -- usage: recorded reply shapes -------------------------------------------------------------------
 

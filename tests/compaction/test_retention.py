@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import Recorder, make_state, res
+from fakes import make_state, res
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +54,7 @@ from cmdc.compaction.ledger import (
 from cmdc.errors import CompactionIncomplete
 from cmdc.message import PINNED_KEY
 from cmdc.providers import ScriptedProvider, SimulatedModel
-from cmdc.synthetic import conversation
+from cmdc.testing import RecordingSummarizer, conversation
 
 SECTIONS_TEXT = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
 """A summary with the sections cmdc fills in."""
@@ -193,7 +193,7 @@ async def test_the_ledger_is_carried_forward_in_the_summary_metadata(tmp_path: P
     said = Message.user("The staging database is called lumen-vesper-42 and it must never be dropped.")
     messages = [Message.user("the task"), said, Message.assistant("noted " + "n" * 4_000)]
     state = make_state(tmp_path, messages, compact_keep=("messages", 2))
-    compactor = Compactor(Recorder("## Current work\nnothing worth saying"))
+    compactor = Compactor(RecordingSummarizer("## Current work\nnothing worth saying"))
     for i in range(8):
         state = state.append(Message.user("ok, go on"), Message.assistant(f"working on it, round {i} " + "w" * 4_000))
         result = await compactor.force_compact(state)
@@ -210,7 +210,8 @@ async def test_the_summary_says_where_the_pinned_task_is(tmp_path: Path) -> None
     answer = "## Primary request and intent\nrestated\n## Current work\nediting"
     task = Message.user("THE TASK: build the thing")
     msgs = [task, *conversation(20, seed=1, system=False), Message.user("now"), Message.assistant("x")]
-    result = await Compactor(Recorder(answer)).force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 2)))
+    state = make_state(tmp_path, msgs, compact_keep=("messages", 2))
+    result = await Compactor(RecordingSummarizer(answer)).force_compact(state)
     assert isinstance(result, Compacted)
     order = [m.id for m in result.state.messages]
     summary = next(m for m in result.state.messages if m.is_summary)
@@ -219,7 +220,7 @@ async def test_the_summary_says_where_the_pinned_task_is(tmp_path: Path) -> None
     # and when the task comes after what was evicted (an assistant message first), it says after
     msgs = [Message.assistant("hello"), *conversation(6, seed=2, system=False), task, Message.user("go")]
     state = make_state(tmp_path / "b", msgs, compact_keep=("messages", 2))
-    result = await Compactor(Recorder(answer)).force_compact(state)
+    result = await Compactor(RecordingSummarizer(answer)).force_compact(state)
     assert isinstance(result, Compacted)
     order = [m.id for m in result.state.messages]
     summary = next(m for m in result.state.messages if m.is_summary)
@@ -228,7 +229,7 @@ async def test_the_summary_says_where_the_pinned_task_is(tmp_path: Path) -> None
 
 
 async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_path: Path) -> None:
-    compactor = Compactor(Recorder(SECTIONS_TEXT), user_message_budget=160, pin_task=False)
+    compactor = Compactor(RecordingSummarizer(SECTIONS_TEXT), user_message_budget=160, pin_task=False)
     msgs = [Message.user(f"user message number {i} " + "x" * 200) for i in range(6)] + [Message.assistant("a")]
     first = await compactor.force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(first, Compacted)
@@ -244,9 +245,9 @@ async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_
     assert "record" in ledger_section
     # at the second compaction, the earlier ones come from the previous summary, not lost
     more = first.state.append(Message.user("a later question"), Message.assistant("b"))
-    second = await Compactor(Recorder(SECTIONS_TEXT), user_message_budget=1_000, pin_task=False).force_compact(
-        more.evolve(config={**more.config, "compact_keep": ("messages", 1)})
-    )
+    second = await Compactor(
+        RecordingSummarizer(SECTIONS_TEXT), user_message_budget=1_000, pin_task=False
+    ).force_compact(more.evolve(config={**more.config, "compact_keep": ("messages", 1)}))
     assert isinstance(second, Compacted)
     carried = second.state.messages[0].metadata[USER_MESSAGES_KEY]
     assert carried[-1] == "a later question"
@@ -259,7 +260,9 @@ async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_
 
 async def test_user_message_filter_and_scratchpad(tmp_path: Path) -> None:
     answer = "<analysis>thinking out loud</analysis>\n## All user messages\n- paraphrased\n## Next step\nship"
-    compactor = Compactor(Recorder(answer), user_message_filter=lambda m: "secret" not in m.text, pin_task=False)
+    compactor = Compactor(
+        RecordingSummarizer(answer), user_message_filter=lambda m: "secret" not in m.text, pin_task=False
+    )
     msgs = [
         Message.user("keep this"),
         Message.assistant("a long answer " * 60),  # what the summary compresses
@@ -279,7 +282,7 @@ async def test_the_task_stays_verbatim_and_pins_have_a_budget(tmp_path: Path) ->
     pins = [Message.user(f"pinned fact {i} " + "p" * 400, metadata={PINNED_KEY: True}) for i in range(3)]
     msgs = [task, *[m for p in pins for m in (p, Message.assistant("ok"))], Message.user("now"), Message.assistant("x")]
     events: list[Event] = []
-    compactor = Compactor(Recorder(SECTIONS_TEXT), pin_budget=150, on_event=events.append)
+    compactor = Compactor(RecordingSummarizer(SECTIONS_TEXT), pin_budget=150, on_event=events.append)
     result = await compactor.force_compact(make_state(tmp_path, msgs, compact_keep=("messages", 1)))
     assert isinstance(result, Compacted)
     ids = {m.id for m in result.state.messages}
@@ -307,7 +310,7 @@ async def test_finalizers(tmp_path: Path) -> None:
     ]
     msgs = [Message.user("task"), *skill_calls, Message.user("go on"), Message.assistant("x")]
     custom = finalizer(default_summary, preserve_skills(max_skills=5, max_tokens=5_000, max_total=25_000))
-    result = await Compactor(Recorder(SECTIONS_TEXT), finalize=custom, pin_task=False).force_compact(
+    result = await Compactor(RecordingSummarizer(SECTIONS_TEXT), finalize=custom, pin_task=False).force_compact(
         make_state(tmp_path, msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
@@ -322,7 +325,7 @@ async def test_finalizers(tmp_path: Path) -> None:
         seen.append(ctx)
         return [*default_finalize(ctx), Message.user("and a reminder")]  # the default, reused
 
-    result = await Compactor(Recorder(SECTIONS_TEXT), finalize=wrap, pin_task=False).force_compact(
+    result = await Compactor(RecordingSummarizer(SECTIONS_TEXT), finalize=wrap, pin_task=False).force_compact(
         make_state(tmp_path / "b", msgs, compact_keep=("messages", 1))
     )
     assert isinstance(result, Compacted)
@@ -334,7 +337,7 @@ async def test_finalizers(tmp_path: Path) -> None:
 
     state = make_state(tmp_path / "c", msgs, compact_keep=("messages", 1))
     with pytest.raises(CompactionError, match="bad finalizer"):
-        await Compactor(Recorder(SECTIONS_TEXT), finalize=broken).force_compact(state)
+        await Compactor(RecordingSummarizer(SECTIONS_TEXT), finalize=broken).force_compact(state)
 
 
 async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: Path) -> None:
@@ -346,7 +349,7 @@ async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: 
         Message.user("next"),
         Message.assistant("done"),
     ]
-    summarizer = Recorder(SECTIONS_TEXT)
+    summarizer = RecordingSummarizer(SECTIONS_TEXT)
     result = await Compactor(summarizer, reduce_tokens=500).force_compact(
         make_state(tmp_path, msgs, compact_keep=("messages", 1))
     )
@@ -361,14 +364,14 @@ async def test_large_tool_results_are_clipped_for_the_summarizer_only(tmp_path: 
 async def test_the_check_after_compacting_ends(tmp_path: Path) -> None:
     msgs = [m for i in range(120) for m in (Message.user(f"q{i} " + "y" * 400), Message.assistant("a"))]
     config = {"compact_trigger": ("tokens", 2_000), "compact_keep": ("messages", 160)}
-    summarizer = Recorder(SECTIONS_TEXT)
+    summarizer = RecordingSummarizer(SECTIONS_TEXT)
     with pytest.raises(CompactionIncomplete) as info:
         await Compactor(summarizer, pin_task=False).maybe_compact(make_state(tmp_path, msgs, **config))
     assert len(summarizer.calls) == 3  # the first pass and at most two more
     assert info.value.report.passes == 3 and info.value.state.compactions == 3
     assert "still over" in str(info.value)
     # a keep rule that is only a little too generous: the second pass is enough
-    ok = await Compactor(Recorder(SECTIONS_TEXT), pin_task=False).maybe_compact(
+    ok = await Compactor(RecordingSummarizer(SECTIONS_TEXT), pin_task=False).maybe_compact(
         make_state(tmp_path / "b", msgs, compact_trigger=("tokens", 8_000), compact_keep=("messages", 160))
     )
     assert isinstance(ok, Compacted) and ok.report.passes == 2
@@ -378,7 +381,7 @@ async def test_the_check_after_compacting_ends(tmp_path: Path) -> None:
 
 
 async def test_every_summarizer_input_after_the_first_holds_the_previous_summary(tmp_path: Path) -> None:
-    summarizer = Recorder(SECTIONS_TEXT)
+    summarizer = RecordingSummarizer(SECTIONS_TEXT)
     compactor = Compactor(summarizer)
     state = make_state(tmp_path, conversation(30), compact_keep=("messages", 4))
     for round_no in range(4):

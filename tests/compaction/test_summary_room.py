@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import SECTIONS, STRUCTURED, ScriptedSummaryModel, drain, make_state
+from fakes import SECTIONS, STRUCTURED, ScriptedSummaryModel, make_state
 
 import cmdc
 from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message
@@ -23,6 +23,7 @@ from cmdc.compaction import SummaryAttempt, default_should_retry
 from cmdc.compaction.config import DEFAULT_SUMMARY_PROMPT
 from cmdc.compaction.summary import missing_sections
 from cmdc.events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, Event
+from cmdc.testing import drain
 from cmdc.tokens import estimate_tokens_from_messages
 
 WINDOW = 2_048

@@ -45,8 +45,8 @@ from cmdc.message import KIND_KEY
 from cmdc.offload import AppendResult
 from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.recall import recall_tool
+from cmdc.testing import RecordingSummarizer, drain
 from cmdc.tokens import estimate_message_tokens
-from tests._support.fakes import Recorder, drain
 
 BIG = "".join(f"line {i}: ünïcode ✓ value={i * 7919 % 10007}\n" for i in range(4_000))  # ~160 KB
 
@@ -496,7 +496,7 @@ async def test_rehydration_reinjects_the_newest_reads_within_budget(tmp_path: Pa
     async with open_runtime(log_events=False) as rt:
         model = ScriptedProvider([*script, "done"])
         agent = await rt.spawn(
-            "r", model, tools=list(tools), plugins=[plugin], config=config, summarizer=Recorder("summary")
+            "r", model, tools=list(tools), plugins=[plugin], config=config, summarizer=RecordingSummarizer("summary")
         )
         await agent.prompt("go")
         state = await agent.state()
@@ -531,7 +531,7 @@ async def test_an_overflow_masks_before_it_forces_a_compaction(tmp_path: Path) -
     tools, script = chatty(6, size=8_000)
     overflow = cmdc.ContextOverflow("prompt is too long", prompt_tokens=13_000, limit=12_000)
     model = ScriptedProvider([*script, overflow, "done"])
-    summarizer = Recorder("summary")
+    summarizer = RecordingSummarizer("summary")
     async with open_runtime(log_events=False) as rt:
         agent = await rt.spawn("o", model, tools=list(tools), config=cfg(tmp_path), summarizer=summarizer)
         assert (await agent.prompt("go")).text == "done"

@@ -26,7 +26,7 @@ from cmdc import ContextOverflow, Message, tool
 from cmdc.events import TOOL_END, Event
 from cmdc.providers import ModelRequest
 from cmdc.providers.base import STOP_REASON_KEY
-from tests._support.fakes import drain
+from cmdc.testing import drain
 from tests.e2e.llama_server import CONTEXT, LlamaServer
 
 pytestmark = pytest.mark.e2e

@@ -78,7 +78,7 @@ def test_cmdc_providers_imports_without_httpx() -> None:
         "try:\n"
         "    cmdc.providers.OpenAIProvider\n"
         "except ImportError as exc:\n"
-        "    assert 'cmdc[http]' in str(exc)\n"
+        "    assert 'cmdc-agents[http]' in str(exc)\n"
         "else:\n"
         "    raise SystemExit('imported without httpx')\n"
     )

@@ -506,6 +506,6 @@ def test_cmdc_otel_on_first_use_and_without_the_extra() -> None:
     assert out.returncode == 0 and out.stdout == "Tracing\n", out.stderr
     blocked = "import sys\nsys.modules['opentelemetry'] = None\nimport cmdc\ncmdc.otel\n"
     out = subprocess.run([sys.executable, "-c", blocked], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "pip install 'cmdc[otel]'" in out.stderr
+    assert out.returncode == 1 and "pip install 'cmdc-agents[otel]'" in out.stderr
     with pytest.raises(AttributeError, match="no_such_thing"):
         cmdc.no_such_thing  # type: ignore[attr-defined]  # noqa: B018

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 import trio
-from fakes import STRUCTURED, drain
+from fakes import STRUCTURED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +20,7 @@ import cmdc
 from cmdc import tool
 from cmdc.compaction.config import CompactConfig
 from cmdc.providers import AnthropicProvider, OpenAIProvider
+from cmdc.testing import drain
 from cmdc.tokens import estimate_text_tokens
 
 TRIGGER = 6_000

@@ -25,7 +25,7 @@ from cmdc import (
 from cmdc.compaction.ledger import without_ledger
 from cmdc.providers import ModelRequest, Provider, ScriptedProvider, SimulatedModel, ToolSchema
 from cmdc.providers.simulated import tool_schema_tokens
-from cmdc.synthetic import conversation
+from cmdc.testing import conversation
 from cmdc.tokens import estimate_text_tokens
 from cmdc.tools import validate_arguments
 

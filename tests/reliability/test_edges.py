@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fakes import Recorder, make_state, res
+from fakes import make_state, res
 
 from benchmarks.compact_file import write_chat
 from cmdc import Compactor, Message, OffloadStore, ToolCall, _fs, offload, open_runtime
@@ -20,6 +20,7 @@ from cmdc.compaction import Compacted
 from cmdc.errors import CheckpointError, OffloadError
 from cmdc.providers import ExtractiveSummarizer
 from cmdc.providers.base import ModelRequest
+from cmdc.testing import RecordingSummarizer
 from cmdc.tokens import estimate_message_tokens
 
 SECTIONS = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
@@ -28,7 +29,7 @@ SECTIONS = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
 def test_an_option_read_on_the_class_is_its_descriptor() -> None:
     option = Compactor.retries  # was: AttributeError 'NoneType' object has no attribute 'options'
     assert "retries" in repr(option)
-    assert Compactor(Recorder(SECTIONS), retries=2).retries == 2
+    assert Compactor(RecordingSummarizer(SECTIONS), retries=2).retries == 2
 
 
 async def test_a_small_reduce_limit_clips_small_tool_arguments_and_results(tmp_path: Path) -> None:
@@ -40,7 +41,7 @@ async def test_a_small_reduce_limit_clips_small_tool_arguments_and_results(tmp_p
         Message.user("next"),
         Message.assistant("done"),
     ]
-    summarizer = Recorder(SECTIONS)
+    summarizer = RecordingSummarizer(SECTIONS)
     result = await Compactor(summarizer, reduce_tokens=10).force_compact(
         make_state(tmp_path, msgs, compact_keep=("messages", 1))
     )

@@ -27,6 +27,7 @@ from cmdc import (
 )
 from cmdc.agent import LifecycleContext, RequestContext, ResponseContext, ToolContext
 from cmdc.providers import ModelRequest, ScriptedProvider
+from cmdc.testing import drain
 
 PAD = " and some more words to make the message worth summarizing" * 8
 
@@ -193,14 +194,7 @@ async def test_raising_and_misbehaving_plugins_are_isolated(tmp_path: Path, auto
         with rt.subscribe() as events:
             agent = await rt.spawn("x", script(), tools=[shout], plugins=[Chaos()], config=cfg(tmp_path))
             assert (await agent.prompt("go")).text == "final"
-            errors = []
-            while True:
-                try:
-                    e = events.receive_nowait()
-                except trio.WouldBlock:
-                    break
-                if e.kind == "plugin_error":
-                    errors.append((e.data["hook"], e.data["error"]))
+            errors = [(e.data["hook"], e.data["error"]) for e in drain(events) if e.kind == "plugin_error"]
     hooks = [h for h, _ in errors]
     assert hooks.count("on_start") == 1 and hooks.count("before_request") == 2
     assert hooks.count("after_response") == 2 and hooks.count("before_tool") == 1

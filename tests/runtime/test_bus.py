@@ -10,12 +10,12 @@ import pytest
 import structlog
 import trio
 import trio.testing
-from fakes import drain
 from structlog.testing import capture_logs
 
 from cmdc.bus import EVENTS_DROPPED, EventBus, Subscription
 from cmdc.errors import ConfigError
 from cmdc.events import Event
+from cmdc.testing import drain
 
 
 def ev(kind: str, agent: str | None = "a", **data: Any) -> Event:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import drain
 
 import cmdc
 from cmdc import ConfigError, Message, TokenUsage
@@ -17,6 +16,7 @@ from cmdc.events import COMPACTION_END, CONTINUED, Event
 from cmdc.message import KIND_KEY
 from cmdc.providers import ScriptedProvider
 from cmdc.providers.base import CONTEXT_EXCEEDED_KEY, STOP_REASON_KEY
+from cmdc.testing import drain
 
 WINDOW = 4_000
 

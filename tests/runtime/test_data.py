@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import cmdc
 from cmdc import ConfigError, ImagePart, InvalidMessage, Message, State, TokenUsage, ToolCall
 from cmdc import tokens as tokens_mod
-from cmdc.synthetic import conversation
+from cmdc.testing import conversation
 
 
 def test_ids_are_unique_and_messages_frozen() -> None:

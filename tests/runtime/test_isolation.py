@@ -20,6 +20,7 @@ from cmdc.providers._http import redact_url, redact_urls
 from cmdc.recall import recall_tool
 from cmdc.runtime import Runtime
 from cmdc.state import State
+from cmdc.testing import drain
 from cmdc.tools import ToolArgumentsError
 
 
@@ -303,12 +304,7 @@ async def test_spawn_sets_the_summarizer_timeout_of_an_agents_model_summarizer(
             state = await agent.state()
             assert state.compactions >= 1 and Hanging.calls >= 1
             assert trio.current_time() - t0 < 300  # the default timeout (300 s) was not the one used
-            kinds = []
-            while True:
-                try:
-                    kinds.append(events.receive_nowait().kind)
-                except trio.WouldBlock:
-                    break
+            kinds = [e.kind for e in drain(events)]
             assert "summarizer_fallback" in kinds
         with pytest.raises(ConfigError, match="summarizer_timeout"):
             await rt.spawn("b", ScriptedProvider(["ok"]), summarizer_timeout=-1)
@@ -456,12 +452,7 @@ async def test_implausible_usage_is_refused_with_an_event(
         agent = await rt.spawn("a", model, config=cfg)
         with rt.subscribe("a") as sub:
             reply = await agent.prompt("hello")
-            events = []
-            while True:
-                try:
-                    events.append(sub.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            events = drain(sub)
         refused = [e for e in events if e.kind == "usage_refused"]
         assert len(refused) == 1 and refused[0].data["usage"] == usage
         state = await agent.state()
@@ -506,12 +497,7 @@ async def test_secrets_in_urls_stay_out_of_errors_and_events(tmp_path: Path) -> 
         with rt.subscribe("a") as sub:
             with pytest.raises(ConnectionFailed) as info:
                 await agent.prompt("hello")
-            events = []
-            while True:
-                try:
-                    events.append(sub.receive_nowait())
-                except trio.WouldBlock:
-                    break
+            events = drain(sub)
         assert "llm.example.com" in str(info.value) and "SECRET123" not in str(info.value)
         assert events and not any("SECRET123" in repr(e) or "hunter2" in repr(e) for e in events)
         await neighbour_answers(rt, tmp_path)

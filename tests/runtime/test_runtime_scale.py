@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
-from fakes import Adder, add, agent_config, drain
+from fakes import Adder, add, agent_config
 
 from cmdc import (
     ContextOverflow,
     open_runtime,
 )
 from cmdc.providers import SimulatedModel
+from cmdc.testing import drain
 
 
 class TaskCounter(trio.abc.Instrument):

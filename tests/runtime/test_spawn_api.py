@@ -25,6 +25,7 @@ from cmdc import (
     open_runtime,
 )
 from cmdc.providers import ModelRequest
+from cmdc.testing import drain
 
 
 class Echo:
@@ -135,13 +136,8 @@ async def test_a_subscription_ends_when_its_agent_stops(tmp_path: Path) -> None:
             kinds = [e.kind async for e in sub]  # finishes: no hang after stop()
             assert kinds[0] == "turn_start" and kinds[-1] == "stopped"
             assert not everything.closed  # the all-agents subscription goes on
-            last = None
-            while True:
-                try:
-                    last = everything.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            assert last is not None and last.kind == "stopped" and last.data["reason"] == "stopped"
+            last = drain(everything)[-1]
+            assert last.kind == "stopped" and last.data["reason"] == "stopped"
         # the name spawned again: a new subscription follows the new agent
         again = await rt.spawn("a1", Echo(), config=cfg(tmp_path))
         with rt.subscribe("a1") as sub:
@@ -255,9 +251,9 @@ def test_insert_after_summary_places_and_refuses() -> None:
 
 
 def test_report_is_importable_from_everywhere_it_was() -> None:
+    from cmdc import CompactionReport as C
     from cmdc.compaction import CompactionReport as A
     from cmdc.compaction.compactor import CompactionReport as B
-    from cmdc.report import CompactionReport as C
 
     assert A is B is C is CompactionReport
 

@@ -13,6 +13,7 @@ import cmdc
 from cmdc import AgentStopped, ConfigError, Message, Plugin, ToolCall, open_runtime
 from cmdc.errors import CheckpointError
 from cmdc.providers import ModelRequest, ScriptedProvider
+from cmdc.testing import drain
 
 
 def echo(request: ModelRequest) -> str:
@@ -129,12 +130,7 @@ async def test_subscriptions_and_plugins_survive_deactivation(tmp_path: Path, au
             assert not ref.resident
             ref.add_plugin(Counter())  # registered while away: used after activation
             await ref.prompt("two")
-            kinds = []
-            while True:
-                try:
-                    kinds.append(sub.receive_nowait().kind)
-                except trio.WouldBlock:
-                    break
+            kinds = [e.kind for e in drain(sub)]
         assert "deactivated" in kinds and "activated" in kinds
         assert kinds.index("deactivated") < kinds.index("activated") < len(kinds) - 1
         assert kinds.count("turn_start") == 2

@@ -9,12 +9,12 @@ import inspect
 from pathlib import Path
 
 import pytest
-from fakes import Recorder, state_in
+from fakes import state_in
 
 from cmdc import Compactor, Event, Message, OffloadStore
 from cmdc.store import FileStore, JournalReader, Store, open_store
 from cmdc.store.protocol import Checkpoints, Leases
-from cmdc.synthetic import conversation
+from cmdc.testing import RecordingSummarizer, conversation
 
 
 def _members(protocol: type) -> dict[str, inspect.Signature | None]:
@@ -95,8 +95,8 @@ async def test_two_compactors_on_one_directory_do_not_share_a_store_or_its_on_ev
     first's sink got the second's events)."""
     first_events: list[Event] = []
     second_events: list[Event] = []
-    first = Compactor(Recorder(), on_event=first_events.append)
-    second = Compactor(Recorder(), on_event=second_events.append)
+    first = Compactor(RecordingSummarizer(), on_event=first_events.append)
+    second = Compactor(RecordingSummarizer(), on_event=second_events.append)
     state = state_in(tmp_path, conversation(30), compact_trigger=("messages", 20))
     config = first.compact_config(state)
     a, b = first.store_for(config), second.store_for(config)
@@ -115,7 +115,7 @@ async def test_two_compactors_on_one_directory_do_not_share_a_store_or_its_on_ev
 
 async def test_a_compactor_closes_only_the_store_it_opened(tmp_path: Path) -> None:
     state = state_in(tmp_path, conversation(10))
-    mine = Compactor(Recorder())
+    mine = Compactor(RecordingSummarizer())
     config = mine.compact_config(state)
     opened = mine.store_for(config)
     await opened.append("a1", [Message.user("kept")])
@@ -126,7 +126,7 @@ async def test_a_compactor_closes_only_the_store_it_opened(tmp_path: Path) -> No
     await mine.aclose()
 
     given = FileStore(tmp_path / "given")
-    theirs = Compactor(Recorder(), store=given)
+    theirs = Compactor(RecordingSummarizer(), store=given)
     assert theirs.store_for(theirs.compact_config(state)) is given
     await theirs.aclose()  # not its store: left open, still the one it uses
     assert theirs.store_for(theirs.compact_config(state)) is given

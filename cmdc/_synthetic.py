@@ -1,4 +1,4 @@
-"""Deterministic synthetic conversations for the demo, the benchmarks and the tests."""
+"""Deterministic synthetic conversations for the benchmarks and the tests (`cmdc.testing`)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,19 @@ def conversation(
     """At most `n` messages (never ending inside a call group): a system prompt, then rounds of
     user -> assistant with 1-3 parallel tool calls -> their results -> assistant text. Each
     message carries ~`message_chars` characters; assistant messages report usage when `usage`
-    is set."""
+    is set. The same arguments give the same texts, calls and figures (new message ids).
+    Exported as `cmdc.testing.conversation`.
+
+    ```python
+    from cmdc.testing import conversation
+
+    messages = conversation(20, seed=1)
+    assert len(messages) <= 20 and messages[0].role == "system"
+    assert [m.text for m in conversation(20, seed=1)] == [m.text for m in messages]
+    calls = {c.id for m in messages for c in m.tool_calls}
+    assert calls == {m.tool_call_id for m in messages if m.role == "tool"}  # every call answered
+    ```
+    """
     rng = random.Random(seed)
     out: list[Message] = [Message.system("You are a careful coding agent.")] if system else []
     round_no = 0
