@@ -711,7 +711,7 @@ class Runtime:
                 me.provider,
                 tools=[*(t for t in me.own_tools.values() if t.name not in ("delegate", "recall")), *me.toolsets],
                 config=me.state.config,
-                summarizer=me.compactor.summarizer,
+                summarizer=me.compactor.options.summarizer,
                 options=attrs.evolve(me.options, restart="temporary"),
                 delegation=True,  # children of its own, and no named agent
                 accepts=(parent,),  # its parent's tasks only

@@ -13,7 +13,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import orjson
@@ -39,27 +39,25 @@ from ..events import (
     PLUGIN_ERROR,
     TOOL_RESULTS_CLIPPED,
     Event,
-    EventSink,
     emit,
 )
 from ..message import Message, TokenUsage
 from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
-from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
+from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold
 from ..providers.base import ModelRequest
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
-from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens
+from ..tokens import estimate_message_tokens, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
-from .breaker import SummarizerBreaker
 from .caches import parse_config
 from .clip import clipped_result, contract, reduced, trailing_tool_results
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
-from .finalize import Finalize, FinalizeContext, run_finalize
+from .finalize import FinalizeContext, run_finalize
 from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
-from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares
-from .summary import Summarizer, pointer_message
+from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
+from .summary import pointer_message
 from .warm import AgentContext, agent_context, counting, total, warm_request
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
@@ -69,40 +67,16 @@ _LEDGER_MARGIN = 64  # tokens of what is evicted the summary's header and headin
 
 Reason = Literal["auto", "forced", "manual", "requested"]
 T = TypeVar("T")
-
-
-class _Option(Generic[T]):
-    """A `Compactor` attribute that reads its `CompactorOptions` (and, set, checks the new
-    value and replaces the options)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<Compactor option {self.name!r} (see CompactorOptions)>"
-
-    @overload
-    def __get__(self, compactor: None, owner: type | None = None) -> _Option[T]: ...
-
-    @overload
-    def __get__(self, compactor: Compactor, owner: type | None = None) -> T: ...
-
-    def __get__(self, compactor: Compactor | None, owner: type | None = None) -> T | _Option[T]:
-        if compactor is None:  # read on the class (help(), inspect, autodoc): the descriptor
-            return self
-        value: T = getattr(compactor.options, self.name)
-        return value
-
-    def __set__(self, compactor: Compactor, value: T) -> None:
-        changes: dict[str, Any] = {self.name: value}
-        compactor.options = attrs.evolve(compactor.options, **changes)
+_OPTION_NAMES = frozenset(f.name for f in attrs.fields(CompactorOptions))
 
 
 class Compactor:
     """Keeps an agent's context under its configured size: the API (`should_compact`,
     `maybe_compact`, `force_compact`, ...) and the pipeline's stages, in reading order. Its
-    options (`CompactorOptions`, where each is documented) are given as keywords, or all at
-    once as `options=`; each is also an attribute (setting one checks it again).
+    options (`CompactorOptions`, where each is documented, the one list of them) are given as
+    keywords, or as one value with `Compactor.from_options`; `compactor.options` holds them
+    (change one with `compactor.options = attrs.evolve(compactor.options, retries=5)`, which
+    checks it again).
 
     Budgets (the contraction rule): everything a compaction inserts (the summary message, the
     preserved user messages in it, whatever a finalizer adds) fits `summary_budget` tokens:
@@ -122,106 +96,61 @@ class Compactor:
     so a compaction whose state is thrown away never shows in the journal.
     """
 
-    __slots__ = ("_config_for", "_counted", "_store", "_store_key", "options", "plugins")
+    __slots__ = ("_config_for", "_counted", "_store", "_store_key", "options")
 
-    summarizer = _Option[Summarizer]()
-    fallbacks = _Option[tuple[Summarizer, ...]]()
-    token_counter = _Option["TokenCounter | None"]()
-    retries = _Option[int]()
-    retry_backoff = _Option[float]()
-    max_backoff = _Option[float]()
-    should_retry = _Option[ShouldRetry]()
-    failover = _Option["Failover | None"]()
-    summarizer_input_tokens = _Option["int | None"]()
-    finalize = _Option[Finalize]()
-    user_message_budget = _Option["int | None"]()
-    user_message_filter = _Option["Callable[[Message], bool] | None"]()
-    pin_task = _Option[bool]()
-    pin_budget = _Option["int | None"]()
-    reduce_tokens = _Option["int | None"]()
-    summary_budget = _Option["int | None"]()
-    max_extra_passes = _Option[int]()
-    on_event = _Option["EventSink | None"]()
-    summarizer_timeout = _Option["float | None"]()
-    summarizer_window = _Option["int | None"]()
-    store = _Option["Store | None"]()
-    commit_journal = _Option[bool]()
-    breaker = _Option["SummarizerBreaker | None"]()
-    warm_cache = _Option["bool | None"]()
-
-    def __init__(
-        self,
-        summarizer: Summarizer | None = None,
-        *,
-        plugins: Iterable[Plugin] = (),
-        token_counter: TokenCounter | None = None,
-        fallbacks: Sequence[Summarizer] = (),
-        retries: int = 3,
-        retry_backoff: float = 0.5,
-        max_backoff: float = 30.0,
-        should_retry: ShouldRetry | None = None,
-        failover: Failover | None = None,
-        summarizer_input_tokens: int | None = None,
-        finalize: Finalize | None = None,
-        user_message_budget: int | None = None,
-        user_message_filter: Callable[[Message], bool] | None = None,
-        pin_task: bool = True,
-        pin_budget: int | None = None,
-        reduce_tokens: int | None = 2_000,
-        summary_budget: int | None = None,
-        max_extra_passes: int = 2,
-        on_event: EventSink | None = None,
-        summarizer_timeout: float | None = 300.0,
-        summarizer_window: int | None = None,
-        store: str | os.PathLike[str] | Store | None = None,
-        commit_journal: bool = True,
-        breaker: SummarizerBreaker | None = None,
-        warm_cache: bool | None = None,
-        options: CompactorOptions | None = None,
-    ) -> None:
-        """The keywords are `CompactorOptions`' (checked there); `options` instead gives them
-        all at once (with `options`, only `plugins` may be given beside it)."""
+    @takes_options(CompactorOptions)
+    def __init__(self, *args: Any, **keywords: Any) -> None:
+        """`Compactor(summarizer, *, plugins=..., ...)`: exactly `CompactorOptions`' parameters
+        (checked there; see `takes_options`). `Compactor.from_options(options)` takes them as
+        one value."""
+        options = keywords.pop("options", None)  # the older spelling of `from_options`
         if options is None:
-            options = CompactorOptions(
-                summarizer=summarizer,
-                fallbacks=fallbacks,
-                token_counter=token_counter,
-                retries=retries,
-                retry_backoff=retry_backoff,
-                max_backoff=max_backoff,
-                should_retry=should_retry,
-                failover=failover,
-                summarizer_input_tokens=summarizer_input_tokens,
-                finalize=finalize,
-                user_message_budget=user_message_budget,
-                user_message_filter=user_message_filter,
-                pin_task=pin_task,
-                pin_budget=pin_budget,
-                reduce_tokens=reduce_tokens,
-                summary_budget=summary_budget,
-                max_extra_passes=max_extra_passes,
-                on_event=on_event,
-                summarizer_timeout=summarizer_timeout,
-                summarizer_window=summarizer_window,
-                store=store,
-                commit_journal=commit_journal,
-                breaker=breaker,
-                warm_cache=warm_cache,
-            )
+            options = CompactorOptions(*args, **keywords)
         elif not isinstance(options, CompactorOptions):
             raise ConfigError(f"options must be a CompactorOptions, got {options!r:.80}")
-        elif summarizer is not None or store is not None:
-            raise ConfigError("give the summarizer and the store in options, not beside it")
-        self.options = options
-        self.plugins: tuple[Plugin, ...] = sort_plugins(plugins)
+        elif args or set(keywords) - {"plugins"}:
+            raise ConfigError("give the summarizer and the other options in options, not beside it")
+        elif "plugins" in keywords:
+            options = attrs.evolve(options, plugins=keywords["plugins"])
+        self._setup(options)
+
+    def _setup(self, options: CompactorOptions) -> None:
+        self.options: CompactorOptions = options
         self._config_for: tuple[object, CompactConfig] | None = None
         self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
         self._store: OffloadStore | None = None
         self._store_key: Path | None = None
 
+    @classmethod
+    def from_options(cls, options: CompactorOptions) -> Compactor:
+        """A compactor configured by `options` (the value itself is kept: `c.options is options`)."""
+        if not isinstance(options, CompactorOptions):
+            raise ConfigError(f"options must be a CompactorOptions, got {options!r:.80}")
+        compactor = cls.__new__(cls)
+        compactor._setup(options)
+        return compactor
+
+    @property
+    def plugins(self) -> tuple[Plugin, ...]:
+        """The compaction plugins, in run order (`options.plugins`)."""
+        return self.options.plugins
+
+    if not TYPE_CHECKING:  # the older spelling, untyped: `compactor.retries` for `compactor.options.retries`
+
+        def __getattr__(self, name: str) -> Any:
+            if name in _OPTION_NAMES:
+                return getattr(self.options, name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in _OPTION_NAMES:  # checked again, as `attrs.evolve` checks every option
+                self.options = attrs.evolve(self.options, **{name: value})
+            else:
+                object.__setattr__(self, name, value)
+
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin (kept in priority order)."""
-        self.plugins = sort_plugins((*self.plugins, plugin))
+        self.options = attrs.evolve(self.options, plugins=(*self.options.plugins, plugin))
 
     # -- the API: sizes and the decision, O(1) in the history's length ------------------------
 
