@@ -1,7 +1,8 @@
 """The `Compactor`: it reads top to bottom as its API, then the pipeline's stages in order:
 decide, split, offload, summarize, finalize, verify.
 
-The pieces live beside it: `options` (the validated options and the budgets), `attempts`
+The pieces live beside it: `options` (the validated options, the one list of them, and the
+budgets), `evict` (the split stage: pins, their budget, the `before_compact` fold), `attempts`
 (retries, fallbacks, failover), `clip` (what a compaction clips), `caches` (process-wide
 caches), `cutoff` (the pure split), `finalize` (the summary message), `summary` (calling a
 summarizer).
@@ -10,7 +11,7 @@ summarizer).
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -23,7 +24,6 @@ from .._check import is_int, optional_integer
 from .._stores import _STORES, shared_store
 from .._trio import one_of, reraise
 from ..errors import (
-    CompactionAborted,
     CompactionError,
     CompactionIncomplete,
     ConfigError,
@@ -35,7 +35,6 @@ from ..events import (
     COMPACTION_FALLBACK,
     COMPACTION_SKIPPED,
     COMPACTION_START,
-    PINS_OVER_BUDGET,
     PLUGIN_ERROR,
     TOOL_RESULTS_CLIPPED,
     Event,
@@ -43,7 +42,7 @@ from ..events import (
 )
 from ..message import Message, TokenUsage
 from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
-from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold
+from ..plugins import AfterCompact, Plugin, fold
 from ..providers.base import ModelRequest
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
@@ -53,7 +52,8 @@ from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_sh
 from .caches import parse_config
 from .clip import clipped_result, contract, reduced, trailing_tool_results
 from .config import CompactConfig, Threshold
-from .cutoff import Split, split_messages
+from .cutoff import Split
+from .evict import Eviction, plugin_error
 from .finalize import FinalizeContext, run_finalize
 from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
@@ -357,12 +357,13 @@ class Compactor:
         budget, user_budget, answer_budget = self.budgets(config, window)
 
         # decide and split: what goes, what stays; plugins may take some out or skip
-        split = self._split(state, config, keep, window, budget)
+        evict = Eviction(self.options, self.count, self._sum, self._emit)
+        split = evict.split(state, config, keep, window, budget)
         if split is None:
             return self._skip(state, "nothing can be evicted")
         tokens_before = self.estimate_tokens(state)
         self._emit(COMPACTION_START, state, reason=reason, tokens=tokens_before, messages=len(state.messages))
-        split, skipped = await self._before_compact(state, config, split, reason, instruction, keep, window)
+        split, skipped = await evict.before_compact(state, config, split, reason, instruction, keep, window)
         if skipped is not None:
             return skipped
         evicted_tokens = self._sum(split.evicted)
@@ -376,7 +377,7 @@ class Compactor:
             )
 
         async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
-            task = self._kept_task(state, split)
+            task = evict.kept_task(state, split)
             estimated = evicted_tokens if self.options.token_counter is None else None
             cap = min(budget, evicted_tokens - _LEDGER_MARGIN)
             if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
@@ -396,114 +397,6 @@ class Compactor:
         return await self._verify(
             state, split, written, compaction, inserted, summary, reason, budget, tokens_before, evicted_tokens, started
         )
-
-    # -- split ------------------------------------------------------------------------------------
-
-    def _split(
-        self, state: State, config: CompactConfig, keep: Threshold, window: int | None, budget: int
-    ) -> Split | None:
-        """The split with pins, a summary over its budget evicted (it is re-summarized, never
-        kept as it is); None when nothing can be evicted."""
-        split = self._split_with_pins(state, config, keep, (), window)
-        oversized = tuple(m for m in split.kept if m.is_summary and self.count(m) > budget)
-        if oversized:
-            split = attrs.evolve(
-                split,
-                evicted=(*oversized, *split.evicted),
-                kept=tuple(m for m in split.kept if m not in oversized),
-                held=tuple(m for m in split.held if m not in oversized),
-            )
-        if not split.evicts_anything and not (split.evicted and self._sum(split.evicted) > budget):
-            return None  # a summary alone is evicted only when it is over its budget
-        return split
-
-    def _split_with_pins(
-        self, state: State, config: CompactConfig, keep: Threshold, extra: Iterable[str], window: int | None = None
-    ) -> Split:
-        """The split with the task and `extra` pinned, within the pin budget: past it, the
-        oldest pins (the task last) are summarized instead, with an event."""
-        task = self._task_id(state) if self.options.pin_task else None
-        pins = {*extra} if task is None else {*extra, task}
-        split = self._cut(state, config, keep, pins)
-        budget = self.options.pin_limit(config, window)
-        open_groups = {state.messages[g.index].id for g in state.call_index.open}
-        open_results = {state.messages[i].id for g in state.call_index.open for i in g.results}
-        pinned = [m for m in split.held if m.id not in open_groups and m.id not in open_results]
-        total = sum(self.count(m) for m in pinned)
-        if total <= budget:
-            return split
-        order = [m for m in pinned if m.id != task] + [m for m in pinned if m.id == task]
-        dropped: list[str] = []
-        for m in order:
-            if total <= budget:
-                break
-            dropped.append(m.id)
-            total -= self.count(m)
-        self._emit(PINS_OVER_BUDGET, state, budget=budget, unpinned=tuple(dropped), pinned_tokens=total)
-        return self._cut(state, config, keep, pins - set(dropped), dropped)
-
-    def _cut(
-        self, state: State, config: CompactConfig, keep: Threshold, pins: Iterable[str], unpinned: Iterable[str] = ()
-    ) -> Split:
-        return split_messages(
-            state.messages,
-            keep,
-            context_window=config.context_window,
-            count=self.count,
-            pinned_ids=frozenset(pins),
-            unpinned_ids=frozenset(unpinned),
-            index=state.call_index,
-        )
-
-    def _task_id(self, state: State) -> str | None:
-        """The session's first user message: the first non-summary user message."""
-        for m in state.messages:
-            if m.role == "user" and not m.is_summary:
-                return m.id
-        return None
-
-    def _kept_task(self, state: State, split: Split) -> str | None:
-        """The pinned task's id when it stays in the context verbatim (it is then not restated)."""
-        task = self._task_id(state) if self.options.pin_task else None
-        return task if task is not None and any(m.id == task for m in split.kept) else None
-
-    async def _before_compact(
-        self,
-        state: State,
-        config: CompactConfig,
-        split: Split,
-        reason: str,
-        instruction: str | None,
-        keep: Threshold,
-        window: int | None,
-    ) -> tuple[Split, Skipped | None]:
-        if not any(p.implements("before_compact") for p in self.plugins):
-            return split, None
-        offered = {m.id for m in split.evicted}
-        ctx = BeforeCompact(state, split.evicted, split.kept, reason, instruction)
-        folded = await fold(
-            self.plugins,
-            "before_compact",
-            ctx,
-            split.evicted,
-            rebind=lambda c, evicted: attrs.evolve(c, evicted=evicted),
-            on_error=self._plugin_error(state, "before_compact"),
-        )
-        if isinstance(folded.stop, Abort):
-            self._emit(COMPACTION_SKIPPED, state, reason=folded.stop.reason, skipped_by=folded.stopped_by)
-            raise CompactionAborted(f"plugin {folded.stopped_by} aborted the compaction: {folded.stop.reason}")
-        if folded.stop is not None:
-            self._emit(COMPACTION_SKIPPED, state, reason=folded.stop.reason, skipped_by=folded.stopped_by)
-            return split, Skipped(state, folded.stop.reason or "skipped by a plugin", folded.stopped_by)
-        chosen = {m.id for m in folded.value}
-        if chosen != offered:
-            # Keep what the plugins took out, and re-close the call groups around it.
-            split = self._split_with_pins(state, config, keep, offered - chosen, window)
-            if not split.evicts_anything:
-                why = "plugins left nothing to evict"
-                self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
-                return split, Skipped(state, why)
-        return split, None
 
     # -- offload ----------------------------------------------------------------------------------
 
@@ -781,7 +674,7 @@ class Compactor:
             AfterCompact(state, report),
             state,
             rebind=lambda c, s: attrs.evolve(c, state=s),
-            on_error=self._plugin_error(state, "after_compact"),
+            on_error=plugin_error(self._emit, state, "after_compact"),
         )
         result = folded.value
         if folded.stop is not None:  # too late to veto: the offload has happened
@@ -811,11 +704,6 @@ class Compactor:
         self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
         return Skipped(state, why)
 
-    def _plugin_error(self, state: State, hook: str) -> Callable[[Plugin, BaseException], None]:
-        def report(plugin: Plugin, exc: BaseException) -> None:
-            self._emit(PLUGIN_ERROR, state, plugin=plugin.name, hook=hook, error=repr(exc))
-
-        return report
 
 
 def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
