@@ -18,7 +18,7 @@ from typing import Any, Concatenate, ParamSpec
 import attrs
 
 from .._check import function, integer, optional_integer, optional_seconds, seconds, validator
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidPlugin
 from ..events import EventSink
 from ..message import Message
 from ..plugins import Plugin, sort_plugins
@@ -91,6 +91,12 @@ def _sequence(value: Iterable[Summarizer]) -> tuple[Summarizer, ...]:
         raise ConfigError(f"fallbacks must be a sequence of summarizers, got {value!r:.80}") from None
 
 
+def _plugins(value: Iterable[Plugin]) -> tuple[Plugin, ...]:
+    if isinstance(value, (str, bytes, Plugin)) or not isinstance(value, Iterable):
+        raise InvalidPlugin(f"plugins must be a sequence of cmdc.Plugin, got {value!r:.80}")
+    return sort_plugins(value)
+
+
 def _optional_bool(value: bool | None) -> bool | None:
     return None if value is None else _bool(value)
 
@@ -152,7 +158,7 @@ class CompactorOptions:
     summarizer: Summarizer = attrs.field(
         default=None, converter=_default_summarizer, validator=_primary, kw_only=False
     )
-    plugins: tuple[Plugin, ...] = attrs.field(default=(), converter=sort_plugins)
+    plugins: tuple[Plugin, ...] = attrs.field(default=(), converter=_plugins)
     fallbacks: tuple[Summarizer, ...] = attrs.field(default=(), converter=_sequence, validator=_fallbacks)
     token_counter: TokenCounter | None = attrs.field(default=None, validator=_callable)
     retries: int = attrs.field(default=3, validator=_count(minimum=0))
