@@ -2,7 +2,8 @@
 decide, split, offload, summarize, finalize, verify.
 
 The pieces live beside it: `options` (the validated options, the one list of them, and the
-budgets), `evict` (the split stage: pins, their budget, the `before_compact` fold), `attempts`
+budgets), `evict` (the split stage: pins, their budget, the `before_compact` fold), `verify`
+(the contraction rule, the new state and report, the `after_compact` fold), `attempts`
 (retries, fallbacks, failover), `clip` (what a compaction clips), `caches` (process-wide
 caches), `cutoff` (the pure split), `finalize` (the summary message), `summary` (calling a
 summarizer).
@@ -30,19 +31,15 @@ from ..errors import (
     OffloadError,
 )
 from ..events import (
-    COMPACTION_END,
     COMPACTION_FAILED,
-    COMPACTION_FALLBACK,
-    COMPACTION_SKIPPED,
     COMPACTION_START,
-    PLUGIN_ERROR,
     TOOL_RESULTS_CLIPPED,
     Event,
     emit,
 )
-from ..message import Message, TokenUsage
-from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
-from ..plugins import AfterCompact, Plugin, fold
+from ..message import Message
+from ..offload import ATTEMPTS_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
+from ..plugins import Plugin
 from ..providers.base import ModelRequest
 from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
@@ -50,14 +47,16 @@ from ..store import FileStore, Store
 from ..tokens import estimate_message_tokens, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
 from .caches import parse_config
-from .clip import clipped_result, contract, reduced, trailing_tool_results
+from .clip import clipped_result, reduced, trailing_tool_results
 from .config import CompactConfig, Threshold
 from .cutoff import Split
-from .evict import Eviction, plugin_error
+from .evict import Eviction, skipped
+from .evict import held_before_evicted as _held_before_evicted
 from .finalize import FinalizeContext, run_finalize
 from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
-from .summary import pointer_message
+from .verify import Verification, journal_fields, tag_summaries
+from .verify import pointer as _pointer
 from .warm import AgentContext, agent_context, counting, total, warm_request
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
@@ -262,7 +261,7 @@ class Compactor:
         clipped = [clipped_result(m, limit, written) if m.id in ids else m for m in state.messages[start:]]
         messages = (*state.messages[:start], *clipped)
         self._emit(TOOL_RESULTS_CLIPPED, state, clipped=len(large), offload_path=str(written.path))
-        return state.evolve(messages=messages, usage_floor=len(messages), **_journal_fields(state, written))
+        return state.evolve(messages=messages, usage_floor=len(messages), **journal_fields(state, written))
 
     def store_for(self, config: CompactConfig) -> OffloadStore | Store:
         """The compactor's store, else the journal store of `config.offload_dir`; a relative
@@ -387,14 +386,15 @@ class Compactor:
             users, answer = ledger_shares(budget, user_budget, answer_budget, ledger)
             summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
-            return summary, list(_tag_summaries(inserted, written))  # here, while the fsync runs
+            return summary, list(tag_summaries(inserted, written))  # here, while the fsync runs
 
         try:
             written, (summary, inserted) = await self._offload_then(state, config, split, compaction, summarized)
         except (OffloadError, CompactionError) as exc:  # one event, whichever failed
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
             raise
-        return await self._verify(
+        verification = Verification(self.options, self.count, self.estimate_tokens, self._emit)
+        return await verification.verify(
             state, split, written, compaction, inserted, summary, reason, budget, tokens_before, evicted_tokens, started
         )
 
@@ -595,114 +595,13 @@ class Compactor:
         except Exception as exc:
             raise CompactionError(f"the finalizer failed: {type(exc).__name__}: {exc}") from exc
 
-    # -- verify: the contraction rule, the new state, the report, after_compact -------------------
-
-    async def _verify(
-        self,
-        state: State,
-        split: Split,
-        written: AppendResult,
-        compaction: int,
-        inserted: list[Message],
-        summary: Summary,
-        reason: str,
-        budget: int,
-        tokens_before: int,
-        evicted_tokens: int,
-        started: float,
-    ) -> Compacted | Skipped:
-        """What is inserted fits the budget and costs less than what it replaces (stepping down
-        to a pointer when needed); then the new state, its report and the `after_compact` fold."""
-        def pointer() -> Message:  # tagged as it will be inserted: a counter may count its metadata
-            smallest = _pointer(compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq)
-            carried = next((m.metadata[LEDGER_KEY] for m in inserted if LEDGER_KEY in m.metadata), None)
-            if carried is not None:  # the next compaction carries the ledger on from the pointer
-                smallest = smallest.evolve(metadata={**smallest.metadata, LEDGER_KEY: carried})
-            return _tag_summaries([smallest], written)[0]
-
-        inserted, fallback = contract(inserted, min(budget, evicted_tokens - 1), pointer, self.count)
-        summary_tokens = sum(self.count(m) for m in inserted)
-        if fallback is not None:
-            self._emit(
-                COMPACTION_FALLBACK,
-                state,
-                fallback=fallback,
-                budget=budget,
-                evicted_tokens=evicted_tokens,
-                summary_tokens=summary_tokens,
-            )
-        if fallback == "skipped":  # not even a pointer is smaller (a custom counter's quirk)
-            return self._skip(state, "not even a pointer-only summary is smaller than the evicted messages")
-        # Kept messages older than everything evicted (the pinned task) stay before the summary.
-        before = _held_before_evicted(state, split)
-        # (the summaries are tagged already: `summarized`, or `pointer`; a clipped one keeps its tags)
-        messages = (*split.pinned, *split.kept[:before], *inserted, *split.kept[before:])
-        new_state = state.evolve(
-            messages=messages, compactions=compaction, usage_floor=len(messages), **_journal_fields(state, written)
-        )
-        report = CompactionReport(
-            reason=reason,
-            tokens_before=tokens_before,
-            tokens_after=self.estimate_tokens(new_state),
-            messages_before=len(state.messages),
-            messages_after=len(messages),
-            evicted=len(split.evicted),
-            offload_path=str(written.path),
-            first_seq=written.first_seq,
-            last_seq=written.last_seq,
-            compaction=compaction,
-            summary_tokens=summary_tokens,
-            summarizer=summary.summarizer,
-            attempts=summary.attempts,
-            duration=trio.current_time() - started,
-            summary_budget=budget,
-            fallback=fallback,
-            **_usage_fields(summary),
-        )
-        after = await self._after_compact(new_state, report)
-        if after is not new_state:
-            new_state = after
-            report = attrs.evolve(report, tokens_after=self.estimate_tokens(after), messages_after=len(after.messages))
-        report = attrs.evolve(report, duration=trio.current_time() - started)
-        self._emit(COMPACTION_END, state, report=report)
-        return Compacted(new_state, report)
-
-    async def _after_compact(self, state: State, report: CompactionReport) -> State:
-        folded = await fold(
-            self.plugins,
-            "after_compact",
-            AfterCompact(state, report),
-            state,
-            rebind=lambda c, s: attrs.evolve(c, state=s),
-            on_error=plugin_error(self._emit, state, "after_compact"),
-        )
-        result = folded.value
-        if folded.stop is not None:  # too late to veto: the offload has happened
-            self._emit(
-                PLUGIN_ERROR,
-                state,
-                plugin=folded.stopped_by,
-                hook="after_compact",
-                error=f"{type(folded.stop).__name__} ignored after compaction: {folded.stop.reason}",
-            )
-        if result is not state:
-            # No reply has come since the compaction: every reported usage in it is stale.
-            result = result.evolve(
-                usage_floor=len(result.messages),
-                compactions=state.compactions,
-                journal_id=state.journal_id,
-                journal_seq=state.journal_seq,
-            )
-        return result
-
     # -- events -----------------------------------------------------------------------------------
 
     def _emit(self, kind: str, state: State, **data: Any) -> None:
         emit(self.options.on_event, Event(kind, state.agent_id, data, trio.current_time()))
 
     def _skip(self, state: State, why: str) -> Skipped:
-        self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
-        return Skipped(state, why)
+        return skipped(self._emit, state, why)
 
 
 
@@ -715,22 +614,8 @@ def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
 
 
-def _usage_fields(summary: Summary) -> dict[str, Any]:
-    """The report's figures of the summarizer's requests."""
-    usage = summary.usage or TokenUsage()
-    return {
-        "summarizer_input_tokens": usage.input_tokens,
-        "summarizer_cache_read_tokens": usage.cache_read_tokens,
-        "summarizer_cache_creation_tokens": usage.cache_creation_tokens,
-        "summarizer_output_tokens": usage.output_tokens,
-        "warm_cache": summary.warm,
-    }
 
 
-def _pointer(compaction: int, evicted: int, path: str, first: int = 10**12, last: int = 10**12) -> Message:
-    """The smallest summary: it only says where the evicted messages went (the default record
-    numbers are wider than any real ones, so its cost is an upper bound before the offload)."""
-    return pointer_message(compaction=compaction, evicted=evicted, offload_path=path, first_seq=first, last_seq=last)
 
 
 def _halved(keep: Threshold) -> Threshold:
@@ -751,16 +636,6 @@ def _combined(first: CompactionReport, last: CompactionReport) -> CompactionRepo
         duration=first.duration + last.duration,
         passes=first.passes + last.passes,
     )
-
-
-def _held_before_evicted(state: State, split: Split) -> int:
-    """How many of `split.kept` come before the first evicted message: held messages (the
-    pinned task) older than everything the summary replaces, which stay before it."""
-    held = {m.id for m in split.held}
-    n, i = 0, len(split.pinned)
-    while i < len(state.messages) and state.messages[i].id in held:
-        n, i = n + 1, i + 1
-    return n
 
 
 def _estimated(messages: Sequence[Message]) -> int:
@@ -787,9 +662,6 @@ def _expect(store: object, state: State) -> dict[str, Any]:
     return {"expect": JournalRef(state.journal_id, state.journal_seq)}
 
 
-def _journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
-    """The state's journal identity after `written`: its journal, the last record it names."""
-    return {"journal_id": written.journal, "journal_seq": max(state.journal_seq, written.last_seq)}
 
 
 def _numbers_early(store: OffloadStore | Store) -> bool:
@@ -800,10 +672,6 @@ def _numbers_early(store: OffloadStore | Store) -> bool:
     return type(store).append is OffloadStore.append
 
 
-def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
-    """The summary messages carry the journal's identity and the attempts to commit with them."""
-    tags = {JOURNAL_KEY: written.journal, ATTEMPTS_KEY: list(written.pending)}
-    return tuple(m.evolve(metadata={**m.metadata, **tags}) if m.is_summary else m for m in inserted)
 
 
 # Names this module had before the split, still importable from it.

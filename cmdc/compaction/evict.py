@@ -40,6 +40,22 @@ def task_id(state: State) -> str | None:
     return None
 
 
+def skipped(emit: Emit, state: State, why: str) -> Skipped:
+    """`Skipped(state, why)`, with its `compaction_skipped` event."""
+    emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
+    return Skipped(state, why)
+
+
+def held_before_evicted(state: State, split: Split) -> int:
+    """How many of `split.kept` come before the first evicted message: held messages (the
+    pinned task) older than everything the summary replaces, which stay before it."""
+    held = {m.id for m in split.held}
+    n, i = 0, len(split.pinned)
+    while i < len(state.messages) and state.messages[i].id in held:
+        n, i = n + 1, i + 1
+    return n
+
+
 @attrs.frozen
 class Eviction:
     """The split stage of one pass: `options` (`pin_task`, the pin budget, the plugins),
@@ -147,9 +163,7 @@ class Eviction:
             # Keep what the plugins took out, and re-close the call groups around it.
             split = self.with_pins(state, config, keep, offered - chosen, window)
             if not split.evicts_anything:
-                why = "plugins left nothing to evict"
-                self.emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
-                return split, Skipped(state, why)
+                return split, skipped(self.emit, state, "plugins left nothing to evict")
         return split, None
 
 
