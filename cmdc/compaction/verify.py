@@ -150,14 +150,17 @@ def _usage_fields(summary: Summary) -> dict[str, Any]:
         "warm_cache": summary.warm,
     }
 
+
 def pointer(compaction: int, evicted: int, path: str, first: int = 10**12, last: int = 10**12) -> Message:
     """The smallest summary: it only says where the evicted messages went (the default record
     numbers are wider than any real ones, so its cost is an upper bound before the offload)."""
     return pointer_message(compaction=compaction, evicted=evicted, offload_path=path, first_seq=first, last_seq=last)
 
+
 def journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
     """The state's journal identity after `written`: its journal, the last record it names."""
     return {"journal_id": written.journal, "journal_seq": max(state.journal_seq, written.last_seq)}
+
 
 def tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
     """The summary messages carry the journal's identity and the attempts to commit with them."""
