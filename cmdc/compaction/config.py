@@ -1,4 +1,8 @@
-"""`CompactConfig`: the compaction settings read from `state.config`, strictly validated."""
+"""`CompactConfig`: the compaction settings of `state.config`, strictly validated. Two forms,
+one source: the keys (`{"compact_keep": ("messages", 4)}`), read by `CompactConfig.from_mapping`,
+or a `CompactConfig` value given as the config (`State(config=CompactConfig(...))`), which a
+state holds as its keys (`as_config`). Either way a malformed value raises `ConfigError` naming
+its key and the value."""
 
 from __future__ import annotations
 
