@@ -57,9 +57,13 @@ class ConfigSource:
         raise NotImplementedError
 
 
+def config_keys(value: Mapping[str, Any] | ConfigSource | None) -> Mapping[str, Any] | None:
+    """`value` as `state.config` keys: a `ConfigSource`'s `as_config()`, else `value` itself."""
+    return value.as_config() if isinstance(value, ConfigSource) else value
+
+
 def _convert_config(value: Mapping[str, Any] | ConfigSource | None) -> Mapping[str, Any]:
-    if isinstance(value, ConfigSource):
-        value = value.as_config()
+    value = config_keys(value)
     if value is not None and _CHECKED.get(id(value)) is value:
         _CHECKED.move_to_end(id(value))
         return value  # frozen and checked here before

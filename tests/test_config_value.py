@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cmdc import CompactConfig, Compactor, ConfigError, Message, State
+from cmdc import CompactConfig, Compactor, ConfigError, Message, State, open_runtime
 from cmdc.compaction import Threshold, TierConfig
 from cmdc.compaction.config import DEFAULT_TRIGGER, DEFAULT_WINDOW_FRACTION
+from cmdc.providers import ScriptedProvider
 
 
 def test_a_config_value_is_held_as_its_keys() -> None:
@@ -192,3 +193,18 @@ def test_any_value_survives_the_state_and_its_json(cc: CompactConfig) -> None:
     assert CompactConfig.from_mapping(state.config, need_window=False) == cc
     again = State.from_json(state.to_json())
     assert again == state and CompactConfig.from_mapping(again.config, need_window=False) == cc
+
+
+async def test_spawn_takes_a_config_value_fresh_and_resumed(tmp_path: Path) -> None:
+    cc = CompactConfig(keep=("messages", 3), offload_dir=tmp_path / "offload")
+    async with open_runtime(checkpoint_dir=tmp_path / "ckpt", log_events=False) as rt:
+        agent = await rt.spawn("cv", ScriptedProvider(["hello"]), config=cc)
+        await agent.prompt("hi")
+        state = await agent.state()
+        assert CompactConfig.from_mapping(state.config) == cc
+    async with open_runtime(checkpoint_dir=tmp_path / "ckpt", log_events=False) as rt:
+        given = CompactConfig(triggers=("messages", 40))
+        again = await rt.spawn("cv", ScriptedProvider([]), resume="require", config=given)
+        resumed = CompactConfig.from_mapping((await again.state()).config)
+        # its keys merged over the checkpoint's, as a mapping's are
+        assert resumed.keep == cc.keep and resumed.triggers == (Threshold("messages", 40),)

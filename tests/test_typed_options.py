@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 GOOD = """
 import attrs
-from cmdc import Compactor, CompactConfig, State
+from cmdc import Compactor, CompactConfig, Runtime, State
 from cmdc.compaction import CompactorOptions, Threshold
 from cmdc.providers import AnthropicProvider, HTTPSettings, OpenAIProvider, ReplyLimits
 
@@ -28,6 +28,10 @@ p = OpenAIProvider("m", base_url="http://x", settings=HTTPSettings(timeout=5.0),
 q = AnthropicProvider("m", timeout=None, headers={"a": "b"}, limits=ReplyLimits(max_tool_calls=3))
 s = State(agent_id="a", config=CompactConfig(keep=("messages", 4), triggers=Threshold("tokens", 9000)))
 t = State(agent_id="a", config={"compact_keep": ("messages", 4)})
+
+
+async def spawn(rt: Runtime) -> None:
+    await rt.spawn("a", q, config=CompactConfig(keep=("messages", 4)), max_steps=3)
 """
 
 BAD = """
