@@ -9,11 +9,11 @@ from typing import Any
 
 import attrs
 
+from .._report import Skipped
 from ..errors import CompactionAborted
 from ..events import COMPACTION_SKIPPED, PINS_OVER_BUDGET, PLUGIN_ERROR
 from ..message import Message
 from ..plugins import Abort, BeforeCompact, Plugin, fold
-from ..report import Skipped
 from ..state import State
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages

@@ -11,12 +11,12 @@ from typing import Any
 import attrs
 import trio
 
+from .._report import Compacted, CompactionReport, Skipped
 from ..events import COMPACTION_END, COMPACTION_FALLBACK, PLUGIN_ERROR
 from ..message import Message, TokenUsage
-from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult
 from ..plugins import AfterCompact, fold
-from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
+from ..store.records import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult
 from .attempts import Summary
 from .clip import contract
 from .cutoff import Split
