@@ -56,7 +56,7 @@ from .clip import clipped_result, contract, reduced, trailing_tool_results
 from .config import CompactConfig, Threshold
 from .cutoff import Split, split_messages
 from .finalize import Finalize, FinalizeContext, run_finalize
-from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
+from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, summaries_in, without_ledger
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares
 from .summary import Summarizer, pointer_message
 from .warm import AgentContext, agent_context, counting, total, warm_request
@@ -896,7 +896,7 @@ def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
     or what is evicted when that is smaller: the compaction stays a contraction)."""
     seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
-    ledger = carry((m for m in split.evicted if m.is_summary), split.evicted, seqs)
+    ledger = carry(summaries_in(split.evicted), split.evicted, seqs)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
 
 
