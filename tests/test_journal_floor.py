@@ -137,3 +137,20 @@ def test_the_summary_scan_finds_what_a_message_by_message_scan_finds(seed: int) 
             messages.append(Message.user(f"plain {i}"))
     assert summary_positions(messages) == [i for i, m in enumerate(messages) if m.is_summary]
     assert summaries_in(messages) == [m for m in messages if m.is_summary]
+
+
+@pytest.mark.parametrize("n", [5, 300])  # the few-records builder and the template
+async def test_the_writer_leaves_messages_as_they_came(tmp_path: Path, n: int) -> None:
+    """A message the writer encodes is not given a cached encoding (a batch's JSON is let go
+    once written); one that had it keeps it; the lines read back are the messages."""
+    messages = [Message.user(f"message {i} ünï") for i in range(n)]
+    for m in messages[::2]:
+        m.json_crc()
+    before = [m._json for m in messages]
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a1", messages)
+    assert [m._json for m in messages] == before
+    assert [m._json_crc is None for m in messages] == [b is None for b in before]
+    assert await store.read("a1") == messages
+    again = await store.append("a1", messages)  # the same messages: their records are reused
+    assert again.written == 0 and again.seqs == tuple(range(1, n + 1))
