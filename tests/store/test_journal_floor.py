@@ -20,7 +20,7 @@ from cmdc.offload import JournalRef
 from cmdc.store.file import journal as journal_mod
 from cmdc.store.records import AppendResult
 
-DATA = Path(__file__).parent / "data" / "journal_floor_format.jsonl"
+DATA = Path(__file__).parents[1] / "data" / "journal_floor_format.jsonl"
 JOURNAL = "jcbb67d13e937bf36"
 FIRST, SECOND = "k99d324feb002e2f3", "k1a2d99fbd053476b"  # the two compactions' attempts
 
