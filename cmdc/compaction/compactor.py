@@ -52,7 +52,7 @@ from .cutoff import Split
 from .evict import Eviction, skipped
 from .evict import held_before_evicted as _held_before_evicted
 from .finalize import FinalizeContext, run_finalize
-from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
+from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, summaries_in, without_ledger
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
 from .verify import Verification, journal_fields, tag_summaries
 from .verify import pointer as _pointer
@@ -611,7 +611,7 @@ def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
     or what is evicted when that is smaller: the compaction stays a contraction)."""
     seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
-    ledger = carry((m for m in split.evicted if m.is_summary), split.evicted, seqs)
+    ledger = carry(summaries_in(split.evicted), split.evicted, seqs)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
 
 
