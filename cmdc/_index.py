@@ -77,9 +77,9 @@ def counted(kind: str, n: int) -> None:
     """Add `n` to `READS[kind]`, unless this is the background indexer's thread."""
     if not getattr(_BACKGROUND, "active", False):
         READS[kind] += n
+
+
 """Journal bytes read and records decoded through the index (for tests: reads that do not scan)."""
-
-
 
 
 # -- words -------------------------------------------------------------------------------------
@@ -111,13 +111,200 @@ def record_text(message: Message) -> str:
     return "\n".join(parts)
 
 
+STOP_WORDS = frozenset(
+    {
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+    }
+)
+"""English function words (as PostgreSQL's `english` configuration lists them): a query matches
+them as typed, never their other forms (see `query_terms`)."""
+_SUFFIXES = ("ations", "ation", "ings", "ing", "ied", "ies", "ers", "ed", "es", "er", "s")
+_FORMS = ("", "s", "es", "ed", "ing", "er", "e")
+_MIN_STEM = 3
+_VOWELS = frozenset("aeiou")
+
+
+def stem(word: str) -> str:
+    """`word` without one common English ending and a final `e` (`changes`, `changed`, `change`
+    -> `chang`; `logging` -> `log`), at least `_MIN_STEM` letters kept; a word holding anything
+    but lower-case ASCII letters is returned as it is."""
+    if not (word.isascii() and word.isalpha() and word.islower()):
+        return word
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= _MIN_STEM:
+            word = word[: -len(suffix)]
+            if len(word) > _MIN_STEM and word[-1] == word[-2] and word[-1] not in _VOWELS | {"l", "s", "z"}:
+                word = word[:-1]  # logging -> logg -> log
+            break
+    if word.endswith("e") and len(word) > _MIN_STEM:
+        word = word[:-1]
+    return word
+
+
+def word_forms(word: str) -> list[str]:
+    """The forms of an English word a search also matches, the word first: its stem with the
+    usual endings (`fail` -> fails, failed, failing...; `logs` -> log, logged, logging), those
+    holding the same stem only (`changelog` is not a form of `change`). A number, an identifier
+    or a word of other letters has itself only."""
+    base = stem(word)
+    if base == word and not (word.isascii() and word.isalpha() and len(word) >= _MIN_STEM):
+        return [word]
+    bases = [base]
+    short = len(base) in (3, 4) and base[-2] in _VOWELS and base[-3] not in _VOWELS
+    if short and base[-1] not in _VOWELS | {"w", "x", "y"}:
+        bases.append(base + base[-1])  # log -> logg(ed)
+    forms = dict.fromkeys([word])
+    for b in bases:
+        for ending in ("ed", "ing", "er") if b != base else _FORMS:
+            form = b + ending
+            if stem(form) == base:
+                forms.setdefault(form)
+    return list(forms)
+
+
 def query_terms(query: str) -> tuple[list[str], str | None]:
     """The distinct terms of a query (at most `MAX_QUERY_TERMS`) and the phrase of its plain
-    words in order (None for fewer than two): plain words, never syntax."""
+    words in order (None for fewer than two): plain words, never syntax.
+
+    A stop word is a term as typed, with no other forms (BM25 gives a word in most records
+    almost no weight; leaving them out lost records a query's "to" or "for" told apart). A
+    word of letters also matches its other forms (`word_forms`: `failed` finds fail, fails,
+    failing), each a term of its own, after the query's words (`MAX_QUERY_TERMS` cuts forms
+    first). A number or an identifier (`svc129`, `E4127`, `src/billing/mod_7.py`, kept whole
+    and by its parts) matches exactly."""
     words = tokens(query)
-    terms = list(dict.fromkeys(words))[:MAX_QUERY_TERMS]
+    parts = {p for w in words if not _WORD.fullmatch(w) for p in _WORD.findall(w)}  # of identifiers
+    terms = dict.fromkeys(words)
+    for w in words:
+        if w not in parts and w not in STOP_WORDS:
+            terms.update(dict.fromkeys(word_forms(w)))
     plain = [w for w in words if _WORD.fullmatch(w)][:MAX_QUERY_TERMS]
-    return terms, (" ".join(plain) if len(plain) > 1 else None)
+    return list(terms)[:MAX_QUERY_TERMS], (" ".join(plain) if len(plain) > 1 else None)
 
 
 def _quoted(term: str) -> str:
@@ -159,7 +346,7 @@ def bm25(
         norm = K1 * (1 - B + B * length / max(average, 1e-9))
         score = 0.0
         for q, weight in zip(queries, idf, strict=True):
-            hits = _count(words if len(q) == 1 else plain, q)
+            hits = occurrences(words if len(q) == 1 else plain, q)
             if hits:
                 score += weight * hits * (K1 + 1) / (hits + norm)
         out.append(score * (SUMMARY_WEIGHT if summary else 1.0))
@@ -168,10 +355,10 @@ def bm25(
 
 def holds_phrase(words: Sequence[str], phrase: str) -> bool:
     """Whether the plain words of a document's `words` hold `phrase` (words in a row)."""
-    return _count([w for w in words if _WORD.fullmatch(w)], phrase.split()) > 0
+    return occurrences([w for w in words if _WORD.fullmatch(w)], phrase.split()) > 0
 
 
-def _count(words: Sequence[str], phrase: Sequence[str]) -> int:
+def occurrences(words: Sequence[str], phrase: Sequence[str]) -> int:
     if len(phrase) == 1:
         return words.count(phrase[0])
     n, k = len(words), len(phrase)
@@ -539,7 +726,6 @@ def tokens_in_slices(text: str) -> Iterator[list[str]]:
             end = m.start() if m is not None else end
         yield tokens(text[start:end])
         start = end
-
 
 
 def _rest_words(data: bytes, start: int, end: int) -> list[str]:
