@@ -62,6 +62,8 @@ QUERIES = [
     "billing module owner",
     "mod_7",
     "port audit",
+    "why did the build fail",
+    "which ports restart",
 ]
 
 
@@ -84,6 +86,19 @@ async def test_rare_words_and_identifiers_rank_first(store: Store) -> None:
     assert (await top(store, "port audit"))[0] == 51
     # a record holding the rarest word is first, however often the common ones occur elsewhere
     assert (await top(store, "billing module owner"))[0] == 51
+
+
+async def test_word_forms_and_stop_words(store: Store) -> None:
+    """A word finds its other forms (`fail` finds `failed`, `restart` finds `restarted`), never
+    a longer word that merely starts with it; a stop word matches only as typed."""
+    msgs = corpus()
+    msgs[5] = Message.user("the changelog needs a line for the port audit")
+    await store.append("a1", msgs, compaction=1)
+    assert (await top(store, "why did the build fail"))[0] == 42  # "build failed with error E4127"
+    assert 42 in await top(store, "failing builds")
+    assert len(await store.search("a1", "restart", limit=100)) == 57  # the 56 notes "restarted" and summary 1
+    assert 6 not in await top(store, "changes", 100)  # "changelog" is no form of "change"
+    assert await top(store, "teh") == []  # no fuzzy matching: a misspelling finds nothing
 
 
 async def test_identifier_parts_match_on_the_file_store(tmp_path: Path) -> None:
@@ -110,7 +125,7 @@ async def test_the_same_top_five_on_both_stores(tmp_path: Path, postgres_url: st
         finally:
             await store.aclose()
     assert results["file"] == results["postgres"]
-    assert [len(r) for r in results["file"]] == [5, 2, 5, 5, 5, 5]  # "E4127" is in two records only
+    assert [len(r) for r in results["file"]] == [5, 2, 5, 5, 5, 5, 5, 5]  # "E4127" is in two records only
 
 
 HOSTILE = [
