@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import os
 import re
@@ -291,19 +292,26 @@ def query_terms(query: str) -> tuple[list[str], str | None]:
     """The distinct terms of a query (at most `MAX_QUERY_TERMS`) and the phrase of its plain
     words in order (None for fewer than two): plain words, never syntax.
 
-    A stop word is a term as typed, with no other forms (BM25 gives a word in most records
-    almost no weight; leaving them out lost records a query's "to" or "for" told apart). A
-    word of letters also matches its other forms (`word_forms`: `failed` finds fail, fails,
-    failing), each a term of its own, after the query's words (`MAX_QUERY_TERMS` cuts forms
-    first). A number or an identifier (`svc129`, `E4127`, `src/billing/mod_7.py`, kept whole
-    and by its parts) matches exactly."""
+    Stop words are not terms of their own (unless the query holds nothing else: a stop word
+    rare in a journal would outweigh the words searched for), but each two words in a row of a
+    query of three or more are a phrase term (`"to tests"`, `"sessions timeout"`): a record
+    holding the query's words as they were typed ranks above one holding them apart. A word of
+    letters also matches its other forms (`word_forms`: `failed` finds fail, fails, failing),
+    each a term of its own. Terms come in that order, words, pairs, forms (`MAX_QUERY_TERMS`
+    cuts forms first). A number or an identifier (`svc129`, `E4127`, `src/billing/mod_7.py`,
+    kept whole and by its parts) matches exactly; a term holding a space is a phrase."""
     words = tokens(query)
-    parts = {p for w in words if not _WORD.fullmatch(w) for p in _WORD.findall(w)}  # of identifiers
-    terms = dict.fromkeys(words)
-    for w in words:
-        if w not in parts and w not in STOP_WORDS:
-            terms.update(dict.fromkeys(word_forms(w)))
     plain = [w for w in words if _WORD.fullmatch(w)][:MAX_QUERY_TERMS]
+    meant = [w for w in words if w not in STOP_WORDS]
+    parts = {p for w in words if not _WORD.fullmatch(w) for p in _WORD.findall(w)}  # of identifiers
+    terms = dict.fromkeys(meant or words)
+    if len(plain) > 2:  # two words in a row (a pair of stop words says nothing)
+        for first, second in itertools.pairwise(plain):
+            if first != second and not (first in STOP_WORDS and second in STOP_WORDS):
+                terms.setdefault(f"{first} {second}")
+    for w in meant:
+        if w not in parts:
+            terms.update(dict.fromkeys(word_forms(w)))
     return list(terms)[:MAX_QUERY_TERMS], (" ".join(plain) if len(plain) > 1 else None)
 
 
@@ -331,7 +339,7 @@ def bm25(
     """Each document's BM25 score as FTS5 computes it (higher is better here), a summary's times
     `SUMMARY_WEIGHT`: `docs` are (tokens, is summary); `frequency(term)` the documents holding a
     term (or the phrase), `total` the documents, `average` their mean length in tokens."""
-    queries: list[Sequence[str]] = [[t] for t in terms]
+    queries: list[Sequence[str]] = [t.split() for t in terms]
     if phrase is not None:
         queries.append(phrase.split())
     idf = []

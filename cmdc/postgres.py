@@ -1202,7 +1202,7 @@ class PostgresStore:
         terms = terms[:MAX_QUERY_WORDS]
         if not terms or not limit:
             return []
-        quoted = [_lexeme(w) for w in terms]
+        quoted = [_lexeme(w) for w in terms if " " not in w]  # a phrase term only ranks: its words find the records
         args = (agent_id, " & ".join(quoted), " | ".join(quoted), terms, phrase, limit, max_chars)
         found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
         while found is None:  # its writers keep the lag lower: this ends
@@ -1244,7 +1244,8 @@ class PostgresStore:
             average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
         late = [doc[0] for row, doc in kept if int(row[0]) > indexed]  # past the mark: counted among the candidates
         for term in terms:
-            counted[term] += sum(1 for words in late if term in words)
+            held = (_index.holds_phrase(words, term) if " " in term else term in words for words in late)
+            counted[term] += sum(held)
         if phrase is not None:
             counted[phrase] += sum(1 for words in late if _index.holds_phrase(words, phrase))
         n = max(int(total[0]) if total else 0, len(kept))
