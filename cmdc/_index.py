@@ -556,7 +556,14 @@ def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
 def catch_up(conn: sqlite3.Connection, fd: int, path: Path, end: int, events: list[tuple[str, dict[str, Any]]]) -> None:
     """Index the journal open at `fd` up to `end` (just past a newline), a transaction per chunk;
     a stale index is emptied first (event). Another process may do the same at once: each
-    transaction starts from the mark it finds."""
+    transaction starts from the mark it finds.
+
+    An index already at `end` is found so by plain reads (SQLite's shared lock), without a
+    write transaction: a search never waits for the background indexer's chunk in progress,
+    nor for another reader, when there is nothing to add."""
+    meta = _meta(conn)
+    if int(meta["mark"]) >= end and _stale(meta, fd, end) is None:
+        return
     while True:
         conn.execute("BEGIN IMMEDIATE")
         try:
