@@ -291,7 +291,10 @@ def recall_tool(
         journal = store.location(agent_id)
     else:
         raise ConfigError(f"recall needs an OffloadStore or a store, got {store!r:.80}")
-    most = 10_000  # both stores answer what is asked from an index: ask for a bounded list
+    # The hits asked of the store: enough for the largest limit and the count shown, few enough
+    # that a common word in a journal of a million records decodes a few dozen records, not
+    # thousands (past it, the count says "or more").
+    most = 2 * MAX_LIMIT
     # A store that can cut texts hands over no more of a record than a budget can show (plus
     # one character, so a cut record still counts as too large): a huge record's text is never
     # built whole. The output is the same as from whole records.
@@ -321,7 +324,8 @@ def recall_tool(
                 if r.clipped:
                     again = await store.read_range(agent_id, r.seq, r.seq, **wider)
                     candidates[i] = again[0] if again else r
-        intro = f"{len(hits)} records match {_quote(query)}, best match first"
+        more = "+" if len(hits) >= most else ""
+        intro = f"{len(hits)}{more} records match {_quote(query)}, best match first"
         intro += f" (showing at most limit={limit}):" if beyond else ":"
 
         def footer(not_shown: list[int]) -> str | None:
@@ -332,7 +336,7 @@ def recall_tool(
             if not_shown and beyond:
                 why = f"limit={limit} and the output budget"
             return (
-                f"[{len(left)} more matching records not shown ({why}): records {_seq_list(left)}. "
+                f"[{len(left)}{more} more matching records not shown ({why}): records {_seq_list(left)}. "
                 f"Read one with first={left[0]}, last={left[0]}; or search with more specific words.]"
             )
 

@@ -391,3 +391,14 @@ async def test_a_50_mb_record_is_found_by_recall_with_its_head_shown(tmp_path: P
         head = head[: m.start()]
         assert head.startswith("intro: the big tool output begins é ü 😀 ....") and big.startswith(head)
         assert len(head) + int(m[1]) == len(big)  # the count is of the whole text
+
+
+async def test_a_common_word_counts_its_hits_up_to_a_bound(tmp_path: Path) -> None:
+    """A search reads a bounded number of hits (a common word in a long journal decodes a few
+    dozen records, not all of them): past the bound the count says "+"."""
+    store = OffloadStore(tmp_path)
+    await store.append("a1", [Message.user(f"delta note {i}") for i in range(150)])
+    out = await recall_tool(store, "a1").run({"query": "delta", "limit": 3})
+    assert out.startswith('100+ records match "delta", best match first (showing at most limit=3):')
+    assert "[97+ more matching records not shown (limit=3): records 4, 5," in out
+    assert (await recall_tool(store, "a1").run({"query": "note 149"})).startswith("100+ records match")

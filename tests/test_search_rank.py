@@ -158,6 +158,12 @@ HOSTILE = [
     "\udfff",
     "svc129 \U0001f600 ß Straße 東京 naïve",
     "svc129 " + "x" * 200_000,
+    "the",  # a stop word alone is searched for
+    "what is the and or not near",  # stop words and FTS5's keywords, lower case
+    "svc129 " + "what is the " * 1_500,  # stop words and their pairs, thousands of them
+    "svc129 " + " ".join(f"fail{s}" for s in ("", "s", "ed", "ing", "ure") * 40),  # word forms, repeated
+    '"svc129 port" "port svc129"',  # quoted phrases are words
+
     " ".join(f"w{i}" for i in range(5_000)) + " svc129",
 ]
 
