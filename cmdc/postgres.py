@@ -1202,8 +1202,15 @@ class PostgresStore:
         terms = terms[:MAX_QUERY_WORDS]
         if not terms or not limit:
             return []
-        quoted = [_lexeme(w) for w in terms if " " not in w]  # a phrase term only ranks: its words find the records
-        args = (agent_id, " & ".join(quoted), " | ".join(quoted), terms, phrase, limit, max_chars)
+        # a word's forms are one group (they share its stem): the records holding every word in
+        # some form come first, then those holding any; a phrase term only ranks (its words find it)
+        groups: dict[str, list[str]] = {}
+        for term in terms:
+            if " " not in term:
+                groups.setdefault(_index.stem(term), []).append(_lexeme(term))
+        every = " & ".join(g[0] if len(g) == 1 else "(" + " | ".join(g) + ")" for g in groups.values())
+        some = " | ".join(lexeme for g in groups.values() for lexeme in g)
+        args = (agent_id, every, some, terms, phrase, limit, max_chars)
         found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
         while found is None:  # its writers keep the lag lower: this ends
             await self.index(agent_id)

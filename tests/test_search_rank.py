@@ -177,3 +177,24 @@ async def test_hostile_queries_are_plain_words(store: Store, query: str) -> None
     if holds_word and "w1 " not in query:
         assert 18 in [r.seq for r in hits]  # the plain word in it is found, the rest is words too
     assert [r.seq for r in await store.read_range("a1", 1, 200)] == list(range(1, 63))  # nothing dropped
+
+
+async def test_postgres_candidates_hold_every_word_in_some_form(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL takes its bounded candidates first among the records holding every word of
+    the query in some form (a word's forms are one group): with more records holding one word
+    than candidates, the one holding both is still found."""
+    import cmdc.postgres
+
+    monkeypatch.setattr(cmdc.postgres, "SEARCH_CANDIDATES", 5)
+    store = open_store(postgres_url)
+    await store.start()
+    try:
+        msgs = [Message.user(f"build {i} finished fine") for i in range(40)]
+        msgs[33] = Message.user("the builds failed at step 3")
+        await store.append("a1", msgs, compaction=1)
+        await store.index("a1")  # type: ignore[attr-defined]
+        assert (await top(store, "build fails"))[0] == 34
+    finally:
+        await store.aclose()
