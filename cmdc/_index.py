@@ -288,7 +288,7 @@ def word_forms(word: str) -> list[str]:
     return list(forms)
 
 
-def query_terms(query: str) -> tuple[list[str], str | None]:
+def query_terms(query: str, held: Callable[[str], bool] | None = None) -> tuple[list[str], str | None]:
     """The distinct terms of a query (at most `MAX_QUERY_TERMS`) and the phrase of its plain
     words in order (None for fewer than two): plain words, never syntax.
 
@@ -296,10 +296,13 @@ def query_terms(query: str) -> tuple[list[str], str | None]:
     rare in a journal would outweigh the words searched for), but each two words in a row of a
     query of three or more are a phrase term (`"to tests"`, `"sessions timeout"`): a record
     holding the query's words as they were typed ranks above one holding them apart. A word of
-    letters also matches its other forms (`word_forms`: `failed` finds fail, fails, failing),
-    each a term of its own. Terms come in that order, words, pairs, forms (`MAX_QUERY_TERMS`
-    cuts forms first). A number or an identifier (`svc129`, `E4127`, `src/billing/mod_7.py`,
-    kept whole and by its parts) matches exactly; a term holding a space is a phrase."""
+    letters that no record holds as typed (`held(word)` false; every word without `held`)
+    matches its other forms instead (`word_forms`: `fail` finds fails, failed, failing), each a
+    term of its own: a word some record holds is searched as typed, since a form counted as a
+    term of its own would outweigh it wherever the form is rarer (`foxes` beside `fox`). Terms
+    come in that order, words, pairs, forms (`MAX_QUERY_TERMS` cuts forms first). A number or
+    an identifier (`svc129`, `E4127`, `src/billing/mod_7.py`, kept whole and by its parts)
+    matches exactly; a term holding a space is a phrase."""
     words = tokens(query)
     plain = [w for w in words if _WORD.fullmatch(w)][:MAX_QUERY_TERMS]
     meant = [w for w in words if w not in STOP_WORDS]
@@ -309,9 +312,10 @@ def query_terms(query: str) -> tuple[list[str], str | None]:
         for first, second in itertools.pairwise(plain):
             if first != second and not (first in STOP_WORDS and second in STOP_WORDS):
                 terms.setdefault(f"{first} {second}")
-    for w in meant:
-        if w not in parts:
-            terms.update(dict.fromkeys(word_forms(w)))
+    wanted = set(meant)
+    for w in list(terms)[:MAX_QUERY_TERMS]:
+        if w in wanted and w not in parts and len(forms := word_forms(w)) > 1 and not (held and held(w)):
+            terms.update(dict.fromkeys(forms))
     return list(terms)[:MAX_QUERY_TERMS], (" ".join(plain) if len(plain) > 1 else None)
 
 
@@ -877,10 +881,10 @@ def search(conn: sqlite3.Connection, query: str, limit: int) -> list[Span]:
     score); and the best `_CANDIDATES` by FTS5's own rank (no join) give the answer when
     enough of them, visible and weighted, still score above the last candidate (a weight
     only lowers a score, so nothing past the candidates can beat them)."""
-    terms, phrase = query_terms(query)
+    held = "SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1"
+    terms, phrase = query_terms(query, lambda word: conn.execute(held, (_quoted(word),)).fetchone() is not None)
     if not terms:
         return []
-    held = "SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1"
     if phrase is not None and conn.execute(held, (_quoted(phrase),)).fetchone() is None:
         phrase = None
     expression = match_expression(terms, phrase)

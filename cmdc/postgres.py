@@ -1198,10 +1198,41 @@ class PostgresStore:
         integer(limit, "search limit")
         if max_chars is not None:
             integer(max_chars, "max_chars", minimum=0)
-        terms, phrase = _index.query_terms(query[:MAX_QUERY_CHARS])
-        terms = terms[:MAX_QUERY_WORDS]
-        if not terms or not limit:
+        text = query[:MAX_QUERY_CHARS]
+        if not _index.query_terms(text)[0] or not limit:
             return []
+        args = (agent_id, text, limit, max_chars)
+        found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
+        while found is None:  # its writers keep the lag lower: this ends
+            await self.index(agent_id)
+            found = await self._run(self._search_decoded, *args)
+        return found
+
+    _HOLDS_WORD = (
+        "SELECT EXISTS (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s "
+        "AND words @@ (to_tsquery('simple', %(q)s) && %(mine)s::tsquery)) OR EXISTS (SELECT 1 FROM cmdc_records r "
+        "WHERE r.agent_id = %(agent)s AND r.seq > (SELECT indexed_seq FROM cmdc_journals WHERE agent_id = %(agent)s) "
+        "AND " + _VECTOR.format(r="r") + " @@ to_tsquery('simple', %(q)s))"
+    )
+
+    def _holds_word(self, conn: psycopg.Connection[Any], agent_id: str, word: str) -> bool:
+        """Whether any record of the agent holds `word` (as the file store's index tells it)."""
+        args = {"agent": agent_id, "q": _lexeme(word), "mine": f"'cmdc agent={agent_id}'"}
+        row = conn.execute(self._HOLDS_WORD, args).fetchone()
+        return bool(row and row[0])
+
+    def _search_decoded(
+        self,
+        conn: psycopg.Connection[Any],
+        agent_id: str,
+        text: str,
+        limit: int,
+        max_chars: int | None,
+    ) -> list[JournalRecord] | None:
+        """`_search_sync`, the words' rarity and the ranking of its candidates, in one worker
+        thread's turn."""
+        terms, phrase = _index.query_terms(text, lambda word: self._holds_word(conn, agent_id, word))
+        terms = terms[:MAX_QUERY_WORDS]
         # a word's forms are one group (they share its stem): the records holding every word in
         # some form come first, then those holding any; a phrase term only ranks (its words find it)
         groups: dict[str, list[str]] = {}
@@ -1210,26 +1241,6 @@ class PostgresStore:
                 groups.setdefault(_index.stem(term), []).append(_lexeme(term))
         every = " & ".join(g[0] if len(g) == 1 else "(" + " | ".join(g) + ")" for g in groups.values())
         some = " | ".join(lexeme for g in groups.values() for lexeme in g)
-        args = (agent_id, every, some, terms, phrase, limit, max_chars)
-        found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
-        while found is None:  # its writers keep the lag lower: this ends
-            await self.index(agent_id)
-            found = await self._run(self._search_decoded, *args)
-        return found
-
-    def _search_decoded(
-        self,
-        conn: psycopg.Connection[Any],
-        agent_id: str,
-        every: str,
-        some: str,
-        terms: list[str],
-        phrase: str | None,
-        limit: int,
-        max_chars: int | None,
-    ) -> list[JournalRecord] | None:
-        """`_search_sync`, the words' rarity and the ranking of its candidates, in one worker
-        thread's turn."""
         rows = self._search_sync(conn, agent_id, every, some, SEARCH_CANDIDATES)
         if rows is None:
             return None

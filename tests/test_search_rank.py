@@ -192,9 +192,24 @@ async def test_postgres_candidates_hold_every_word_in_some_form(
     await store.start()
     try:
         msgs = [Message.user(f"build {i} finished fine") for i in range(40)]
-        msgs[33] = Message.user("the builds failed at step 3")
+        msgs[33] = Message.user("the build failed at step 3")
         await store.append("a1", msgs, compaction=1)
         await store.index("a1")  # type: ignore[attr-defined]
         assert (await top(store, "build fails"))[0] == 34
     finally:
         await store.aclose()
+
+
+async def test_a_word_some_record_holds_is_searched_as_typed(store: Store) -> None:
+    """Word forms are the fallback for a word no record holds: a rarer form never outweighs the
+    word as typed (`foxes` beside `fox`), on both stores."""
+    msgs = [Message.user("the fox"), Message.user("a fox and a fox"), Message.user("foxes everywhere, fox")]
+    msgs += [Message.user("a dog"), Message.user("dogs")]
+    await store.append("a1", msgs, compaction=1)
+    index = getattr(store, "index", None)
+    if callable(index):
+        await index("a1")
+    assert sorted(await top(store, "fox")) == [1, 2, 3] and (await top(store, "fox"))[-1] == 3  # longest last
+    assert await top(store, "foxes") == [3]
+    assert sorted(await top(store, "puppy dog")) == [4]  # "dog" is held: "dogs" is not searched for
+    assert sorted(await top(store, "cats and dogged")) == [4, 5]  # "dogged": not held, its forms dog, dogs
