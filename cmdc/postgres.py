@@ -1210,15 +1210,17 @@ class PostgresStore:
 
     _HOLDS_WORD = (
         "SELECT EXISTS (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s "
-        "AND words @@ (to_tsquery('simple', %(q)s) && %(mine)s::tsquery)) OR EXISTS (SELECT 1 FROM cmdc_records r "
+        "AND words @@ {match}) OR EXISTS (SELECT 1 FROM cmdc_records r "
         "WHERE r.agent_id = %(agent)s AND r.seq > (SELECT indexed_seq FROM cmdc_journals WHERE agent_id = %(agent)s) "
-        "AND " + _VECTOR.format(r="r") + " @@ to_tsquery('simple', %(q)s))"
+        "AND " + _VECTOR.format(r="r").replace("{", "{{").replace("}", "}}") + " @@ to_tsquery('simple', %(q)s))"
     )
 
-    def _holds_word(self, conn: psycopg.Connection[Any], agent_id: str, word: str) -> bool:
-        """Whether any record of the agent holds `word` (as the file store's index tells it)."""
+    def _holds_word(self, conn: psycopg.Connection[Any], agent_id: str, word: str, narrow: bool) -> bool:
+        """Whether any record of the agent holds `word` (as the file store's index tells it);
+        `narrow`: through the agent's lexeme, as `_search_sync` chooses."""
         args = {"agent": agent_id, "q": _lexeme(word), "mine": f"'cmdc agent={agent_id}'"}
-        row = conn.execute(self._HOLDS_WORD, args).fetchone()
+        match = "(to_tsquery('simple', %(q)s) && %(mine)s::tsquery)" if narrow else "to_tsquery('simple', %(q)s)"
+        row = conn.execute(self._HOLDS_WORD.format(match=match), args).fetchone()
         return bool(row and row[0])
 
     def _search_decoded(
@@ -1231,7 +1233,9 @@ class PostgresStore:
     ) -> list[JournalRecord] | None:
         """`_search_sync`, the words' rarity and the ranking of its candidates, in one worker
         thread's turn."""
-        terms, phrase = _index.query_terms(text, lambda word: self._holds_word(conn, agent_id, word))
+        size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+        narrow = size is None or int(size[0]) <= SEARCH_NARROW_BELOW
+        terms, phrase = _index.query_terms(text, lambda word: self._holds_word(conn, agent_id, word, narrow))
         terms = terms[:MAX_QUERY_WORDS]
         # a word's forms are one group (they share its stem): the records holding every word in
         # some form come first, then those holding any; a phrase term only ranks (its words find it)

@@ -188,6 +188,7 @@ async def test_postgres_candidates_hold_every_word_in_some_form(
     import cmdc.postgres
 
     monkeypatch.setattr(cmdc.postgres, "SEARCH_CANDIDATES", 5)
+    monkeypatch.setattr(cmdc.postgres, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
     store = open_store(postgres_url)
     await store.start()
     try:
@@ -195,7 +196,9 @@ async def test_postgres_candidates_hold_every_word_in_some_form(
         msgs[33] = Message.user("the build failed at step 3")
         await store.append("a1", msgs, compaction=1)
         await store.index("a1")  # type: ignore[attr-defined]
-        assert (await top(store, "build fails"))[0] == 34
+        assert (await top(store, "build fails"))[0] == 34  # "build" is held: as typed; "fails" is not: its forms
+        hits = await store.search("a1", "builds", limit=5)  # "builds" is not held: "build" is searched
+        assert len(hits) == 5 and all("build " in r.message.text for r in hits)
     finally:
         await store.aclose()
 
