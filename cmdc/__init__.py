@@ -1,8 +1,6 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
-from . import runtime as _runtime
 from ._version import __version__
-from .agent import AgentOptions, AgentRef
 from .compact_tool import compact_context_tool
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
@@ -43,7 +41,6 @@ from .errors import (
 )
 from .events import Event
 from .message import ImagePart, Message, TextPart, TokenUsage, ToolCall
-from .offload import JournalRecord, OffloadStore
 from .plugins import (
     Abort,
     AfterCompact,
@@ -59,8 +56,10 @@ from .plugins import (
     Skip,
 )
 from .rehydrate import RehydrateReads
-from .runtime import Runtime, open_runtime
+from .runtime import AgentHandle, AgentOptions, AgentRef, Runtime, SpawnOptions, open_runtime
+from .runtime import runtime as _runtime
 from .state import State, validate_agent_id
+from .store.file.journal import JournalRecord, OffloadStore
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
 from .ui import serve_runtime as _serve_ui
@@ -73,6 +72,7 @@ __all__ = [
     "AfterCompact",
     "AfterResponse",
     "AfterTool",
+    "AgentHandle",
     "AgentNotFound",
     "AgentOptions",
     "AgentRef",
@@ -120,6 +120,7 @@ __all__ = [
     "State",
     "StepLimitReached",
     "SummarizerError",
+    "SpawnOptions",
     "SummaryAttempt",
     "TextPart",
     "TokenUsage",

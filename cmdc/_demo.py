@@ -40,18 +40,18 @@ from typing import Any, Literal, TextIO
 import attrs
 import trio
 
-from .agent import AgentRef
 from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from .compaction.finalize import USER_MESSAGES_KEY
 from .compaction.summary import Summarizer
 from .errors import CmdcError, DemoError, ProviderError
 from .events import COMPACTION_END, OVERFLOW, REQUEST, RESPONSE, TOOL_END, TOOL_RESULTS_CLIPPED, Event
 from .message import PINNED_KEY, Message, TokenUsage, ToolCall
-from .offload import OffloadStore
 from .providers.base import ModelRequest, Provider
 from .providers.simulated import SimulatedModel
 from .runtime import open_runtime
+from .runtime.agent import AgentRef
 from .state import State
+from .store.file.journal import OffloadStore
 from .tokens import estimate_message_tokens
 from .tools import Tool, tool
 from .tracing import UNTRACED, Span, Tracer

@@ -8,24 +8,21 @@ on for an agent with `Runtime.spawn(..., recall=True)`.
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections.abc import Callable, Sequence
 from functools import partial
-from operator import attrgetter
-from typing import Any
 
 import orjson
 import trio
 
-from . import _index
 from ._check import integer
 from ._clip import clip
-from ._search import MAX_QUERY_CHARS
 from .errors import ConfigError, ToolArgumentsError
 from .message import Message
-from .offload import JournalRecord, OffloadStore
-from .store import Store
+from .store import JournalReader
+from .store import search as _words
+from .store.records import JournalRecord
+from .store.search import MAX_QUERY_CHARS
 from .tokens import estimate_text_tokens
 from .tools import Tool, tool
 
@@ -148,11 +145,11 @@ def excerpt(record: JournalRecord, query: str, room: int) -> tuple[str, int] | N
     body = _body(record.message)
     if _size(body, cap=room) + record.clipped <= room:
         return None
-    terms = set(_index.query_terms(query)[0])
-    lines = body[: _index.TEXT_CHARS].splitlines()
+    terms = set(_words.query_terms(query)[0])
+    lines = body[: _words.TEXT_CHARS].splitlines()
     scored = []
     for i, line in enumerate(lines):
-        found = terms.intersection(_index.tokens(line[:4096]))
+        found = terms.intersection(_words.tokens(line[:4096]))
         if found:
             scored.append((-len(found), i))
     if not scored:
@@ -276,21 +273,18 @@ def record_part(
 
 
 def recall_tool(
-    store: OffloadStore | Store, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall"
+    store: JournalReader, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall"
 ) -> Tool:
-    """A tool that reads `agent_id`'s offload journal in `store` (an `OffloadStore`, or any
-    store of `cmdc.store`): search by words, or read a range of records; its output is plain
-    text within `budget_tokens` (estimated) tokens.
+    """A tool that reads `agent_id`'s offload journal in `store` (any store of `cmdc.store`, or
+    an `OffloadStore`): search by words, or read a range of records; its output is plain text
+    within `budget_tokens` (estimated) tokens.
 
     Bad arguments raise `ToolArgumentsError` (an agent turns that into an error result the model
     can read); an empty or missing journal answers that nothing has been offloaded yet."""
     integer(budget_tokens, "recall budget_tokens", minimum=MIN_BUDGET)
-    if isinstance(store, OffloadStore):
-        journal = str(store.path_for(agent_id))  # ConfigError for an unsafe agent id, before any call
-    elif isinstance(store, Store):
-        journal = store.location(agent_id)
-    else:
+    if not isinstance(store, JournalReader):
         raise ConfigError(f"recall needs an OffloadStore or a store, got {store!r:.80}")
+    journal = store.location(agent_id)  # ConfigError for an unsafe agent id, before any call
     # The hits asked of the store: enough for the largest limit and the count shown, few enough
     # that a common word in a journal of a million records decodes a few dozen records, not
     # thousands (past it, the count says "or more").
@@ -298,7 +292,7 @@ def recall_tool(
     # A store that can cut texts hands over no more of a record than a budget can show (plus
     # one character, so a cut record still counts as too large): a huge record's text is never
     # built whole. The output is the same as from whole records.
-    cut: dict[str, Any] = {"max_chars": budget_tokens * 4 + 1} if getattr(store, "clips_records", False) else {}
+    cut = budget_tokens * 4 + 1
 
     def nothing_yet() -> str:
         return (
@@ -307,7 +301,7 @@ def recall_tool(
         )
 
     async def search(query: str, limit: int) -> str:
-        hits = _originals_first(await store.search(agent_id, query, limit=most, **cut))
+        hits = _originals_first(await store.search(agent_id, query, limit=most, max_chars=cut))
         if not hits:
             count, span = await extent()
             if not count:
@@ -350,24 +344,13 @@ def recall_tool(
         return await trio.to_thread.run_sync(work) if query is not None else work()
 
     async def extent() -> tuple[int, str]:
-        """How many records the journal holds and their span ("first-last"): from the file
-        store's index when it has one (nothing read), else from the records."""
-        known = getattr(store, "extent", None)
-        if known is not None:
-            ext = await known(agent_id)
-            return ext.records, f"{ext.first_seq}-{ext.last_seq}"
-        records = await store.records(agent_id, **cut)
-        return len(records), (_span(records) if records else "")
+        """How many records the journal holds and their span ("first-last"), from its index."""
+        ext = await store.extent(agent_id)
+        return ext.records, f"{ext.first_seq}-{ext.last_seq}"
 
     async def read(first: int, last: int) -> str:
-        if hasattr(store, "extent"):  # the index gives the range and the span: nothing else is read
-            chosen = await store.read_range(agent_id, first, last, **cut)
-            count, span = await extent()
-        else:
-            records = await store.records(agent_id, **cut)
-            seq = attrgetter("seq")  # records come in seq order: the range is found by bisection
-            chosen = records[bisect.bisect_left(records, first, key=seq) : bisect.bisect_right(records, last, key=seq)]
-            count, span = len(records), (_span(records) if records else "")
+        chosen = await store.read_range(agent_id, first, last, max_chars=cut)  # the index gives the range
+        count, span = await extent()
         if not count:
             return nothing_yet()
         if not chosen:
@@ -389,7 +372,7 @@ def recall_tool(
     ) -> str:
         found = await store.read_range(agent_id, seq, seq)
         if not found:
-            records = await store.records(agent_id, **cut)
+            records = await store.records(agent_id, max_chars=cut)
             if not records:
                 return nothing_yet()
             return f"No record {seq}: the journal holds records {_span(records)}."

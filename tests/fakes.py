@@ -147,14 +147,6 @@ def sse(*events: Any, event_names: bool = False) -> bytes:
     return b"".join(out)
 
 
-def new_process() -> None:
-    """Forget the process-wide journal stores (`cmdc._stores`), as a new process starts
-    without them: the next compactor or store opens the journals afresh."""
-    from cmdc import _stores
-
-    _stores._STORES.clear()
-
-
 # -- an HTTP endpoint and the replies it scripts (the OpenAI and Anthropic wire formats) ---------------
 
 

@@ -285,7 +285,7 @@ async def test_a_journal_fsync_failing_after_the_summary_fails_the_compaction(
 ) -> None:
     """The summary was made during the fsync; the fsync fails: the compaction raises the
     journal's error (itself, not in a group), the state is unchanged, the journal refuses
-    later appends."""
+    later appends (its store's: a store belongs to the compactor that opened it)."""
     state = state_in(tmp_path, conversation(30))
     before = state.to_json()
     started = threading.Event()
@@ -301,12 +301,14 @@ async def test_a_journal_fsync_failing_after_the_summary_fails_the_compaction(
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(os, "fsync", _journal_fsync(fsync))
+    compactor = Compactor(summarize, on_event=events.append)
     with pytest.raises(OffloadError, match="fsync"):
-        await Compactor(summarize, on_event=events.append).force_compact(state)
+        await compactor.force_compact(state)
     assert len(summarizer.calls) == 1 and state.to_json() == before
     assert [e.kind for e in events].count(COMPACTION_FAILED) == 1
     with pytest.raises(OffloadError, match="later appends are refused"):
-        await Compactor(Recorder()).force_compact(state)
+        await compactor.force_compact(state)
+    assert len(summarizer.calls) == 1  # refused before any summary was asked for
 
 
 @pytest.mark.parametrize("fsync_fails", [False, True])

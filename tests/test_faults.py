@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import trio
-from fakes import check_pairs, grow, new_process
+from fakes import check_pairs, grow
 from faultfs import EACCES, EIO, ENOSPC, FaultFS, journal_lines, restored, summary_ranges
 
 from cmdc import (
@@ -121,7 +121,6 @@ async def test_journal_fault_changes_nothing_and_loses_nothing(
         state = await compact(compactor, grow(grow(state, 2 * r), 2 * r + 1), ledger, root)
     state = grow(grow(state, 4, size=40_000), 5)  # a batch larger than one write
     del compactor
-    new_process()  # the faulted append is the first of a store: it reads the tail (pread)
     compactor = Compactor(retries=0)
     before, before_json = state, state.to_json()
     size = journal_path(root).stat().st_size
@@ -150,7 +149,6 @@ async def test_journal_fault_changes_nothing_and_loses_nothing(
 
     # A power cut now keeps every acknowledged record, and the journal still parses.
     fs.power_cut()
-    new_process()
     ledger.check(root / "offload")
     assert ledger.evicted <= set(await reader_ids(root / "offload"))
     if name in MARKS_FAILED:  # a restarted process may write again
@@ -379,7 +377,6 @@ async def test_turn_with_a_journal_fault_keeps_every_message(
     assert await CheckpointStore(root / "ckpt").load(AGENT) == after
     journal, _ = journal_lines(journal_path(root))
     assert journal == []  # no compaction was acknowledged: nothing had to survive
-    new_process()  # the restarted agent compacts (a failed journal is failed for its process only)
     async with open_runtime(checkpoint_dir=root / "ckpt", log_events=False) as rt:
         agent = await spawn(rt, root, resume=True)
         await agent.prompt("turn 4")
@@ -415,7 +412,6 @@ async def test_turn_with_a_checkpoint_fault_keeps_the_last_commit(
         assert final.compactions >= 1
         check_pairs(final.messages, final.messages)
     fs.power_cut()
-    new_process()
     assert await CheckpointStore(root / "ckpt").load(AGENT) == final
 
 
@@ -454,7 +450,6 @@ async def test_power_cut_at_every_operation_of_agent_turns(tmp_path: Path, monke
     assert images is not None
     for image in images:
         fs.power_cut_to(image)
-        new_process()  # a power cut ends the process too: no store remembers anything
         async with open_runtime(checkpoint_dir=root / "ckpt", log_events=False) as rt:
             agent = await spawn(rt, root, resume=True)
             state = await agent.state()

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from fakes import grow, new_process
+from fakes import grow
 
 import cmdc._fs as fs_module
 from cmdc import Compacted, Compactor, ExtractiveSummarizer, Message, OffloadStore, State, ToolCall, open_runtime, tool
@@ -231,7 +231,6 @@ async def test_two_runs_of_one_agent_id_count_every_compaction(tmp_path: Path) -
     offload = tmp_path / "offload"
     total = 0
     for _run in range(2):
-        new_process()  # a new process
         async with open_runtime(log_events=False) as rt:
             agent = await rt.spawn(
                 AGENT, Model(), tools=[read_file], summarizer=ExtractiveSummarizer(), config=agent_config(offload)
@@ -458,7 +457,6 @@ async def test_a_flipped_byte_in_a_record(tmp_path: Path, where: str) -> None:
     report = await OffloadStore(offload).verify(AGENT)
     assert [d.line for d in report.damaged] == [target + 1]
     # The agent resumes and goes on compacting: the writer moves a damaged tail aside first.
-    new_process()
     async with open_runtime(checkpoint_dir=checkpoints, log_events=False) as rt:
         agent = await rt.spawn(
             AGENT,
@@ -583,7 +581,6 @@ async def test_a_failed_commit_line_is_recovered_on_resume(tmp_path: Path, monke
         assert state.compactions >= 1
         assert await OffloadStore(offload).read(AGENT) == []  # committed state, uncommitted journal
     monkeypatch.setattr(OffloadStore, "_commit_sync", real)
-    new_process()
     async with open_runtime(checkpoint_dir=checkpoints, log_events=False) as rt:
         agent = await rt.spawn(
             AGENT,

@@ -541,12 +541,14 @@ def test_a_damaged_huge_line_is_detected(tmp_path: Path) -> None:
 def test_backtick_runs_are_found_a_slice_at_a_time(text: str) -> None:
     import re
 
-    old = offload._TEXT_SLICE
-    offload._TEXT_SLICE = 3
+    from cmdc.store import transcript
+
+    old = transcript._TEXT_SLICE
+    transcript._TEXT_SLICE = 3
     try:
-        found = offload._longest_backticks(text)
+        found = transcript._longest_backticks(text)
     finally:
-        offload._TEXT_SLICE = old
+        transcript._TEXT_SLICE = old
     assert found == max((len(r) for r in re.findall("`+", text)), default=0)
 
 

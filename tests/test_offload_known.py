@@ -203,10 +203,10 @@ async def test_a_batch_past_a_chunk_is_written_in_order(
     JOIN_MAX among them: the records read back in order, numbered on, and the end of the file
     is the one the writer remembers."""
     import cmdc._fs as fs
-    from cmdc import offload
+    from cmdc.store.file import codec
 
-    monkeypatch.setattr(offload, "_LINES_AT_ONCE", chunk)
-    monkeypatch.setattr(offload, "_JOIN", join)
+    monkeypatch.setattr(codec, "_LINES_AT_ONCE", chunk)
+    monkeypatch.setattr(codec, "_JOIN", join)
     monkeypatch.setattr(fs, "JOIN_MAX", 64)
     store = OffloadStore(tmp_path)
     batch = [Message.user(f"m{i} " + ("x" * 100 if i == 4 else "")) for i in range(9)]

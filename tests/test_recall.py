@@ -10,7 +10,6 @@ import pytest
 
 import cmdc
 from cmdc import Compacted, ConfigError, Message, OffloadStore, State, ToolCall, open_runtime, tool
-from cmdc.compaction.compactor import shared_store
 from cmdc.providers import ScriptedProvider
 from cmdc.recall import recall_tool
 from cmdc.tokens import estimate_text_tokens
@@ -49,7 +48,7 @@ async def compacted_session(tmp_path: Path, agent_id: str = "a1") -> tuple[State
 
 
 def store_of(state: State) -> OffloadStore:
-    return shared_store(cmdc.Compactor().compact_config(state).offload_dir)
+    return OffloadStore(cmdc.Compactor().compact_config(state).offload_dir)
 
 
 # -- finding a fact evicted five compactions earlier -----------------------------------------------

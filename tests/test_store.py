@@ -417,12 +417,11 @@ async def test_a_store_object_is_used_as_is_and_not_closed(tmp_path: Path) -> No
 
 
 async def test_clipped_reads_of_a_huge_record(store: Store) -> None:
-    """`max_chars` (a store with `clips_records`): a huge message (read in short steps) and a
+    """`max_chars` (every store takes it): a huge message (read in short steps) and a
     small one come cut the same way, `clipped` counting the rest; read whole, the huge one is
     its text; recall shows its head and counts the rest."""
     from cmdc.recall import recall_tool
 
-    assert getattr(store, "clips_records", False)
     line = "." * 990 + ' "q" \\ \t\n'
     # 2 MB: past cmdc._bigjson.BIG; the word is also at its head: PostgreSQL indexes a record's
     # first SEARCH_PREFIX_CHARS characters only (the file store reads it whole)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import trio
 
-from ._check import seconds
-from ._fs import DirProbe, fsync_dir, make_dirs, os_cause, refuse_linked, run_bounded, write_pieces
-from .errors import CheckpointCorrupted, CheckpointError, ConfigError
-from .state import State, validate_agent_id
+from ..._check import seconds
+from ...errors import CheckpointCorrupted, CheckpointError, ConfigError
+from ...state import State, validate_agent_id
+from ..fs import DirProbe, fsync_dir, make_dirs, os_cause, refuse_linked, run_bounded, write_pieces
 
 _SUFFIX = ".state.json"
 _TEMP = re.compile(r"\.(?P<agent>.+)\.state\.json\.[0-9a-f]{16}\.tmp")  # the fixed tail makes it unambiguous

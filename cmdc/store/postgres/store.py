@@ -1,16 +1,13 @@
 """The PostgreSQL store: every agent's journal and checkpoint in one database (extra `postgres`).
 
-`PostgresStore(url)` keeps the offload store's promises in tables instead of files:
+`PostgresStore(url)` keeps the file store's promises in tables instead of files:
 
-- **Journal.** `cmdc_records` holds one row per journaled message: `(agent_id, seq)` is its
-  stable address, `message` the message's exact JSON bytes and `crc` their CRC-32 (checked on
-  every read: a damaged row is skipped and counted, never guessed at). Record numbers come from
-  the agent's row in `cmdc_journals` (its journal id and the highest number given out), taken
-  with `SELECT ... FOR UPDATE`, so they only grow and are never reused, even across writers.
-- **Attempts and commits.** A batch is written by an attempt (`cmdc_attempts`); its rows are
-  visible to readers only once the attempt is committed (at once by default). A message that is
-  already journaled for the agent (same id, same content) keeps its record: a retried batch
-  neither duplicates nor renumbers anything, and a retry after a lost connection is safe.
+- **Journal.** The journal protocol (docs/journal.md: exactly-once attempts and commits,
+  stable addresses, damage contained) in tables: `cmdc_records` (one row per record, `(agent_id,
+  seq)` its address, the message's exact JSON bytes and their CRC-32, checked on every read),
+  `cmdc_journals` (the agent's journal id and highest number, taken `FOR UPDATE`, so numbers
+  only grow, even across writers), `cmdc_attempts` (an attempt's rows are visible once it is
+  committed).
 - **Search.** `body` (the text a person would search: content, tool names and arguments, its
   first `SEARCH_PREFIX_CHARS` characters without base64 runs, so a vector always fits) feeds
   a `tsvector` per record in `cmdc_search`, with a GIN index, queried with the `simple`
@@ -22,10 +19,7 @@
   holding any, are ranked by `ts_rank` (see `PostgresStore.search`). The store runs `ANALYZE`
   on the search and record tables after indexing many records (see `ANALYZE_MIN`): without
   statistics the planner reads a freshly filled journal by its primary key, not the index.
-- **Loss and repair.** A state that names a journal the database no longer has (another id,
-  or fewer records) gets `JournalLost`, as with the file store, after a successor journal is
-  recorded (`cmdc_journal_links`: which journal each successor took over from). A state naming
-  any journal up the chain of successors goes on in the newest, as with the file store.
+- **Loss and repair.** A lost journal's successor is recorded in `cmdc_journal_links`;
   `repair` moves damaged rows to `cmdc_damaged`.
 - **Checkpoints.** `cmdc_checkpoints` holds `State.to_json()` per agent. Saving a state also
   commits, in the same transaction, the journal attempts its summaries name: a compaction's
@@ -55,7 +49,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 import orjson
@@ -63,29 +57,31 @@ import psycopg
 import psycopg_pool
 import trio
 
-from . import _bigjson, _index
-from ._check import flag, integer, is_number, seconds
-from ._fs import run_bounded
-from ._redact import REDACTED, journal_label, redact_url, scrub, secrets_of
-from ._search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
-from .errors import (
-    CheckpointCorrupted,
-    CmdcError,
+from ..._check import flag, integer, seconds
+from ..._redact import REDACTED, journal_label, redact_url, scrub, secrets_of
+from ...errors import (
     ConfigError,
     InvalidMessage,
     JournalLost,
-    LeaseLost,
-    NameLeased,
     StoreRefused,
     StoreUnavailable,
 )
-from .events import INDEX_FAILED, INDEX_RETRY, Event, EventSink, emit, log_event, logger
-from .message import Message
-from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
-from .state import State, validate_agent_id
-from .store import StoreReport
+from ...events import INDEX_FAILED, INDEX_RETRY, Event, EventSink, emit, log_event, logger
+from ...message import Message
+from ...state import validate_agent_id
+from .. import bigjson as _bigjson
+from .. import search as _ranking
+from ..fs import run_bounded
+from ..protocol import OnNumbered, Store
+from ..records import ATTEMPTS_KEY as ATTEMPTS_KEY  # (importable from here, as before the split)
+from ..records import AppendResult, JournalExtent, JournalRecord, JournalRef, StoreReport
+from ..search import MAX_QUERY_CHARS, MAX_QUERY_WORDS
+from .checkpoints import CheckpointRows, PostgresCheckpoints
+from .leases import LeaseRows
+from .schema import _MIGRATIONS as _MIGRATIONS  # (importable from here, as before the split)
+from .schema import SCHEMA_VERSION as SCHEMA_VERSION
+from .schema import migrate
 
-SCHEMA_VERSION = 7
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
 SEARCH_DF_MAX = 100_000
@@ -97,7 +93,6 @@ indexer's usual lag is the last batch); past that, it indexes them first."""
 SEARCH_NARROW_BELOW = 50_000
 """Journals with at most this many records are searched through their agent's index lexeme."""
 _COPY_TYPES = ["text", "int8", "text", "text", "int4", "float8", "text", "int8", "bytea", "text"]
-_LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 _INDEX_LOCK_CLASS = 0x636D6469  # with the agent's hash: the lock indexers of one agent take turns on ("cmdi")
 _WORD = re.compile(r"\w+")
 
@@ -112,134 +107,25 @@ def _ranked_words(raw: bytes) -> tuple[list[str], bool] | None:
     is a summary), read with one `orjson.loads` (a huge one through the message decoder); None
     for a row that cannot be read (the decoder skips it too)."""
     try:
-        if len(raw) > _index.TEXT_CHARS:
-            message = _bigjson.message_from_json(raw, _index.TEXT_CHARS)[0]
-            return _index.tokens(_index.record_text(message)), message.is_summary
+        if len(raw) > _ranking.TEXT_CHARS:
+            message = _bigjson.message_from_json(raw, _ranking.TEXT_CHARS)[0]
+            return _ranking.tokens(_ranking.record_text(message)), message.is_summary
         obj = orjson.loads(raw)
         content = obj.get("content", "")
         if not isinstance(content, str):
             message = Message.from_dict(obj)
-            return _index.tokens(_index.record_text(message)), message.is_summary
+            return _ranking.tokens(_ranking.record_text(message)), message.is_summary
         parts = [content]
         for call in obj.get("tool_calls", []):
             parts += (call["name"], orjson.dumps(call.get("arguments", {})).decode())
         summary = (obj.get("metadata") or {}).get("cmdc.kind") == "summary"
-        return _index.tokens("\n".join(parts)), summary
+        return _ranking.tokens("\n".join(parts)), summary
     except (orjson.JSONDecodeError, InvalidMessage, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
 T = TypeVar("T")
 
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        """CREATE TABLE cmdc_journals (
-            agent_id text PRIMARY KEY,
-            journal text NOT NULL,
-            seq bigint NOT NULL DEFAULT 0
-        )""",
-        """CREATE TABLE cmdc_attempts (
-            agent_id text NOT NULL,
-            attempt text NOT NULL,
-            committed boolean NOT NULL DEFAULT false,
-            PRIMARY KEY (agent_id, attempt)
-        )""",
-        """CREATE TABLE cmdc_records (
-            agent_id text NOT NULL,
-            seq bigint NOT NULL,
-            journal text NOT NULL,
-            attempt text NOT NULL,
-            compaction integer NOT NULL,
-            ts double precision NOT NULL,
-            message_id text NOT NULL,
-            crc bigint NOT NULL,
-            message bytea NOT NULL,
-            body text NOT NULL,
-            words tsvector GENERATED ALWAYS AS (to_tsvector('simple', body)) STORED,
-            PRIMARY KEY (agent_id, seq)
-        )""",
-        "CREATE UNIQUE INDEX cmdc_records_message ON cmdc_records (agent_id, message_id)",
-        "CREATE INDEX cmdc_records_words ON cmdc_records USING gin (words)",
-        """CREATE TABLE cmdc_checkpoints (
-            agent_id text PRIMARY KEY,
-            state bytea NOT NULL,
-            crc bigint NOT NULL,
-            saved_at double precision NOT NULL
-        )""",
-    ),
-    2: (
-        # the journal a successor took over from, when the one a state expected was lost
-        "ALTER TABLE cmdc_journals ADD COLUMN follows text",
-        # damaged rows moved aside by `repair`, kept as they were
-        """CREATE TABLE cmdc_damaged (
-            agent_id text NOT NULL,
-            seq bigint NOT NULL,
-            journal text NOT NULL,
-            attempt text NOT NULL,
-            compaction integer NOT NULL,
-            ts double precision NOT NULL,
-            message_id text NOT NULL,
-            crc bigint NOT NULL,
-            message bytea NOT NULL,
-            reason text NOT NULL,
-            moved_at double precision NOT NULL,
-            PRIMARY KEY (agent_id, seq)
-        )""",
-    ),
-    3: (
-        # the agent is a lexeme of its records' search vector (one no text can produce: it holds
-        # a space), so the GIN index finds one agent's matches without reading other agents' rows
-        "DROP INDEX cmdc_records_words",
-        "ALTER TABLE cmdc_records DROP COLUMN words",
-        "ALTER TABLE cmdc_records ADD COLUMN words tsvector GENERATED ALWAYS AS "
-        "(to_tsvector('simple', body) || array_to_tsvector(ARRAY['cmdc agent=' || agent_id])) STORED",
-        "CREATE INDEX cmdc_records_words ON cmdc_records USING gin (words)",
-    ),
-    4: (  # name leases (one row per leased agent) and their fencing tokens
-        "CREATE SEQUENCE cmdc_lease_tokens",
-        """CREATE TABLE cmdc_leases (
-            agent_id text PRIMARY KEY,
-            owner text NOT NULL,
-            token bigint NOT NULL,
-            expires_at timestamptz NOT NULL
-        )""",
-        "CREATE INDEX cmdc_leases_owner ON cmdc_leases (owner)",
-    ),
-    5: (
-        # new entries wait in the index's pending list, which every search reads whole: keep it
-        # short (256 kB, not the server's default, 4 MB) so a search right after a large append stays fast
-        "ALTER INDEX cmdc_records_words SET (gin_pending_list_limit = 256)",
-    ),
-    6: (
-        # the search vectors move to a table of their own, filled after the journal's commit by the
-        # store's indexer (`PostgresStore.index`): a journal batch no longer computes vectors or
-        # updates the GIN index in its transaction. `cmdc_journals.indexed_seq`: every record up
-        # to it is in `cmdc_search`; a search reads the records past it without the index.
-        """CREATE TABLE cmdc_search (
-            agent_id text NOT NULL,
-            seq bigint NOT NULL,
-            words tsvector NOT NULL,
-            PRIMARY KEY (agent_id, seq)
-        )""",
-        "INSERT INTO cmdc_search (agent_id, seq, words) SELECT agent_id, seq, words FROM cmdc_records",
-        "CREATE INDEX cmdc_search_words ON cmdc_search USING gin (words) WITH (gin_pending_list_limit = 256)",
-        "ALTER TABLE cmdc_journals ADD COLUMN indexed_seq bigint NOT NULL DEFAULT 0",
-        "UPDATE cmdc_journals SET indexed_seq = seq",
-        "ALTER TABLE cmdc_records DROP COLUMN words",  # and its index
-    ),
-    7: (
-        # every recorded loss, not only the last: a successor journal and the one it took over
-        # from, so a state naming a journal two or more losses back goes on in the newest
-        """CREATE TABLE cmdc_journal_links (
-            agent_id text NOT NULL,
-            journal text NOT NULL,
-            follows text NOT NULL,
-            PRIMARY KEY (agent_id, journal)
-        )""",
-        "INSERT INTO cmdc_journal_links (agent_id, journal, follows) "
-        "SELECT agent_id, journal, follows FROM cmdc_journals WHERE follows IS NOT NULL",
-    ),
-}
 LINKS_MAX = 10_000
 """Recorded losses of one agent's journal a check follows at most (a chain that long, or a cycle
 a hostile row could make, ends the walk: the state's journal is then taken as lost)."""
@@ -411,77 +297,19 @@ def _message_bytes(message: Message) -> tuple[bytes, int]:
     return data, crc
 
 
-def _summary_attempts(state: State) -> list[str]:
-    out: list[str] = []
-    for m in state.messages:
-        attempts = m.metadata.get(ATTEMPTS_KEY)
-        if isinstance(attempts, (list, tuple)):
-            out += [a for a in attempts if isinstance(a, str)]
-    return out
-
-
-def _wanted(expect: Any) -> tuple[str | None, int] | None:
-    """What a caller's state knows of its journal (a `JournalRef`, or any object with
-    `journal` and `seq`): (journal id, highest record number it names)."""
+def _wanted(expect: JournalRef | None) -> tuple[str | None, int] | None:
+    """What a caller's state knows of its journal: (journal id, highest record number it names)."""
     if expect is None:
         return None
-    journal, seq = getattr(expect, "journal", None), getattr(expect, "seq", 0)
+    if not isinstance(expect, JournalRef):
+        raise ConfigError(f"expect must be a JournalRef, got {expect!r:.80}")
+    journal, seq = expect.journal, expect.seq
     if journal is not None and not isinstance(journal, str):
         raise ConfigError(f"expect.journal must be a journal id or None, got {journal!r:.80}")
     return journal, integer(seq, "expect.seq", minimum=0)
 
 
-class PostgresCheckpoints:
-    """The checkpoint side of a `PostgresStore` (what `open_runtime` gives its agents)."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-
-    def __repr__(self) -> str:
-        return f"PostgresCheckpoints({redact(self._store.url)!r})"
-
-    async def save(self, state: State) -> str:
-        """Replace the agent's checkpoint with `state` and commit the journal attempts its
-        summaries name, in one transaction; return where it is."""
-        if not isinstance(state, State):
-            raise TypeError(f"save takes a State, got {type(state).__name__}")
-        validate_agent_id(state.agent_id)
-        attempts = _summary_attempts(state)
-        await self._store._run(self._store._save_sync, state.agent_id, state, attempts, write=True)
-        if attempts and self._store.background_index:  # batches it committed: index them
-            self._store._index_later([state.agent_id])
-        return f"{journal_label(self._store.url)}#checkpoint/{state.agent_id}"
-
-    async def load(self, agent_id: str) -> State | None:
-        validate_agent_id(agent_id)
-        row = await self._store._run(self._store._load_sync, agent_id)
-        if row is None:
-            return None
-        data, crc = bytes(row[0]), row[1]
-        if zlib.crc32(data) != crc:
-            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} in {redact(self._store.url)}: checksum mismatch")
-        try:
-            state = State.from_json(data)
-        except ConfigError as exc:  # whole, but its config is refused now (e.g. a key of the user's own)
-            raise ConfigError(
-                f"checkpoint of {agent_id!r}: {exc} (saved before config keys were checked: rename it there)"
-            ) from exc
-        except Exception as exc:
-            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} is corrupted: {exc}") from exc
-        if state.agent_id != agent_id:
-            raise CheckpointCorrupted(f"checkpoint of {agent_id!r} holds agent {state.agent_id!r}")
-        return state
-
-    async def delete(self, agent_id: str) -> None:
-        validate_agent_id(agent_id)
-        await self._store._run(self._store._delete_sync, agent_id, write=True)
-
-    async def agents(self) -> list[str]:
-        """The agents that have a checkpoint, sorted."""
-        return await self._store._run(self._store._list_sync)
-
-
-class PostgresStore:
+class PostgresStore(CheckpointRows, LeaseRows):
     """Journals and checkpoints in a PostgreSQL database; see the module docstring.
 
     Use `await PostgresStore.open(url)` (or `async with`), and `aclose()` when done.
@@ -498,7 +326,6 @@ class PostgresStore:
     A store shared by several runtimes is `shared` (its runtimes lease every agent name by
     default: see `open_runtime`)."""
 
-    clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
     shared: ClassVar[bool] = True  # one database, many processes: runtimes lease names on it by default
 
     def __init__(
@@ -835,8 +662,8 @@ class PostgresStore:
         compaction: int = 0,
         attempt: str | None = None,
         commit: bool = True,
-        expect: Any = None,
-        **options: Any,
+        expect: JournalRef | None = None,
+        on_numbered: OnNumbered | None = None,
     ) -> AppendResult:
         """Journal `messages` as one batch of `attempt` (a new one when None), durably (the
         transaction has committed when this returns). With `commit` the batch is visible at
@@ -849,8 +676,6 @@ class PostgresStore:
         names raises `JournalLost` before anything is written, after recording the loss (a
         successor journal numbering on past both): the retry writes the whole batch."""
         validate_agent_id(agent_id)
-        if options:
-            raise ConfigError(f"unknown append option(s) {sorted(options)}")
         integer(compaction, "compaction", minimum=0)
         if attempt is not None and (not isinstance(attempt, str) or not 1 <= len(attempt) <= 64):
             raise ConfigError(f"attempt must be a short string, got {attempt!r:.80}")
@@ -873,7 +698,7 @@ class PostgresStore:
         last = max(numbers) if numbers else -1
         location = self.location(agent_id)
         # the file store's result names a file; here the "path" is the journal's location string
-        return AppendResult(
+        result = AppendResult(
             path=location,  # type: ignore[arg-type]
             first_seq=first,
             last_seq=last,
@@ -883,6 +708,12 @@ class PostgresStore:
             pending=tuple(pending),
             seqs=tuple(numbers),
         )
+        if on_numbered is not None and written:  # numbered and durable at once: told just before returning
+            try:
+                on_numbered(result)
+            except Exception:
+                logger.exception("postgres: an append's on_numbered callback failed (agent %s)", agent_id)
+        return result
 
     @staticmethod
     def _journal_row(conn: psycopg.Connection[Any], agent_id: str) -> tuple[str, int, str | None, bool]:
@@ -1096,7 +927,7 @@ class PostgresStore:
             for row in fresh:
                 copy.write_row(row)
 
-    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: Any = None) -> bool:
+    async def commit(self, agent_id: str, attempts: Sequence[str], *, expect: JournalRef | None = None) -> bool:
         """Make the batches of `attempts` visible; return whether any was not already."""
         validate_agent_id(agent_id)
         wanted = [a for a in dict.fromkeys(attempts) if isinstance(a, str)]
@@ -1133,7 +964,7 @@ class PostgresStore:
     @staticmethod
     def _decode(rows: Sequence[tuple[Any, ...]], max_chars: int | None = None) -> tuple[list[JournalRecord], list[int]]:
         """The rows' records and the seqs of damaged rows. A huge message is read in short
-        steps (`cmdc._bigjson`); `max_chars`: texts cut as `records` says."""
+        steps (`cmdc.store.bigjson`); `max_chars`: texts cut as `records` says."""
         records: list[JournalRecord] = []
         damaged: list[int] = []
         for seq, compaction, ts, data, crc in rows:
@@ -1157,11 +988,42 @@ class PostgresStore:
     async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
         """Every visible record in seq order, each message once. Damaged rows are skipped.
         `max_chars`: a longer text comes cut to that many characters, the record's `clipped`
-        counting the rest (see `cmdc.store`)."""
+        counting the rest (see docs/journal.md)."""
         return await self.read_range(agent_id, 1, 2**62, max_chars=max_chars)
 
     async def read(self, agent_id: str) -> list[Message]:
         return [r.message for r in await self.records(agent_id)]
+
+    async def last_records(self, agent_id: str, n: int, *, max_chars: int | None = None) -> list[JournalRecord]:
+        """The last `n` visible records, in seq order (`max_chars`: as `records`)."""
+        validate_agent_id(agent_id)
+        integer(n, "n", minimum=0)
+        if max_chars is not None:
+            integer(max_chars, "max_chars", minimum=0)
+        if not n:
+            return []
+        rows = await self._run(self._last_sync, agent_id, n)
+        return (await trio.to_thread.run_sync(self._decode, rows[::-1], max_chars))[0]
+
+    def _last_sync(self, conn: psycopg.Connection[Any], agent_id: str, n: int) -> list[tuple[Any, ...]]:
+        with conn.transaction():
+            query = self._VISIBLE + " ORDER BY r.seq DESC LIMIT %s"
+            return conn.execute(query, (agent_id, n), binary=True).fetchall()
+
+    async def extent(self, agent_id: str) -> JournalExtent:
+        """How many visible records the journal holds, their first and last numbers and the
+        compactions they came from (counted as `verify` counts them; no message is decoded)."""
+        validate_agent_id(agent_id)
+        count, first, last, compactions = await self._run(self._extent_sync, agent_id)
+        return JournalExtent(count, first, last, compactions)
+
+    def _extent_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[int, int, int, int]:
+        with conn.transaction():
+            wanted = "count(*), coalesce(min(r.seq), 0), coalesce(max(r.seq), 0)"
+            span = self._VISIBLE.replace("r.seq, r.compaction, r.ts, r.message, r.crc", wanted)
+            row = conn.execute(f"SELECT *, ({self._COMPACTIONS}) FROM ({span}) s", (agent_id, agent_id)).fetchone()
+            assert row is not None
+            return int(row[0]), int(row[1]), int(row[2]), int(row[3])
 
     async def read_range(
         self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
@@ -1178,7 +1040,7 @@ class PostgresStore:
     ) -> list[JournalRecord]:
         """Visible records holding words of `query` (case-insensitive; its first 64 distinct
         words; an identifier with `/ . _ -` counts whole and by its parts), best first, at most
-        `limit`, ranked as the file store ranks them (`cmdc._index.bm25`: rare words outweigh
+        `limit`, ranked as the file store ranks them (`cmdc.store.search.bm25`: rare words outweigh
         common ones, an exact identifier or the query's words in a row rank first, a summary's
         score counts half).
 
@@ -1199,7 +1061,7 @@ class PostgresStore:
         if max_chars is not None:
             integer(max_chars, "max_chars", minimum=0)
         text = query[:MAX_QUERY_CHARS]
-        if not _index.query_terms(text)[0] or not limit:
+        if not _ranking.query_terms(text)[0] or not limit:
             return []
         args = (agent_id, text, limit, max_chars)
         found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
@@ -1235,14 +1097,14 @@ class PostgresStore:
         thread's turn."""
         size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
         narrow = size is None or int(size[0]) <= SEARCH_NARROW_BELOW
-        terms, phrase = _index.query_terms(text, lambda word: self._holds_word(conn, agent_id, word, narrow))
+        terms, phrase = _ranking.query_terms(text, lambda word: self._holds_word(conn, agent_id, word, narrow))
         terms = terms[:MAX_QUERY_WORDS]
         # a word's forms are one group (they share its stem): the records holding every word in
         # some form come first, then those holding any; a phrase term only ranks (its words find it)
         groups: dict[str, list[str]] = {}
         for term in terms:
             if " " not in term:
-                groups.setdefault(_index.stem(term), []).append(_lexeme(term))
+                groups.setdefault(_ranking.stem(term), []).append(_lexeme(term))
         every = " & ".join(g[0] if len(g) == 1 else "(" + " | ".join(g) + ")" for g in groups.values())
         some = " | ".join(lexeme for g in groups.values() for lexeme in g)
         rows = self._search_sync(conn, agent_id, every, some, SEARCH_CANDIDATES)
@@ -1266,12 +1128,12 @@ class PostgresStore:
             average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
         late = [doc[0] for row, doc in kept if int(row[0]) > indexed]  # past the mark: counted among the candidates
         for term in terms:
-            held = (_index.holds_phrase(words, term) if " " in term else term in words for words in late)
+            held = (_ranking.holds_phrase(words, term) if " " in term else term in words for words in late)
             counted[term] += sum(held)
         if phrase is not None:
-            counted[phrase] += sum(1 for words in late if _index.holds_phrase(words, phrase))
+            counted[phrase] += sum(1 for words in late if _ranking.holds_phrase(words, phrase))
         n = max(int(total[0]) if total else 0, len(kept))
-        scores = _index.bm25([doc for _, doc in kept], terms, phrase, n, lambda t: counted.get(t, 0), average)
+        scores = _ranking.bm25([doc for _, doc in kept], terms, phrase, n, lambda t: counted.get(t, 0), average)
         order = sorted(range(len(kept)), key=lambda i: (-scores[i], int(kept[i][0][0])))
         best = [kept[i][0] for i in order[: limit + 8]]  # a few spare, should one be damaged
         return self._decode(best, max_chars)[0][:limit]
@@ -1292,8 +1154,8 @@ class PostgresStore:
             (agent_id, _AVERAGE_SAMPLE),
             binary=True,
         ).fetchall()
-        sample = self._decode(rows, _index.TEXT_CHARS)[0]
-        lengths = [len(_index.tokens(_index.record_text(r.message))) for r in sample]
+        sample = self._decode(rows, _ranking.TEXT_CHARS)[0]
+        lengths = [len(_ranking.tokens(_ranking.record_text(r.message))) for r in sample]
         average = sum(lengths) / len(lengths) if lengths else 1.0
         if len(self._averages) > 10_000:
             self._averages.clear()
@@ -1363,6 +1225,16 @@ class PostgresStore:
         records, damaged = await trio.to_thread.run_sync(self._decode, rows, _bigjson.BIG)  # texts not built whole
         return StoreReport(agent_id, journal, len(records), compactions, uncommitted, tuple(damaged))
 
+    _COMPACTIONS = (
+        "SELECT count(*) FROM (SELECT b.compaction, "
+        "lag(b.compaction, 1, 0) OVER (ORDER BY b.first) AS prev FROM "
+        "(SELECT min(r.compaction) AS compaction, min(r.seq) AS first FROM cmdc_records r "
+        "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed "
+        "WHERE r.agent_id = %s GROUP BY r.attempt) b) c WHERE c.compaction > 0 AND c.compaction <> c.prev"
+    )
+    """Compactions: committed batches whose compaction number moves from the previous batch's
+    (capped, masked and clipped results are batches numbered with the current one)."""
+
     def _verify_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> tuple[str | None, list[Any], int, int]:
         with conn.transaction():
             row = conn.execute("SELECT journal FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
@@ -1370,11 +1242,7 @@ class PostgresStore:
             # Compactions: committed batches whose compaction number moves from the previous
             # batch's (capped, masked and clipped results are batches numbered with the current one)
             counts = conn.execute(
-                "SELECT (SELECT count(*) FROM (SELECT b.compaction, "
-                "lag(b.compaction, 1, 0) OVER (ORDER BY b.first) AS prev FROM "
-                "(SELECT min(r.compaction) AS compaction, min(r.seq) AS first FROM cmdc_records r "
-                "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed "
-                "WHERE r.agent_id = %s GROUP BY r.attempt) b) c WHERE c.compaction > 0 AND c.compaction <> c.prev), "
+                f"SELECT ({self._COMPACTIONS}), "
                 "(SELECT count(*) FROM cmdc_records r JOIN cmdc_attempts a "
                 "ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND NOT a.committed WHERE r.agent_id = %s)",
                 (agent_id, agent_id),
@@ -1422,7 +1290,7 @@ class PostgresStore:
 
     async def transcript(self, agent_id: str) -> str:
         """The journal as Markdown, for people (the file store writes the same beside its journal)."""
-        from .offload import _transcript
+        from ..transcript import transcript_pieces
 
         records = await self.records(agent_id)
 
@@ -1432,188 +1300,13 @@ class PostgresStore:
                 if not batches or batches[-1][-1].compaction != r.compaction:
                     batches.append([])
                 batches[-1].append(r)
-            pieces = [p for b in batches for p in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
+            pieces = [p for b in batches for p in transcript_pieces(b[0].compaction, [(r.seq, r.message) for r in b])]
             return "".join(p.decode() for p in pieces)  # each piece is whole characters: one big copy, not two
 
         return await trio.to_thread.run_sync(render)
 
-    # -- checkpoints ---------------------------------------------------------------------------------
-    def _save_sync(self, conn: psycopg.Connection[Any], agent_id: str, state: State, attempts: list[str]) -> None:
-        data = state.to_json()  # in the worker: a state holding megabytes is a long call
-        with conn.transaction():
-            self._fence(conn, agent_id)
-            conn.execute(
-                "INSERT INTO cmdc_checkpoints (agent_id, state, crc, saved_at) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (agent_id) DO UPDATE SET state = excluded.state, crc = excluded.crc, "
-                "saved_at = excluded.saved_at",
-                (agent_id, data, zlib.crc32(data), time.time()),
-            )
-            if attempts:  # the batches this state's summaries stand for become visible with it
-                conn.execute(
-                    "UPDATE cmdc_attempts SET committed = true WHERE agent_id = %s AND attempt = ANY(%s) "
-                    "AND NOT committed",
-                    (agent_id, attempts),
-                )
 
-    @staticmethod
-    def _load_sync(conn: psycopg.Connection[Any], agent_id: str) -> tuple[Any, int] | None:
-        with conn.transaction():
-            row = conn.execute("SELECT state, crc FROM cmdc_checkpoints WHERE agent_id = %s", (agent_id,)).fetchone()
-        return None if row is None else (row[0], int(row[1]))
-
-    def _delete_sync(self, conn: psycopg.Connection[Any], agent_id: str) -> None:
-        with conn.transaction():
-            self._fence(conn, agent_id)
-            conn.execute("DELETE FROM cmdc_checkpoints WHERE agent_id = %s", (agent_id,))
-
-    @staticmethod
-    def _list_sync(conn: psycopg.Connection[Any]) -> list[str]:
-        with conn.transaction():
-            return [str(a) for (a,) in conn.execute("SELECT agent_id FROM cmdc_checkpoints ORDER BY agent_id")]
-
-    # -- name leases (see `cmdc.store.Leases`) -------------------------------------------------------
-    # A lease is a row (owner, fencing token, expiry by the server's clock). Every write for an
-    # agent whose lease this store holds first locks that row FOR SHARE and checks the owner and
-    # token, in the write's own transaction: a takeover (an UPDATE of the row) waits for writes
-    # in progress, and a write after a takeover finds another token and raises `LeaseLost`.
-    def _fence(self, conn: psycopg.Connection[Any], agent_id: str) -> None:
-        held = self._held.get(agent_id)
-        if held is None:
-            return
-        row = conn.execute(
-            "SELECT 1 FROM cmdc_leases WHERE agent_id = %s AND owner = %s AND token = %s FOR SHARE",
-            (agent_id, held[0], held[1]),
-        ).fetchone()
-        if row is None:
-            raise LeaseLost(
-                f"agent {agent_id!r}: the name's lease (owner {held[0]!r}, token {held[1]}) was lost "
-                "to another runtime; this write was refused"
-            )
-
-    async def acquire_lease(self, agent_id: str, owner: str, *, ttl: float, takeover: Collection[str] = ()) -> int:
-        """Lease the name to `owner` for `ttl` seconds; return the fencing token. `NameLeased`
-        while another owner (not in `takeover`) holds an unexpired lease."""
-        validate_agent_id(agent_id)
-        _check_owner(owner)
-        span = _check_ttl(ttl)
-        token, holder = await self._run(self._acquire_sync, agent_id, owner, span, list(takeover), write=True)
-        if token is None:
-            who, left = holder if holder is not None else ("?", 0.0)
-            raise NameLeased(f"agent {agent_id!r} is leased to {who!r} for {left:.1f} s more")
-        self._held[agent_id] = (owner, token)
-        return token
-
-    @staticmethod
-    def _acquire_sync(
-        conn: psycopg.Connection[Any], agent_id: str, owner: str, ttl: float, takeover: list[str]
-    ) -> tuple[int | None, tuple[str, float] | None]:
-        with conn.transaction():
-            row = conn.execute(
-                "INSERT INTO cmdc_leases AS l (agent_id, owner, token, expires_at) "
-                "VALUES (%s, %s, nextval('cmdc_lease_tokens'), clock_timestamp() + make_interval(secs => %s)) "
-                "ON CONFLICT (agent_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, "
-                "expires_at = excluded.expires_at "
-                "WHERE l.expires_at < clock_timestamp() OR l.owner = excluded.owner OR l.owner = ANY(%s) "
-                "RETURNING token",
-                (agent_id, owner, ttl, takeover),
-            ).fetchone()
-            if row is not None:
-                return int(row[0]), None
-            held = conn.execute(
-                "SELECT owner, extract(epoch FROM expires_at - clock_timestamp()) FROM cmdc_leases WHERE agent_id = %s",
-                (agent_id,),
-            ).fetchone()
-        return None, (None if held is None else (str(held[0]), float(held[1])))
-
-    async def renew_leases(self, owner: str, *, ttl: float) -> list[str]:
-        """Extend every lease `owner` holds through this store by `ttl` seconds; return the
-        names still held (a lease taken over or broken meanwhile is not renewed, and forgotten)."""
-        _check_owner(owner)
-        span = _check_ttl(ttl)
-        mine = {a: t for a, (o, t) in self._held.items() if o == owner}
-        if not mine:
-            return []
-        kept = await self._run(self._renew_sync, owner, span, list(mine), [mine[a] for a in mine], write=True)
-        for agent_id, token in mine.items():
-            if agent_id not in kept and self._held.get(agent_id) == (owner, token):
-                del self._held[agent_id]
-        return sorted(kept)
-
-    @staticmethod
-    def _renew_sync(
-        conn: psycopg.Connection[Any], owner: str, ttl: float, agents: list[str], tokens: list[int]
-    ) -> set[str]:
-        with conn.transaction():
-            rows = conn.execute(
-                "UPDATE cmdc_leases l SET expires_at = clock_timestamp() + make_interval(secs => %s) "
-                "FROM unnest(%s::text[], %s::bigint[]) AS h(agent_id, token) "
-                "WHERE l.agent_id = h.agent_id AND l.token = h.token AND l.owner = %s RETURNING l.agent_id",
-                (ttl, agents, tokens, owner),
-            ).fetchall()
-        return {str(a) for (a,) in rows}
-
-    async def release_lease(self, agent_id: str, owner: str, token: int) -> None:
-        """Give up the lease `token` of `owner` on the name (a later grant is kept)."""
-        validate_agent_id(agent_id)
-        if self._held.get(agent_id) == (owner, token):
-            del self._held[agent_id]
-        await self._run(self._release_sync, agent_id, owner, int(token), write=True)
-
-    @staticmethod
-    def _release_sync(conn: psycopg.Connection[Any], agent_id: str, owner: str, token: int) -> None:
-        with conn.transaction():
-            conn.execute(
-                "DELETE FROM cmdc_leases WHERE agent_id = %s AND owner = %s AND token = %s", (agent_id, owner, token)
-            )
-
-    async def break_leases(self, owner: str) -> int:
-        """End every lease of `owner` (an owner known to be dead); return how many."""
-        _check_owner(owner)
-        for agent_id in [a for a, (o, _) in self._held.items() if o == owner]:
-            del self._held[agent_id]
-        return await self._run(self._break_sync, owner, write=True)
-
-    @staticmethod
-    def _break_sync(conn: psycopg.Connection[Any], owner: str) -> int:
-        with conn.transaction():
-            return conn.execute("DELETE FROM cmdc_leases WHERE owner = %s", (owner,)).rowcount
-
-
-def _check_owner(owner: object) -> str:
-    if not isinstance(owner, str) or not 1 <= len(owner) <= 200:
-        raise ConfigError(f"a lease owner must be a string of 1 to 200 characters, got {owner!r:.80}")
-    return owner
-
-
-def _check_ttl(ttl: object) -> float:
-    if not is_number(ttl) or not 0 < ttl <= 86_400:
-        raise ConfigError(f"a lease ttl must be a positive number of seconds (at most a day), got {ttl!r}")
-    return float(ttl)
-
-
-def migrate(conn: psycopg.Connection[Any]) -> int:
-    """Create or bring the schema up to `SCHEMA_VERSION` (under an advisory lock, so two
-    processes opening one database at once do not race); return the version found before.
-    A database from a newer cmdc is refused."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        conn.execute("CREATE TABLE IF NOT EXISTS cmdc_meta (key text PRIMARY KEY, value text NOT NULL)")
-        row = conn.execute("SELECT value FROM cmdc_meta WHERE key = 'schema_version'").fetchone()
-        found = 0 if row is None else int(row[0])
-        if found > SCHEMA_VERSION:
-            raise CmdcError(
-                f"the database holds cmdc schema version {found}; this cmdc knows up to {SCHEMA_VERSION}: upgrade cmdc"
-            )
-        for version in range(found + 1, SCHEMA_VERSION + 1):
-            for statement in _MIGRATIONS[version]:
-                conn.execute(statement)
-        if found != SCHEMA_VERSION:
-            conn.execute(
-                "INSERT INTO cmdc_meta (key, value) VALUES ('schema_version', %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(SCHEMA_VERSION),),
-            )
-    return found
-
+if TYPE_CHECKING:  # mypy checks that the PostgreSQL store satisfies the protocol
+    _POSTGRES_STORE: type[Store] = PostgresStore
 
 __all__ = ["PostgresCheckpoints", "PostgresStore", "StoreRefused", "StoreUnavailable", "is_postgres_url", "migrate"]

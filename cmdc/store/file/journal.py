@@ -1,96 +1,50 @@
-"""The offload store: each agent's journal of evicted messages, a log of attempts and commits.
+"""The file store's journal: `<root>/<agent_id>.jsonl`, one per agent, a log of attempts and
+commits (`OffloadStore`).
 
-`<root>/<agent_id>.jsonl` holds one JSON object per line, of three kinds::
+The protocol it keeps (exactly-once attempts and commits, stable record numbers and journal
+identity, damage contained) and the line format are stated once, in docs/journal.md. Here: the
+line codec (`_record_lines`, `_decode_at`, the checksums), the scan and recovery of a file
+(`_scan`, `_lines_back`, `_find_head`, `_move_aside`) and the writer (`OffloadStore`: a lock per
+journal, `flock` across processes, the end of the file checked before every append).
 
-    {"journal":"j…","follows":null,"agent":"a1","seq":0,"ts":…,"crc":"…"}      identity / link
-    {"message":{…},"compaction":3,"ts":…,"seq":17,"attempt":"k…","journal":"j…","crc":"…"}
-    {"commit":["k…"],"journal":"j…","seq":17,"ts":…,"crc":"…"}                 commit marker
-    {"commit":["k…"],"journal":"j…","seq":17,"ts":…,"crc":"…"}                 (its copy)
-
-Every line starts with a fixed head (`{"message":`, `{"journal":`, `{"commit":`) and ends with
-the fixed suffix `,"crc":"xxxxxxxx"}`, the CRC-32 of every byte between them: a flipped byte
-anywhere is detected while the line stays plain JSON (a message's checksum, computed once when
-it entered its state, is reused). `seq` is the record number of a message, or the highest
-number given out so far on a control line; numbers only grow and are never reused.
-
-**Attempts and commits.** A batch is written by an attempt (its records carry the attempt id)
-and becomes visible only when a commit line names the attempt (`append(commit=True)` writes both
-at once). A summary message carries the attempts it depends on, so a committed batch that holds
-an earlier summary also makes that summary's attempts visible. Readers key records by message
-id: each committed message is seen once, at its first committed record (its stable address).
-Appending a message the writer already knows in this journal (same id, same content) reuses
-its record; a writer knows the end of the file, and, when the caller's state is behind the
-journal (`expect.seq` below its highest number), every record numbered after the state's.
-Lines written by an older cmdc (no attempt) count as committed.
-
-**Identity.** The first line names the journal (`journal`); every record repeats the id, so the
-last line of the file says which journal it is. A state carries `JournalRef(journal, seq)`.
-Before appending, the writer checks the end of the file (its content, not only its size); a
-journal that vanished, was replaced or was truncated below what the state (or this store)
-expects raises `JournalLost` after a link line is written durably (`follows` the lost journal,
-numbering on past everything handed out): the retry then writes its whole batch, and no record
-number is ever reused. A journal whose link lines lead back to the expected one (directly or
-through other successors) is its successor: that loss was recorded already, by this process or
-by one before a restart, and is not reported again.
-
-**Damage.** A damaged line (checksum, shape, broken JSON) is skipped by readers, counted and
-reported as an event; a torn or damaged tail is moved to `<agent_id>.jsonl.damaged` by the next
-writer before it appends; `repair` rewrites the journal keeping every valid line, moving the
-damaged bytes to the same side file. One flipped bit costs at most the record whose line it
-lands in: a commit is written as two identical lines (one damaged copy hides nothing; a repair
-writes it back from its twin; journals of one commit line each, written before, are read as
-ever), and a damaged line that is two whole lines joined by a damaged newline (both halves pass
-their checksums) is read as the two (a repair puts the newline back; so does a writer, for the
-file's last one). `<root>/<agent_id>.md` is a transcript for people, written on request by
-`write_transcript`. The journal, its side file (and the file store's lease files) are refused
-when they are not a regular file with one link: a hard link planted at the name would make a
-write land outside the store.
+Implementation notes the page does not need: every line starts with a fixed head and ends with
+the fixed suffix `,"crc":"xxxxxxxx"}`, the CRC-32 of the bytes between them (a message's
+checksum, computed once when it entered its state, is reused). A writer knows the end of the
+file and, when the caller's state is behind the journal (`expect.seq` below its highest number),
+every record numbered after the state's: that is how it reuses a retried message's record. A
+journal whose link lines lead back to the expected one (directly or through other successors) is
+its successor: that loss was recorded already and is not reported again. The journal, its side
+file (and the file store's lease files) are refused when they are not a regular file with one
+link: a hard link planted at the name would make a write land outside the store.
 """
+
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
-import functools
 import inspect
 import os
 import re
-import secrets
 import sqlite3
 import stat
-import struct
-import sys
 import time
 import zlib
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import orjson
 import trio
 
-from . import _bigjson, _index
-from ._check import integer, seconds
-from ._fs import (
-    DirProbe,
-    atomic_write,
-    fsync_dir,
-    joined,
-    make_dirs,
-    os_cause,
-    refuse_linked,
-    run_bounded,
-    write_all,
-    write_pieces,
-)
-from ._search import MAX_QUERY_CHARS, count_call_words, query_words, rank
-from .errors import ConfigError, IndexUnavailable, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
-from .events import (
+from ..._check import integer, seconds
+from ...errors import ConfigError, IndexUnavailable, InvalidMessage, JournalLost, OffloadCorrupted, OffloadError
+from ...events import (
     JOURNAL_DAMAGED,
     JOURNAL_INDEX_REBUILT,
     JOURNAL_LOST,
@@ -100,20 +54,45 @@ from .events import (
     emit,
     logger,
 )
-from .message import Message
-from .state import validate_agent_id
+from ...message import Message
+from ...state import validate_agent_id
+from .. import bigjson as _bigjson
+from ..fs import (
+    DirProbe,
+    atomic_write,
+    fsync_dir,
+    make_dirs,
+    os_cause,
+    refuse_linked,
+    run_bounded,
+    write_all,
+    write_pieces,
+)
+from ..records import (
+    ATTEMPTS_KEY,
+    JOURNAL_KEY,
+    AppendResult,
+    JournalExtent,
+    JournalRecord,
+    JournalRef,
+    new_attempt_id,
+    new_journal_id,
+)
+from ..search import MAX_QUERY_CHARS, count_call_words, query_words, rank
+from ..transcript import md_code, md_fenced, transcript_pieces
+from . import index as _index
+from .codec import _HEAD, _write_records
+from .codec import _encode_records as _encode_records  # (importable from here, as before the split)
+from .codec import _record_pieces as _record_pieces
+from .tail import _BLOCK as _BLOCK  # (importable from here, as before the split)
+from .tail import _last_newline, _lines_back, _move_aside, _pread_exact
 
-_BLOCK = 64 * 1024
 _SCAN_LIMIT = 32 * 1024 * 1024  # how far back a writer reads to learn the latest attempts
 _KNOWN = 65_536  # records a writer remembers (message id, number, checksum) for idempotent appends
 _JOURNALS_KEPT = 4096  # journals a store keeps what it learned of while nobody uses them (see _hold)
 _RECENT = 1024 * 1024  # past the latest commit, how far back it goes on learning committed ones
 _SUFFIX_LEN = 18  # len(',"crc":"xxxxxxxx"}')
 _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
-_HEAD = b'{"message":'
-_CRC_KEY = b',"crc":"'
-_LINE_END = b'"}\n' + _HEAD  # a message line's end, and the head of the next one
-_LINE_PIECES = 2  # pieces a message line is built of (see `_record_lines`)
 _HEADS = (_HEAD, b'{"journal":', b'{"commit":')
 _ID_HEAD = b'{"message":{"id":"'  # how a message line starts (cmdc writes the id first)
 _ID = re.compile(r"[jk][0-9a-f]{16}")
@@ -122,67 +101,8 @@ _MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
 _JOURNAL_KEYS = frozenset({"journal", "follows", "agent", "seq", "ts", "crc"})
 _COMMIT_KEYS = frozenset({"commit", "journal", "seq", "ts", "crc"})
 _WORD = re.compile(r"\w+")
-_WRITE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-_LINES_AT_ONCE = 512  # records an append builds the lines of at a time (~300 kB: they stay in the caches)
-_JOIN = 400  # pieces joined per write (~120 kB): a small buffer malloc reuses (a megabyte is mapped
-# and unmapped each time, page faults included: the whole write took ~1.5x as long)
-ATTEMPTS_KEY = "cmdc.attempts"
-"""Summary metadata: the journal attempts a summary depends on (committed together with it)."""
-JOURNAL_KEY = "cmdc.journal"
-"""Summary metadata: the id of the journal that holds what the summary replaced."""
-
-
-def new_journal_id() -> str:
-    return "j" + secrets.token_hex(8)
-
-
-def new_attempt_id() -> str:
-    return "k" + secrets.token_hex(8)
-
-
-@attrs.frozen
-class JournalRecord:
-    """One message record of an offload journal."""
-
-    seq: int
-    compaction: int
-    timestamp: float
-    message: Message
-    attempt: str | None = None
-    journal: str | None = None
-    clipped: int = 0
-    """Characters of the message's text left out: a read with `max_chars` gives a message
-    whose text is longer than that as a copy holding its first `max_chars` characters (for
-    showing; not to be journaled again)."""
-
-
-@attrs.frozen
-class JournalRef:
-    """What a state knows of its journal: the journal's id and the highest record number the
-    state's summaries name. `append(expect=...)` checks the file against it."""
-
-    journal: str | None = None
-    seq: int = 0
-
-
-@attrs.frozen
-class AppendResult:
-    """What an append did: `written` records are new; `first_seq..last_seq` cover the whole
-    batch, including messages already in the journal (their records are reused). `pending`:
-    the attempts a commit must name for the batch to become visible (empty once it is)."""
-
-    path: Path
-    first_seq: int
-    last_seq: int
-    written: int
-    journal: str | None = None
-    attempt: str | None = None
-    pending: tuple[str, ...] = ()
-    seqs: tuple[int, ...] = ()  # each message's record number, in the batch's order
-
-
 @attrs.frozen
 class Damage:
     """A damaged line: its number (1-based), byte offset and length, and what is wrong."""
@@ -215,17 +135,6 @@ class JournalReport:
     @property
     def clean(self) -> bool:
         return not self.damaged and not self.torn
-
-
-@attrs.frozen
-class JournalExtent:
-    """What a journal holds, as its index counts it: committed records, the first and last
-    record numbers (0 when empty), and the compactions they came from."""
-
-    records: int
-    first_seq: int
-    last_seq: int
-    compactions: int
 
 
 @attrs.frozen
@@ -401,219 +310,6 @@ def _offload_error(path: Path, exc: OSError, doing: str) -> OffloadError:
     return OffloadError(f"offload journal {path}: {doing} failed: {text}")
 
 
-# -- encoding ---------------------------------------------------------------------------------
-
-
-def _encode_records(first_seq: int, compaction: int, ts: float, messages: Sequence[bytes]) -> bytes:
-    """Journal lines in the older format (no attempt: committed as written), from encoded
-    messages. Kept to write and test journals of that format."""
-    const = b',"compaction":%d,"ts":%s,"seq":' % (compaction, orjson.dumps(ts))
-    out: list[bytes] = []
-    for k, data in enumerate(messages):
-        tail = b"%s%d" % (const, first_seq + k)
-        out += (_HEAD, data, tail, b',"crc":"%08x"}\n' % zlib.crc32(tail, zlib.crc32(data)))
-    return b"".join(out)
-
-
-def _record_lines(
-    first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
-) -> tuple[list[bytes], array[int], int]:
-    """The journal lines of `messages` in pieces (`_LINE_PIECES` a line after the first: the
-    message's JSON, then the rest of the line with the head of the next one), each message's
-    JSON checksum, and the size of the longest JSON (the other pieces are short). The message
-    comes first in each line, so its cached encoding and checksum are used as they are:
-    nothing is re-encoded or re-hashed. No Python step per record: the rest of every line is
-    one fixed-width template repeated (record numbers of one width), its numbers and checksum
-    digits put in by a few strided slice assignments, and it is cut into lines by one
-    `struct.unpack`."""
-    if not messages:
-        return [], array("I"), 0
-    last_seq = first_seq + len(messages) - 1
-    width = len(str(first_seq))
-    if len(str(last_seq)) != width:  # numbers of two widths: each part on its own, then joined
-        cut = 10**width - first_seq
-        one, crcs, longest = _record_lines(first_seq, compaction, ts, messages[:cut], attempt, journal)
-        two, more, longer = _record_lines(10**width, compaction, ts, messages[cut:], attempt, journal)
-        one[-1] += _HEAD
-        crcs.extend(more)
-        return one + two[1:], crcs, max(longest, longer)
-    cached: list[Any] = list(map(_CACHED_CRC, messages))  # cached when the message entered its State
-    try:
-        crcs = array("I", cached)
-    except TypeError:  # a message never encoded: encode it now (its JSON is cached with its checksum)
-        cached = [m.json_crc() for m in messages]
-        crcs = array("I", cached)
-    n = len(messages)
-    if n < _TABLES_FROM:  # a few records: a call or two each costs less than the tables' fixed cost
-        return _few_record_lines(first_seq, compaction, ts, messages, attempt, journal, cached, crcs)
-    before = b',"compaction":%d,"ts":%s,"seq":' % (compaction, orjson.dumps(ts))
-    after = b',"attempt":"%s","journal":"%s"' % (attempt.encode(), journal.encode())
-    data: list[bytes] = list(map(_CACHED_JSON, messages))  # cached with the checksum
-    pieces: list[bytes] = [_HEAD] * (_LINE_PIECES * n + 1)
-    pieces[1::_LINE_PIECES] = data
-    summed = len(before) + width + len(after)  # the checksummed bytes after the message's JSON
-    rest = bytearray((before + b"0" * width + after + _CRC_KEY + b"0" * 8 + _LINE_END) * n)
-    step = len(rest) // n
-    for k in range(width):  # the k-th digit of every record number
-        rest[len(before) + k :: step] = _digit_column(first_seq, n, 10 ** (width - 1 - k))
-    digits = _line_sums(crcs, rest, len(before), width, summed, step).hex().encode()
-    at = summed + len(_CRC_KEY)
-    for k in range(8):
-        rest[at + k :: step] = digits[k::8]
-    pieces[2::_LINE_PIECES] = _cutter(f"{step}s", n).unpack(rest)
-    pieces[-1] = pieces[-1][: -len(_HEAD)]
-    return pieces, crcs, max(map(len, data))
-
-
-def _few_record_lines(
-    first_seq: int,
-    compaction: int,
-    ts: float,
-    messages: Sequence[Message],
-    attempt: str,
-    journal: str,
-    cached: list[int],
-    crcs: array[int],
-) -> tuple[list[bytes], array[int], int]:
-    """`_record_lines` of a few records (`cached`, `crcs`: their messages' checksums), in five
-    pieces a line (the JSON, the tail, the checksum's key, its digits, the line's end with the
-    next head), one formatting and one CRC call per record: the same bytes."""
-    n = len(messages)
-    const = b',"compaction":%d,"ts":%s,"seq":%%d,"attempt":"%s","journal":"%s"' % (
-        compaction,
-        orjson.dumps(ts),
-        attempt.encode(),
-        journal.encode(),
-    )
-    tails = list(map(const.__mod__, range(first_seq, first_seq + n)))
-    sums = array("I", map(zlib.crc32, tails, cached))  # each line's: its JSON's, carried on over the tail
-    if sys.byteorder == "little":
-        sums.byteswap()  # big-endian bytes: their hex is the checksum's digits
-    digits = struct.unpack("8s" * n, sums.tobytes().hex().encode())
-    data: list[bytes] = list(map(_CACHED_JSON, messages))
-    pieces = [_CRC_KEY] * (5 * n + 1)
-    pieces[0] = _HEAD
-    pieces[1::5] = data
-    pieces[2::5] = tails
-    pieces[4::5] = digits
-    pieces[5::5] = [_LINE_END] * n
-    pieces[-1] = _LINE_END[: -len(_HEAD)]
-    return pieces, crcs, max(map(len, data))
-
-
-_MASK = 0xFFFFFFFF
-
-
-def _raw(data: bytes, register: int) -> int:
-    """The CRC-32 register after `data`, from `register`, without zlib's inversions: linear in
-    the register and in the data (over GF(2)), which `_line_sums` relies on."""
-    return ~zlib.crc32(data, ~register & _MASK) & _MASK
-
-
-@functools.lru_cache(maxsize=64)
-def _sum_tables(length: int, digit_at: int, width: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
-    """For tails of `length` bytes with a `width`-digit number at `digit_at`: `bytes.translate`
-    tables giving, byte by byte, what each byte of the register carried in (4 lanes), and
-    what each digit (`width` lanes, relative to "0"), add to the register after the tail.
-    Table `4 * lane + k` gives byte `k` of the 32-bit contribution."""
-    zeros = bytes(length)
-    carried = [[_raw(zeros, v << 8 * lane) for v in range(256)] for lane in range(4)]
-    digits = []
-    for k in range(width):
-        column = [0] * 256
-        for v in range(48, 58):
-            column[v] = _raw(bytes(digit_at + k) + bytes((v ^ 48,)) + bytes(length - digit_at - k - 1), 0)
-        digits.append(column)
-
-    def tables(lanes: list[list[int]]) -> tuple[bytes, ...]:
-        return tuple(bytes(c >> 8 * k & 0xFF for c in lane) for lane in lanes for k in range(4))
-
-    return tables(carried), tables(digits)
-
-
-def _line_sums(crcs: array[int], rest: bytearray, digit_at: int, width: int, summed: int, step: int) -> bytes:
-    """The checksum of each line, as big-endian bytes: the CRC-32 carried on from each
-    message's checksum (`crcs`) over its tail (the first `summed` bytes of each `step` of
-    `rest`, all alike but for a `width`-digit number at `digit_at`). CRC-32 is affine in its
-    register and its data, so every line's is that of a tail numbered 0...0, changed by what
-    differs (the register carried in, the digits), each a byte-wise table lookup over the batch
-    (`bytes.translate`), summed by XOR-ing the batch's bytes as one big integer: a few C calls
-    whatever the batch's size, where a `zlib.crc32` call per line cost ~0.2 µs a record."""
-    n = len(crcs)
-    carried, digit_tables = _sum_tables(summed, digit_at, width)
-    register = crcs.tobytes() if sys.byteorder == "little" else _swapped(crcs)
-    zeroed = rest[:digit_at] + b"0" * width + rest[digit_at + width : summed]  # a tail numbered 0...0
-    base = _raw(bytes(summed), _MASK) ^ _raw(bytes(zeroed), 0) ^ _MASK  # zlib's inversions, and the tail
-    columns = [rest[digit_at + k :: step] for k in range(width)]
-    out = bytearray(4 * n)
-    for k in range(4):  # byte k of every line's checksum
-        total = int.from_bytes(bytes(((base >> 8 * k) & 0xFF,)) * n, "little")
-        for lane in range(4):
-            total ^= int.from_bytes(register[lane::4].translate(carried[4 * lane + k]), "little")
-        for d, column in enumerate(columns):
-            total ^= int.from_bytes(column.translate(digit_tables[4 * d + k]), "little")
-        out[3 - k :: 4] = total.to_bytes(n, "little")
-    return bytes(out)
-
-
-def _swapped(values: array[int]) -> bytes:
-    copy = array("I", values)
-    copy.byteswap()
-    return copy.tobytes()
-
-
-def _digit_column(first: int, n: int, place: int) -> bytes:
-    """The digit at `place` (1, 10, 100, ...) of the numbers `first` .. `first + n - 1`, one
-    ASCII byte each: consecutive numbers' digits run in steps of `place` equal digits, so the
-    column is a slice of a repeated pattern of the ten digits (a few calls, whatever `n`)."""
-    offset = first % place  # how far into its run of equal digits `first` is
-    digit = first // place % 10
-    if place >= n:  # at most two runs
-        head = min(n, place - offset)
-        return bytes((48 + digit,)) * head + bytes((48 + (digit + 1) % 10,)) * (n - head)
-    cycle = b"".join(bytes((48 + d,)) * place for d in range(10))
-    start = digit * place + offset
-    return (cycle * ((start + n) // len(cycle) + 1))[start : start + n]
-
-
-@functools.lru_cache(maxsize=64)
-def _cutter(fields: str, n: int) -> struct.Struct:
-    """A `struct.Struct` of `fields` repeated `n` times (compiled once per shape)."""
-    return struct.Struct(fields * n)
-
-
-_CACHED_CRC = attrgetter("_json_crc")
-_TABLES_FROM = 128  # records from which `_record_lines` fills a template (below: `_few_record_lines`)
-_CACHED_JSON = attrgetter("_json")
-
-
-def _write_records(
-    fd: int, first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
-) -> tuple[array[int], bytes, int]:
-    """Write the journal lines of `messages` to `fd`, `_LINES_AT_ONCE` records built at a time and
-    written `_JOIN` pieces per call (the memory in use stays small and is reused: a whole
-    batch at once is tens of fresh megabytes); return each record's message checksum, the last
-    line (empty without messages) and the bytes written."""
-    crcs: array[int] = array("I")
-    pieces: list[bytes] = []
-    written = 0
-    for start in range(0, len(messages), _LINES_AT_ONCE):
-        part = messages[start : start + _LINES_AT_ONCE]
-        fresh = [m for m in part if m._json is None]  # encoded here: their JSON is let go once written
-        pieces, checksums, longest = _record_lines(first_seq + start, compaction, ts, part, attempt, journal)
-        crcs.extend(checksums)
-        for chunk in joined(pieces, _JOIN, longest):
-            write_all(fd, chunk)
-            written += len(chunk)
-        for m in fresh:  # as it came: encoded again (with its checksum) if ever asked for
-            object.__setattr__(m, "_json", None)
-            object.__setattr__(m, "_json_crc", None)
-    start = len(pieces) - 1  # the last line's pieces: those after the last one ending with a head
-    while start > 0 and not pieces[start - 1].endswith(_HEAD):
-        start -= 1
-    return crcs, (_HEAD + b"".join(pieces[start:]) if pieces else b""), written
-
-
 def _in_trio(callback: Callable[[AppendResult], object], agent_id: str) -> Callable[[AppendResult], None]:
     """`callback`, callable from a worker thread: it runs soon in trio's thread, and what it
     raises is logged (trio would otherwise end the whole run)."""
@@ -630,13 +326,6 @@ def _in_trio(callback: Callable[[AppendResult], object], agent_id: str) -> Calla
             token.run_sync_soon(safe, result)
 
     return soon
-
-
-def _record_pieces(
-    first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
-) -> list[bytes]:
-    """The pieces of journal lines for `messages` (see `_record_lines`)."""
-    return _record_lines(first_seq, compaction, ts, messages, attempt, journal)[0]
 
 
 def _control(obj: dict[str, Any]) -> bytes:
@@ -1041,41 +730,6 @@ def _scan(
 
 
 
-# -- reading a file backwards -----------------------------------------------------------------
-
-
-def _pread_exact(fd: int, n: int, offset: int) -> bytes:
-    data = os.pread(fd, n, offset)
-    if len(data) != n:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
-    return data
-
-
-def _lines_back(fd: int, end: int) -> Iterator[tuple[int, bytes]]:
-    """The complete lines before `end` (0, or just past a newline), last first, as (offset,
-    line without its newline); read backwards a block at a time, never further than needed."""
-    pos, buf, hi = end, b"", 0  # buf holds the bytes from `pos`; buf[:hi] is not yet yielded
-    while True:
-        i = buf.rfind(b"\n", 0, hi - 1) if hi > 0 else -1
-        if i < 0 and pos > 0:
-            parts = [buf[:hi]]
-            while pos > 0:
-                n = min(_BLOCK, pos)
-                pos -= n
-                chunk = _pread_exact(fd, n, pos)
-                parts.append(chunk)
-                if b"\n" in (chunk if hi > 0 or len(parts) > 2 else chunk[:-1]):
-                    break
-            buf = b"".join(reversed(parts))
-            hi = len(buf)
-            continue
-        if hi == 0:
-            return
-        start = i + 1
-        yield pos + start, buf[start : hi - 1]
-        hi = start
-
-
 def _find_head(fd: int, end: int, journal: str) -> _Line | None:
     """The link line that starts `journal` (searched back from `end`, a chunk at a time; a
     line starts after a newline, and no newline is ever inside one), or None."""
@@ -1101,112 +755,87 @@ def _find_head(fd: int, end: int, journal: str) -> _Line | None:
     return None
 
 
-def _last_newline(fd: int, size: int) -> int:
-    """The offset just past the last newline before `size` (0 if there is none)."""
-    pos = size
-    while pos > 0:
-        n = min(_BLOCK, pos)
-        pos -= n
-        i = _pread_exact(fd, n, pos).rfind(b"\n")
-        if i >= 0:
-            return pos + i + 1
-    return 0
+@attrs.frozen
+class _AppendPlan:
+    """What an append writes, decided before any byte is: the messages that get new records
+    (`fresh`, numbered `first`, `first + 1`, ... in the batch's order), each batch message's
+    record number (`seqs`), the number after the last new one (`next_seq`), the attempts its
+    commit names (`ordered`, the append's own first), the journal's highest number after it
+    (`high`), and the uncommitted attempts it supersedes."""
+
+    fresh: Sequence[Message]
+    seqs: Sequence[int]
+    first: int
+    next_seq: int
+    ordered: tuple[str, ...]
+    high: int
+    superseded: frozenset[str]
 
 
-def _move_aside(side: Path, source: Path, chunks: Sequence[tuple[int, bytes, str]]) -> int:
-    """Append damaged bytes to the side file (each chunk after a one-line note), fsync'd
-    before the caller removes them from the journal. Returns the bytes moved."""
-    out: list[bytes] = []
-    moved = 0
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    for offset, data, why in chunks:
-        note = f"# cmdc: {len(data)} bytes moved from {source.name} at byte {offset}, {stamp}: {why}\n"
-        out += (note.encode(), data, b"\n")
-        moved += len(data)
-    new = not os.path.lexists(side)
-    fd = os.open(side, _WRITE_FLAGS | os.O_NONBLOCK, 0o600)  # a planted FIFO: an error, not a hang
+def _plan_append(
+    journal: _Journal, batch: tuple[Message, ...], in_batch: set[str], compaction: int, attempt: str
+) -> _AppendPlan:
+    """The append of `batch` as attempt `attempt`, planned from what the writer knows of the
+    journal (its end, the records it remembers): pure, no I/O, nothing changed."""
+    pending = {attempt}
+    superseded: set[str] = set()
+    first = journal.seq + 1
+    # the common case: every message is new (checked over the smaller of the two)
+    if journal.known.index.keys().isdisjoint(in_batch):
+        fresh: Sequence[Message] = batch
+        next_seq = first + len(batch)
+        seqs: Sequence[int] = range(first, next_seq)
+    else:
+        fresh, numbers = OffloadStore._reused(journal, batch, in_batch, compaction, pending, superseded)
+        next_seq = first
+        for i, s in enumerate(numbers):
+            if s < 0:
+                numbers[i] = next_seq
+                next_seq += 1
+        seqs = numbers
+    if not fresh:
+        pending.discard(attempt)
+    ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
+    high = max(journal.seq, next_seq - 1)
+    return _AppendPlan(fresh, seqs, first, next_seq, ordered, high, frozenset(superseded))
+
+
+def _write_synced(fd: int, path: Path, journal: _Journal, write: Callable[[], bytes], *, archive: bool) -> None:
+    """The one write-and-fsync step of every journal change (appends and commits), run with the
+    file locked: `write()` appends the lines and returns the last one. A failed write leaves the
+    file where it ended (truncated back) and is raised as `OffloadError`; a failed fsync marks the
+    journal failed (later appends are refused: what reached the disk is unknown). Then the file's
+    new end is remembered. `archive`: the written pages go back to the system but for the last
+    line's (a journal is rarely read; the next change reads its last line)."""
+    size = os.fstat(fd).st_size
     try:
-        refuse_linked(fd, side)
-        write_all(fd, b"".join(out))
+        last = write()
+        end = os.fstat(fd).st_size
+    except BaseException as exc:  # nothing of the change stays: the file ends where it did
+        try:
+            os.ftruncate(fd, size)
+        except OSError as exc2:
+            journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
+        journal.forget_file()
+        if isinstance(exc, OSError):
+            raise _offload_error(path, exc, "write") from exc
+        raise
+    try:
         os.fsync(fd)
-    finally:
-        os.close(fd)
-    if new:
-        fsync_dir(side.parent)
-    return moved
-
-
-_BACKTICKS = re.compile(r"`+")
-
-
-_NOT_BACKTICK = re.compile(r"[^`]")
-_TEXT_SLICE = 64 * 1024  # characters of a text one regex call looks at
-
-
-def _longest_backticks(text: str) -> int:
-    """The longest run of backticks in `text`, a slice at a time (cut where no run is)."""
-    best, start, n = 0, 0, len(text)
-    while start < n:
-        end = min(n, start + _TEXT_SLICE)
-        if text.find("`", start, end) < 0:  # the common case: no backtick at all
-            start = end
-            continue
-        if end < n and text[end - 1] == "`":
-            m = _NOT_BACKTICK.search(text, end)
-            end = m.start() if m is not None else n
-        best = max(best, max((len(run) for run in _BACKTICKS.findall(text, start, end)), default=0))
-        start = end
-    return best
-
-
-def md_code(text: str) -> str:
-    """`text` as inert inline Markdown code on one line, whatever backticks it holds."""
-    text = " ".join(text.split())
-    fence = "`" * (_longest_backticks(text) + 1)
-    return f"{fence} {text} {fence}" if text else "` `"
-
-
-def md_fenced(text: str) -> str:
-    """`text` in a fenced code block longer than any backtick run inside it: headings, HTML,
-    links and fences in it stay inert text."""
-    return b"".join(_fenced(text)).decode()
-
-
-def _fenced(text: str) -> list[bytes]:
-    """`md_fenced(text)` encoded, in pieces: a huge text a slice at a time."""
-    fence = "`" * max(3, _longest_backticks(text) + 1)
-    end = len(text)
-    while end and text[end - 1] == "\n":
-        end -= 1
-    body = [text[i : min(end, i + _TEXT_SLICE * 4)].encode() for i in range(0, end, _TEXT_SLICE * 4)]
-    return [f"{fence}text\n".encode(), *body, f"\n{fence}\n".encode()]
-
-
-def _transcript(compaction: int, records: Sequence[tuple[int, Message]]) -> list[bytes]:
-    """Markdown for people, in pieces (a huge text is many): only the headings are Markdown;
-    every text that came from a model, a tool or a user is fenced or inline code, so nothing in
-    it renders (a `# Title`, `<script>`)."""
-    out = [f"## Compaction {compaction} — records {records[0][0]}\N{EN DASH}{records[-1][0]}\n\n".encode()]
-    for seq, msg in records:
-        head = f"### {seq} · {msg.role}"
-        if msg.tool_call_id is not None:
-            head += f" (call {md_code(msg.tool_call_id)}{', error' if msg.is_error else ''})"
-        out.append((head + "\n\n").encode())
-        for call in msg.tool_calls:
-            args = orjson.dumps(call.to_dict()["arguments"]).decode()
-            out.append(f"- tool call {md_code(call.name)} (id {md_code(call.id)}): {md_code(args)}\n\n".encode())
-        if msg.text:
-            out += _fenced(msg.text)
-            out.append(b"\n")
-    return out
+        if archive and end - size > len(last):  # (a length of 0 would mean: to the end of the file)
+            os.posix_fadvise(fd, size, end - size - len(last), os.POSIX_FADV_DONTNEED)
+        if size == 0:
+            fsync_dir(path.parent)
+    except OSError as exc:
+        journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
+        raise _offload_error(path, exc, "fsync") from exc
+    journal.size, journal.last = end, last
 
 
 class OffloadStore:
-    """Journals under `root`, one per agent; see the module docstring. `root` is made absolute
+    """Journals under `root`, one per agent; the protocol: docs/journal.md. `root` is made absolute
     once, here: a later `chdir` does not move the journals. `on_event` receives
     `journal_lost`, `journal_damaged` and `journal_repaired` events."""
-
-    clips_records: ClassVar[bool] = True  # records, read_range and search take max_chars=
 
     def __init__(
         self,
@@ -1220,11 +849,11 @@ class OffloadStore:
         self.root = Path(os.path.abspath(root))
         self.on_event = on_event
         self._journals: dict[str, _Journal] = {}
-        self._probe = DirProbe(self.root)
+        self._probe = DirProbe.of(self.root)
         if not isinstance(index, bool):
             raise ConfigError(f"index must be True or False, got {index!r}")
         self.index = index
-        """Whether the search and offsets index beside each journal is used (see `cmdc._index`)."""
+        """Whether the search and offsets index beside each journal is used (see `cmdc.store.file.index`)."""
         self._indexer = _index.Indexer(self._index_in_background)
         self._tokens: dict[Path, tuple[str, trio.lowlevel.TrioToken | None]] = {}  # who to tell of a rebuild
         self._index_seen: set[Path] = set()  # journals whose index this store opened (one gone is missing)
@@ -1232,6 +861,11 @@ class OffloadStore:
 
     def __repr__(self) -> str:
         return f"OffloadStore({str(self.root)!r})"
+
+    async def aclose(self) -> None:
+        """Close the idle open search indexes (they reopen on the next use). Quick, and no
+        checkpoint: an agent's task closes its compactor's store as it ends."""
+        self._index_conns.close_all()
 
     async def check_usable(self) -> None:
         """Check once that journals can be written under `root` (created if missing; a probe
@@ -1247,6 +881,10 @@ class OffloadStore:
             raise OffloadError(
                 f"offload directory {self.root} is not usable: a test write took over {self.write_timeout} s"
             ) from None
+
+    def location(self, agent_id: str) -> str:
+        """The journal's file, as a string (`JournalReader`'s location)."""
+        return str(self.path_for(agent_id))
 
     def path_for(self, agent_id: str) -> Path:
         """The journal's path; raises `ConfigError` for an unsafe agent id."""
@@ -1318,7 +956,7 @@ class OffloadStore:
         same write; otherwise it stays invisible until `commit(agent_id, result.pending)`.
         Messages already in the journal (same id, same content) reuse their records.
         `expect`: the journal the caller's state names; a vanished, replaced or truncated
-        journal raises `JournalLost` before anything is appended (see the module docstring).
+        journal raises `JournalLost` before anything is appended (docs/journal.md, "Stable addresses").
         `on_numbered(result)`: called in trio's thread, with what this call will return, as
         soon as the records are written and numbered, while the fsync still runs: work that
         needs the record numbers (a summary naming them) overlaps the wait for the disk. It
@@ -1619,69 +1257,35 @@ class OffloadStore:
                 unknown = in_batch.difference(journal.known.index)
                 if unknown:
                     self._learn_since(fd, path, journal, expect.seq, unknown)
-            pending = {attempt}
-            first = journal.seq + 1
-            # the common case: every message is new (checked over the smaller of the two)
-            if journal.known.index.keys().isdisjoint(in_batch):
-                fresh: Sequence[Message] = batch
-                next_seq = first + len(batch)
-                seqs: Sequence[int] = range(first, next_seq)
-            else:
-                fresh, numbers = self._reused(journal, batch, in_batch, compaction, pending)
-                next_seq = first
-                for i, s in enumerate(numbers):
-                    if s < 0:
-                        numbers[i] = next_seq
-                        next_seq += 1
-                seqs = numbers
-            if not fresh:
-                pending.discard(attempt)
-            ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
-            if not fresh and not ordered and not head:
+            plan = _plan_append(journal, batch, in_batch, compaction, attempt)
+            journal.superseded |= plan.superseded  # (known now: a failed write does not undo it)
+            seqs = plan.seqs
+            if not plan.fresh and not plan.ordered and not head:
                 return AppendResult(path, min(seqs), max(seqs), 0, jid, attempt, (), tuple(seqs))
-            high = max(journal.seq, next_seq - 1)
-            commit_line = _commit_line(ordered, jid, high) if commit and ordered else b""
-            fresh_ids = ids if fresh is batch else [m.id for m in fresh]
-            size = os.fstat(fd).st_size
-            doing = "write"
-            try:
-                written = len(head)
+            fresh, first, ordered = plan.fresh, plan.first, plan.ordered
+            commit_line = _commit_line(ordered, jid, plan.high) if commit and ordered else b""
+            low, top = (first, plan.next_seq - 1) if fresh is batch else (min(seqs), max(seqs))
+            result = AppendResult(path, low, top, len(fresh), jid, attempt, () if commit else ordered, tuple(seqs))
+            crcs: array[int] = array("L")
+
+            def write() -> bytes:
+                nonlocal crcs
+                last = b""
                 if head:
                     write_all(fd, head)
-                crcs, last, n = _write_records(fd, first, compaction, time.time(), fresh, attempt, jid)
-                written += n + len(commit_line)
+                crcs, last, _ = _write_records(fd, first, compaction, time.time(), fresh, attempt, jid)
                 if commit_line:
                     write_all(fd, commit_line)
-            except BaseException:  # nothing of the batch stays: the file ends where it did
-                try:
-                    os.ftruncate(fd, size)
-                except OSError as exc2:
-                    journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
-                journal.forget_file()
-                raise
-            low, top = (first, next_seq - 1) if fresh is batch else (min(seqs), max(seqs))
-            result = AppendResult(path, low, top, len(fresh), jid, attempt, () if commit else ordered, tuple(seqs))
-            if numbered is not None:
-                numbered(result)
-            last = commit_line[len(commit_line) // 2 :] or last or head or journal.last  # the last line written
-            doing = "fsync"
-            try:
-                os.fsync(fd)
-                # The journal is an archive, rarely read: let its pages go back to the system,
-                # but for the last line's, which the next append or commit reads to check the end.
-                if written > len(last):  # (a length of 0 would mean: to the end of the file)
-                    os.posix_fadvise(fd, size, written - len(last), os.POSIX_FADV_DONTNEED)
-                if size == 0:
-                    fsync_dir(path.parent)
-            except OSError as exc:
-                journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
-                raise
-            journal.size, journal.last = size + written, last
-            journal.journal, journal.seq = jid, high
-            journal.expected = (jid, high)
+                if numbered is not None:
+                    numbered(result)
+                return commit_line[len(commit_line) // 2 :] or last or head or journal.last  # the last line written
+
+            _write_synced(fd, path, journal, write, archive=True)
+            journal.journal, journal.seq = jid, plan.high
+            journal.expected = (jid, plan.high)
             # the fresh records are numbered first, first + 1, ... in the batch's order
             if fresh:
-                journal.known.add(fresh_ids, first, crcs, attempt, compaction)
+                journal.known.add(ids if fresh is batch else [m.id for m in fresh], first, crcs, attempt, compaction)
             if commit and ordered:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)
@@ -1738,7 +1342,12 @@ class OffloadStore:
 
     @staticmethod
     def _reused(
-        journal: _Journal, batch: tuple[Message, ...], in_batch: set[str], compaction: int, pending: set[str]
+        journal: _Journal,
+        batch: tuple[Message, ...],
+        in_batch: set[str],
+        compaction: int,
+        pending: set[str],
+        superseded: set[str],
     ) -> tuple[list[Message], list[int]]:
         """For a batch holding messages the journal has: (the messages to write, the record
         number of each message of the batch, -1 where it gets a new one); the uncommitted
@@ -1747,7 +1356,8 @@ class OffloadStore:
         committing the retry commits the whole attempt. An uncommitted attempt one of whose
         messages gets a new record here is superseded: its records are never reused again (a
         batch reusing its other records would commit it, and readers would then show that
-        message at its older number, not the one reported)."""
+        message at its older number, not the one reported): those go to `superseded` (the
+        journal's own set is left to the caller)."""
         done = journal.committed
         partial: set[str | None] = set()
         if journal.known.uncommitted(done):
@@ -1762,7 +1372,12 @@ class OffloadStore:
                 and (
                     known[2] is None
                     or known[2] in journal.committed
-                    or (known[3] == compaction and known[2] not in partial and known[2] not in journal.superseded)
+                    or (
+                        known[3] == compaction
+                        and known[2] not in partial
+                        and known[2] not in journal.superseded
+                        and known[2] not in superseded
+                    )
                 )
             ):
                 seqs.append(known[0])
@@ -1770,7 +1385,7 @@ class OffloadStore:
                     pending.add(known[2])
             else:
                 if known is not None and known[2] is not None and known[2] not in journal.committed:
-                    journal.superseded.add(known[2])
+                    superseded.add(known[2])
                 seqs.append(-1)
                 fresh.append(m)
         return fresh, seqs
@@ -1815,22 +1430,12 @@ class OffloadStore:
             if head or not wanted:  # a new file holds no attempt to commit
                 return False
             line = _commit_line(wanted, jid, journal.seq)
-            size = os.fstat(fd).st_size
-            doing = "write"
-            try:
+
+            def write() -> bytes:
                 write_all(fd, line)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, size)
-                journal.forget_file()
-                raise
-            doing = "fsync"
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
-                raise
-            journal.size, journal.last = size + len(line), line[len(line) // 2 :]  # (its second copy)
+                return line[len(line) // 2 :]  # (its second copy)
+
+            _write_synced(fd, path, journal, write, archive=False)
             journal.committed.update(wanted)
             self._prune(journal, wanted)
             return True
@@ -1969,7 +1574,7 @@ class OffloadStore:
                 if not batches or batches[-1][-1].compaction != r.compaction:
                     batches.append([])
                 batches[-1].append(r)
-            data = [piece for b in batches for piece in _transcript(b[0].compaction, [(r.seq, r.message) for r in b])]
+            data = [p for b in batches for p in transcript_pieces(b[0].compaction, [(r.seq, r.message) for r in b])]
             if fd < 0:
                 atomic_write(md, data)
             else:
@@ -2333,6 +1938,8 @@ __all__ = [
     "JournalRef",
     "JournalReport",
     "OffloadStore",
+    "md_code",
+    "md_fenced",
     "new_attempt_id",
     "new_journal_id",
 ]

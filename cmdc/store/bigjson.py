@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 
 import orjson
 
-from ._search import count_words
-from .errors import InvalidMessage
-from .message import Message
+from ..errors import InvalidMessage
+from ..message import Message
+from .search import count_words
 
 PIECE = 256 * 1024
 """Bytes handled by one C call."""

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
-import math
 import os
 import re
 import sqlite3
@@ -40,22 +38,28 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .errors import IndexUnavailable
+from ...errors import IndexUnavailable
+
+# the words and the ranking both stores share (importable from here, as before they moved)
+from ..search import COMPOUND as _COMPOUND
+from ..search import K1 as K1
+from ..search import LONGEST_COMPOUND as _LONGEST_COMPOUND
+from ..search import MAX_QUERY_TERMS as MAX_QUERY_TERMS
+from ..search import SUMMARY_WEIGHT as SUMMARY_WEIGHT
+from ..search import TEXT_CHARS as TEXT_CHARS
+from ..search import B as B
+from ..search import bm25 as bm25
+from ..search import holds_phrase as holds_phrase
+from ..search import query_terms as query_terms
+from ..search import record_text as record_text
+from ..search import tokens as tokens
 
 if TYPE_CHECKING:
-    from .message import Message
+    pass
 
 SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
 VERSION = 2  # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves)
-TEXT_CHARS = 256 * 1024
-"""Characters of a record's text that are indexed (a longer text is indexed by its head)."""
-SUMMARY_WEIGHT = 0.5
-"""A summary's score is multiplied by this: it quotes records that are themselves in the journal,
-and the record is the source."""
-K1, B = 1.2, 0.75
-"""BM25's parameters (FTS5's `bm25()` uses these)."""
-MAX_QUERY_TERMS = 64
 _CHUNK = 8 * 1024 * 1024  # journal bytes indexed per transaction
 LOCKED_CATCH_UP = 1024 * 1024
 """Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
@@ -65,8 +69,6 @@ _QUIET = 2.0  # seconds without a poke before the background thread indexes (the
 _LATEST = 30.0  # ... but no later than this after the first poke it has not served
 _WORD = re.compile(r"\w+")
 _JOINED = re.compile(r"\w[/.-]")  # where an identifier may be
-_LONGEST_COMPOUND = 256  # characters of an identifier kept whole (a longer one counts by its parts)
-_COMPOUND = re.compile(r"(?<!\w)\w++(?:[/._-]++\w++)+")  # possessive, from a word's start: linear
 
 READS = {"bytes": 0, "records": 0}
 """Bytes read and records decoded for callers (tests check reads do not scan); the background
@@ -83,242 +85,6 @@ def counted(kind: str, n: int) -> None:
 """Journal bytes read and records decoded through the index (for tests: reads that do not scan)."""
 
 
-# -- words -------------------------------------------------------------------------------------
-
-
-def tokens(text: str) -> list[str]:
-    """The words of `text`, casefolded, in order; an identifier holding `/ . _ -` between its
-    parts (`src/billing/mod_7.py`, `E-4127`) comes as its parts and then whole."""
-    low = text.casefold()
-    out: list[str] = []
-    pos = 0
-    for m in _COMPOUND.finditer(low):
-        out += _WORD.findall(low, pos, m.start())
-        out += _WORD.findall(m[0])
-        if len(m[0]) <= _LONGEST_COMPOUND:
-            out.append(m[0])
-        pos = m.end()
-    out += _WORD.findall(low, pos)
-    return out
-
-
-def record_text(message: Message) -> str:
-    """What is indexed of a message: its text (up to `TEXT_CHARS`), its tool calls' names and
-    arguments."""
-    parts = [message.text[:TEXT_CHARS]]
-    for call in message.tool_calls:
-        parts.append(call.name)
-        parts.append(orjson.dumps(call.to_dict()["arguments"]).decode()[:TEXT_CHARS])
-    return "\n".join(parts)
-
-
-STOP_WORDS = frozenset(
-    {
-        "a",
-        "about",
-        "above",
-        "after",
-        "again",
-        "against",
-        "all",
-        "am",
-        "an",
-        "and",
-        "any",
-        "are",
-        "as",
-        "at",
-        "be",
-        "because",
-        "been",
-        "before",
-        "being",
-        "below",
-        "between",
-        "both",
-        "but",
-        "by",
-        "can",
-        "could",
-        "did",
-        "do",
-        "does",
-        "doing",
-        "down",
-        "during",
-        "each",
-        "few",
-        "for",
-        "from",
-        "further",
-        "had",
-        "has",
-        "have",
-        "having",
-        "he",
-        "her",
-        "here",
-        "hers",
-        "herself",
-        "him",
-        "himself",
-        "his",
-        "how",
-        "i",
-        "if",
-        "in",
-        "into",
-        "is",
-        "it",
-        "its",
-        "itself",
-        "just",
-        "me",
-        "more",
-        "most",
-        "my",
-        "myself",
-        "no",
-        "nor",
-        "not",
-        "now",
-        "of",
-        "off",
-        "on",
-        "once",
-        "only",
-        "or",
-        "other",
-        "our",
-        "ours",
-        "ourselves",
-        "out",
-        "over",
-        "own",
-        "same",
-        "she",
-        "should",
-        "so",
-        "some",
-        "such",
-        "than",
-        "that",
-        "the",
-        "their",
-        "theirs",
-        "them",
-        "themselves",
-        "then",
-        "there",
-        "these",
-        "they",
-        "this",
-        "those",
-        "through",
-        "to",
-        "too",
-        "under",
-        "until",
-        "up",
-        "very",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "while",
-        "who",
-        "whom",
-        "why",
-        "will",
-        "with",
-        "would",
-        "you",
-        "your",
-        "yours",
-        "yourself",
-        "yourselves",
-    }
-)
-"""English function words (as PostgreSQL's `english` configuration lists them): a query matches
-them as typed, never their other forms (see `query_terms`)."""
-_SUFFIXES = ("ations", "ation", "ings", "ing", "ied", "ies", "ers", "ed", "es", "er", "s")
-_FORMS = ("", "s", "es", "ed", "ing", "er", "e")
-_MIN_STEM = 3
-_VOWELS = frozenset("aeiou")
-
-
-def stem(word: str) -> str:
-    """`word` without one common English ending and a final `e` (`changes`, `changed`, `change`
-    -> `chang`; `logging` -> `log`), at least `_MIN_STEM` letters kept; a word holding anything
-    but lower-case ASCII letters is returned as it is."""
-    if not (word.isascii() and word.isalpha() and word.islower()):
-        return word
-    for suffix in _SUFFIXES:
-        if word.endswith(suffix) and len(word) - len(suffix) >= _MIN_STEM:
-            word = word[: -len(suffix)]
-            if len(word) > _MIN_STEM and word[-1] == word[-2] and word[-1] not in _VOWELS | {"l", "s", "z"}:
-                word = word[:-1]  # logging -> logg -> log
-            break
-    if word.endswith("e") and len(word) > _MIN_STEM:
-        word = word[:-1]
-    return word
-
-
-def word_forms(word: str) -> list[str]:
-    """The forms of an English word a search also matches, the word first: its stem with the
-    usual endings (`fail` -> fails, failed, failing...; `logs` -> log, logged, logging), those
-    holding the same stem only (`changelog` is not a form of `change`). A number, an identifier
-    or a word of other letters has itself only."""
-    base = stem(word)
-    if base == word and not (word.isascii() and word.isalpha() and len(word) >= _MIN_STEM):
-        return [word]
-    bases = [base]
-    short = len(base) in (3, 4) and base[-2] in _VOWELS and base[-3] not in _VOWELS
-    if short and base[-1] not in _VOWELS | {"w", "x", "y"}:
-        bases.append(base + base[-1])  # log -> logg(ed)
-    forms = dict.fromkeys([word])
-    for b in bases:
-        for ending in ("ed", "ing", "er") if b != base else _FORMS:
-            form = b + ending
-            if stem(form) == base:
-                forms.setdefault(form)
-    return list(forms)
-
-
-def query_terms(query: str, held: Callable[[str], bool] | None = None) -> tuple[list[str], str | None]:
-    """The distinct terms of a query (at most `MAX_QUERY_TERMS`) and the phrase of its plain
-    words in order (None for fewer than two): plain words, never syntax.
-
-    Stop words are not terms of their own (unless the query holds nothing else: a stop word
-    rare in a journal would outweigh the words searched for), but each two words in a row of a
-    query of three or more are a phrase term (`"to tests"`, `"sessions timeout"`): a record
-    holding the query's words as they were typed ranks above one holding them apart. A word of
-    letters that no record holds as typed (`held(word)` false; every word without `held`)
-    matches its other forms instead (`word_forms`: `fail` finds fails, failed, failing), each a
-    term of its own: a word some record holds is searched as typed, since a form counted as a
-    term of its own would outweigh it wherever the form is rarer (`foxes` beside `fox`). Terms
-    come in that order, words, pairs, forms (`MAX_QUERY_TERMS` cuts forms first). A number or
-    an identifier (`svc129`, `E4127`, `src/billing/mod_7.py`, kept whole and by its parts)
-    matches exactly; a term holding a space is a phrase."""
-    words = tokens(query)
-    plain = [w for w in words if _WORD.fullmatch(w)][:MAX_QUERY_TERMS]
-    meant = [w for w in words if w not in STOP_WORDS]
-    parts = {p for w in words if not _WORD.fullmatch(w) for p in _WORD.findall(w)}  # of identifiers
-    terms = dict.fromkeys(meant or words)
-    if len(plain) > 2:  # two words in a row (a pair of stop words says nothing)
-        for first, second in itertools.pairwise(plain):
-            if first != second and not (first in STOP_WORDS and second in STOP_WORDS):
-                terms.setdefault(f"{first} {second}")
-    wanted = set(meant)
-    for w in list(terms)[:MAX_QUERY_TERMS]:
-        if w in wanted and w not in parts and len(forms := word_forms(w)) > 1 and not (held and held(w)):
-            terms.update(dict.fromkeys(forms))
-    return list(terms)[:MAX_QUERY_TERMS], (" ".join(plain) if len(plain) > 1 else None)
-
-
 def _quoted(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
@@ -330,51 +96,6 @@ def match_expression(terms: Sequence[str], phrase: str | None) -> str:
     if phrase is not None:
         parts.append(_quoted(phrase))
     return " OR ".join(parts)
-
-
-def bm25(
-    docs: Sequence[tuple[Sequence[str], bool]],
-    terms: Sequence[str],
-    phrase: str | None,
-    total: int,
-    frequency: Callable[[str], int],
-    average: float,
-) -> list[float]:
-    """Each document's BM25 score as FTS5 computes it (higher is better here), a summary's times
-    `SUMMARY_WEIGHT`: `docs` are (tokens, is summary); `frequency(term)` the documents holding a
-    term (or the phrase), `total` the documents, `average` their mean length in tokens."""
-    queries: list[Sequence[str]] = [t.split() for t in terms]
-    if phrase is not None:
-        queries.append(phrase.split())
-    idf = []
-    for q in queries:
-        n = frequency(" ".join(q))
-        value = math.log((total - n + 0.5) / (n + 0.5))
-        idf.append(value if value > 0 else 1e-6)
-    out = []
-    for words, summary in docs:
-        length = len(words)
-        plain = [w for w in words if _WORD.fullmatch(w)]  # a phrase is matched in the text's words
-        norm = K1 * (1 - B + B * length / max(average, 1e-9))
-        score = 0.0
-        for q, weight in zip(queries, idf, strict=True):
-            hits = occurrences(words if len(q) == 1 else plain, q)
-            if hits:
-                score += weight * hits * (K1 + 1) / (hits + norm)
-        out.append(score * (SUMMARY_WEIGHT if summary else 1.0))
-    return out
-
-
-def holds_phrase(words: Sequence[str], phrase: str) -> bool:
-    """Whether the plain words of a document's `words` hold `phrase` (words in a row)."""
-    return occurrences([w for w in words if _WORD.fullmatch(w)], phrase.split()) > 0
-
-
-def occurrences(words: Sequence[str], phrase: Sequence[str]) -> int:
-    if len(phrase) == 1:
-        return words.count(phrase[0])
-    n, k = len(words), len(phrase)
-    return sum(1 for i in range(n - k + 1) if words[i] == phrase[0] and list(words[i : i + k]) == list(phrase))
 
 
 # -- the sidecar -------------------------------------------------------------------------------
@@ -511,6 +232,14 @@ class Connections:
                 with spare[1]:
                     spare[0].close()
 
+    def close_all(self) -> None:
+        """Close every open index (one in use is closed when its user is done with it)."""
+        with self._lock:
+            held, self._open = list(self._open.values()), {}
+        for conn, lock, _ in held:
+            with lock:
+                conn.close()
+
     def close(self, journal: Path) -> None:
         with self._lock:
             held = self._open.pop(journal, None)
@@ -604,8 +333,8 @@ def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
 
 
 def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, Any], mark: int, end: int) -> None:
-    from .errors import OffloadCorrupted
-    from .offload import _decode_at, _fused_cuts, _lines, _summary_attempts
+    from ...errors import OffloadCorrupted
+    from .journal import _decode_at, _fused_cuts, _lines, _summary_attempts
 
     data, stop = _read_lines(fd, mark, end)
     last_seq, damaged = int(meta["last_seq"]), int(meta["damaged"])
@@ -750,7 +479,7 @@ def tokens_in_slices(text: str) -> Iterator[list[str]]:
 def _rest_words(data: bytes, start: int, end: int) -> list[str]:
     """The distinct words (and identifiers) of the text of the message line `data[start:end]`
     past its first `TEXT_CHARS` characters, read a piece at a time (never built whole)."""
-    from . import _bigjson
+    from .. import bigjson as _bigjson
 
     try:
         span = _bigjson.content_span(data, start + len(b'{"message":'), end)
@@ -784,7 +513,7 @@ token: `src/billing/mod_7.py` is one token of the `ids` column (its parts are in
 
 @functools.cache
 def _offload() -> Any:
-    from . import offload  # imported late: it imports this module
+    from . import journal as offload  # imported late: it imports this module
 
     return offload
 
@@ -1024,7 +753,7 @@ class Indexer:
                 self._wake.wait(due - now)
 
     def _run(self) -> None:
-        from .events import logger
+        from ...events import logger
 
         with contextlib.suppress(OSError, AttributeError):  # Linux: this thread alone yields to the others
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

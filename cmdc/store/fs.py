@@ -9,6 +9,7 @@ import os
 import secrets
 import stat
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -79,6 +80,17 @@ class DirProbe:
         self.ok = False
         self._lock = threading.Lock()
 
+    @classmethod
+    def of(cls, directory: Path) -> DirProbe:
+        """The probe of `directory` that every store on it shares while one holds it: stores of
+        one directory (each agent's compactor opens its own) probe it once between them. Only
+        the fact "usable" is shared, no store state."""
+        with _PROBES_LOCK:
+            probe = _PROBES.get(directory)
+            if probe is None:
+                probe = _PROBES[directory] = cls(directory)
+            return probe
+
     def run(self) -> None:
         """Blocking: probe the directory unless that was done."""
         if self.ok:
@@ -88,6 +100,9 @@ class DirProbe:
                 probe_dir(self.directory)
                 self.ok = True
 
+
+_PROBES: weakref.WeakValueDictionary[Path, DirProbe] = weakref.WeakValueDictionary()
+_PROBES_LOCK = threading.Lock()
 
 TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 
