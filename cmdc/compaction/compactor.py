@@ -20,6 +20,7 @@ import orjson
 import trio
 
 from .._check import is_int, optional_integer
+from .._report import Compacted, CompactionReport, Skipped
 from .._trio import one_of, reraise
 from ..errors import (
     CompactionAborted,
@@ -44,7 +45,6 @@ from ..events import (
 from ..message import Message, TokenUsage
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..providers.base import ModelRequest
-from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
 from ..store.records import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, new_attempt_id

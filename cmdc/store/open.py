@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .._redact import redact_url
+from .._version import install_hint
 from ..errors import ConfigError
 from .file.store import FileStore
 from .protocol import Store
@@ -26,7 +27,7 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
             from .postgres.store import PostgresStore
         except ImportError as exc:
             raise ConfigError(
-                f"a postgresql:// store needs the postgres extra: pip install 'cmdc[postgres]' ({exc})"
+                f"a postgresql:// store needs the postgres extra: {install_hint('postgres')} ({exc})"
             ) from None
         pg: PostgresStore = PostgresStore(spec)
         return pg

@@ -1,5 +1,5 @@
 """The store protocol: everything durable (journal batches, checkpoints, leases) behind one
-typed interface, which both shipped stores satisfy (checked by mypy: tests/test_store_protocol.py).
+typed interface, which both shipped stores satisfy (checked by mypy: tests/store/test_store_protocol.py).
 
 A runtime has one store, chosen in one place by a URL string or an object (`open_store`):
 
@@ -11,7 +11,7 @@ A runtime has one store, chosen in one place by a URL string or an object (`open
 
 The rules every store keeps (exactly-once attempts and commits, stable record numbers, damage
 contained, what each method promises) are stated once, in docs/journal.md, and checked by one
-conformance suite (tests/test_store.py) run against both stores shipped.
+conformance suite (tests/store/test_store.py) run against both stores shipped.
 """
 
 from __future__ import annotations

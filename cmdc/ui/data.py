@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from .._report import CompactionReport
 from ..compaction.config import CompactConfig
 from ..errors import CmdcError
 from ..events import (
@@ -44,7 +45,6 @@ from ..events import (
     Event,
 )
 from ..message import Message
-from ..report import CompactionReport
 from ..runtime import Runtime
 from ..runtime.bus import Subscription
 from ..state import State, validate_agent_id
