@@ -125,6 +125,34 @@ HELD_OUT: dict[str, tuple[str, ...]] = {
         "Reminder from security \u2014 {s} and {v} don't mix.",
     ),
 }
+QUERIES: dict[str, str] = {
+    # what a model asks the recall tool for the value a phrasing stated: the subject and what the
+    # value is (a port, a bucket, a timeout...), in its own words, never the value itself
+    "The staging database for {s} is called {v}, please don't create a new one.":
+        "what is the staging database for {s} called",
+    "We deploy {s} to the cluster named {v}.": "which cluster do we deploy {s} to",
+    "Heads up: the bucket for {s} is {v}.": "which bucket does {s} use",
+    "Use {v} as the queue name for the {s} jobs.": "what is the queue name for {s} jobs",
+    "Oh right, the {s} stuff lives in {v} now, the old one was retired.": "where does the {s} stuff live now",
+    "If you need the {s} account, it's {v}.": "which account does {s} use",
+    "Uploads for {s} must stay under {v} MB.": "how large may {s} uploads be in MB",
+    "Keep the {s} timeout at {v} seconds, the load balancer cuts at 60 anyway.": "what is the {s} timeout",
+    "The {s} retries should never exceed {v} attempts.": "how many retries are allowed for {s}",
+    "Rate limit for {s}: at most {v} requests per minute per tenant.": "what is the rate limit for {s}",
+    "Anything above {v} per minute on {s} gets us throttled by the vendor, so cap it there.":
+        "when does the vendor throttle {s}",
+    "Our SLO says {s} answers within {v} ms at p99.": "what is the {s} latency SLO",
+    "Make sure {s} never logs {v}.": "what must {s} never log",
+    "Every {s} response must include {v}.": "what must every {s} response include",
+    "For {s} we always store {v}, no exceptions.": "what do we always store for {s}",
+    "One rule for {s}: nothing may write {v}.": "what may nothing write in {s}",
+    "Compliance flagged it last quarter: {s} keeps {v} out of every export.": "what must {s} keep out of exports",
+    "Reminder from security \u2014 {s} and {v} don't mix.": "what did security say about {s}",
+}  # fmt: skip
+"""The recall probe's query per phrasing of a name, limit or requirement (a port's is the same
+for every phrasing): the question names what is asked for. A single generic question per kind
+("what is the limit for billing") named nothing the statement holds but its subject, a module
+name found in thousands of records; the requirement's held the answer itself."""
 REQUIREMENT_VALUES = (
     "raw card numbers", "the X-Request-Id header", "timestamps in UTC", "personal email addresses", "the tenant id",
     "plaintext passwords", "the Idempotency-Key", "amounts in integer cents",
@@ -305,6 +333,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
     choices = list(CHOICES)
     rng.shuffle(choices)
     phrasing_turn = 0
+    failed: set[str] = set()  # modules whose tests failed with an error code
 
     def todo_call(t: int) -> None:
         items = [{"content": text, "status": status} for text, status in todos]
@@ -350,6 +379,8 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             templates = HELD_OUT[vk] if held else PHRASINGS[vk]
             template = rng.choice(templates)
             subject, value, needles, query = _value(w, vk, modules)
+            if template in QUERIES:
+                query = QUERIES[template].format(s=subject)
             text = template.format(s=subject, v=value)
             text = text[0].upper() + text[1:]
             user = Message.user(text)
@@ -374,6 +405,10 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             t += 1
             continue
         if kind == "error_code":
+            # a module whose tests have not failed with a code yet (the probe's question names the
+            # module: two codes of one module would be one question with two answers)
+            module = next((m for m in modules[current % len(modules) :] + modules if m not in failed), module)
+            failed.add(module)
             code = w.unique(lambda: f"E{rng.randint(1000, 9999)}")
             failure = (
                 f"{tests[module]}::test_{module}_tenant - {module}.errors.TenantError: [{code}] tenant header missing"
