@@ -85,7 +85,7 @@ from .offload import ATTEMPTS_KEY, AppendResult, JournalRecord
 from .state import State, validate_agent_id
 from .store import StoreReport
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SEARCH_CANDIDATES = 500
 """Records a search ranks at most per stage (see `PostgresStore.search`)."""
 SEARCH_DF_MAX = 100_000
@@ -238,6 +238,19 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "INSERT INTO cmdc_journal_links (agent_id, journal, follows) "
         "SELECT agent_id, journal, follows FROM cmdc_journals WHERE follows IS NOT NULL",
+    ),
+    8: (
+        # each word's document frequency per agent (how many of its indexed records hold it),
+        # kept by the indexer in the transaction that adds the records' vectors: a search
+        # reads a word's rarity in one row, not by visiting every record that holds it
+        """CREATE TABLE cmdc_terms (
+            agent_id text NOT NULL,
+            word text NOT NULL,
+            n bigint NOT NULL,
+            PRIMARY KEY (agent_id, word)
+        )""",
+        "INSERT INTO cmdc_terms (agent_id, word, n) "
+        "SELECT s.agent_id, u.lexeme, count(*) FROM cmdc_search s, unnest(s.words) u GROUP BY 1, 2",
     ),
 }
 LINKS_MAX = 10_000
@@ -542,6 +555,7 @@ class PostgresStore:
         # rows then; both under `_index_lock`
         self._unanalyzed = 0
         self._analyzed_rows = 0
+        self._can_clean = True  # whether this role may clean the GIN index's pending list (`_clean_pending`)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.url)!r})"
@@ -726,6 +740,20 @@ class PostgresStore:
         with conn.transaction():
             return [str(a) for (a,) in conn.execute("SELECT agent_id FROM cmdc_journals WHERE indexed_seq < seq")]
 
+    def _clean_pending(self, conn: psycopg.Connection[Any]) -> None:
+        """Move the GIN index's pending list into its tree (`gin_clean_pending_list`), in the
+        indexer's transaction: a search reads the whole list, and the server's own clean-ups
+        (at `gin_pending_list_limit`, by autovacuum) give way to each other, so it grew to
+        thousands of pages (25 ms a lookup at a million records). A role that does not own the
+        index cannot: the list is then left to the server."""
+        if not self._can_clean:
+            return
+        try:
+            with conn.transaction():  # a savepoint: the batch stands whatever happens here
+                conn.execute("SELECT gin_clean_pending_list('cmdc_search_words'::regclass)")
+        except psycopg.errors.InsufficientPrivilege:
+            self._can_clean = False
+
     def _index_sync(self, conn: psycopg.Connection[Any], agent_id: str, batch: int) -> tuple[int, bool]:
         """Index the agent's next records past its `indexed_seq` (at most `batch`), in one
         transaction; return how many, and whether more are left. Every record up to the
@@ -743,12 +771,18 @@ class PostgresStore:
                 + _VECTOR.format(r="r")
                 + " AS words FROM cmdc_records r WHERE r.agent_id = %s AND r.seq > %s AND r.seq <= %s "
                 "ORDER BY r.seq LIMIT %s), "
-                "i AS (INSERT INTO cmdc_search (agent_id, seq, words) SELECT * FROM b ON CONFLICT DO NOTHING) "
+                "i AS (INSERT INTO cmdc_search (agent_id, seq, words) SELECT * FROM b ON CONFLICT DO NOTHING "
+                "RETURNING words), "
+                "t AS (INSERT INTO cmdc_terms (agent_id, word, n) SELECT %s, u.lexeme, count(*) "
+                "FROM i, unnest(i.words) u GROUP BY u.lexeme "
+                "ON CONFLICT (agent_id, word) DO UPDATE SET n = cmdc_terms.n + excluded.n) "
                 "SELECT count(*), max(seq) FROM b",
-                (agent_id, lo, top, batch),
+                (agent_id, lo, top, batch, agent_id),
             ).fetchone()
             assert done is not None
             n = int(done[0])
+            if n:
+                self._clean_pending(conn)
             more = n >= batch  # else every number up to `top` is covered (gaps hold no record)
             conn.execute(
                 "UPDATE cmdc_journals SET indexed_seq = greatest(indexed_seq, %s) WHERE agent_id = %s",
@@ -1232,11 +1266,20 @@ class PostgresStore:
         kept = [(row, doc) for row, doc in zip(rows, docs, strict=True) if doc is not None]
         counted: dict[str, int] = {}
         with conn.transaction():
+            # one snapshot: the mark, the word counts and the vectors counted agree (the indexer
+            # moves the mark and adds the vectors and their counts in one transaction)
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             total = conn.execute(
                 "SELECT seq, indexed_seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)
             ).fetchone()
             indexed = int(total[1]) if total else 0
+            quoted = [_lexeme(t) for t in terms]
+            for term, n in conn.execute(self._TERM_COUNTS, {"agent": agent_id, "terms": terms, "quoted": quoted}):
+                if n is not None:
+                    counted[term] = min(int(n), SEARCH_DF_MAX)
             for term in [*terms, *([phrase] if phrase else [])]:
+                if term in counted:
+                    continue
                 tsq = " <-> ".join(_lexeme(w) for w in term.split())
                 args = {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX, "indexed": indexed}
                 row = conn.execute(self._FREQUENCY, args).fetchone()
@@ -1252,6 +1295,15 @@ class PostgresStore:
         order = sorted(range(len(kept)), key=lambda i: (-scores[i], int(kept[i][0][0])))
         best = [kept[i][0] for i in order[: limit + 8]]  # a few spare, should one be damaged
         return self._decode(best, max_chars)[0][:limit]
+
+    _TERM_COUNTS = (
+        "SELECT u.term, CASE WHEN to_tsquery('simple', u.quoted)::text = u.quoted THEN "
+        "coalesce((SELECT c.n FROM cmdc_terms c WHERE c.agent_id = %(agent)s AND c.word = u.term), 0) END "
+        "FROM unnest(%(terms)s::text[], %(quoted)s::text[]) AS u(term, quoted)"
+    )
+    """Each query word's count of the agent's indexed records holding it, from `cmdc_terms`;
+    NULL for a word the search configuration does not keep as that one lexeme (an identifier
+    it splits, a character it drops): that one is counted through the index (`_FREQUENCY`)."""
 
     _FREQUENCY = (
         "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s AND seq <= %(indexed)s "
@@ -1312,6 +1364,8 @@ class PostgresStore:
             # matches are never read, and the lexeme's own entries are few. A large one is
             # searched by the words alone (its lexeme's entries would cost more to read than
             # the other agents' matches the filter drops, which its own matches outnumber).
+            # no parallel workers: starting one costs more than the few hundred rows it would share
+            conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")
             narrow = int(row[0]) <= SEARCH_NARROW_BELOW
             match = "(q && %(mine)s::tsquery)" if narrow else "q"
             args = {
@@ -1394,7 +1448,12 @@ class PostgresStore:
                     (reason, time.time(), agent_id, seq),
                 )
                 conn.execute("DELETE FROM cmdc_records WHERE agent_id = %s AND seq = %s", (agent_id, seq))
-                conn.execute("DELETE FROM cmdc_search WHERE agent_id = %s AND seq = %s", (agent_id, seq))
+                conn.execute(  # its words' counts go with it
+                    "WITH d AS (DELETE FROM cmdc_search WHERE agent_id = %s AND seq = %s RETURNING words) "
+                    "UPDATE cmdc_terms c SET n = c.n - 1 FROM d, unnest(d.words) u "
+                    "WHERE c.agent_id = %s AND c.word = u.lexeme",
+                    (agent_id, seq, agent_id),
+                )
         return len(bad)
 
     async def transcript(self, agent_id: str) -> str:
