@@ -670,3 +670,30 @@ def test_passwords_never_show_in_reprs_or_locations() -> None:
     for kw in ({"pool_size": 0}, {"retries": -1}, {"timeout": 0}, {"timeout": float("inf")}, {"retries": True}):
         with pytest.raises(ConfigError):
             PostgresStore("postgresql://x@/db", **kw)  # type: ignore[arg-type]
+
+
+async def test_candidates_read_best_bound_first_rank_as_all_read(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search reads a candidate's message only while its bound (from its search vector) can
+    still beat the last of the best found: the answers are those of ranking every candidate
+    (ties by number, summaries, identifiers, words repeated, records of every length)."""
+    import random
+
+    from cmdc import postgres
+    from tests.test_search_rank import QUERIES, corpus
+
+    rnd = random.Random(4)
+    words = ["port", "alpha", "beta", "gamma", "svc129", "delta"]
+    extra = [
+        Message.user(" ".join(rnd.choice(words) for _ in range(rnd.randrange(1, 40))), metadata=meta)
+        for meta in [{}] * 280 + [{"cmdc.kind": "summary"}] * 20
+    ]
+    await pg.append("a1", corpus() + extra, compaction=1)
+    await pg.index("a1")
+    queries = [*QUERIES, "alpha", "alpha beta", "gamma port alpha", "delta svc129", "beta beta gamma"]
+    found = {(q, n): [r.seq for r in await pg.search("a1", q, limit=n)] for q in queries for n in (1, 3, 10, 40)}
+    monkeypatch.setattr(postgres._Bound, "__call__", lambda self, tfs, length: float("inf"))  # every one read
+    for (q, n), seqs in found.items():
+        assert [r.seq for r in await pg.search("a1", q, limit=n)] == seqs, (q, n)
+    assert all(found[(q, 40)] for q in queries if q != "mod_7")
