@@ -1360,31 +1360,40 @@ class PostgresStore:
             return None  # a backlog (left by a process that died): the caller indexes it first
         counted = {t: min(int(c), SEARCH_DF_MAX) for t, c in zip(terms, total[2], strict=True) if c is not None}
         single = set(counted)  # the words the configuration keeps as one lexeme each
-        for term in [*terms, *([phrase] if phrase else [])]:
-            if term in counted:
-                continue
-            tsq = " <-> ".join(_lexeme(w) for w in term.split())
-            row = conn.execute(self._FREQUENCY, {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX}).fetchone()
-            counted[term] = int(row[0]) if row else 0
         average = self._average_length(conn, agent_id, top)
         late, bounds = self._candidates(conn, agent_id, every, some, terms, indexed, top)
         docs = [(row, _ranked_words(bytes(row[3]))) for row in late]  # past the mark: read whole
         kept = [(row, doc) for row, doc in docs if doc is not None]
-        for term in terms:  # past the mark: counted among the candidates
-            counted[term] += sum(1 for _, doc in kept if term in doc[0])
-        if phrase is not None:
-            counted[phrase] += sum(1 for _, doc in kept if _index.holds_phrase(doc[0], phrase))
+
+        def count(term: str) -> int:
+            """The records holding `term` (or the phrase): in the index, then past the mark."""
+            tsq = " <-> ".join(_lexeme(w) for w in term.split())
+            row = conn.execute(self._FREQUENCY, {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX}).fetchone()
+            if " " in term:
+                return (int(row[0]) if row else 0) + sum(1 for _, doc in kept if _index.holds_phrase(doc[0], term))
+            return (int(row[0]) if row else 0) + sum(1 for _, doc in kept if term in doc[0])
+
+        for term in terms:
+            if term in counted:  # past the mark: counted among the candidates
+                counted[term] += sum(1 for _, doc in kept if term in doc[0])
+            else:
+                counted[term] = count(term)
         n = max(top, len(kept) + len(bounds))
 
         def frequency(term: str) -> int:
-            return counted.get(term, 0)
+            if term not in counted:  # the phrase: counted once some candidate holds it
+                counted[term] = count(term)
+            return counted[term]
 
         def scored(pairs: list[tuple[Any, tuple[list[str], bool]]]) -> list[tuple[float, int, Any]]:
-            values = _index.bm25([doc for _, doc in pairs], terms, phrase, n, frequency, average)
+            # the phrase adds nothing to a record that does not hold it: left out, the same scores
+            held = phrase if phrase is not None and any(_index.holds_phrase(d[0], phrase) for _, d in pairs) else None
+            values = _index.bm25([doc for _, doc in pairs], terms, held, n, frequency, average)
             return [(-value, int(row[0]), row) for (row, _), value in zip(pairs, values, strict=True)]
 
         best = scored(kept)
-        bound = _Bound(terms, single, phrase, n, frequency, average)
+        # the phrase's bound, while it is not counted, as if no record held it (its rarest possible)
+        bound = _Bound(terms, single, phrase, n, lambda t: counted.get(t, 0), average)
         order = sorted((-bound(tfs, length), seq) for seq, length, tfs in bounds)
         want = limit + 8  # a few spare, should one be damaged
         batch = 32
