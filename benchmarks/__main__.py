@@ -67,6 +67,7 @@ class Preset:
     ui_reps: int = 9  # ... in this many pairs
     search_records: int = 1_000_000  # the file store's indexed search (bench_search)
     search_history_mb: int = 121  # the journal cmdc history --limit/--range reads
+    search_compaction: int = 10_000  # messages of the compaction the index's cost is measured on
 
 
 FULL = Preset(
@@ -105,6 +106,7 @@ SMOKE = attrs.evolve(
     store_queries=20,
     search_records=2_000,
     search_history_mb=1,
+    search_compaction=500,
     store_file_queries=2,
     store_compaction=1_000,
     retention_recall=False,
@@ -252,7 +254,7 @@ def _growth(curve: Sequence[Sequence[int]]) -> str:
 
 
 def search_rows(p: Preset) -> list[Row]:
-    f = bench_search.measure(p.search_records, 200, p.search_history_mb)
+    f = bench_search.measure(p.search_records, 200, p.search_history_mb, p.search_compaction)
     b = "search"
     mb = f"{f['history_bytes'] / 1e6:,.0f} MB"
     rate, last, span = f["build_per_s"], f["history_limit_s"], f["history_range_s"]
