@@ -411,14 +411,13 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
     commits: list[tuple[tuple[str, ...], str]] = []  # (attempts, group) in order
     legacy: list[int] = []
 
-    reader = _FastReader(data)
-
     def decode(offset: int, nl: int, after: int) -> tuple[Any, ...]:
-        fast = reader.read(offset, nl, lambda: f"{path}: byte {mark + offset}")
+        where = f"{path}: byte {mark + offset}"
+        fast = _fast_record(data, offset, nl, where)
         fields: tuple[Any, ...] = ()
         deps_of: tuple[str, ...] = ()
         if fast is None:  # a control line, a huge or unusual record: the journal's own decoder
-            decoded, _ = _decode_at(data, offset, nl, f"{path}: byte {mark + offset}", TEXT_CHARS)
+            decoded, _ = _decode_at(data, offset, nl, where, TEXT_CHARS)
             r = decoded.record
             kind, seq, attempts = decoded.kind, decoded.seq, decoded.attempts
             if r is not None:
@@ -470,12 +469,13 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
                 legacy.append(seq)
             deps += ((attempt or "", a) for a in deps_of)
     counted("records", len(recs))
+    conn.executemany(
+        "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp) VALUES (?,?,?,?,?,?,?,?)", recs
+    )
     conn.executemany("INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)", words)
     conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
     # which records become visible: those of attempts committed now (by a commit line, or by a
-    # committed summary naming them), those of attempts committed before, and legacy ones. The
-    # chunk's own records are inserted last, their group and visibility decided here (no row is
-    # written twice); the earlier records are updated in place.
+    # committed summary naming them), those of attempts committed before, and legacy ones
     fresh: list[str] = []
     for attempts, grp in commits:
         for a in attempts:
@@ -498,7 +498,6 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
                 queue.append(dep)
     changed = [*fresh, *old]
     rows: list[tuple[int, str]] = []
-    groups: dict[str, str] = {}
     for k in range(0, len(changed), 500):
         part = changed[k : k + 500]
         marks = ",".join("?" * len(part))
@@ -507,16 +506,8 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
             part,
         )
         rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks})", part).fetchall()
-        groups.update(conn.execute(f"SELECT attempt, grp FROM done WHERE attempt IN ({marks})", part).fetchall())
-    mine = [r if r[4] is None or r[4] not in groups else (*r[:6], groups[r[4]], r[7]) for r in recs]
-    stored = len(rows)
-    rows += [(r[0], r[3]) for r in mine if r[4] is None or r[4] in groups]
-    shown, delta = _show(conn, rows, stored)
-    count = int(meta["count"]) + delta
-    conn.executemany(
-        "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) VALUES (?,?,?,?,?,?,?,?,?)",
-        [(*r, 1 if r[0] in shown else 0) for r in mine],
-    )
+    rows += [(r[0], r[3]) for r in recs if r[4] is None]
+    count = int(meta["count"]) + _show(conn, rows)
     _set_meta(
         conn,
         {
@@ -600,83 +591,48 @@ def _fast_record(data: bytes, start: int, end: int, where: str) -> tuple[Any, ..
     `orjson.loads`: (seq, message id, attempt, compaction, is summary, indexed text, 0, the
     attempts a summary names); None for anything else (the journal's decoder reads it).
     `OffloadCorrupted` for a line whose checksum fails."""
-    return _FastReader(data).read(start, end, where)
-
-
-class _FastReader:
-    """`_fast_record` over one chunk of the journal: the chunk's bytes viewed once (no line is
-    copied), the ids it has checked remembered (a batch's records share their attempt and
-    journal ids). The checks are `_fast_record`'s, in the order the index build needs them."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.view = memoryview(data)
-        self.valid: set[str] = set()
-        offload = _offload()
-        self.offload = offload
-        self.keys = (offload._MESSAGE_KEYS, offload._LEGACY_KEYS)
-
-    def read(self, start: int, end: int, where: str | Callable[[], str]) -> tuple[Any, ...] | None:
-        data = self.data
-        if end - start > 64 * 1024 or not data.startswith(b'{"message":', start):
+    if end - start > 64 * 1024 or not data.startswith(b'{"message":', start):
+        return None
+    offload = _offload()
+    offload._check_sum(data, start, end, where)
+    try:
+        obj = orjson.loads(data[start:end])
+    except orjson.JSONDecodeError:
+        return None
+    msg = obj.get("message") if isinstance(obj, dict) else None
+    if not isinstance(msg, dict) or set(obj) not in (offload._MESSAGE_KEYS, offload._LEGACY_KEYS):
+        return None
+    seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
+    content, mid, calls, meta = (
+        msg.get("content", ""),
+        msg.get("id"),
+        msg.get("tool_calls", []),
+        msg.get("metadata", {}),
+    )
+    if (
+        type(seq) is not int
+        or seq < 1
+        or type(compaction) is not int
+        or compaction < 0
+        or type(obj["ts"]) not in (int, float)
+        or not isinstance(content, str)
+        or len(content) > TEXT_CHARS
+        or not isinstance(mid, str)
+        or not isinstance(meta, dict)
+        or not isinstance(calls, list)
+        or (attempt is not None and not (offload._valid_id(attempt) and offload._valid_id(obj["journal"])))
+    ):
+        return None
+    parts = [content]
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return None
-        m = _CRC_SUFFIX.fullmatch(data, end - 18, end) if end - start > 18 else None
-        if m is None or int(m[1], 16) != zlib.crc32(self.view[start + 11 : end - 18]):
-            self.offload._check_sum(data, start, end, where if isinstance(where, str) else where())  # raises
-            return None  # unreachable: the journal's own check failed above
-        try:
-            obj = orjson.loads(self.view[start:end])
-        except orjson.JSONDecodeError:
-            return None
-        if type(obj) is not dict or obj.keys() not in self.keys:
-            return None
-        msg = obj["message"]
-        if type(msg) is not dict:
-            return None
-        seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
-        content, mid = msg.get("content", ""), msg.get("id")
-        if (
-            type(seq) is not int
-            or seq < 1
-            or type(compaction) is not int
-            or compaction < 0
-            or type(obj["ts"]) not in (int, float)
-            or type(content) is not str
-            or len(content) > TEXT_CHARS
-            or type(mid) is not str
-        ):
-            return None
-        if attempt is not None and not (self._valid(attempt) and self._valid(obj["journal"])):
-            return None
-        meta, calls = msg.get("metadata", _NONE), msg.get("tool_calls", ())
-        if type(meta) is not dict or not (calls == () or type(calls) is list):
-            return None
-        text = content
-        if calls:
-            parts = [content]
-            for call in calls:
-                if type(call) is not dict or type(call.get("name")) is not str:
-                    return None
-                parts.append(call["name"])
-                parts.append(orjson.dumps(call.get("arguments", {})).decode()[:TEXT_CHARS])
-            text = "\n".join(parts)
-        summary = meta.get("cmdc.kind") == "summary"
-        deps = meta.get(self.offload.ATTEMPTS_KEY) if summary else None
-        valid = self.offload._valid_id
-        named = tuple(a for a in deps if valid(a)) if type(deps) is list else ()
-        return seq, mid, attempt, compaction, summary, text, 0, named
-
-    def _valid(self, value: object) -> bool:
-        if value in self.valid:
-            return True
-        if self.offload._valid_id(value):
-            self.valid.add(value)  # type: ignore[arg-type]
-            return True
-        return False
-
-
-_NONE: dict[str, Any] = {}  # a message without metadata (never changed)
-_CRC_SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
+        parts.append(call["name"])
+        parts.append(orjson.dumps(call.get("arguments", {})).decode()[:TEXT_CHARS])
+    summary = meta.get("cmdc.kind") == "summary"
+    deps = meta.get(offload.ATTEMPTS_KEY) if summary else None
+    named = tuple(a for a in deps if offload._valid_id(a)) if isinstance(deps, list) else ()
+    return seq, mid, attempt, compaction, summary, "\n".join(parts), 0, named
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
@@ -689,11 +645,9 @@ def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
     return out
 
 
-def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]], stored: int) -> tuple[set[int], int]:
+def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]]) -> int:
     """Make visible, for each message id among `rows` (committed records: seq, message id), its
-    first committed record: `rows[:stored]` are in the table, the rest are about to be inserted
-    (the numbers returned are those to insert visible). Returns them, and how many more
-    records are visible."""
+    first committed record; returns how many more records are visible."""
     first: dict[str, int] = {}
     for seq, mid in rows:
         if mid not in first or seq < first[mid]:
@@ -705,11 +659,10 @@ def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]], stored: int
         sql = f"SELECT mid, seq FROM recs WHERE vis = 1 AND mid IN ({','.join('?' * len(part))})"
         shown.update(conn.execute(sql, part).fetchall())
     hide = [(shown[m],) for m in mids if m in shown and first[m] < shown[m]]
-    show = [first[m] for m in mids if m not in shown or first[m] < shown[m]]
-    new = {seq for seq, _ in rows[stored:]}
+    show = [(first[m],) for m in mids if m not in shown or first[m] < shown[m]]
     conn.executemany("UPDATE recs SET vis = 0 WHERE seq = ?", hide)
-    conn.executemany("UPDATE recs SET vis = 1 WHERE seq = ?", [(seq,) for seq in show if seq not in new])
-    return {seq for seq in show if seq in new}, len(show) - len(hide)
+    conn.executemany("UPDATE recs SET vis = 1 WHERE seq = ?", show)
+    return len(show) - len(hide)
 
 
 # -- queries -----------------------------------------------------------------------------------
