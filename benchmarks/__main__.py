@@ -68,6 +68,7 @@ class Preset:
     ui_reps: int = 9  # ... in this many pairs
     search_records: int = 1_000_000  # the file store's indexed search (bench_search)
     search_history_mb: int = 121  # the journal cmdc history --limit/--range reads
+    search_compaction: int = 10_000  # messages of the compaction the index's cost is measured on
 
 
 FULL = Preset(
@@ -107,6 +108,7 @@ SMOKE = attrs.evolve(
     store_queries=20,
     search_records=2_000,
     search_history_mb=1,
+    search_compaction=500,
     store_file_queries=2,
     store_compaction=1_000,
     retention_recall=False,
@@ -280,7 +282,7 @@ def _growth(curve: Sequence[Sequence[int]]) -> str:
 
 
 def search_rows(p: Preset) -> list[Row]:
-    f = bench_search.measure(p.search_records, 200, p.search_history_mb)
+    f = bench_search.measure(p.search_records, 200, p.search_history_mb, p.search_compaction)
     b = "search"
     mb = f"{f['history_bytes'] / 1e6:,.0f} MB"
     rate, last, span = f["build_per_s"], f["history_limit_s"], f["history_range_s"]
@@ -292,10 +294,29 @@ def search_rows(p: Preset) -> list[Row]:
             "p99 < 20 ms",
             f["p99"] < 0.020,
         ),
-        Row(b, "index built from scratch", f"{rate:,.0f} records/s", "≥ 100,000/s", rate >= 1e5),
+        Row(
+            b,
+            "index built from scratch (records per CPU second)",
+            f"{rate:,.0f} records/s ({f['build_cpu_per_s']:,.0f})",
+            "≥ 100,000/s",
+            rate >= 1e5,
+        ),
         Row(b, f"history --limit 3, {mb} journal", _ms(last), "< 100 ms", last < 0.1),
         Row(b, f"history --range A A+1, {mb} journal", _ms(span), "< 100 ms", span < 0.1),
         Row(b, f"recall of 3 records from the {mb} journal: bytes read", f"{f['recall_bytes_read']:,}"),
+        Row(
+            b,
+            f"the index's cost on one compaction of {f['compaction_messages']:,} messages (on its path)",
+            f"{f['compaction_path']:+.0%}",
+            "< 15%",
+            f["compaction_path"] < 0.15,
+        ),
+        Row(
+            b,
+            "  then indexing its records once the store is quiet (in the background)",
+            f"{f['compaction_index_s'] * 1e3:,.0f} ms ({f['compaction_index_s'] / f['compaction_off_s']:.0%} "
+            "of the compaction's time)",
+        ),
     ]
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import os
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -26,8 +28,9 @@ from typing import Any
 import trio
 
 from benchmarks.bench_store import journal_messages, percentile
-from cmdc import Message, OffloadStore, _index
+from cmdc import Compactor, Message, OffloadStore, State, _index
 from cmdc.cli import main as cli_main
+from cmdc.store import FileStore
 
 HISTORY_MB = 121
 
@@ -78,9 +81,9 @@ async def _search_figures(root: Path, records: int, queries: int) -> dict[str, A
     journal = store.path_for("big")
     with contextlib.suppress(FileNotFoundError):
         _index.index_path(journal).unlink()
-    t1 = time.perf_counter()
-    ext = await store.extent("big")  # builds the index from scratch
-    build = time.perf_counter() - t1
+    t1, c1 = time.perf_counter(), time.process_time()
+    ext = await store.extent("big")  # builds the index from scratch (nothing else runs meanwhile)
+    build, build_cpu = time.perf_counter() - t1, time.process_time() - c1
     assert ext.records == records, ext
     rnd = random.Random(11)
     times, cpu = [], []
@@ -99,6 +102,7 @@ async def _search_figures(root: Path, records: int, queries: int) -> dict[str, A
         "fill_s": fill,
         "build_s": build,
         "build_per_s": records / build,
+        "build_cpu_per_s": records / build_cpu,
         "p50": percentile(times, 0.5),
         "p99": percentile(times, 0.99),
         "cpu_p50": percentile(cpu, 0.5),
@@ -136,11 +140,57 @@ async def _history_figures(root: Path, megabytes: int) -> dict[str, Any]:
     }
 
 
-def measure(records: int = 1_000_000, queries: int = 200, history_mb: int = HISTORY_MB) -> dict[str, Any]:
+async def _one_compaction(journal: OffloadStore, messages: list[Message], agent: str) -> float:
+    state = State(agent_id=agent, messages=tuple(messages), config={"compact_keep": ("messages", 20)})
+    store = FileStore(journal.root)
+    store.journal = journal  # with or without its index
+    compactor = Compactor(store=store)  # the offline extractive summarizer
+    t = time.perf_counter()
+    await compactor.force_compact(state)
+    return time.perf_counter() - t
+
+
+async def _compaction_figures(root: Path, messages: int, reps: int) -> dict[str, Any]:
+    """One compaction of `messages` messages on a store without an index and on one with it
+    (taking turns, so both see the same load), then the index brought up to date (the work the
+    store's background thread does once the store is quiet): medians."""
+    rnd = random.Random(3)
+    msgs = [Message.user("task: w00001x")]
+    for i in range(messages - 1):
+        text = " ".join(f"w{rnd.randrange(20_000):05d}x" for _ in range(24))
+        msgs.append(Message.user(text) if i % 2 else Message.assistant(text))
+    off: list[float] = []
+    on: list[float] = []
+    catch: list[float] = []
+    for rep in range(reps):
+        for indexed in (False, True) if rep % 2 else (True, False):  # neither always goes first
+            store = OffloadStore(root / f"{indexed}{rep}", index=indexed)
+            gc.collect()  # the previous run's garbage is not this one's cost
+            (on if indexed else off).append(await _one_compaction(store, msgs, "c1"))
+            if indexed:
+                t = time.perf_counter()
+                await store.extent("c1")  # the index brought up to the journal's end
+                catch.append(time.perf_counter() - t)
+    med = statistics.median
+    return {
+        "compaction_messages": messages,
+        "compaction_off_s": med(off),
+        "compaction_on_s": med(on),
+        "compaction_index_s": med(catch),
+        "compaction_path": med(on) / med(off) - 1,
+        "compaction_overhead": (med(on) + med(catch)) / med(off) - 1,
+    }
+
+
+def measure(
+    records: int = 1_000_000, queries: int = 200, history_mb: int = HISTORY_MB, compaction_messages: int = 10_000
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = trio.run(_search_figures, Path(tmp) / "s", records, queries)
     with tempfile.TemporaryDirectory() as tmp:
         out.update(trio.run(_history_figures, Path(tmp) / "h", history_mb))
+    with tempfile.TemporaryDirectory() as tmp:
+        out.update(trio.run(_compaction_figures, Path(tmp), compaction_messages, 8))
     return out
 
 
@@ -152,11 +202,17 @@ def report(f: dict[str, Any]) -> str:
             f"({f['queries']} queries; target p99 < 20 ms); CPU time per query p50 {f['cpu_p50'] * 1e3:.2f} ms, "
             f"p99 {f['cpu_p99'] * 1e3:.2f} ms (load average {f['load']:.1f}: under load the wall time is the CPU "
             "time and the wait for a core)",
-            f"index built from scratch: {f['build_s']:.1f} s, {f['build_per_s']:,.0f} records/s (target >= 100,000/s)",
+            f"index built from scratch: {f['build_s']:.1f} s, {f['build_per_s']:,.0f} records/s "
+            f"({f['build_cpu_per_s']:,.0f} records per CPU second; target >= 100,000/s)",
             f"history on a {f['history_bytes'] / 1e6:,.0f} MB journal ({f['history_records']:,} records): "
             f"--limit 3 {f['history_limit_s'] * 1e3:.1f} ms, --range {f['history_range_s'] * 1e3:.1f} ms "
             f"(target < 100 ms; the first call, building the index: {f['history_first_s']:.1f} s)",
             f"recall of 3 records from it: {f['recall_bytes_read']:,} journal bytes read",
+            f"one compaction of {f['compaction_messages']:,} messages: {f['compaction_off_s'] * 1e3:,.0f} ms without "
+            f"an index, {f['compaction_on_s'] * 1e3:,.0f} ms with it: {f['compaction_path']:+.0%} on its path (target "
+            f"< 15%); then {f['compaction_index_s'] * 1e3:,.0f} ms indexing in the background once the store is "
+            f"quiet ({f['compaction_index_s'] / f['compaction_off_s']:.0%} of the compaction's time)",
+            f"(load average {os.getloadavg()[0]:.1f} at the end)",
         ]
     )
 
@@ -166,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--history-mb", type=int, default=HISTORY_MB, help="the journal cmdc history reads")
+    parser.add_argument("--compaction", type=int, default=10_000, help="messages of the compaction timed")
     args = parser.parse_args(argv)
-    print(report(measure(args.records, args.queries, args.history_mb)))
+    print(report(measure(args.records, args.queries, args.history_mb, args.compaction)))
     return 0
 
 

@@ -176,6 +176,7 @@ MAX_QUERY_TERMS = 64
 LONGEST_COMPOUND = 256  # characters of an identifier kept whole (a longer one counts by its parts)
 COMPOUND = re.compile(r"(?<!\w)\w++(?:[/._-]++\w++)+")  # possessive, from a word's start: linear
 _WORD_RE = re.compile(r"\w+")
+_JOINT = re.compile(r"[/.-]")  # what a token holds only when it is a whole identifier (words are \w+)
 
 
 def tokens(text: str) -> list[str]:
@@ -433,7 +434,8 @@ def bm25(
     out = []
     for words, summary in docs:
         length = len(words)
-        plain = [w for w in words if _WORD_RE.fullmatch(w)]  # a phrase is matched in the text's words
+        # a phrase is matched in the text's words (identifiers left out)
+        plain = [w for w in words if not _JOINT.search(w)] if phrase is not None else words
         norm = K1 * (1 - B + B * length / max(average, 1e-9))
         score = 0.0
         for q, weight in zip(queries, idf, strict=True):

@@ -392,6 +392,66 @@ async def test_repair_drops_the_vectors_of_the_rows_it_moves(pg: PostgresStore, 
     assert (await pg.repair("a1")).moved == 1
     assert sql(postgres_url, "SELECT seq FROM cmdc_search ORDER BY seq") == [(1,), (3,), (4,), (5,)]
     assert sorted(r.seq for r in await pg.search("a1", "row", limit=10)) == [1, 3, 4, 5]
+    assert recounted(postgres_url) == stored_counts(postgres_url)  # row 1's words no longer counted
+    assert ("a1", "1", 0) in sql(postgres_url, "SELECT agent_id, word, n FROM cmdc_terms")
+
+
+RECOUNT = "SELECT s.agent_id, u.lexeme, count(*) FROM cmdc_search s, unnest(s.words) u GROUP BY 1, 2"
+
+
+def recounted(url: str) -> set[tuple[object, ...]]:
+    """Each agent's words and how many of its indexed records hold each, counted from the vectors."""
+    return set(sql(url, RECOUNT))
+
+
+def stored_counts(url: str) -> set[tuple[object, ...]]:
+    return set(sql(url, "SELECT agent_id, word, n FROM cmdc_terms WHERE n > 0"))
+
+
+async def test_word_counts_follow_the_indexer_and_the_pending_list_is_left_empty(
+    pg: PostgresStore, postgres_url: str
+) -> None:
+    """`cmdc_terms` holds, per agent, how many indexed records hold each word (what a search
+    reads a word's rarity from), kept in the indexer's transaction; each batch leaves the GIN
+    index's pending list empty (every lookup reads all of it)."""
+    await pg.append("a1", [Message.user(f"alpha beta{i % 3} svc{i}") for i in range(40)])
+    await pg.append("b2", [Message.user("alpha gamma"), Message.user("alpha alpha")])
+    pending = await pg.append("a1", [Message.user("alpha later")], commit=False)
+    await pg.index()
+    assert recounted(postgres_url) == stored_counts(postgres_url)
+    assert ("a1", "alpha", 41) in stored_counts(postgres_url) and ("b2", "alpha", 2) in stored_counts(postgres_url)
+    assert sql(postgres_url, "SELECT gin_clean_pending_list('cmdc_search_words'::regclass)") == [(0,)]
+    await pg.commit("a1", pending.pending)
+    await pg.append("a1", [Message.user("alpha beta1 svc7")])  # a word again, in a new record
+    await pg.index()
+    assert recounted(postgres_url) == stored_counts(postgres_url)
+    assert [r.seq for r in await pg.search("a1", "svc7 beta1", limit=3)][:2] == [8, 42]
+    # a word the search configuration splits (mod_7: 'mod' <-> '7') is counted through the index
+    await pg.append("b2", [Message.user("built mod_7 'x' \\ done")])
+    assert [r.message.text for r in await pg.search("b2", "mod_7 'x' \\")] == ["built mod_7 'x' \\ done"]
+
+
+async def test_schema_7_databases_count_their_words(postgres_url: str) -> None:
+    """Schema 8 adds `cmdc_terms`, counted from the vectors already indexed (none recomputed);
+    a search of the migrated database ranks as one built new."""
+    with psycopg.connect(postgres_url) as conn:
+        with conn.transaction():
+            schema_at(conn, 7)
+        assert migrate(conn) == 7
+    # an old database with indexed records: built at 7, its counts dropped as 7 had none
+    async with PostgresStore(postgres_url) as store:
+        await store.append("old", [Message.user(f"ancient needle{i % 2} hay") for i in range(6)])
+        await store.index()
+        before = [r.seq for r in await store.search("old", "needle1 hay", limit=6)]
+    sql(postgres_url, "DROP TABLE cmdc_terms")
+    sql(postgres_url, "UPDATE cmdc_meta SET value = '7' WHERE key = 'schema_version'")
+    with psycopg.connect(postgres_url) as conn:
+        assert migrate(conn) == 7
+    assert stored_counts(postgres_url) == recounted(postgres_url)
+    assert ("old", "hay", 6) in stored_counts(postgres_url)
+    async with PostgresStore(postgres_url) as store:
+        assert [r.seq for r in await store.search("old", "needle1 hay", limit=6)] == before
+        assert before[:3] == [2, 4, 6]  # the rarer word first
 
 
 async def test_a_lost_connection_is_retried_without_loss_or_duplicates(pg: PostgresStore, postgres_url: str) -> None:
@@ -610,3 +670,30 @@ def test_passwords_never_show_in_reprs_or_locations() -> None:
     for kw in ({"pool_size": 0}, {"retries": -1}, {"timeout": 0}, {"timeout": float("inf")}, {"retries": True}):
         with pytest.raises(ConfigError):
             PostgresStore("postgresql://x@/db", **kw)  # type: ignore[arg-type]
+
+
+async def test_candidates_read_best_bound_first_rank_as_all_read(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search reads a candidate's message only while its bound (from its search vector) can
+    still beat the last of the best found: the answers are those of ranking every candidate
+    (ties by number, summaries, identifiers, words repeated, records of every length)."""
+    import random
+
+    from cmdc import postgres
+    from tests.store.test_search_rank import QUERIES, corpus
+
+    rnd = random.Random(4)
+    words = ["port", "alpha", "beta", "gamma", "svc129", "delta"]
+    extra = [
+        Message.user(" ".join(rnd.choice(words) for _ in range(rnd.randrange(1, 40))), metadata=meta)
+        for meta in [{}] * 280 + [{"cmdc.kind": "summary"}] * 20
+    ]
+    await pg.append("a1", corpus() + extra, compaction=1)
+    await pg.index("a1")
+    queries = [*QUERIES, "alpha", "alpha beta", "gamma port alpha", "delta svc129", "beta beta gamma"]
+    found = {(q, n): [r.seq for r in await pg.search("a1", q, limit=n)] for q in queries for n in (1, 3, 10, 40)}
+    monkeypatch.setattr(postgres._Bound, "__call__", lambda self, tfs, length: float("inf"))  # every one read
+    for (q, n), seqs in found.items():
+        assert [r.seq for r in await pg.search("a1", q, limit=n)] == seqs, (q, n)
+    assert all(found[(q, 40)] for q in queries if q != "mod_7")

@@ -280,3 +280,74 @@ async def test_a_search_does_not_wait_for_a_writer_of_an_index_already_current(t
     finally:
         other.execute("ROLLBACK")
         other.close()
+async def test_an_index_built_in_small_chunks_shows_what_the_journal_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build decides a chunk's records' visibility before it inserts them: batches whose
+    commit line lands chunks later, an attempt never committed, a message written again by a
+    later attempt (its first committed record is the one shown) all read as a scan reads them."""
+    monkeypatch.setattr(_index, "_CHUNK", 700)  # a few lines per transaction
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(7), compaction=1)
+    late = await store.append("a", batch(6, 100), attempt=new_attempt_id(), commit=False, compaction=2)
+    await store.append("a", batch(3, 200), attempt=new_attempt_id(), commit=False, compaction=2)  # never committed
+    again = [Message.user("record again says word7"), *batch(2, 300)]
+    first = await store.append("a", again, attempt=new_attempt_id(), commit=False, compaction=3)
+    await store.append("a", batch(5, 400), compaction=3)
+    await store.commit("a", late.pending)
+    await store.append("a", again[:1], compaction=4)  # the same message, committed first here
+    await store.commit("a", first.pending)
+    scanned = [(r.seq, r.message.id) for r in await store.records("a")]
+    indexed = OffloadStore(tmp_path)
+    assert [(r.seq, r.message.id) for r in await indexed.read_range("a", 0, 10_000)] == scanned
+    assert [(r.seq, r.message.id) for r in await indexed.last_records("a", 4)] == scanned[-4:]
+    ext = await indexed.extent("a")
+    assert (ext.records, ext.compactions) == (len(scanned), (await store.verify("a")).compactions)
+    assert {r.seq for r in await indexed.search("a", "word7", 100)} == {
+        r.seq for r in await store.records("a") if "word7" in r.message.text.split()
+    }
+    assert (await indexed.check_index("a")).ok
+
+
+def _die_mid_build(journal: str) -> None:
+    """In a child process: build the journal's index and die (no cleanup, as a crash) inside
+    the transaction of its third chunk, after its rows are written."""
+    index = __import__("cmdc._index", fromlist=["_index"])
+    seen = [0]
+    show = index._show
+
+    def dying(*args: object) -> object:
+        seen[0] += 1
+        if seen[0] == 3:
+            os._exit(9)
+        return show(*args)
+
+    index._show = dying
+    index._CHUNK = 2_000
+    trio.run(OffloadStore(Path(journal).parent).extent, Path(journal).stem)
+
+
+async def test_a_build_that_dies_midway_is_finished_by_the_next_reader(tmp_path: Path) -> None:
+    """A process that dies inside a build's transaction leaves a valid index of what it had
+    committed (SQLite's journal rolls the rest back): the next reader goes on from there, and
+    what it shows is the journal's."""
+    import multiprocessing
+
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(120), compaction=1)
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=_die_mid_build, args=(str(store.path_for("a")),))
+    child.start()
+    await trio.to_thread.run_sync(child.join, 120)
+    assert child.exitcode == 9
+    conn = _index.connect(store.path_for("a"), [])
+    try:
+        committed = int(conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0])
+    finally:
+        conn.close()
+    assert 0 < committed < store.path_for("a").stat().st_size  # two chunks in, not all
+    reader = OffloadStore(tmp_path)
+    assert [r.seq for r in await reader.read_range("a", 0, 1_000)] == list(range(1, 121))
+    assert [r.message.text for r in await reader.search("a", "item119")] == ["record 119 says word19 and item119"]
+    report = await reader.check_index("a")
+    assert report.ok and not report.rebuilt, report

@@ -9,7 +9,7 @@ import psycopg
 
 from ...errors import CmdcError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 _LOCK_KEY = 0x636D6463  # the advisory lock that serializes schema migrations ("cmdc")
 
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -119,6 +119,19 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         )""",
         "INSERT INTO cmdc_journal_links (agent_id, journal, follows) "
         "SELECT agent_id, journal, follows FROM cmdc_journals WHERE follows IS NOT NULL",
+    ),
+    8: (
+        # each word's document frequency per agent (how many of its indexed records hold it),
+        # kept by the indexer in the transaction that adds the records' vectors: a search
+        # reads a word's rarity in one row, not by visiting every record that holds it
+        """CREATE TABLE cmdc_terms (
+            agent_id text NOT NULL,
+            word text NOT NULL,
+            n bigint NOT NULL,
+            PRIMARY KEY (agent_id, word)
+        ) WITH (fillfactor = 50)""",  # room on each page: a count's update stays there (HOT), its key untouched
+        "INSERT INTO cmdc_terms (agent_id, word, n) "
+        "SELECT s.agent_id, u.lexeme, count(*) FROM cmdc_search s, unnest(s.words) u GROUP BY 1, 2",
     ),
 }
 

@@ -16,7 +16,9 @@
   `PostgresStore.index`); a search reads the records past the agent's `indexed_seq` directly,
   so it finds every committed record whatever the indexer's lag. The work is bounded whatever the
   journal's size: at most `SEARCH_CANDIDATES` records holding every query word, then as many
-  holding any, are ranked by `ts_rank` (see `PostgresStore.search`). The store runs `ANALYZE`
+  holding any, are ranked by BM25, each word's rarity kept per agent in `cmdc_terms` (see
+  `PostgresStore.search`). The indexer empties the GIN index's pending list after each batch
+  (every lookup reads all of it). The store runs `ANALYZE`
   on the search and record tables after indexing many records (see `ANALYZE_MIN`): without
   statistics the planner reads a freshly filled journal by its primary key, not the index.
 - **Loss and repair.** A lost journal's successor is recorded in `cmdc_journal_links`;
@@ -43,6 +45,7 @@ What the store shows of its URL (reprs, errors, logs, `location`) never holds it
 from __future__ import annotations
 
 import logging
+import math
 import re
 import secrets
 import threading
@@ -122,6 +125,70 @@ def _ranked_words(raw: bytes) -> tuple[list[str], bool] | None:
         return _ranking.tokens("\n".join(parts)), summary
     except (orjson.JSONDecodeError, InvalidMessage, ValueError, TypeError, KeyError, AttributeError):
         return None
+
+
+def _vector_counts(vector: str, terms: Sequence[str]) -> tuple[int, list[int]]:
+    """A search vector's length (its positions: the words the text held) and how often it
+    holds each of `terms`, from its text form (`'word':3,17 'other':5 'cmdc agent=a'`). A
+    lexeme holding `':` or a comma of its own counts a little long: this bounds a score, it
+    does not make one."""
+    length = vector.count("':") + vector.count(",")
+    counts = []
+    for term in terms:
+        key = "'" + term.replace("'", "''") + "':"
+        at = vector.find(key)
+        while at > 0 and vector[at - 1] != " ":
+            at = vector.find(key, at + 1)
+        if at < 0:
+            counts.append(0)
+            continue
+        end = vector.find(" ", at + len(key))
+        counts.append(vector.count(",", at + len(key), len(vector) if end < 0 else end) + 1)
+    return length, counts
+
+
+class _Bound:
+    """The most a candidate can score, from its search vector: each word's occurrences and the
+    vector's length are those the file store's index counts for plain words (the sum is
+    `cmdc.store.search.bm25`'s, term by term in the same order, so a bound equals the score when they
+    are); a word the configuration splits counts as if it held it without end, and the phrase
+    as often as its rarest word. A summary only scores less."""
+
+    def __init__(
+        self,
+        terms: Sequence[str],
+        single: Collection[str],
+        phrase: str | None,
+        n: int,
+        frequency: Callable[[str], int],
+        average: float,
+    ) -> None:
+        queries = [*terms, *([phrase] if phrase is not None else [])]
+        weights = []
+        for q in queries:
+            value = math.log((n - frequency(q) + 0.5) / (frequency(q) + 0.5))
+            weights.append(value if value > 0 else 1e-6)
+        index = {t: i for i, t in enumerate(terms)}
+        # per query: its weight and which counts bound its hits (None: no bound, hits without end)
+        self._parts: list[tuple[float, list[int] | None]] = []
+        for q, weight in zip(queries, weights, strict=True):
+            words = q.split() if q is phrase else [q]
+            known = [index[w] for w in words if w in single and w in index]
+            self._parts.append((weight, known if len(known) == len(words) else None))
+        self._average = max(average, 1e-9)
+
+    def __call__(self, tfs: Sequence[int], length: int) -> float:
+        k1, b = _ranking.K1, _ranking.B
+        norm = k1 * (1 - b + b * length / self._average)
+        score = 0.0
+        for weight, known in self._parts:
+            if known is None:
+                score += weight * (k1 + 1)
+                continue
+            hits = min(tfs[i] for i in known)
+            if hits:
+                score += weight * hits * (k1 + 1) / (hits + norm)
+        return score
 
 
 T = TypeVar("T")
@@ -369,6 +436,7 @@ class PostgresStore(CheckpointRows, LeaseRows):
         # rows then; both under `_index_lock`
         self._unanalyzed = 0
         self._analyzed_rows = 0
+        self._can_clean = True  # whether this role may clean the GIN index's pending list (`_clean_pending`)
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact(self.url)!r})"
@@ -553,6 +621,20 @@ class PostgresStore(CheckpointRows, LeaseRows):
         with conn.transaction():
             return [str(a) for (a,) in conn.execute("SELECT agent_id FROM cmdc_journals WHERE indexed_seq < seq")]
 
+    def _clean_pending(self, conn: psycopg.Connection[Any]) -> None:
+        """Move the GIN index's pending list into its tree (`gin_clean_pending_list`), in the
+        indexer's transaction: a search reads the whole list, and the server's own clean-ups
+        (at `gin_pending_list_limit`, by autovacuum) give way to each other, so it grew to
+        thousands of pages (25 ms a lookup at a million records). A role that does not own the
+        index cannot: the list is then left to the server."""
+        if not self._can_clean:
+            return
+        try:
+            with conn.transaction():  # a savepoint: the batch stands whatever happens here
+                conn.execute("SELECT gin_clean_pending_list('cmdc_search_words'::regclass)")
+        except psycopg.errors.InsufficientPrivilege:
+            self._can_clean = False
+
     def _index_sync(self, conn: psycopg.Connection[Any], agent_id: str, batch: int) -> tuple[int, bool]:
         """Index the agent's next records past its `indexed_seq` (at most `batch`), in one
         transaction; return how many, and whether more are left. Every record up to the
@@ -570,12 +652,18 @@ class PostgresStore(CheckpointRows, LeaseRows):
                 + _VECTOR.format(r="r")
                 + " AS words FROM cmdc_records r WHERE r.agent_id = %s AND r.seq > %s AND r.seq <= %s "
                 "ORDER BY r.seq LIMIT %s), "
-                "i AS (INSERT INTO cmdc_search (agent_id, seq, words) SELECT * FROM b ON CONFLICT DO NOTHING) "
+                "i AS (INSERT INTO cmdc_search (agent_id, seq, words) SELECT * FROM b ON CONFLICT DO NOTHING "
+                "RETURNING words), "
+                "t AS (INSERT INTO cmdc_terms (agent_id, word, n) SELECT %s, u.lexeme, count(*) "
+                "FROM i, unnest(i.words) u GROUP BY u.lexeme "
+                "ON CONFLICT (agent_id, word) DO UPDATE SET n = cmdc_terms.n + excluded.n) "
                 "SELECT count(*), max(seq) FROM b",
-                (agent_id, lo, top, batch),
+                (agent_id, lo, top, batch, agent_id),
             ).fetchone()
             assert done is not None
             n = int(done[0])
+            if n:
+                self._clean_pending(conn)
             more = n >= batch  # else every number up to `top` is covered (gaps hold no record)
             conn.execute(
                 "UPDATE cmdc_journals SET indexed_seq = greatest(indexed_seq, %s) WHERE agent_id = %s",
@@ -1046,16 +1134,18 @@ class PostgresStore(CheckpointRows, LeaseRows):
 
         The work is bounded, whatever the journal's size or the words' frequency: the GIN
         index gives the candidates, at most `SEARCH_CANDIDATES` records holding *every* query
-        word, then at most `SEARCH_CANDIDATES` more holding *any* of them, first ordered by
-        PostgreSQL's `ts_rank_cd` (normalised by the record's length); each word's rarity is
-        counted through the index (up to `SEARCH_DF_MAX` records), and the candidates are then
-        ranked by BM25 over their words as the file store's index reads them. A journal of at
-        most `SEARCH_NARROW_BELOW` records is searched through its agent's lexeme in the index,
-        so other agents' matches are never read; a larger one by its words alone. Records not
-        in the index yet (the indexer's lag) are matched directly, with the same vector; more
-        than `SEARCH_UNINDEXED_MAX` of them are indexed first. When more records match than
-        the candidates, the ones ranked are those the index hands out first, not necessarily
-        the best of all: a more specific query narrows it."""
+        word, then at most `SEARCH_CANDIDATES` more holding *any* of them, read from their
+        search vectors alone; each word's rarity is read from `cmdc_terms` (a word the search
+        configuration splits is counted through the index, up to `SEARCH_DF_MAX` records). The
+        candidates are ranked by BM25 over their words as the file store's index reads them,
+        their messages read best bound first (`_Bound`: the score a vector allows), a batch at a
+        time, until no candidate left can beat the last of the best: most searches read one
+        batch. A journal of at most `SEARCH_NARROW_BELOW` records is searched through its
+        agent's lexeme in the index, so other agents' matches are never read; a larger one by
+        its words alone. Records not in the index yet (the indexer's lag) are matched directly,
+        with the same vector; more than `SEARCH_UNINDEXED_MAX` of them are indexed first. When
+        more records match than the candidates, the ones ranked are those the index hands out
+        first, not necessarily the best of all: a more specific query narrows it."""
         validate_agent_id(agent_id)
         integer(limit, "search limit")
         if max_chars is not None:
@@ -1093,53 +1183,118 @@ class PostgresStore(CheckpointRows, LeaseRows):
         limit: int,
         max_chars: int | None,
     ) -> list[JournalRecord] | None:
-        """`_search_sync`, the words' rarity and the ranking of its candidates, in one worker
-        thread's turn."""
-        size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
-        narrow = size is None or int(size[0]) <= SEARCH_NARROW_BELOW
-        terms, phrase = _ranking.query_terms(text, lambda word: self._holds_word(conn, agent_id, word, narrow))
-        terms = terms[:MAX_QUERY_WORDS]
-        # a word's forms are one group (they share its stem): the records holding every word in
-        # some form come first, then those holding any; a phrase term only ranks (its words find it)
-        groups: dict[str, list[str]] = {}
-        for term in terms:
-            if " " not in term:
-                groups.setdefault(_ranking.stem(term), []).append(_lexeme(term))
-        every = " & ".join(g[0] if len(g) == 1 else "(" + " | ".join(g) + ")" for g in groups.values())
-        some = " | ".join(lexeme for g in groups.values() for lexeme in g)
-        rows = self._search_sync(conn, agent_id, every, some, SEARCH_CANDIDATES)
-        if rows is None:
-            return None
-        if not rows:
-            return []
-        docs = [_ranked_words(bytes(row[3])) for row in rows]  # only what ranking needs is read
-        kept = [(row, doc) for row, doc in zip(rows, docs, strict=True) if doc is not None]
-        counted: dict[str, int] = {}
+        """The search, in one worker thread's turn: the query's terms (a word no record holds
+        by its forms), the words' rarity (`cmdc_terms`), the candidates (`_candidates`), and the
+        best of them by BM25 over their words as the file store's index reads them. A
+        candidate's message is read only while it can still rank among the best: the candidates
+        are taken best bound first (`_bound`), a batch at a time, until the next one's bound
+        cannot beat the last of the `limit` best found."""
         with conn.transaction():
-            total = conn.execute(
-                "SELECT seq, indexed_seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)
-            ).fetchone()
-            indexed = int(total[1]) if total else 0
-            for term in [*terms, *([phrase] if phrase else [])]:
-                tsq = " <-> ".join(_lexeme(w) for w in term.split())
-                args = {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX, "indexed": indexed}
-                row = conn.execute(self._FREQUENCY, args).fetchone()
-                counted[term] = int(row[0]) if row else 0
-            average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
-        late = [doc[0] for row, doc in kept if int(row[0]) > indexed]  # past the mark: counted among the candidates
+            # one snapshot: the mark, the word counts, the vectors and the records agree (the
+            # indexer moves the mark and adds the vectors and their counts in one transaction);
+            # no parallel workers: starting one costs more than the few hundred rows it would share
+            conn.execute(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
+                "SET LOCAL max_parallel_workers_per_gather = 0"
+            )
+            size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+            narrow = size is None or int(size[0]) <= SEARCH_NARROW_BELOW
+            terms, phrase = _ranking.query_terms(text, lambda word: self._holds_word(conn, agent_id, word, narrow))
+            terms = terms[:MAX_QUERY_WORDS]
+            # a word's forms are one group (they share its stem): the records holding every word in
+            # some form come first, then those holding any; a phrase term only ranks (its words find it)
+            groups: dict[str, list[str]] = {}
+            for term in terms:
+                if " " not in term:
+                    groups.setdefault(_ranking.stem(term), []).append(_lexeme(term))
+            every = " & ".join(g[0] if len(g) == 1 else "(" + " | ".join(g) + ")" for g in groups.values())
+            some = " | ".join(lexeme for g in groups.values() for lexeme in g)
+            return self._search_snapshot(conn, agent_id, every, some, terms, phrase, limit, max_chars)
+
+    def _search_snapshot(
+        self,
+        conn: psycopg.Connection[Any],
+        agent_id: str,
+        every: str,
+        some: str,
+        terms: list[str],
+        phrase: str | None,
+        limit: int,
+        max_chars: int | None,
+    ) -> list[JournalRecord] | None:
+        quoted = [_lexeme(t) for t in terms]
+        args = {"agent": agent_id, "terms": terms, "quoted": quoted}
+        total = conn.execute(self._MARK_AND_COUNTS, args).fetchone()
+        if total is None:
+            return []
+        top, indexed = int(total[0]), int(total[1])
+        if top - indexed > SEARCH_UNINDEXED_MAX:
+            return None  # a backlog (left by a process that died): the caller indexes it first
+        counted = {t: min(int(c), SEARCH_DF_MAX) for t, c in zip(terms, total[2], strict=True) if c is not None}
+        single = set(counted)  # the words the configuration keeps as one lexeme each
+        average = self._average_length(conn, agent_id, top)
+        late, bounds = self._candidates(conn, agent_id, every, some, terms, indexed, top)
+        docs = [(row, _ranked_words(bytes(row[3]))) for row in late]  # past the mark: read whole
+        kept = [(row, doc) for row, doc in docs if doc is not None]
+
+        def count(term: str) -> int:
+            """The records holding `term` (or the phrase): in the index, then past the mark."""
+            tsq = " <-> ".join(_lexeme(w) for w in term.split())
+            row = conn.execute(self._FREQUENCY, {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX}).fetchone()
+            if " " in term:
+                return (int(row[0]) if row else 0) + sum(1 for _, doc in kept if _ranking.holds_phrase(doc[0], term))
+            return (int(row[0]) if row else 0) + sum(1 for _, doc in kept if term in doc[0])
+
         for term in terms:
-            held = (_ranking.holds_phrase(words, term) if " " in term else term in words for words in late)
-            counted[term] += sum(held)
-        if phrase is not None:
-            counted[phrase] += sum(1 for words in late if _ranking.holds_phrase(words, phrase))
-        n = max(int(total[0]) if total else 0, len(kept))
-        scores = _ranking.bm25([doc for _, doc in kept], terms, phrase, n, lambda t: counted.get(t, 0), average)
-        order = sorted(range(len(kept)), key=lambda i: (-scores[i], int(kept[i][0][0])))
-        best = [kept[i][0] for i in order[: limit + 8]]  # a few spare, should one be damaged
-        return self._decode(best, max_chars)[0][:limit]
+            if term in counted:  # past the mark: counted among the candidates
+                counted[term] += sum(1 for _, doc in kept if term in doc[0])
+            else:
+                counted[term] = count(term)
+        n = max(top, len(kept) + len(bounds))
+
+        def frequency(term: str) -> int:
+            if term not in counted:  # the phrase: counted once some candidate holds it
+                counted[term] = count(term)
+            return counted[term]
+
+        def scored(pairs: list[tuple[Any, tuple[list[str], bool]]]) -> list[tuple[float, int, Any]]:
+            # the phrase adds nothing to a record that does not hold it: left out, the same scores
+            held = phrase if phrase is not None and any(_ranking.holds_phrase(d[0], phrase) for _, d in pairs) else None
+            values = _ranking.bm25([doc for _, doc in pairs], terms, held, n, frequency, average)
+            return [(-value, int(row[0]), row) for (row, _), value in zip(pairs, values, strict=True)]
+
+        best = scored(kept)
+        # the phrase's bound, while it is not counted, as if no record held it (its rarest possible)
+        bound = _Bound(terms, single, phrase, n, lambda t: counted.get(t, 0), average)
+        order = sorted((-bound(tfs, length), seq) for seq, length, tfs in bounds)
+        want = limit + 8  # a few spare, should one be damaged
+        batch = 32
+        while order:
+            best.sort(key=lambda s: s[:2])
+            if len(best) >= want and order[0] > best[want - 1][:2]:
+                break  # no candidate left can rank among the best
+            seqs = [seq for _, seq in order[:batch]]
+            del order[:batch]
+            batch = min(batch * 2, SEARCH_CANDIDATES)
+            rows = conn.execute(self._VISIBLE + " AND r.seq = ANY(%s)", (agent_id, seqs), binary=True).fetchall()
+            fetched = [(row, _ranked_words(bytes(row[3]))) for row in rows]
+            best += scored([(row, doc) for row, doc in fetched if doc is not None])
+        best.sort(key=lambda s: s[:2])
+        return self._decode([row for _, _, row in best[:want]], max_chars)[0][:limit]
+
+    _MARK_AND_COUNTS = (
+        "SELECT j.seq, j.indexed_seq, ARRAY(SELECT CASE WHEN to_tsquery('simple', u.quoted)::text = u.quoted THEN "
+        "coalesce((SELECT c.n FROM cmdc_terms c WHERE c.agent_id = %(agent)s AND c.word = u.term), 0) END "
+        "FROM unnest(%(terms)s::text[], %(quoted)s::text[]) WITH ORDINALITY AS u(term, quoted, i) ORDER BY u.i) "
+        "FROM cmdc_journals j WHERE j.agent_id = %(agent)s"
+    )
+    """The agent's journal mark, and each query word's count of its indexed records holding it,
+    from `cmdc_terms`; NULL for a word the search configuration does not keep as that one lexeme
+    (an identifier it splits, a character it drops): that one is counted through the index
+    (`_FREQUENCY`)."""
 
     _FREQUENCY = (
-        "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s AND seq <= %(indexed)s "
+        "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s "
         "AND words @@ to_tsquery('simple', %(q)s) LIMIT %(cap)s) f"
     )
 
@@ -1162,61 +1317,70 @@ class PostgresStore(CheckpointRows, LeaseRows):
         self._averages[agent_id] = (seq, average)
         return average
 
-    # The candidates: those the index finds among the records up to `indexed_seq`, and those
-    # past it (not indexed yet: the indexer's lag, a batch or so), matched by the same vector.
-    _CANDIDATES = (
-        "SELECT c.seq, c.compaction, c.ts, c.message, c.crc FROM ("
-        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank_cd(s.words, q, 1) AS rank FROM cmdc_search s "
-        "JOIN cmdc_records r ON r.agent_id = s.agent_id AND r.seq = s.seq "
+    # The candidates in the index, by their vectors alone (each one's length and occurrences of
+    # the query words are read from its text form, `_vector_counts`); the message is read later,
+    # if the candidate can rank among the best.
+    _INDEXED = (
+        "SELECT s.seq, s.words::text, {stage} FROM cmdc_search s WHERE s.agent_id = %(agent)s "
+        "AND s.seq <= %(indexed)s AND s.words @@ {match} {extra}LIMIT %(cap)s"
+    )
+    _NOT_EVERY = "AND NOT s.words @@ to_tsquery('simple', %(every)s) "
+    # Those past the mark (not indexed yet: the indexer's lag, a batch or so), matched by the
+    # same vector, visible ones only, read whole.
+    _LATE = (
+        "SELECT r.seq, r.compaction, r.ts, r.message, r.crc FROM cmdc_records r "
         "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
-        "to_tsquery('simple', %(q)s) q WHERE s.agent_id = %(agent)s AND s.seq <= %(indexed)s "
-        "AND s.words @@ {match} {extra}LIMIT %(cap)s) "
-        "UNION ALL "
-        "(SELECT r.seq, r.compaction, r.ts, r.message, r.crc, ts_rank_cd(v.words, q, 1) AS rank FROM cmdc_records r "
-        "JOIN cmdc_attempts a ON a.agent_id = r.agent_id AND a.attempt = r.attempt AND a.committed, "
-        "to_tsquery('simple', %(q)s) q, LATERAL (SELECT "
-        + _VECTOR.format(r="r").replace("{", "{{").replace("}", "}}")  # formatted again below
-        + " AS words) v "
-        "WHERE r.agent_id = %(agent)s AND r.seq > %(indexed)s AND v.words @@ q {extra}LIMIT %(cap)s)"
-        ") c ORDER BY c.rank DESC, c.seq LIMIT %(limit)s"
+        "LATERAL (SELECT " + _VECTOR.format(r="r") + " AS words) v "
+        "WHERE r.agent_id = %(agent)s AND r.seq > %(indexed)s AND v.words @@ to_tsquery('simple', %(q)s) "
+        "ORDER BY r.seq LIMIT %(cap)s"
     )
 
-    def _search_sync(
-        self, conn: psycopg.Connection[Any], agent_id: str, every: str, some: str, limit: int
-    ) -> list[Any] | None:
+    def _candidates(
+        self,
+        conn: psycopg.Connection[Any],
+        agent_id: str,
+        every: str,
+        some: str,
+        terms: list[str],
+        indexed: int,
+        top: int,
+    ) -> tuple[list[Any], list[tuple[int, int, list[int]]]]:
+        """The rows past the mark holding any query word (whole, at most `SEARCH_CANDIDATES`),
+        and the indexed candidates as (seq, length, occurrences of each word): at most
+        `SEARCH_CANDIDATES` holding every word, then as many more holding any. A small journal
+        is searched through its agent's lexeme in the index: other agents' matches are never
+        read, and the lexeme's own entries are few. A large one by its words alone (its
+        lexeme's entries would cost more to read than the other agents' matches the filter
+        drops, which its own matches outnumber)."""
         cap = SEARCH_CANDIDATES
-        with conn.transaction():
-            row = conn.execute("SELECT seq, indexed_seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
-            if row is None:
-                return []
-            if int(row[0]) - int(row[1]) > SEARCH_UNINDEXED_MAX:
-                return None  # a backlog (left by a process that died): the caller indexes it first
-            # the records up to the mark are in the index (the mark is read first: records the
-            # indexer adds meanwhile are read again past it, not missed)
-            # A small journal is searched through its agent's lexeme in the index: other agents'
-            # matches are never read, and the lexeme's own entries are few. A large one is
-            # searched by the words alone (its lexeme's entries would cost more to read than
-            # the other agents' matches the filter drops, which its own matches outnumber).
-            narrow = int(row[0]) <= SEARCH_NARROW_BELOW
-            match = "(q && %(mine)s::tsquery)" if narrow else "q"
-            args = {
-                "q": every,
-                "agent": agent_id,
-                "indexed": int(row[1]),
-                "mine": f"'cmdc agent={agent_id}'",  # agent ids hold no quote or backslash
-                "cap": cap,
-                "limit": limit,
-            }
-            found: list[Any] = conn.execute(
-                self._CANDIDATES.format(match=match, extra=""), args, binary=True
-            ).fetchall()  # binary: bytea not hex
-            if len(found) >= limit or every == some:
-                return found
-            args.update(q=some, seen=[r[0] for r in found])
-            more = conn.execute(
-                self._CANDIDATES.format(match=match, extra="AND NOT r.seq = ANY(%(seen)s) "), args, binary=True
-            ).fetchall()
-        return found + more[: limit - len(found)]
+        late: list[Any] = []
+        if top > indexed:
+            past = {"agent": agent_id, "indexed": indexed, "q": some, "cap": cap}
+            late = conn.execute(self._LATE, past, binary=True).fetchall()
+        narrow = top <= SEARCH_NARROW_BELOW
+        match = "to_tsquery('simple', %({q})s)"
+        if narrow:
+            match = f"({match} && %(mine)s::tsquery)"
+        args: dict[str, Any] = {
+            "every": every,
+            "agent": agent_id,
+            "indexed": indexed,
+            "mine": f"'cmdc agent={agent_id}'",  # agent ids hold no quote or backslash
+            "cap": cap,
+        }
+        if every == some:
+            one = self._INDEXED.format(match=match.format(q="every"), extra="", stage=0)
+            found = conn.execute(one, args).fetchall()
+        else:  # those holding every word, then as many more holding any (one statement: one round trip)
+            args["some"] = some
+            both = (
+                "(" + self._INDEXED.format(match=match.format(q="every"), extra="", stage=0) + ") UNION ALL ("
+                + self._INDEXED.format(match=match.format(q="some"), extra=self._NOT_EVERY, stage=1) + ")"
+            )
+            rows = conn.execute(both, args).fetchall()
+            found = [r for r in rows if r[2] == 0]
+            found += [r for r in rows if r[2] == 1][: cap - len(found)]
+        return late, [(int(row[0]), *_vector_counts(str(row[1]), terms)) for row in found]
 
     async def verify(self, agent_id: str) -> StoreReport:
         """Check every row of the agent's journal (its checksum, its message)."""
@@ -1285,7 +1449,12 @@ class PostgresStore(CheckpointRows, LeaseRows):
                     (reason, time.time(), agent_id, seq),
                 )
                 conn.execute("DELETE FROM cmdc_records WHERE agent_id = %s AND seq = %s", (agent_id, seq))
-                conn.execute("DELETE FROM cmdc_search WHERE agent_id = %s AND seq = %s", (agent_id, seq))
+                conn.execute(  # its words' counts go with it
+                    "WITH d AS (DELETE FROM cmdc_search WHERE agent_id = %s AND seq = %s RETURNING words) "
+                    "UPDATE cmdc_terms c SET n = c.n - 1 FROM d, unnest(d.words) u "
+                    "WHERE c.agent_id = %s AND c.word = u.lexeme",
+                    (agent_id, seq, agent_id),
+                )
         return len(bad)
 
     async def transcript(self, agent_id: str) -> str:
