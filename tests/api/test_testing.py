@@ -19,7 +19,7 @@ import cmdc.testing
 from cmdc.events import EVENTS_DROPPED, Event
 from cmdc.testing import RecordingSummarizer, SummarizerCall, conversation, drain
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
