@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from fakes import asst, check_pairs, conversations, res, state_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +28,7 @@ from cmdc.compaction.config import Threshold
 from cmdc.compaction.ledger import without_ledger
 from cmdc.providers import ModelRequest
 from cmdc.testing import RecordingSummarizer, conversation
+from tests._support.fakes import asst, check_pairs, conversations, res, state_in
 
 
 async def test_below_threshold_is_skipped(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from fakes import REAL_FSYNC, is_journal_fd, state_in
 
 from cmdc import (
     Compacted,
@@ -29,6 +28,7 @@ from cmdc.compaction import SummaryAttempt, default_should_retry
 from cmdc.events import COMPACTION_FAILED
 from cmdc.store import FileStore
 from cmdc.testing import RecordingSummarizer, conversation
+from tests._support.fakes import REAL_FSYNC, is_journal_fd, state_in
 
 
 @pytest.mark.parametrize("answer", ["", "   \n"])

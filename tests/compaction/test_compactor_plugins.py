@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from fakes import asst, check_pairs, res, state_in
 
 from cmdc import (
     Abort,
@@ -24,6 +23,7 @@ from cmdc import (
     State,
 )
 from cmdc.testing import RecordingSummarizer, conversation
+from tests._support.fakes import asst, check_pairs, res, state_in
 
 
 class SkipAll(Plugin):

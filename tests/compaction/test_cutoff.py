@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from cutoff_oracle import oracle_split
-from fakes import asst, check_pairs, conversations, res
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cmdc import Message, State, estimate_message_tokens, split_messages
 from cmdc.compaction.config import Threshold
 from cmdc.message import PINNED_KEY
+from tests._support.cutoff_oracle import oracle_split
+from tests._support.fakes import asst, check_pairs, conversations, res
 
 
 def idx(messages: list[Message], part: tuple[Message, ...]) -> list[int]:

@@ -9,13 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
-from fakes import SEARCH, SSE, STRUCTURED, Endpoint, make_state, sse
 
 from cmdc import Compacted, Compactor, Message, TokenUsage
 from cmdc.compaction.warm import AgentContext, set_agent_context
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
 from cmdc.providers.base import STOP_REASON_KEY
 from cmdc.testing import drain
+from tests._support.fakes import SEARCH, SSE, STRUCTURED, Endpoint, make_state, sse
 
 # -- usage: recorded reply shapes -------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import make_state, res
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,6 +59,7 @@ from cmdc.errors import CompactionIncomplete
 from cmdc.message import PINNED_KEY
 from cmdc.providers import ScriptedProvider, SimulatedModel
 from cmdc.testing import RecordingSummarizer, conversation
+from tests._support.fakes import make_state, res
 
 SECTIONS_TEXT = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
 """A summary with the sections cmdc fills in."""

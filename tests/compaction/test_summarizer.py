@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from fakes import SECTIONS as HEADINGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +13,7 @@ from cmdc import Message, ToolCall
 from cmdc.compaction.config import DEFAULT_SUMMARY_PROMPT
 from cmdc.compaction.summary import ExtractiveSummarizer, render_transcript, strip_scratchpad, summary_message
 from cmdc.providers import ModelRequest
+from tests._support.fakes import SECTIONS as HEADINGS
 
 TASK = "Build the invoice export: add GET /invoices/export to src/api/routes.py for ticket PAY-4821."
 CONSTRAINTS = [

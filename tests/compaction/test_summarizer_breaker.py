@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import STRUCTURED, ScriptedSummaryModel
 
 import cmdc
 from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message, State
 from cmdc.compaction import ExtractiveSummarizer, SummarizerBreaker
 from cmdc.events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, SUMMARIZER_SUSPENDED, Event
 from cmdc.testing import drain
+from tests._support.fakes import STRUCTURED, ScriptedSummaryModel
 
 OFF_TASK = ("You are correct, when using gunicorn you should set the timeout.", "stop")
 GOOD = (STRUCTURED, "stop")

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import SECTIONS, STRUCTURED, ScriptedSummaryModel, make_state
 
 import cmdc
 from cmdc import Compacted, CompactionError, Compactor, ConfigError, Message
@@ -25,6 +24,7 @@ from cmdc.compaction.summary import missing_sections
 from cmdc.events import SUMMARIZER_ATTEMPT, SUMMARIZER_FALLBACK, Event
 from cmdc.testing import drain
 from cmdc.tokens import estimate_tokens_from_messages
+from tests._support.fakes import SECTIONS, STRUCTURED, ScriptedSummaryModel, make_state
 
 WINDOW = 2_048
 

@@ -11,8 +11,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from fakes import anthropic_reply, openai_reply, sse
-from hostile import SETTINGS, _plain, bounded, json_like, paths, replaced, typed
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,6 +20,8 @@ from cmdc import (
 )
 from cmdc.errors import ProviderError
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider, ToolSchema
+from tests._support.fakes import anthropic_reply, openai_reply, sse
+from tests._support.hostile import SETTINGS, _plain, bounded, json_like, paths, replaced, typed
 
 # -- HTTP bodies ----------------------------------------------------------------------------------
 

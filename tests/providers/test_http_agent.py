@@ -9,16 +9,16 @@ import httpx
 import orjson
 import pytest
 import trio
-from fakes import (
-    anthropic_reply,
-    openai_reply,
-)
 
 import cmdc
 from cmdc.errors import (
     Overloaded,
 )
 from cmdc.providers import AnthropicProvider, OpenAIProvider
+from tests._support.fakes import (
+    anthropic_reply,
+    openai_reply,
+)
 
 
 async def test_agent_force_compacts_when_the_endpoint_says_prompt_is_too_long(tmp_path: Path) -> None:

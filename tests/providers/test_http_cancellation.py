@@ -8,16 +8,16 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 import trio
-from fakes import (
+
+from cmdc import Message
+from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
+from tests._support.fakes import (
     anthropic_events,
     openai_chunks,
     read_head,
     serve_loopback,
     sse,
 )
-
-from cmdc import Message
-from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
 
 
 class StallingStream(httpx.AsyncByteStream):

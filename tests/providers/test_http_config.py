@@ -8,15 +8,15 @@ import sys
 
 import httpx
 import pytest
-from fakes import (
-    Endpoint,
-    anthropic_reply,
-    openai_reply,
-)
 
 import cmdc
 from cmdc import ConfigError, Message
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
+from tests._support.fakes import (
+    Endpoint,
+    anthropic_reply,
+    openai_reply,
+)
 
 
 async def test_configuration_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from fakes import (
-    Endpoint,
-    anthropic_reply,
-    openai_reply,
-)
 
 from cmdc import ContextOverflow, Message, TokenUsage, ToolCall
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
 from cmdc.providers.base import CONTEXT_EXCEEDED_KEY, INVALID_ARGUMENTS_KEY, STOP_REASON_KEY
+from tests._support.fakes import (
+    Endpoint,
+    anthropic_reply,
+    openai_reply,
+)
 
 
 async def test_openai_reply_with_tool_calls_usage_and_invalid_arguments() -> None:

@@ -6,7 +6,10 @@ import base64
 from pathlib import Path
 
 import orjson
-from fakes import (
+
+from cmdc import ImagePart, Message, TextPart, ToolCall
+from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
+from tests._support.fakes import (
     READ,
     SEARCH,
     SSE,
@@ -16,9 +19,6 @@ from fakes import (
     openai_reply,
     sse,
 )
-
-from cmdc import ImagePart, Message, TextPart, ToolCall
-from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
 
 
 def conversation() -> ModelRequest:

@@ -8,11 +8,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from fakes import (
-    Endpoint,
-    anthropic_reply,
-    openai_reply,
-)
 
 from cmdc import ContextOverflow, Message
 from cmdc.errors import (
@@ -26,6 +21,11 @@ from cmdc.errors import (
 )
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
 from cmdc.providers.base import CONTEXT_EXCEEDED_KEY, OUTPUT_REDUCED_KEY
+from tests._support.fakes import (
+    Endpoint,
+    anthropic_reply,
+    openai_reply,
+)
 
 
 def openai_error(status: int, message: str, code: str | None = None, type_: str = "invalid_request_error") -> Any:

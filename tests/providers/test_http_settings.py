@@ -11,11 +11,11 @@ from typing import Any
 
 import attrs
 import pytest
-from fakes import Endpoint, anthropic_reply, openai_reply
 
 from cmdc import ConfigError, Message
 from cmdc.providers import AnthropicProvider, HTTPSettings, ModelRequest, OpenAIProvider, ReplyLimits
 from cmdc.providers._settings import HTTPKeywords
+from tests._support.fakes import Endpoint, anthropic_reply, openai_reply
 
 PROVIDERS = [OpenAIProvider, AnthropicProvider]
 

@@ -6,15 +6,6 @@ from typing import Any
 
 import pytest
 import trio
-from fakes import (
-    READ,
-    SEARCH,
-    SSE,
-    Endpoint,
-    anthropic_events,
-    openai_chunks,
-    sse,
-)
 
 from cmdc import ContextOverflow, Message, ProviderError, TokenUsage, ToolCall
 from cmdc.errors import (
@@ -23,6 +14,15 @@ from cmdc.errors import (
 )
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider
 from cmdc.providers.base import STOP_REASON_KEY
+from tests._support.fakes import (
+    READ,
+    SEARCH,
+    SSE,
+    Endpoint,
+    anthropic_events,
+    openai_chunks,
+    sse,
+)
 
 
 def openai_tool_stream() -> list[Any]:

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import orjson
 import trio
-from fakes import STRUCTURED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,7 @@ from cmdc.compaction.config import CompactConfig
 from cmdc.providers import AnthropicProvider, OpenAIProvider
 from cmdc.testing import drain
 from cmdc.tokens import estimate_text_tokens
+from tests._support.fakes import STRUCTURED
 
 TRIGGER = 6_000
 

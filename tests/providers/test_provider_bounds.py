@@ -14,11 +14,11 @@ import httpx
 import orjson
 import pytest
 import trio
-from fakes import read_head, serve_loopback
 
 from cmdc import ConfigError, Message, open_runtime
 from cmdc.errors import ProviderError, ProviderTimeout, ReplyTooLarge, ServerError, TooManyToolCalls
 from cmdc.providers import AnthropicProvider, ModelRequest, OpenAIProvider, ReplyLimits, ScriptedProvider
+from tests._support.fakes import read_head, serve_loopback
 
 MiB = 1024 * 1024
 CHUNK = 64 * 1024

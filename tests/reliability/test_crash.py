@@ -19,8 +19,6 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
-from fakes import Adder, add, check_pairs
-from faultfs import journal_lines, summary_ranges
 
 from benchmarks import crash_test
 from cmdc import (
@@ -38,6 +36,8 @@ from cmdc import (
 )
 from cmdc.checkpoint import CheckpointStore
 from cmdc.errors import TurnAborted
+from tests._support.fakes import Adder, add, check_pairs
+from tests._support.faultfs import journal_lines, summary_ranges
 
 AGENT = "a1"
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from fakes import make_state, res
 
 from benchmarks.compact_file import write_chat
 from cmdc import Compactor, Message, OffloadStore, ToolCall, _fs, offload, open_runtime
@@ -24,6 +23,7 @@ from cmdc.providers import ExtractiveSummarizer
 from cmdc.providers.base import ModelRequest
 from cmdc.testing import RecordingSummarizer
 from cmdc.tokens import estimate_message_tokens
+from tests._support.fakes import make_state, res
 
 SECTIONS = "## All user messages\n- (filled by cmdc)\n## Current work\nediting"
 

@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 import trio
-from fakes import check_pairs, grow
-from faultfs import EACCES, EIO, ENOSPC, FaultFS, journal_lines, restored, summary_ranges
 
 from cmdc import (
     CmdcError,
@@ -37,6 +35,8 @@ from cmdc import (
 from cmdc.checkpoint import CheckpointStore
 from cmdc.errors import CheckpointCorrupted, CheckpointError
 from cmdc.providers import ScriptedProvider
+from tests._support.fakes import check_pairs, grow
+from tests._support.faultfs import EACCES, EIO, ENOSPC, FaultFS, journal_lines, restored, summary_ranges
 
 AGENT = "a1"
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from hostile import SETTINGS, _arguments, bounded, deep, hostile_text, huge_text, json_like, rounds, typed
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +31,17 @@ from cmdc import (
 from cmdc.checkpoint import CheckpointStore
 from cmdc.errors import ConfigError, ContextOverflow, ProviderError
 from cmdc.providers import ModelRequest, ScriptedProvider
+from tests._support.hostile import (
+    SETTINGS,
+    _arguments,
+    bounded,
+    deep,
+    hostile_text,
+    huge_text,
+    json_like,
+    rounds,
+    typed,
+)
 
 # -- config values ------------------------------------------------------------------------------
 

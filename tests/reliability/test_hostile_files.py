@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from hostile import SETTINGS, _plain, bounded, json_like, paths, replaced, rounds, typed
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from cmdc import (
 from cmdc.checkpoint import CheckpointStore
 from cmdc.offload import _encode_records
 from cmdc.providers import ScriptedProvider
+from tests._support.hostile import SETTINGS, _plain, bounded, json_like, paths, replaced, rounds, typed
 
 # -- journal and checkpoint files -----------------------------------------------------------------
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fakes import Adder, add, agent_config
-
 from cmdc import (
     Message,
     ProviderError,
@@ -15,6 +13,7 @@ from cmdc import (
 )
 from cmdc.agent import current_chain
 from cmdc.providers import ModelRequest, ScriptedProvider
+from tests._support.fakes import Adder, add, agent_config
 
 
 async def test_delegation(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
-from fakes import Adder, add, agent_config
 
 from cmdc import (
     AfterCompact,
@@ -31,6 +30,7 @@ from cmdc import (
 from cmdc.errors import StepLimitReached, TurnAborted
 from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.testing import drain
+from tests._support.fakes import Adder, add, agent_config
 
 
 async def test_before_compact_skip_and_after_compact_and_raising_plugins(tmp_path: Path) -> None:

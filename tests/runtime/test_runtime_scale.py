@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import trio
 import trio.lowlevel
-from fakes import Adder, add, agent_config
 
 from cmdc import (
     ContextOverflow,
@@ -15,6 +14,7 @@ from cmdc import (
 )
 from cmdc.providers import SimulatedModel
 from cmdc.testing import drain
+from tests._support.fakes import Adder, add, agent_config
 
 
 class TaskCounter(trio.abc.Instrument):

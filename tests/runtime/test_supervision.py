@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
-from fakes import Adder, add, agent_config
 
 from cmdc import (
     AgentStopped,
@@ -20,6 +19,7 @@ from cmdc import (
     tool,
 )
 from cmdc.providers import ModelRequest, ScriptedProvider
+from tests._support.fakes import Adder, add, agent_config
 
 
 async def test_isolation_and_restart(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from fakes import grow
 
 import cmdc._fs as fs_module
 from cmdc import Compacted, Compactor, ExtractiveSummarizer, Message, OffloadStore, State, ToolCall, open_runtime, tool
@@ -25,6 +24,7 @@ from cmdc.errors import CompactionError, ContextOverflow, JournalLost, OffloadEr
 from cmdc.events import Event
 from cmdc.offload import JournalRef
 from cmdc.providers import ModelRequest
+from tests._support.fakes import grow
 
 AGENT = "a1"
 

@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from fakes import REAL_FSYNC, REAL_PREAD, check_clean, is_journal_fd, line, users, varied
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from cmdc._fs import JOIN_MAX
 from cmdc.errors import ConfigError, OffloadError
 from cmdc.message import Message, ToolCall
 from cmdc.offload import AppendResult, OffloadStore
+from tests._support.fakes import REAL_FSYNC, REAL_PREAD, check_clean, is_journal_fd, line, users, varied
 
 
 def listing(path: Path) -> list[str]:

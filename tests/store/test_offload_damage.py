@@ -11,10 +11,10 @@ from typing import Any
 
 import orjson
 import pytest
-from fakes import check_clean, line, users, varied
 
 from cmdc.message import Message, ToolCall
 from cmdc.offload import OffloadStore
+from tests._support.fakes import check_clean, line, users, varied
 
 # -- torn tails and corruption -----------------------------------------------------------------
 

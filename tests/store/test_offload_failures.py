@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import REAL_FSYNC, REAL_OPEN, REAL_WRITE, check_clean, is_journal_fd, users
 
 from cmdc.errors import ConfigError, OffloadError
 from cmdc.offload import OffloadStore
+from tests._support.fakes import REAL_FSYNC, REAL_OPEN, REAL_WRITE, check_clean, is_journal_fd, users
 
 # -- failures -----------------------------------------------------------------------------------
 

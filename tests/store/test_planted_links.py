@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-from fakes import users
 
 from cmdc.checkpoint import CheckpointStore
 from cmdc.errors import CheckpointError, OffloadError, StoreUnavailable
@@ -18,6 +17,7 @@ from cmdc.message import Message
 from cmdc.offload import OffloadStore
 from cmdc.state import State
 from cmdc.store import FileStore
+from tests._support.fakes import users
 
 AGENT = "a1"
 SECRET = b"outside the store: not cmdc's to write\n"

@@ -9,12 +9,12 @@ import inspect
 from pathlib import Path
 
 import pytest
-from fakes import state_in
 
 from cmdc import Compactor, Event, Message, OffloadStore
 from cmdc.store import FileStore, JournalReader, Store, open_store
 from cmdc.store.protocol import Checkpoints, Leases
 from cmdc.testing import RecordingSummarizer, conversation
+from tests._support.fakes import state_in
 
 
 def _members(protocol: type) -> dict[str, inspect.Signature | None]:
