@@ -54,7 +54,7 @@ def test_the_extractive_summarizer_is_the_same_object_everywhere() -> None:
     assert cmdc.compaction.summary.render_transcript is cmdc.providers.transcript.render_transcript
 
 
-# DESIGN.md's layers. A new module gets its layer here (the test below names any that has none).
+# docs/design.md's layers. A new module gets its layer here (the test below names any that has none).
 LAYERS = {
     0: "message state errors tokens events groups report synthetic _check _clip _frozen _fs _trio _version _search"
     " _bigjson _redact _mcp_reaper",
@@ -69,7 +69,7 @@ LAYER = {name: layer for layer, names in LAYERS.items() for name in names.split(
 def layer_of(path: Path) -> int:
     """The layer of a module: a package's modules share the package's (`compaction/*`: 1)."""
     first = path.relative_to(ROOT).with_suffix("").parts[0]
-    assert first in LAYER, f"cmdc/{path.relative_to(ROOT)} has no layer: add it to LAYERS (see DESIGN.md)"
+    assert first in LAYER, f"cmdc/{path.relative_to(ROOT)} has no layer: add it to LAYERS (see docs/design.md)"
     return LAYER[first]
 
 
