@@ -205,3 +205,19 @@ def test_links_between_pages_resolve() -> None:
         for target in re.findall(r"\]\(([^)#:]+?)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             path = (page.parent / target).resolve()
             assert path.exists() or str(path.relative_to(ROOT)) in due, (page.name, target)
+
+
+def test_files_and_modules_the_pages_name_exist() -> None:
+    """A test file, script or benchmark a page names (`tests/test_x.py`, `python -m
+    benchmarks.x`) exists: moving one without its page is caught here."""
+    missing = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for path in re.findall(r"\b((?:tests|benchmarks|scripts|cmdc)/[\w./-]+\.(?:py|sh|jinja))", text):
+            if not (ROOT / path).is_file():
+                missing.append((page.name, path))
+        for module in re.findall(r"python -m ((?:benchmarks|tests)(?:\.\w+)*)", text):
+            where = ROOT.joinpath(*module.split("."))
+            if not (where.with_suffix(".py").is_file() or (where / "__main__.py").is_file()):
+                missing.append((page.name, module))
+    assert not missing, missing
