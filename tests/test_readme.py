@@ -197,14 +197,24 @@ def test_configuration_page_names_every_option() -> None:
     assert fields | KNOWN_KEYS <= named, sorted((fields | KNOWN_KEYS) - named)
 
 
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def test_links_between_pages_resolve() -> None:
     """Every relative link of the README and docs/ names a file that exists (or one another
-    page owns and is due: journal, retention and search)."""
+    page owns and is due: journal, retention and search), and a heading of it when it names one."""
     due = {"docs/journal.md", "docs/retention.md", "docs/search.md"}
     for page in PAGES:
-        for target in re.findall(r"\]\(([^)#:]+?)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
-            path = (page.parent / target).resolve()
-            assert path.exists() or str(path.relative_to(ROOT)) in due, (page.name, target)
+        for target, anchor in re.findall(r"\]\(([^)#:]*?)(?:#([^)]*))?\)", page.read_text(encoding="utf-8")):
+            path = (page.parent / target).resolve() if target else page
+            if not path.exists():
+                assert str(path.relative_to(ROOT)) in due, (page.name, target)
+                continue
+            if anchor and path.suffix == ".md":
+                anchors = {_anchor(h) for h in _HEADING.findall(path.read_text(encoding="utf-8"))}
+                assert anchor in anchors, (page.name, target, anchor)
 
 
 def test_files_and_modules_the_pages_name_exist() -> None:
