@@ -231,3 +231,34 @@ def test_files_and_modules_the_pages_name_exist() -> None:
             if not (where.with_suffix(".py").is_file() or (where / "__main__.py").is_file()):
                 missing.append((page.name, module))
     assert not missing, missing
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether `dotted` (`cmdc.store.Store`) names a module or an attribute of one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_names_the_pages_use_exist() -> None:
+    """A `cmdc.x.y` a page names is a module or an attribute (`cmdc.store.Store`), or else a
+    string cmdc itself uses: a metadata key, span attribute or logger name (`cmdc.stop_reason`)."""
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "cmdc").rglob("*.py"))
+    unknown = []
+    for page in PAGES:
+        for dotted in set(re.findall(r"`(cmdc(?:\.[A-Za-z_]\w*)+)", page.read_text(encoding="utf-8"))):
+            if not _resolves(dotted) and f'"{dotted}' not in source:
+                unknown.append((page.name, dotted))
+    assert not unknown, unknown
