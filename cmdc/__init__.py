@@ -1,8 +1,6 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
-from . import runtime as _runtime
 from ._version import __version__
-from .agent import AgentOptions, AgentRef
 from .compact_tool import compact_context_tool
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
@@ -59,7 +57,8 @@ from .plugins import (
     Skip,
 )
 from .rehydrate import RehydrateReads
-from .runtime import Runtime, open_runtime
+from .runtime import AgentHandle, AgentOptions, AgentRef, Runtime, SpawnOptions, open_runtime
+from .runtime import runtime as _runtime
 from .state import State, validate_agent_id
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
@@ -73,6 +72,7 @@ __all__ = [
     "AfterCompact",
     "AfterResponse",
     "AfterTool",
+    "AgentHandle",
     "AgentNotFound",
     "AgentOptions",
     "AgentRef",
@@ -120,6 +120,7 @@ __all__ = [
     "State",
     "StepLimitReached",
     "SummarizerError",
+    "SpawnOptions",
     "SummaryAttempt",
     "TextPart",
     "TokenUsage",

@@ -40,7 +40,6 @@ from typing import Any, Literal, TextIO
 import attrs
 import trio
 
-from .agent import AgentRef
 from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from .compaction.finalize import USER_MESSAGES_KEY
 from .compaction.summary import Summarizer
@@ -51,6 +50,7 @@ from .offload import OffloadStore
 from .providers.base import ModelRequest, Provider
 from .providers.simulated import SimulatedModel
 from .runtime import open_runtime
+from .runtime.agent import AgentRef
 from .state import State
 from .tokens import estimate_message_tokens
 from .tools import Tool, tool

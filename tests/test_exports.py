@@ -256,6 +256,41 @@ def test_the_cluster_face() -> None:
         assert inspect.iscoroutinefunction(getattr(ray.ClusterAgentRef, method))
 
 
+OLD_PATHS = {
+    # the flat modules before the runtime and cluster packages (issue 25): each old module is
+    # the new one (an alias), so imports and monkeypatches through the old path keep working
+    "cmdc.agent": ("cmdc.runtime.agent", ["Agent", "AgentOptions", "AgentRef", "RestartPolicy", "current_chain"]),
+    "cmdc.bus": ("cmdc.runtime.bus", ["EVENTS_DROPPED", "EventBus", "Subscription"]),
+    "cmdc.runtime": ("cmdc.runtime", ["Runtime", "open_runtime", "AgentRef", "AgentOptions", "AgentHandle"]),
+    "cmdc.ray": ("cmdc.cluster.runtime", ["ClusterAgentRef", "ClusterRuntime", "ClusterSubscription", "Node"]),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_PATHS))
+def test_the_old_module_paths(old: str) -> None:
+    new, names = OLD_PATHS[old]
+    if old == "cmdc.ray":
+        pytest.importorskip("ray", reason="cmdc.ray needs the ray extra")
+    module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module is sys.modules[old] and module is getattr(
+        importlib.import_module(old.rpartition(".")[0]), old.rpartition(".")[2]
+    )
+    for name in names:
+        assert getattr(module, name) is not None, name
+    for name in ("AgentOptions", "AgentRef", "Runtime", "open_runtime", "AgentHandle", "SpawnOptions"):
+        if hasattr(module, name):
+            assert getattr(module, name) is getattr(cmdc, name), name
+
+
+def test_import_cmdc_never_imports_ray() -> None:
+    """The cluster (extra `ray`) is imported with `cmdc.ray` only; the old paths neither."""
+    code = "import sys, cmdc, cmdc.agent, cmdc.bus, cmdc.runtime\nassert 'ray' not in sys.modules, 'ray imported'\n"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_mcp_face() -> None:
     """`cmdc.mcp.stdio(command, *args)` makes a tool source `spawn(tools=[...])` takes."""
     mcp = importlib.import_module("cmdc.mcp")

@@ -146,9 +146,9 @@ async def test_a_pattern_grant_is_described_not_enumerated(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("window", "budget"), [(None, 2_000), (4_000, 250), (1_000, 200), (1_000_000, 2_000)])
 async def test_recall_answers_fit_the_window(window: int | None, budget: int, tmp_path: Path) -> None:
-    from cmdc.runtime import _recall_budget
+    from cmdc.runtime.runtime import recall_budget
 
-    assert _recall_budget(window) == budget
+    assert recall_budget(window) == budget
     async with cmdc.open_runtime(log_events=False) as rt:
         config: dict[str, Any] = {"compact_offload_dir": str(tmp_path)}
         if window is not None:
@@ -157,7 +157,7 @@ async def test_recall_answers_fit_the_window(window: int | None, budget: int, tm
         recall = next(t for t in rt._slots["a1"].tools if t.name == "recall")
         await OffloadStore(tmp_path).append("a1", [Message.user("invoice " * 5_000)])
         answer = await recall.run({"query": "invoice"})
-        assert len(answer.encode()) <= 4 * (budget if window is not None else _recall_budget(8_000))
+        assert len(answer.encode()) <= 4 * (budget if window is not None else recall_budget(8_000))
 
 
 async def test_the_model_overflows_past_its_window() -> None:

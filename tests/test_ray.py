@@ -32,6 +32,8 @@ else:
     import ray
 from ray.cluster_utils import Cluster  # noqa: E402
 
+import cmdc.cluster.node  # noqa: E402
+import cmdc.cluster.placement  # noqa: E402
 import cmdc.ray  # noqa: E402
 
 
@@ -209,7 +211,7 @@ async def test_delegation_across_nodes(cluster: Cluster, postgres_url: str) -> N
             assert "depth limit" in (await capped.prompt("try")).text
             # a target outside the grant is refused on the delegating side
             with pytest.raises(DelegationRefused):
-                await cmdc.ray._cluster_delegate(None, "x", ("w1*",), 4).run({"task": "t", "agent": "w2"})  # type: ignore[arg-type]
+                await cmdc.cluster.node.cluster_delegate(None, "x", ("w1*",), 4).run({"task": "t", "agent": "w2"})  # type: ignore[arg-type]
 
 
 async def test_a_thousand_agents_ten_turns_each_nothing_lost(cluster: Cluster, postgres_url: str) -> None:
@@ -323,7 +325,7 @@ async def test_a_node_killed_mid_turn(cluster: Cluster, postgres_url: str) -> No
 
 
 def test_placement_takes_new_nodes_for_new_agents_only() -> None:
-    place = cmdc.ray._place
+    place = cmdc.cluster.placement.place
     old = {"a": 0, "b": 1}
     grown = {**old, "c": 2}
     names = [f"n{i}" for i in range(60)]

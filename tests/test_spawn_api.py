@@ -4,6 +4,7 @@ compaction answering like the Compactor, and the user's question never summarize
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,51 @@ async def test_a_fraction_takes_the_window_the_provider_knows(tmp_path: Path) ->
         assert "context_window" not in (await fixed.state()).config  # not needed: not added
         with pytest.raises(ConfigError, match="context_window"):  # a provider that does not know
             await rt.spawn("a4", Echo(), config=cfg(tmp_path, compact_keep=("fraction", 0.2)))
+
+
+def test_the_spawn_keywords_are_the_agent_options() -> None:
+    """`SpawnOptions` (what a type checker knows of spawn's keywords) lists every `AgentOptions`
+    field with its type, and nothing else."""
+    import typing
+
+    import attrs
+
+    from cmdc import AgentOptions, SpawnOptions
+
+    assert list(typing.get_type_hints(SpawnOptions)) == [f.name for f in attrs.fields(AgentOptions)]
+    assert typing.get_type_hints(SpawnOptions) == typing.get_type_hints(AgentOptions)
+    assert SpawnOptions.__required_keys__ == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("options", "keywords", "said"),
+    [
+        (None, {"max_step": 5}, "unknown spawn option(s) ['max_step']"),
+        (None, {"max_steps": 0}, "max_steps"),
+        (None, {"restart": "sometimes"}, "restart"),
+        ({"max_steps": 5}, {}, "options must be an AgentOptions value"),
+        ("fast", {"max_steps": 5}, "options must be an AgentOptions value"),
+    ],
+)
+async def test_bad_spawn_options_are_refused_by_name(
+    tmp_path: Path, options: object, keywords: dict[str, Any], said: str
+) -> None:
+    async with open_runtime() as rt:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            await rt.spawn("a", Echo(), config=cfg(tmp_path), options=options, **keywords)  # type: ignore[arg-type]
+        assert rt.agents == []
+
+
+async def test_options_and_keywords_together(tmp_path: Path) -> None:
+    """The keywords win over the `options` value; each call form gives the same options."""
+    from cmdc import AgentOptions
+
+    async with open_runtime() as rt:
+        a = await rt.spawn("a", Echo(), config=cfg(tmp_path), options=AgentOptions(max_steps=4, max_queued=9))
+        b = await rt.spawn("b", Echo(), config=cfg(tmp_path), options=AgentOptions(max_steps=4), max_queued=9)
+        c = await rt.spawn("c", Echo(), config=cfg(tmp_path), max_steps=4, max_queued=9)
+        d = await rt.spawn("d", Echo(), config=cfg(tmp_path), options=AgentOptions(max_steps=2), max_steps=4)
+        seen = [rt.observe(r.name) for r in (a, b, c)]
+        assert all(agent is not None and agent.options == AgentOptions(max_steps=4, max_queued=9) for agent in seen)
+        agent = rt.observe(d.name)
+        assert agent is not None and agent.options.max_steps == 4

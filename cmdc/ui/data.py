@@ -21,7 +21,6 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..bus import Subscription
 from ..compaction.config import CompactConfig
 from ..errors import CmdcError
 from ..events import (
@@ -48,6 +47,7 @@ from ..message import Message
 from ..offload import JournalRecord, OffloadStore
 from ..report import CompactionReport
 from ..runtime import Runtime
+from ..runtime.bus import Subscription
 from ..state import State, validate_agent_id
 from ..store import FileStore, Store
 

@@ -14,18 +14,16 @@ import contextvars
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import trio
 
-from ._check import choice, integer, optional_integer, optional_seconds, seconds, validator
-from ._frozen import past_bounds
-from .compact_tool import CompactionDesk, current_desk
-from .compaction import Compactor
-from .compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
-from .compaction.warm import AgentContext, set_agent_context
-from .errors import (
+from ..compact_tool import CompactionDesk, current_desk
+from ..compaction import Compactor
+from ..compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
+from ..compaction.warm import AgentContext, set_agent_context
+from ..errors import (
     AgentStopped,
     CheckpointError,
     CmdcError,
@@ -35,7 +33,6 @@ from .errors import (
     CompactionThrashing,
     ConfigError,
     ContextOverflow,
-    InvalidMessage,
     LeaseLost,
     MailboxFull,
     OffloadError,
@@ -43,10 +40,9 @@ from .errors import (
     ProviderError,
     RequestSkipped,
     StepLimitReached,
-    ToolArgumentsError,
     TurnAborted,
 )
-from .events import (
+from ..events import (
     COMPACTION_REQUESTED,
     COMPACTION_THRASH,
     CONTINUED,
@@ -60,24 +56,20 @@ from .events import (
     RETRY,
     STOPPED,
     TOOL_CALLS_REFUSED,
-    TOOL_END,
     TOOL_RESULT_CAPPED,
     TOOL_RESULTS_MASKED,
-    TOOL_START,
     TURN_END,
     TURN_START,
     USAGE_REFUSED,
     Event,
 )
-from .message import KIND_KEY, Message, ToolCall
-from .plugins import (
+from ..message import KIND_KEY, Message, ToolCall
+from ..plugins import (
     Abort,
     AfterCompact,
     AfterResponse,
-    AfterTool,
     BeforeCompact,
     BeforeRequest,
-    BeforeTool,
     Folded,
     HookName,
     LifecycleContext,
@@ -92,26 +84,39 @@ from .plugins import (
     fold,
     sort_plugins,
 )
-from .providers.base import (
+from ..providers.base import (
     CONTEXT_EXCEEDED_KEY,
     REFUSED_ARGUMENTS_KEY,
     STOP_REASON_KEY,
     ModelRequest,
     Provider,
-    ToolSchema,
 )
-from .report import Compacted, Skipped
-from .state import State
-from .tools import Tool, ToolSet
-from .tracing import UNTRACED, Span, Tracer
+from ..report import Compacted
+from ..state import State
+from ..tools import Tool, ToolSet
+from ..tracing import UNTRACED, Span, Tracer
+from .mailbox import (
+    Call,
+    Compact,
+    Deactivate,
+    Prompt,
+    Send,
+    _Crash,
+    _DeactivateNow,
+    _StopRequested,
+    begun,
+    check_system,
+    current_chain,
+)
+from .options import AgentOptions, RestartPolicy
+from .ref import AgentRef, Host
+from .tool_calls import ToolCalls
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from ..store import Checkpoints
     from .bus import EventBus
-    from .store import Checkpoints
-
-RestartPolicy = Literal["permanent", "transient", "temporary"]
 
 MAX_PLAUSIBLE_TOKENS = 100_000_000
 """A usage figure past this many tokens is refused (no model has a window near it)."""
@@ -129,380 +134,6 @@ CONTINUED_FROM_KEY = "cmdc.continued_from"
 (its text is theirs joined with its own; the state holds each piece)."""
 WINDOW_SLACK = 8
 """A reply whose prompt + output came within this many tokens of the window filled it."""
-
-# The names of the agents a delegated turn is running for (to refuse cycles and bound depth).
-current_chain: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("cmdc_chain", default=())
-
-
-_OPTION = "agent option {!r}"
-_positive = validator(integer, _OPTION)
-_non_negative = validator(integer, _OPTION, minimum=0)
-_seconds = validator(seconds, _OPTION)
-_restart = validator(choice, _OPTION, options=get_args(RestartPolicy))
-
-
-@attrs.frozen
-class AgentOptions:
-    """How an agent runs. Every value is checked; a bad one raises `ConfigError` naming it.
-
-    - `max_steps`: model requests per turn before `StepLimitReached`.
-    - `tool_timeout`: seconds per tool call (a `Tool.timeout` overrides it); None: no bound.
-    - `max_forced_compactions`: forced compactions per step after `ContextOverflow`.
-    - `mailbox_size`: requests queued before senders wait (or `MailboxFull`).
-    - `max_output_tokens`: passed to the provider with each request.
-    - `restart`: what a crash (an unexpected, non-cmdc exception in a turn) does. `temporary`:
-      the agent ends. `transient`: it restarts from its last committed state, at most
-      `max_restarts` times within `restart_window` seconds, then ends. `permanent`: like
-      transient, but past the limit it waits out `restart_window` and restarts again: it only
-      ends by `stop()` or with the runtime.
-    - `max_delegation_depth`: how deep a chain of agents delegating to agents may go.
-    - `compaction_cooldown`: after an automatic compaction fails, seconds before the next
-      automatic one is tried (the turn goes on uncompacted; an overflow still forces one).
-    - `max_parallel_tools`: tool calls of one reply that run (concurrently); each call past
-      it gets an error result the model can read instead of running.
-    - `max_children`: temporary children (`delegate` without an agent) at work at once.
-    - `max_continuations`: per turn, how many times a text reply cut off by the full context
-      window (Anthropic's `model_context_window_exceeded`, or stop `length`/`max_tokens` with
-      prompt + output at the window) is followed by a compaction and a request to continue
-      (a `continued` event each); 0 returns such a reply as it is.
-    - `max_queued`: messages queued with `send` / `send_nowait` and not yet taken by a turn;
-      past it both raise `MailboxFull`. A turn that fails before its first commit drops the
-      queued messages it took (a `queued_dropped` event; the error says how many), so they
-      never poison later turns; an aborted or cancelled turn leaves them queued.
-      `AgentRef.queued()` shows them, `AgentRef.clear_queued()` drops them.
-    - `summarizer_timeout`: seconds one summarizer attempt may take before it counts as failed
-      (retried, then failed over like any failed attempt: `SummarizerTimeout`); None: no bound.
-    - `max_tool_argument_values`, `max_tool_argument_depth`: one tool call's arguments with more
-      values in all (object members and array items, through every level; 10,000), or nested
-      deeper (32 levels), are not validated nor run: the model reads an error saying so. (The
-      HTTP providers refuse them already while reading the reply: `ReplyLimits`.)
-    """
-
-    max_steps: int = attrs.field(default=25, validator=_positive)
-    tool_timeout: float | None = attrs.field(default=60.0, validator=validator(optional_seconds, _OPTION))
-    max_forced_compactions: int = attrs.field(default=2, validator=_non_negative)
-    mailbox_size: int = attrs.field(default=16, validator=_positive)
-    max_output_tokens: int | None = attrs.field(default=None, validator=validator(optional_integer, _OPTION))
-    restart: RestartPolicy = attrs.field(default="transient", validator=_restart)
-    max_restarts: int = attrs.field(default=3, validator=_non_negative)
-    restart_window: float = attrs.field(default=60.0, validator=_seconds)
-    max_delegation_depth: int = attrs.field(default=3, validator=_positive)
-    compaction_cooldown: float = attrs.field(default=30.0, validator=_seconds)
-    max_parallel_tools: int = attrs.field(default=32, validator=_positive)
-    max_children: int = attrs.field(default=8, validator=_positive)
-    max_continuations: int = attrs.field(default=2, validator=_non_negative)
-    max_queued: int = attrs.field(default=256, validator=_positive)
-    summarizer_timeout: float | None = attrs.field(default=300.0, validator=validator(optional_seconds, _OPTION))
-    max_tool_argument_values: int = attrs.field(default=10_000, validator=_positive)
-    max_tool_argument_depth: int = attrs.field(default=32, validator=_positive)
-
-
-class _Reply:
-    """A one-shot reply slot carried by a request."""
-
-    __slots__ = ("_event", "abandoned", "error", "value")
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.abandoned = False
-
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def set(self, value: Any) -> None:
-        if not self._event.is_set():
-            self.value = value
-            self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._event.is_set():
-            self.error = error
-            self._event.set()
-
-    async def wait(self) -> Any:
-        await self._event.wait()
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-@attrs.define(slots=True)
-class _Prompt:
-    messages: tuple[Message, ...]
-    reply: _Reply
-    chain: tuple[str, ...] = ()
-    context: contextvars.Context | None = None  # the caller's, for a tracer to parent the turn
-
-
-def _prompt(content: str | Message | Sequence[Message]) -> _Prompt:
-    """A turn request, with the caller's chain of agents and its context."""
-    return _Prompt(_as_messages(content), _Reply(), current_chain.get(), contextvars.copy_context())
-
-
-@attrs.define(slots=True)
-class _Compact:
-    instruction: str | None
-    reply: _Reply
-    context: contextvars.Context | None = None  # the caller's, for a tracer
-
-
-@attrs.define(slots=True)
-class _Send:
-    messages: tuple[Message, ...]
-
-
-@attrs.define(slots=True)
-class _Call:
-    """A request answered by running `fn(agent)` inside the agent task (ping, stop, ...)."""
-
-    fn: Callable[[Agent], Any]
-    reply: _Reply
-
-
-class _Crash(Exception):
-    """An unexpected error in a turn: delivered to the caller, then the agent crashes."""
-
-
-class _StopRequested(Exception):
-    pass
-
-
-@attrs.define(slots=True)
-class _Deactivate:
-    """Asks an idle agent to end its task, keeping its state in the store (see `Host`)."""
-
-    reply: _Reply
-
-
-class _DeactivateNow(Exception):
-    pass
-
-
-class Host(Protocol):
-    """What an `AgentRef` asks when its agent is not resident (a virtual agent the runtime
-    deactivated): make it resident again, or act on it without doing so."""
-
-    async def activate(self, ref: AgentRef) -> Agent: ...
-
-    async def stop_inactive(self, ref: AgentRef) -> None: ...
-
-    def send_inactive(self, ref: AgentRef, messages: tuple[Message, ...]) -> None: ...
-
-    def add_plugin_inactive(self, ref: AgentRef, plugin: Plugin) -> None: ...
-
-    def queued_inactive(self, ref: AgentRef) -> list[Message]: ...
-
-
-def _as_messages(content: str | Message | Sequence[Message]) -> tuple[Message, ...]:
-    if isinstance(content, str):
-        return (Message.user(content),)
-    if isinstance(content, Message):
-        return (content,)
-    if isinstance(content, (list, tuple)) and content and all(isinstance(m, Message) for m in content):
-        return tuple(content)
-    raise ConfigError(f"a prompt must be text, a Message or a non-empty list of Messages, got {content!r:.80}")
-
-
-def _begun(messages: Sequence[Message]) -> bool:
-    return any(m.role != "system" for m in messages)
-
-
-def _check_system(begun: bool, messages: Sequence[Message]) -> None:
-    """Refuse a system message once the conversation has begun (after any other message):
-    the system prompt is `spawn(instructions=...)`; one mid-conversation is almost always a
-    mistake, and providers place or reject it differently."""
-    for m in messages:
-        if m.role != "system":
-            begun = True
-        elif begun:
-            raise InvalidMessage(
-                "a system message once the conversation has begun is refused; give the system "
-                "prompt as spawn(..., instructions=...), or send this text as a user message"
-            )
-
-
-class AgentRef:
-    """The handle users hold. Every method is safe to call from any task of the trio run.
-
-    A runtime with virtual agents may deactivate an idle agent (its state is in the store, its
-    task ended); the handle stays valid, and the next call that needs the agent activates it
-    again, transparently (`send_nowait` just queues the messages for its next turn)."""
-
-    __slots__ = ("_agent", "_host", "_restarts", "_stopped", "name")
-
-    def __init__(self, agent: Agent, host: Host | None = None) -> None:
-        self._agent: Agent | None = agent
-        self._host = host
-        self._stopped = False
-        self._restarts = 0  # kept while the agent is not resident
-        self.name = agent.name
-
-    def __repr__(self) -> str:
-        return f"<AgentRef {self.name!r}>"
-
-    def _resident(self) -> Agent | None:
-        agent = self._agent
-        return None if agent is None or agent.deactivating else agent
-
-    async def _live(self) -> Agent:
-        """The resident agent, activated if need be."""
-        agent = self._resident()
-        if agent is not None:
-            return agent
-        if self._host is None or self._stopped:
-            raise AgentStopped(f"agent {self.name!r} has stopped")
-        return await self._host.activate(self)
-
-    async def _enqueue(self, request: Any) -> Agent:
-        while True:
-            agent = await self._live()
-            try:
-                await agent.enqueue(request)
-            except AgentStopped:
-                if agent.deactivating:  # it was deactivated meanwhile: activate it again
-                    continue
-                raise
-            return agent
-
-    async def prompt(self, content: str | Message | Sequence[Message]) -> Message:
-        """Run a turn with `content` as the user's message(s); return the final assistant reply.
-        Errors inside the turn are raised here. Cancelling this call cancels the turn."""
-        request = _prompt(content)
-        agent = await self._enqueue(request)
-        return await agent.wait(request)  # type: ignore[no-any-return]
-
-    async def send(self, content: str | Message | Sequence[Message]) -> None:
-        """Queue user message(s) for the next turn, without running one (waits if the mailbox is full)."""
-        messages = _as_messages(content)
-        self._check_system(messages)
-        await self._enqueue(_Send(messages))
-
-    def send_nowait(self, content: str | Message | Sequence[Message]) -> None:
-        """Like `send`, but raise `MailboxFull` instead of waiting."""
-        messages = _as_messages(content)
-        self._check_system(messages)
-        agent = self._resident()
-        if agent is None and self._host is not None and not self._stopped:
-            self._host.send_inactive(self, messages)
-            return
-        self._require(agent).enqueue_nowait(_Send(messages))
-
-    def _check_system(self, messages: Sequence[Message]) -> None:
-        agent = self._resident()
-        # Not resident (deactivated): its conversation has begun, as far as a send can tell.
-        _check_system(agent is None or _begun((*agent.state.messages[-1:], *agent.pending)), messages)
-
-    def _require(self, agent: Agent | None) -> Agent:
-        if agent is None:
-            if self._agent is not None and self._agent.deactivating and not self._stopped:
-                return self._agent  # its closed mailbox says so, in the usual words
-            raise AgentStopped(f"agent {self.name!r} has stopped")
-        return agent
-
-    async def compact(self, instruction: str | None = None) -> Compacted | Skipped:
-        """Compact now (a manual compaction, like `/compact focus on the API changes`),
-        between turns: `Compacted` (with its `report`) or `Skipped` (with its `reason`), as
-        `Compactor.force_compact` answers. A compaction still over a trigger after its passes
-        raises `CompactionIncomplete` (its gain is kept)."""
-        request = _Compact(instruction, _Reply(), contextvars.copy_context())
-        agent = await self._enqueue(request)
-        outcome: Compacted | Skipped = await agent.wait(request)
-        return outcome
-
-    async def ping(self) -> None:
-        """A round trip through the mailbox: returns when the agent has served it."""
-        request = _Call(lambda agent: None, _Reply())
-        agent = await self._enqueue(request)
-        await agent.wait(request)
-
-    async def state(self) -> State:
-        """The last committed state (immutable; never a state in the middle of a step)."""
-        await trio.lowlevel.checkpoint()
-        agent = self._agent if self._stopped else await self._live()
-        if agent is None:
-            raise AgentStopped(f"agent {self.name!r} has stopped")
-        return agent.state
-
-    def abort(self) -> None:
-        """Cancel the running turn, if any: its caller gets `TurnAborted`."""
-        agent = self._resident()
-        scope = None if agent is None else agent.turn_scope
-        if agent is not None and scope is not None:
-            agent.aborted = True
-            scope.cancel()
-
-    async def stop(self) -> None:
-        """Stop the agent after the request it is serving; queued requests get `AgentStopped`."""
-        while not self._stopped:
-            agent = self._agent
-            if agent is None or agent.deactivating:
-                if self._host is None:
-                    return
-                if agent is not None:
-                    await agent.wait_done()  # the deactivation finishes first
-                    continue
-                await self._host.stop_inactive(self)
-                return
-            if agent.done:
-                return
-            request = _Call(_stop, _Reply())
-            try:
-                await agent.enqueue(request)
-            except AgentStopped:
-                if agent.deactivating:
-                    continue
-                return
-            await agent.wait_done()
-            return
-
-    def queued(self) -> tuple[Message, ...]:
-        """The messages queued with `send` that the agent has received for its next turn."""
-        agent = self._resident()
-        if agent is None:
-            return tuple(self._host.queued_inactive(self)) if self._host is not None and not self._stopped else ()
-        return tuple(agent.pending)
-
-    def clear_queued(self) -> tuple[Message, ...]:
-        """Drop the messages `queued()` shows (a turn already running keeps what it took); returns them."""
-        agent = self._resident()
-        if agent is None:
-            pending = self._host.queued_inactive(self) if self._host is not None and not self._stopped else []
-        elif agent.current is not None:
-            return ()  # the running turn has them: they are committed with it or dropped if it fails
-        else:
-            pending = agent.pending
-        dropped = tuple(pending)
-        pending.clear()
-        return dropped
-
-    def add_plugin(self, plugin: Plugin) -> None:
-        """Register a plugin at run time (for turns and compactions alike)."""
-        agent = self._resident()
-        if agent is None and self._host is not None and not self._stopped:
-            self._host.add_plugin_inactive(self, plugin)
-            return
-        self._require(agent).add_plugin(plugin)
-
-    @property
-    def running(self) -> bool:
-        """True until the agent stops for good (a deactivated virtual agent is still running)."""
-        if self._stopped:
-            return False
-        agent = self._agent
-        return agent is None or agent.deactivating or not agent.done
-
-    @property
-    def resident(self) -> bool:
-        """True while the agent's task is in memory (False for a deactivated virtual agent)."""
-        return self._resident() is not None and not self._stopped
-
-    @property
-    def restarts(self) -> int:
-        agent = self._agent
-        return self._restarts if agent is None else agent.restart_count
 
 
 class _KeepTheQuestion(Plugin):
@@ -531,20 +162,13 @@ class _KeepTheQuestion(Plugin):
         return ctx.state.insert_after_summary(q)
 
 
-def _stop(agent: Agent) -> None:
-    raise _StopRequested
-
-
-class Agent:
+class Agent(ToolCalls):
     """The agent task's state and loop. Users see it through an `AgentRef`."""
 
     __slots__ = (
         "_done_event",
         "_receive",
-        "_schemas",
-        "_seen",
         "_send",
-        "_tools",
         "aborted",
         "activated",
         "bus",
@@ -602,7 +226,10 @@ class Agent:
         saved: State | None = None,
         on_active: Callable[[Agent], None] | None = None,
         tracer: Tracer | None = None,
+        host: Host | None = None,
     ) -> None:
+        """`ref`: the handle of an agent activated again (it is bound to this task); None: a new
+        handle, whose `host` (a runtime with virtual agents) activates it when not resident."""
         self.name = name
         self.tracer = tracer  # None: no tracing work at all
         self.on_exit = on_exit
@@ -643,7 +270,7 @@ class Agent:
         self.pending: list[Message] = []  # sent messages waiting for the next turn
         self.in_flight = 0  # messages sent with send() still in the mailbox
         self.turn_scope: trio.CancelScope | None = None
-        self.current: _Prompt | None = None
+        self.current: Prompt | None = None
         self.aborted = False
         self.done = False
         self._done_event: trio.Event | None = None  # made only when someone waits for the end
@@ -657,14 +284,15 @@ class Agent:
         self.mask_hint: tuple[int, int] | None = None  # (tokens, freed) of the last plan not worth it
         self.known_window: int | None = None  # the window the last ContextOverflow reported
         if ref is None:
-            self.ref = AgentRef(self)
+            self.ref = AgentRef(self, host)
         else:
-            self.ref, ref._agent = ref, self
+            self.ref = ref
+            ref.bind(self)
 
     # -- the mailbox ------------------------------------------------------------------------
     def _reserve(self, request: Any) -> int:
-        """Count the messages of a `_Send` against `max_queued` (MailboxFull past it)."""
-        if not isinstance(request, _Send):
+        """Count the messages of a `Send` against `max_queued` (MailboxFull past it)."""
+        if not isinstance(request, Send):
             return 0
         n = len(request.messages)
         if self.in_flight + len(self.pending) + n > self.options.max_queued:
@@ -697,7 +325,7 @@ class Agent:
             self.in_flight -= n
             raise AgentStopped(f"agent {self.name!r} has stopped") from None
 
-    async def wait(self, request: _Prompt | _Call | _Compact) -> Any:
+    async def wait(self, request: Prompt | Call | Compact) -> Any:
         try:
             return await request.reply.wait()
         finally:
@@ -791,22 +419,22 @@ class Agent:
                 request = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
-            if isinstance(request, (_Prompt, _Call, _Compact, _Deactivate)):
+            if isinstance(request, (Prompt, Call, Compact, Deactivate)):
                 request.reply.fail(error)
 
     async def _serve(self, request: Any) -> None:
-        if isinstance(request, _Send):
+        if isinstance(request, Send):
             self.in_flight -= len(request.messages)
             self.pending.extend(request.messages)
-        elif isinstance(request, _Call):
+        elif isinstance(request, Call):
             try:
                 request.reply.set(request.fn(self))
             except _StopRequested:
                 request.reply.set(None)
                 raise
-        elif isinstance(request, _Compact):
+        elif isinstance(request, Compact):
             await self._serve_compact(request)
-        elif isinstance(request, _Deactivate):
+        elif isinstance(request, Deactivate):
             await self._serve_deactivate(request)
         elif not request.reply.abandoned:
             await self._serve_prompt(request)
@@ -820,7 +448,7 @@ class Agent:
         stats = self._receive.statistics()
         return stats.current_buffer_used == 0 and stats.tasks_waiting_send == 0
 
-    async def _serve_deactivate(self, request: _Deactivate) -> None:
+    async def _serve_deactivate(self, request: Deactivate) -> None:
         """End the task if still idle, its state saved: the runtime can activate it again."""
         if self.checkpoints is None or not self._idle_now():
             self.leaving = False
@@ -844,7 +472,7 @@ class Agent:
         request.reply.set(True)
         raise _DeactivateNow
 
-    async def _serve_compact(self, request: _Compact) -> None:
+    async def _serve_compact(self, request: Compact) -> None:
         if request.reply.abandoned:
             return
         try:
@@ -863,7 +491,7 @@ class Agent:
             request.reply.fail(exc)
             self._check_lease(exc)
 
-    async def _serve_prompt(self, request: _Prompt) -> None:
+    async def _serve_prompt(self, request: Prompt) -> None:
         self.current, self.aborted = request, False
         token = current_chain.set((*request.chain, self.name))
         try:
@@ -933,7 +561,7 @@ class Agent:
 
     async def _turn(self, incoming: tuple[Message, ...]) -> Message:
         started = trio.current_time()
-        _check_system(_begun(self.state.messages[-1:]), (*self.pending, *incoming))
+        check_system(begun(self.state.messages[-1:]), (*self.pending, *incoming))
         self.question.question = next((m for m in reversed(incoming) if m.role == "user"), None)
         try:
             return await self._turn_steps(started, self.state.append(*self.pending, *incoming))
@@ -1258,28 +886,7 @@ class Agent:
         if folded.value is not self.state:
             self.state = folded.value
 
-    # -- tools ----------------------------------------------------------------------------------
-    @property
-    def tools(self) -> dict[str, Tool]:
-        """The tools by name: its own, then those its tool sets (MCP servers) list now (a name
-        already taken keeps its first tool)."""
-        if self.toolsets:
-            versions = tuple(ts.version for ts in self.toolsets)
-            if versions != self._seen:
-                merged = dict(self.own_tools)
-                for ts in self.toolsets:
-                    for name, t in ts.tools.items():
-                        merged.setdefault(name, t)
-                self._tools, self._seen = merged, versions
-                self._schemas = tuple(t.schema for t in merged.values())
-        return self._tools
-
-    @property
-    def tool_schemas(self) -> tuple[ToolSchema, ...]:
-        """What the model is told of the tools, in the order of `tools`."""
-        self.tools  # noqa: B018  # rebuilds both views when a tool set changed
-        return self._schemas
-
+    # -- tools (see ToolCalls) -------------------------------------------------------------------
     async def _run_tools(self, state: State, reply: Message) -> list[Message]:
         calls, limit = reply.tool_calls, self.options.max_parallel_tools
         results: list[Message | None] = [None] * len(calls)
@@ -1314,85 +921,8 @@ class Agent:
             raise aborted[0]
         return results  # type: ignore[return-value]  # every slot is filled once the nursery closes
 
-    async def _run_tool(
-        self,
-        state: State,
-        call: ToolCall,
-        results: list[Message | None],
-        i: int,
-        aborted: list[PluginAborted],
-        scope: trio.CancelScope,
-    ) -> None:
-        t0 = trio.current_time()
-        self._emit(TOOL_START, tool=call.name, call_id=call.id)
-        try:
-            with self._tool_span(call) as span:
-                call, result = await self._tool_result(state, call)
-                result = await self._after_tool(state, call, self.tools.get(call.name), result)
-                span.record(result)
-        except PluginAborted as exc:
-            aborted.append(exc)
-            scope.cancel()
-            return
-        results[i] = result
-        self._emit(TOOL_END, tool=call.name, call_id=call.id, error=result.is_error, duration=trio.current_time() - t0)
-
-    async def _tool_result(self, state: State, call: ToolCall) -> tuple[ToolCall, Message]:
-        """Run one tool call (after `before_tool`, which may rewrite it): the call as run and
-        its result; a failure of any kind is a result the model can read."""
-        tool = self.tools.get(call.name)
-
-        folded = await self._hook(
-            "before_tool",
-            BeforeTool(state, call, tool),
-            call,
-            lambda ctx, c: BeforeTool(state, c, self.tools.get(c.name)),
-        )
-        if isinstance(folded.stop, Skip):
-            return call, Message.tool_result(
-                call.id, f"tool call skipped by {folded.stopped_by}: {folded.stop.reason}", is_error=True
-            )
-        call = folded.value
-        tool = self.tools.get(call.name)  # the call as the plugins left it
-        if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
-            return call, Message.tool_result(
-                call.id, f"unknown tool {call.name!r}; available tools: {known}", is_error=True
-            )
-        options = self.options
-        why = past_bounds(call.arguments, options.max_tool_argument_values, options.max_tool_argument_depth)
-        if why is not None:
-            bounds = (
-                f"max_tool_argument_values={options.max_tool_argument_values:,}, "
-                f"max_tool_argument_depth={options.max_tool_argument_depth}"
-            )
-            text = f"tool {call.name!r} not run: its arguments were refused: {why} (the limits: {bounds})"
-            return call, Message.tool_result(call.id, text, is_error=True)
-        timeout = tool.timeout if tool.timeout is not None else self.options.tool_timeout
-        try:
-            with trio.fail_after(math.inf if timeout is None else timeout):
-                text = await tool.run(call.arguments)
-        except ToolArgumentsError as exc:
-            return call, Message.tool_result(call.id, str(exc), is_error=True)
-        except trio.TooSlowError:
-            return call, Message.tool_result(call.id, f"tool {call.name!r} timed out after {timeout} s", is_error=True)
-        except Exception as exc:
-            return call, Message.tool_result(
-                call.id, f"tool {call.name!r} failed: {type(exc).__name__}: {exc}", is_error=True
-            )
-        return call, Message.tool_result(call.id, text)
-
-    async def _after_tool(self, state: State, call: ToolCall, tool: Tool | None, result: Message) -> Message:
-        folded = await self._hook(
-            "after_tool",
-            AfterTool(state, call, tool, result),
-            result,
-            lambda ctx, r: AfterTool(state, call, tool, r),
-        )
-        return folded.value
-
     # -- tracing (see cmdc.tracing): without a tracer, each of these is one `is None` test ------
-    def _turn_span(self, request: _Prompt) -> AbstractContextManager[Span]:
+    def _turn_span(self, request: Prompt) -> AbstractContextManager[Span]:
         if self.tracer is None:
             return UNTRACED
         return self.tracer.turn(self.name, request.messages, request.context)

@@ -15,9 +15,9 @@ from types import TracebackType
 
 import trio
 
-from ._check import integer
-from .events import EVENTS_DROPPED, Event, log_event, logging_enabled
-from .state import validate_agent_id
+from .._check import integer
+from ..events import EVENTS_DROPPED, Event, log_event, logging_enabled
+from ..state import validate_agent_id
 
 
 def _now() -> float:

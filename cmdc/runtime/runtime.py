@@ -3,37 +3,40 @@
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import itertools
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal, Unpack
 
 import attrs
 import trio
 
-from ._check import choice, is_int, optional_integer, optional_seconds, text
-from ._frozen import thaw
-from ._trio import reraise
-from .agent import Agent, AgentOptions, AgentRef, _Deactivate, _Reply, current_chain
+from .._check import choice, is_int, optional_integer, optional_seconds, text
+from .._trio import reraise
+from ..compaction import Compactor
+from ..compaction.breaker import SummarizerBreaker
+from ..compaction.summary import ExtractiveSummarizer, Summarizer
+from ..errors import AgentNotFound, AgentStopped, CmdcError, ConfigError
+from ..events import DEACTIVATED, Event
+from ..message import Message
+from ..offload import OffloadStore
+from ..plugins import Plugin
+from ..providers.base import Provider
+from ..recall import MIN_BUDGET, recall_tool
+from ..state import State, validate_agent_id
+from ..store import Checkpoints, FileCheckpoints, Leases, Store, open_store
+from ..tools import Tool, ToolSet, ToolSource
+from ..tracing import Tracer
+from .agent import Agent
 from .bus import EventBus, Subscription
-from .compaction import Compactor
-from .compaction.breaker import SummarizerBreaker
-from .compaction.summary import ExtractiveSummarizer, Summarizer
-from .errors import AgentNotFound, AgentStopped, CheckpointError, CmdcError, ConfigError, DelegationRefused, MailboxFull
-from .events import ACTIVATED, DEACTIVATED, LEASE_LOST, STOPPED, Event
-from .message import Message
-from .offload import OffloadStore
-from .plugins import Plugin
-from .providers.base import Provider
-from .recall import MIN_BUDGET, recall_tool
-from .state import State, validate_agent_id
-from .store import Checkpoints, FileCheckpoints, Leases, Store, open_store
-from .tools import Tool, ToolSet, ToolSource, tool
-from .tracing import Tracer
+from .delegation import NO_GRANTS, Delegation, Grant, Grants, delegate_tool, patterns
+from .leases import DEFAULT_LEASE_TTL, NameLeases
+from .options import AgentOptions, SpawnOptions, agent_options
+from .ref import AgentRef
+from .virtual import NO_PENDING, Slot, VirtualAgents
 
 UI_SERVER: Any = None
 """How `Runtime.serve_ui` starts the web page: set by `cmdc/__init__.py` (the faces layer owns
@@ -42,93 +45,8 @@ the page, `cmdc.ui`, extra `ui`; this layer only calls it)."""
 DEFAULT_RECALL_BUDGET = 2_000
 """Tokens a `recall` answer may take with a large (or unknown) window."""
 
-_OPTION_NAMES = frozenset(f.name for f in attrs.fields(AgentOptions))
-_DEFAULT_OPTIONS = AgentOptions()
 
-Grant = bool | str | Iterable[str]
-"""Who an agent may delegate to, or accept delegated tasks from: False (nobody), True (anyone
-allowed by the other side), or agent names and `fnmatch` patterns (`"worker-*"`)."""
-
-
-def _patterns(what: str, value: object) -> tuple[str, ...] | None:
-    """None for False; ("*",) for True; the patterns of a name, pattern or list of them."""
-    if value is False or value is None:
-        return None
-    if value is True:
-        return ("*",)
-    names = (value,) if isinstance(value, str) else value
-    if not isinstance(names, Iterable):
-        raise ConfigError(f"{what} must be a bool, an agent name or pattern, or a list of them, got {value!r:.80}")
-    out = tuple(names)
-    for p in out:
-        if not isinstance(p, str) or not p or len(p) > 256:
-            raise ConfigError(f"{what}: every entry must be an agent name or pattern (a string), got {p!r:.80}")
-    return out
-
-
-def _matches(name: str, patterns: tuple[str, ...] | None) -> bool:
-    return patterns is not None and any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-@attrs.frozen
-class _Grants:
-    """Who an agent may reach with `delegate` (`children`: temporary children of its own;
-    `targets`: running agents by name or pattern), and whose delegated tasks it accepts."""
-
-    children: bool
-    targets: tuple[str, ...] | None
-    accepts: tuple[str, ...] | None
-
-
-_NO_PENDING: list[Message] = []
-"""What a slot with nothing queued holds (shared, never appended to): a million deactivated
-agents do not keep a million empty lists."""
-
-
-_NO_GRANTS = _Grants(children=False, targets=None, accepts=None)
-
-
-class _Slot:
-    """An addressable agent: what it takes to (re)start it, whether or not it is resident."""
-
-    __slots__ = (
-        "activating",
-        "config",
-        "fresh",
-        "grants",
-        "options",
-        "pending",
-        "plugins",
-        "provider",
-        "ref",
-        "summarizer",
-        "tools",
-    )
-
-    def __init__(
-        self,
-        provider: Provider,
-        tools: tuple[Tool | ToolSet, ...],
-        plugins: tuple[Plugin, ...],
-        config: Mapping[str, Any] | None,
-        summarizer: Summarizer | None,
-        options: AgentOptions,
-        grants: _Grants = _NO_GRANTS,
-    ) -> None:
-        self.provider = provider
-        self.tools = tools
-        self.plugins = plugins
-        self.config = config
-        self.summarizer = summarizer
-        self.options = options
-        self.grants = grants  # whom it may delegate to, and whose tasks it accepts
-        self.ref: AgentRef | None = None
-        self.pending: list[Message] = _NO_PENDING  # sent while not resident (a list of its own once any is)
-        self.activating: trio.Event | None = None
-        self.fresh = True  # nothing checkpointed in this life yet: it activates as a new State
-
-
-class Runtime:
+class Runtime(VirtualAgents, NameLeases, Delegation):
     """Owns the agents of one `open_runtime()` block. Use `spawn`, `whereis`, `subscribe`.
 
     With virtual agents (`open_runtime(deactivate_after=..., max_resident=...)`) an agent is
@@ -160,7 +78,7 @@ class Runtime:
         self.max_resident = max_resident
         self._virtual = deactivate_after is not None or max_resident is not None
         self._agents: dict[str, Agent] = {}  # the resident agents, least recently active first
-        self._slots: dict[str, _Slot] = {}  # every addressable agent
+        self._slots: dict[str, Slot] = {}  # every addressable agent
         self._children = itertools.count(1)
         self._child_token = secrets.token_hex(6)  # in every child's name: unique across runtimes
         self._live_children: dict[str, int] = {}  # agent -> its temporary children running now
@@ -243,7 +161,7 @@ class Runtime:
         accepts: Grant = False,
         recall: bool = False,
         options: AgentOptions | None = None,
-        **option_values: Any,
+        **option_values: Unpack[SpawnOptions],
     ) -> AgentRef:
         """Start an agent and return its handle once it is ready: its mailbox takes requests,
         and its `on_start` plugins have run (then through `nursery.start`).
@@ -264,19 +182,13 @@ class Runtime:
         granted to reach it), or names and patterns of the agents it accepts. `recall`: give it
         the built-in `recall` tool, which reads evicted history back from its own offload
         journal (and no other). Agent options
-        (`max_steps`, `tool_timeout`, `restart`, ...) come as `options=AgentOptions(...)` or as
-        keywords.
+        (`max_steps`, `tool_timeout`, `restart`, ...) come as `options=AgentOptions(...)`, as
+        keywords (typed: `SpawnOptions`), or both (the keywords win).
         """
         if self._closed:
             raise AgentStopped("the runtime is closed")
         validate_agent_id(name)
-        unknown = set(option_values) - _OPTION_NAMES
-        if unknown:
-            raise ConfigError(f"unknown spawn option(s) {sorted(unknown)}; agent options are {sorted(_OPTION_NAMES)}")
-        if options is None:
-            options = AgentOptions(**option_values) if option_values else _DEFAULT_OPTIONS
-        elif option_values:
-            options = attrs.evolve(options, **option_values)
+        options = agent_options(options, option_values)
         if not hasattr(provider, "complete"):
             raise ConfigError(f"provider must have an async complete(request) method, got {provider!r:.80}")
         if name in self._slots:
@@ -284,14 +196,14 @@ class Runtime:
         choice(resume, "resume", (False, True, "require"))
         if instructions is not None:
             text(instructions, "instructions (the system prompt)", blank=False)
-        targets = _patterns("delegation", delegation)
-        grants = _Grants(
+        targets = patterns("delegation", delegation)
+        grants = Grants(
             children=targets is not None,
             targets=None if delegation is True else targets,
-            accepts=_patterns("accepts", accepts),
+            accepts=patterns("accepts", accepts),
         )
-        if grants == _NO_GRANTS:
-            grants = _NO_GRANTS  # one for every agent that has the defaults
+        if grants == NO_GRANTS:
+            grants = NO_GRANTS  # one for every agent that has the defaults
         await self._lease(name)
         try:
             return await self._spawn_leased(
@@ -312,7 +224,7 @@ class Runtime:
         config: Mapping[str, Any] | None,
         summarizer: Summarizer | None,
         resume: bool | Literal["require"],
-        grants: _Grants,
+        grants: Grants,
         options: AgentOptions,
         recall: bool,
     ) -> AgentRef:
@@ -334,7 +246,7 @@ class Runtime:
             if instructed is not state:  # not what a new State is: activation must load it
                 state, fresh = instructed, None
         window = getattr(provider, "context_window", None)
-        wants_window = _uses_fraction(state.config) or "compact_trigger" not in state.config
+        wants_window = uses_fraction(state.config) or "compact_trigger" not in state.config
         if "context_window" not in state.config and wants_window and is_int(window) and window > 0:
             # A `fraction` needs the model's window, and so does the default trigger (0.85 of
             # it): the provider knows it (written into the config, so a checkpoint keeps it).
@@ -349,11 +261,11 @@ class Runtime:
         if recall:
             if any(isinstance(t, Tool) and t.name == "recall" for t in given):
                 raise ConfigError("recall=True adds a tool named 'recall', but one of the given tools has that name")
-            budget = _recall_budget(settings.context_window or getattr(provider, "context_window", None))
+            budget = recall_budget(settings.context_window or getattr(provider, "context_window", None))
             given += (recall_tool(compactor.store_for(settings), name, budget_tokens=budget),)
         if grants.children:
-            given = (*given, _delegate_tool(self, name, grants.targets))
-        slot = _Slot(provider, given, plugins, config, summarizer, options, grants)
+            given = (*given, delegate_tool(self, name, grants.targets))
+        slot = Slot(provider, given, plugins, config, summarizer, options, grants)
         # A new State is what it had (activation rebuilds it) only when none was loaded: a
         # resumed state is as good as saved, but activation must read it back.
         slot.fresh = fresh is state and saved is None
@@ -442,7 +354,7 @@ class Runtime:
             self.tracing.event(event)
 
     def _make_agent(
-        self, name: str, slot: _Slot, state: State, compactor: Compactor | None = None, saved: State | None = None
+        self, name: str, slot: Slot, state: State, compactor: Compactor | None = None, saved: State | None = None
     ) -> Agent:
         if compactor is None:
             summarizer = slot.summarizer if slot.summarizer is not None else slot.provider
@@ -463,9 +375,8 @@ class Runtime:
             saved=saved,
             on_active=self._touch if self._virtual else None,
             tracer=self.tracing,
+            host=self,
         )
-        if slot.ref is None:
-            agent.ref._host = self
         return agent
 
     def _forget(self, agent: Agent) -> None:
@@ -478,223 +389,14 @@ class Runtime:
         if agent.deactivating and not self._closed:
             # Deactivated: keep what it takes to activate it again, free the rest.
             slot.plugins = agent.plugins
-            slot.pending = agent.pending or _NO_PENDING
+            slot.pending = agent.pending or NO_PENDING
             slot.fresh = slot.fresh and not agent.checkpointed
-            agent.ref._restarts = agent.restart_count
-            agent.ref._agent = None
+            agent.ref.unbind()
             self._deactivations += 1
             self._emit(agent.name, DEACTIVATED)
         else:
             del self._slots[agent.name]
-            agent.ref._stopped = True
-
-    def _emit(self, name: str, kind: str, **data: Any) -> None:
-        if self.bus.listening(name):
-            self.bus.publish(Event(kind, name, data, trio.current_time()))
-
-    # -- name leases -------------------------------------------------------------------------------
-    async def _lease(self, name: str) -> None:
-        """Take the store's lease on `name` for this runtime (with leases on; else a no-op)."""
-        if self._leases is None:
-            return
-        assert self.lease_ttl is not None and self.lease_owner is not None
-        token = await self._leases.acquire_lease(
-            name, self.lease_owner, ttl=self.lease_ttl, takeover=tuple(self.lease_takeover)
-        )
-        self._leased[name] = token
-
-    def _unlease(self, name: str) -> None:
-        """Give the lease on `name` up, in the background (a later grant to this runtime is kept)."""
-        token = self._leased.pop(name, None)
-        if token is None or self._leases is None or self._closed:
-            return  # a closing runtime releases them all at once
-        leases, owner = self._leases, self.lease_owner
-        assert owner is not None
-
-        async def release() -> None:
-            with contextlib.suppress(CmdcError):  # unreleased, it expires
-                await leases.release_lease(name, owner, token)
-
-        self._nursery.start_soon(release)
-
-    async def _renew_leases(self) -> None:
-        """Renew this runtime's leases every third of their ttl. A lease found lost (it expired
-        and another runtime took the name) is forgotten: the agent's next write raises
-        `LeaseLost` and it leaves memory."""
-        assert self._leases is not None and self.lease_ttl is not None and self.lease_owner is not None
-        while True:
-            await trio.sleep(self.lease_ttl / 3)
-            if not self._leased:
-                continue
-            with contextlib.suppress(CmdcError):  # a store down: retried at the next round
-                kept = set(await self._leases.renew_leases(self.lease_owner, ttl=self.lease_ttl))
-                for name in [n for n in self._leased if n not in kept]:
-                    self._emit(name, LEASE_LOST)
-
-    async def _release_all(self) -> None:
-        if self._leases is not None and self.lease_owner is not None:
-            self._leased.clear()
-            with contextlib.suppress(CmdcError):
-                await self._leases.break_leases(self.lease_owner)
-
-    # -- virtual agents -------------------------------------------------------------------------
-    def _touch(self, agent: Agent) -> None:
-        """The agent was just active: it becomes the most recently active resident."""
-        if self._agents.get(agent.name) is agent:
-            del self._agents[agent.name]
-            self._agents[agent.name] = agent
-        self._make_room()
-
-    async def activate(self, ref: AgentRef) -> Agent:
-        """Make the agent behind `ref` resident again (from its checkpoint) and return it."""
-        while True:
-            slot = self._slots.get(ref.name)
-            if self._closed or ref._stopped or slot is None or slot.ref is not ref:
-                raise AgentStopped(f"agent {ref.name!r} has stopped")
-            agent = ref._agent
-            if agent is not None:
-                if not agent.deactivating:
-                    return agent
-                await agent.wait_done()  # its deactivation ends first (its state is saved)
-                continue
-            if slot.activating is not None:  # someone else is activating it: wait for them
-                await slot.activating.wait()
-                continue
-            slot.activating = trio.Event()
-            leased = False
-            try:
-                assert self.checkpoints is not None  # virtual agents need a checkpoint store
-                await self._lease(ref.name)
-                leased = True
-                if slot.fresh and self._leases is None:  # never checkpointed in this life: a new State is what it had
-                    state = State(agent_id=ref.name, config=slot.config)
-                else:  # (with leases another runtime may have had it since: always the store's word)
-                    loaded = await self.checkpoints.load(ref.name)
-                    if loaded is None and not slot.fresh:
-                        raise CheckpointError(f"agent {ref.name!r}: its checkpoint vanished while it was deactivated")
-                    state = loaded if loaded is not None else State(agent_id=ref.name, config=slot.config)
-                if self._closed or ref._stopped:
-                    continue
-                agent = self._make_agent(ref.name, slot, state, saved=state)
-                if slot.pending:
-                    agent.pending, slot.pending = slot.pending, _NO_PENDING
-                agent.restart_count = ref._restarts
-                self._agents[ref.name] = agent
-                self._nursery.start_soon(agent.main, name=ref.name)
-                self._activations += 1
-                self._emit(ref.name, ACTIVATED)
-                self._make_room()
-                leased = False  # the agent holds it now
-                return agent
-            finally:
-                if leased:
-                    self._unlease(ref.name)
-                slot.activating.set()
-                slot.activating = None
-
-    async def deactivate(self, name: str) -> bool:
-        """Deactivate the agent `name` now if it is idle (virtual agents only); return whether
-        it was. Its state is saved first; the next call on it activates it again."""
-        if not self._virtual:
-            raise ConfigError("deactivate needs virtual agents: open_runtime(deactivate_after=... or max_resident=...)")
-        agent = self._agents.get(name)
-        if agent is None or agent.deactivating or not agent.idle():
-            return False
-        request = _Deactivate(_Reply())
-        try:
-            agent.enqueue_nowait(request)
-        except CmdcError:
-            return False
-        done: bool = await request.reply.wait()
-        if done:
-            await agent.wait_done()
-        return done
-
-    def _request_deactivation(self, agent: Agent) -> None:
-        with contextlib.suppress(CmdcError):  # full or closed: it is not idle anyway
-            agent.enqueue_nowait(_Deactivate(_Reply()))
-            agent.leaving = True
-            self._leaving.add(agent.name)
-
-    def _make_room(self) -> None:
-        """Beyond `max_resident`, ask the least recently active idle agents to deactivate."""
-        if self.max_resident is None:
-            return
-        excess = len(self._agents) - self.max_resident
-        if excess <= 0:
-            return
-        # agents already on their way out (asked, not refused) make room too
-        self._leaving = {n for n in self._leaving if (a := self._agents.get(n)) is not None and a.leaving}
-        excess -= len(self._leaving)
-        if excess <= 0:
-            return
-        # From the least recently active on, and only as far as it takes (not a copy of every
-        # resident agent per call: this runs at every request).
-        chosen: list[Agent] = []
-        for agent in self._agents.values():
-            if len(chosen) >= excess:
-                break
-            if agent.idle() and not agent.deactivating and not agent.leaving:
-                chosen.append(agent)
-        for agent in chosen:
-            self._request_deactivation(agent)
-
-    async def _reap_idle(self, after: float) -> None:
-        """Deactivate agents idle for `after` seconds; sleeps until the next one is due."""
-        while True:
-            now = trio.current_time()
-            wake = now + after
-            due_now: list[Agent] = []
-            for agent in self._agents.values():  # least recently active first
-                due = agent.last_active + after
-                if due > now:
-                    wake = min(wake, due)
-                    break
-                if agent.idle() and not agent.deactivating and not agent.leaving:
-                    due_now.append(agent)
-            for agent in due_now:
-                self._request_deactivation(agent)
-            await trio.sleep_until(wake)
-
-    async def stop_inactive(self, ref: AgentRef) -> None:
-        slot = self._slots.get(ref.name)
-        if slot is not None and slot.ref is ref and ref._agent is None:
-            while slot.activating is not None:
-                await slot.activating.wait()
-            if ref._agent is None:
-                del self._slots[ref.name]
-                ref._stopped = True
-                self._emit(ref.name, STOPPED, reason="stopped", restarts=ref._restarts)
-                self.bus.end_agent(ref.name)  # as when a resident agent stops
-                return
-        await ref.stop()
-
-    def send_inactive(self, ref: AgentRef, messages: tuple[Message, ...]) -> None:
-        slot = self._slots.get(ref.name)
-        if slot is None or slot.ref is not ref:
-            raise AgentStopped(f"agent {ref.name!r} has stopped")
-        if len(slot.pending) + len(messages) > slot.options.max_queued:
-            raise MailboxFull(f"agent {ref.name!r}: {len(slot.pending)} messages already queued")
-        if slot.pending is _NO_PENDING:
-            slot.pending = []
-        slot.pending.extend(messages)
-
-    def queued_inactive(self, ref: AgentRef) -> list[Message]:
-        slot = self._slots.get(ref.name)
-        return slot.pending if slot is not None and slot.ref is ref else []
-
-    def add_plugin_inactive(self, ref: AgentRef, plugin: Plugin) -> None:
-        slot = self._slots.get(ref.name)
-        if slot is None or slot.ref is not ref:
-            raise AgentStopped(f"agent {ref.name!r} has stopped")
-        slot.plugins = (*slot.plugins, plugin)
-
-    def child_name(self, parent: str) -> str:
-        """A name for a new temporary child of `parent`: `parent.childN-TOKEN`, where TOKEN is
-        random per runtime (48 bits): another runtime (a later process, another cluster node, the
-        same parent activated again elsewhere) never hands out the same name, so a child never
-        appends to an earlier child's journal."""
-        return f"{parent[:96]}.child{next(self._children)}-{self._child_token}"
+            agent.ref.mark_stopped()
 
     async def run_child(self, parent: str, task: str) -> str:
         """Run `task` on a new temporary child of the resident agent `parent` (its provider,
@@ -726,91 +428,12 @@ class Runtime:
                         with contextlib.suppress(CmdcError):
                             await self.checkpoints.delete(name)
 
-    # -- who may talk to whom ----------------------------------------------------------------
-    def check_delegation(self, sender: str, target: str) -> AgentRef:
-        """The running agent `target`, if `sender` may hand it a task: `sender` was granted
-        it (by name or pattern) and `target` accepts tasks from `sender`. Otherwise
-        `DelegationRefused`, saying which side refused."""
-        slot = self._slots.get(sender)
-        mine = None if slot is None else slot.grants
-        if mine is None or not _matches(target, mine.targets):
-            allowed = ", ".join(mine.targets) if mine is not None and mine.targets else "none"
-            raise DelegationRefused(
-                f"agent {sender!r} may not delegate to {target!r}: it may delegate to its own temporary "
-                f"children (leave out 'agent') and to these agents: {allowed}"
-            )
-        ref = self.whereis(target)
-        slot = self._slots.get(target)
-        theirs = None if slot is None else slot.grants
-        if ref is None or theirs is None:
-            raise DelegationRefused(f"no running agent is called {target!r}")
-        if not _matches(sender, theirs.accepts):
-            raise DelegationRefused(f"agent {target!r} does not accept delegated tasks from {sender!r}")
-        return ref
-
-    def wait_path(self, start: str, goal: str) -> list[str] | None:
-        """A path start -> ... -> goal in the wait-for graph (each agent waits on the next),
-        or None."""
-        if start == goal:
-            return [start]
-        parents: dict[str, str] = {start: start}
-        frontier = [start]
-        while frontier:
-            node = frontier.pop()
-            for nxt in self._waits.get(node, ()):
-                if nxt in parents:
-                    continue
-                parents[nxt] = node
-                if nxt == goal:
-                    path = [goal]
-                    while path[-1] != start:
-                        path.append(parents[path[-1]])
-                    return path[::-1]
-                frontier.append(nxt)
-        return None
-
-    @contextmanager
-    def waiting(self, waiter: str, target: str) -> Iterator[None]:
-        """Record that `waiter` waits on `target` for as long as the block runs; refuse with
-        `DelegationRefused` if `target` already waits (directly or through others) on
-        `waiter`: the two would wait on each other for ever."""
-        path = self.wait_path(target, waiter)
-        if path is not None:
-            cycle = " -> ".join([waiter, *path])
-            raise DelegationRefused(
-                f"delegation refused: {target!r} is already waiting on {waiter!r} ({cycle}); "
-                "handing it this task would deadlock both. Do the task yourself or answer without it."
-            )
-        edges = self._waits.setdefault(waiter, [])
-        edges.append(target)
-        try:
-            yield
-        finally:
-            edges.remove(target)
-            if not edges:
-                del self._waits[waiter]
-
-    @contextmanager
-    def child_slot(self, parent: str, limit: int) -> Iterator[None]:
-        """Count a temporary child of `parent` while the block runs; `DelegationRefused` past `limit`."""
-        live = self._live_children.get(parent, 0)
-        if live >= limit:
-            raise DelegationRefused(
-                f"agent {parent!r} already has {live} temporary children at work (max_children={limit}); "
-                "wait for their answers, then delegate again, or do this task yourself"
-            )
-        self._live_children[parent] = live + 1
-        try:
-            yield
-        finally:
-            left = self._live_children[parent] - 1
-            if left:
-                self._live_children[parent] = left
-            else:
-                del self._live_children[parent]
+    def _emit(self, name: str, kind: str, **data: Any) -> None:
+        if self.bus.listening(name):
+            self.bus.publish(Event(kind, name, data, trio.current_time()))
 
 
-def _uses_fraction(config: Mapping[str, Any]) -> bool:
+def uses_fraction(config: Mapping[str, Any]) -> bool:
     """Whether `compact_trigger` or `compact_keep` has a `("fraction", f)` form."""
     for key in ("compact_trigger", "compact_keep"):
         value: Any = config.get(key)
@@ -834,56 +457,12 @@ def with_instructions(state: State, instructions: str) -> State:
     return state.evolve(messages=messages, usage_floor=len(messages) if state.messages else 0)
 
 
-def _recall_budget(window: object) -> int:
+def recall_budget(window: object) -> int:
     """The recall tool's output budget: 2,000 tokens, or a sixteenth of a smaller model's
     window (at least `MIN_BUDGET`), so that reading history back never crowds out the context."""
     if not is_int(window) or window < 1:
         return DEFAULT_RECALL_BUDGET
     return max(MIN_BUDGET, min(DEFAULT_RECALL_BUDGET, window // 16))
-
-
-def _delegate_tool(runtime: Runtime, parent: str, targets: tuple[str, ...] | None = None) -> Tool:
-    async def delegate(task: str, agent: str | None = None) -> str:
-        """Hand a task to another agent and return its final answer.
-
-        Args:
-            task: What the other agent should do, with everything it needs to know.
-            agent: The name of a running agent you were allowed to delegate to; leave it out to have
-                a temporary child agent do it.
-        """
-        chain = current_chain.get()
-        me = runtime._agents.get(parent)
-        if me is None:
-            raise AgentStopped(f"agent {parent!r} is not running")
-        depth = me.options.max_delegation_depth
-        if len(chain) >= depth:
-            raise DelegationRefused(f"delegation depth limit ({depth}) reached: {' -> '.join(chain)}")
-        if agent is not None:
-            target = runtime.check_delegation(parent, agent)
-            with runtime.waiting(parent, agent):
-                return (await target.prompt(task)).text
-        return await runtime.run_child(parent, task)
-
-    return _naming_targets(tool(delegate, name="delegate"), targets)
-
-
-def _naming_targets(delegate: Tool, targets: tuple[str, ...] | None) -> Tool:
-    """`delegate` with the agents it may reach named in its `agent` parameter (the model has no
-    other way to know them): listed in the description, and as the parameter's `enum` when they
-    are all plain names (not patterns)."""
-    if not targets:
-        return delegate
-    parameters = thaw(delegate.parameters)
-    agent = parameters["properties"]["agent"]
-    agent["description"] = f"{agent.get('description', '')} You may delegate to: {', '.join(targets)}.".strip()
-    if not any(c in t for t in targets for c in "*?["):
-        agent["enum"] = [*targets, None]
-    return attrs.evolve(delegate, parameters=parameters)
-
-
-DEFAULT_LEASE_TTL = 30.0
-"""Seconds a name lease lasts by default on a shared store (see `open_runtime`): renewed every
-10 s; a runtime that died without releasing it holds the name this long at most."""
 
 
 @asynccontextmanager
