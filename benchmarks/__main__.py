@@ -344,7 +344,7 @@ def ray_skipped(p: Preset) -> str | None:
     import importlib.util
 
     if p.name == "smoke":
-        return "Ray cluster benchmark: skipped in --smoke (tests/test_ray.py runs cmdc.ray on a local cluster)."
+        return "Ray cluster benchmark: skipped in --smoke (tests/cluster/test_ray.py runs cmdc.ray on a local cluster)."
     if importlib.util.find_spec("ray") is None:
         return f"Ray cluster benchmark: skipped, ray is not installed; to run it: {RAY_HINT}"
     if bench_store.postgres_base() is None:

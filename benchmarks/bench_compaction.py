@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from cmdc import Compacted, Compactor, Message, OffloadStore, State, estimate_message_tokens
-from cmdc.synthetic import conversation
+from cmdc.testing import conversation
 
 
 async def instant(messages: Sequence[Message], instruction: str) -> str:

@@ -3,7 +3,7 @@
 Run: python -m benchmarks.compare_deepagents  (add --quick for 1k and 10k messages only)
 Needs the optional extra: pip install -e '.[compare]'  (installs deepagents)
 
-Both systems get the same synthetic conversations (`cmdc.synthetic.conversation`: a system
+Both systems get the same synthetic conversations (`cmdc.testing.conversation`: a system
 prompt, then rounds of user -> assistant with 1-3 tool calls -> their results -> assistant text,
 ~400 characters a message, usage reported on assistant messages) at 1k, 10k and 50k messages,
 converted to LangChain messages for DeepAgents. Nothing touches the network: the chat model is
@@ -51,7 +51,7 @@ from langgraph.graph.message import add_messages
 
 from benchmarks import bench_compaction
 from cmdc import Compactor, ImagePart, Message, State
-from cmdc.synthetic import conversation
+from cmdc.testing import conversation
 
 KEEP = 20  # messages kept by a compaction, both systems
 COMPACT_TRIGGER = 50_000  # tokens; every size measured is over it

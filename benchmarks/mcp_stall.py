@@ -3,7 +3,7 @@ neighbour agent's turns, while one agent's stdio MCP server answers with one lin
 
 Run: python -m benchmarks.mcp_stall [--mb 5 10 20 100] [--sdk] [--repeat 3]
 
-The server is tests/mcp_hostile.py (its `huge` tool writes the text in 1 MiB pieces). Meanwhile
+The server is tests/_support/mcp_hostile.py (its `huge` tool writes the text in 1 MiB pieces). Meanwhile
 a probe task sleeps 2 ms at a time and records how late it wakes (the stall every agent sees)
 and a neighbour agent answers prompts. Printed per size: the call's duration, the longest
 stall (median and worst of `--repeat` runs: on a loaded machine the scheduler's own noise shows
@@ -28,7 +28,7 @@ import cmdc.mcp
 from benchmarks._stall import turn_beside_a_neighbour
 from cmdc.providers import ScriptedProvider
 
-HOSTILE = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_hostile.py")
+HOSTILE = str(Path(__file__).resolve().parent.parent / "tests" / "_support" / "mcp_hostile.py")
 
 
 def _use_the_sdk_transport() -> None:

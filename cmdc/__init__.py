@@ -1,7 +1,8 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
+from ._compact_tool import compact_context_tool
+from ._rehydrate import RehydrateReads
 from ._version import __version__
-from .compact_tool import compact_context_tool
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
     CompactConfig,
@@ -16,32 +17,60 @@ from .compaction import (
 from .errors import (
     AgentNotFound,
     AgentStopped,
+    AuthError,
+    BadRequest,
+    ChatFileError,
+    CheckpointCorrupted,
+    CheckpointError,
+    CmdcDeprecationWarning,
     CmdcError,
     CompactionAborted,
     CompactionError,
     CompactionIncomplete,
     CompactionThrashing,
     ConfigError,
+    ConnectionFailed,
     ContextOverflow,
+    DelegationRefused,
+    DemoError,
     HTTPProviderError,
+    IncompleteStream,
+    IndexUnavailable,
     InvalidMessage,
+    InvalidPlugin,
     InvalidState,
+    JournalLost,
     LeaseLost,
     MailboxFull,
+    MCPServerError,
+    MCPToolError,
     NameLeased,
     NodeLost,
     OffloadCorrupted,
     OffloadError,
+    OutputBudgetOverflow,
+    Overloaded,
     PluginAborted,
+    PluginReturnError,
     ProviderError,
+    ProviderTimeout,
+    QuotaExceeded,
+    RateLimited,
+    ReplyTooLarge,
     RequestSkipped,
+    ServerError,
     StepLimitReached,
+    StoreRefused,
+    StoreUnavailable,
     SummarizerError,
+    SummarizerTimeout,
+    ToolArgumentsError,
+    TooManyToolCalls,
     TurnAborted,
+    UsageError,
 )
 from .events import Event
 from .message import ImagePart, Message, TextPart, TokenUsage, ToolCall
-from .offload import JournalRecord, OffloadStore
 from .plugins import (
     Abort,
     AfterCompact,
@@ -56,10 +85,10 @@ from .plugins import (
     Plugin,
     Skip,
 )
-from .rehydrate import RehydrateReads
 from .runtime import AgentHandle, AgentOptions, AgentRef, Runtime, SpawnOptions, open_runtime
 from .runtime import runtime as _runtime
 from .state import State, validate_agent_id
+from .store.file.journal import JournalRecord, OffloadStore
 from .tokens import estimate_message_tokens, estimate_tokens_from_messages
 from .tools import Tool, tool
 from .ui import serve_runtime as _serve_ui
@@ -67,7 +96,6 @@ from .ui import serve_runtime as _serve_ui
 _runtime.UI_SERVER = _serve_ui  # rt.serve_ui(): the page is a face (cmdc.ui); the runtime only calls it
 
 __all__ = [
-    "DEFAULT_SUMMARY_PROMPT",
     "Abort",
     "AfterCompact",
     "AfterResponse",
@@ -77,9 +105,15 @@ __all__ = [
     "AgentOptions",
     "AgentRef",
     "AgentStopped",
+    "AuthError",
+    "BadRequest",
     "BeforeCompact",
     "BeforeRequest",
     "BeforeTool",
+    "ChatFileError",
+    "CheckpointCorrupted",
+    "CheckpointError",
+    "CmdcDeprecationWarning",
     "CmdcError",
     "CompactConfig",
     "Compacted",
@@ -90,15 +124,25 @@ __all__ = [
     "CompactionThrashing",
     "Compactor",
     "ConfigError",
+    "ConnectionFailed",
     "ContextOverflow",
+    "DEFAULT_SUMMARY_PROMPT",
+    "DelegationRefused",
+    "DemoError",
     "Event",
     "ExtractiveSummarizer",
     "HTTPProviderError",
     "ImagePart",
+    "IncompleteStream",
+    "IndexUnavailable",
     "InvalidMessage",
+    "InvalidPlugin",
     "InvalidState",
+    "JournalLost",
     "JournalRecord",
     "LeaseLost",
+    "MCPServerError",
+    "MCPToolError",
     "MailboxFull",
     "Message",
     "NameLeased",
@@ -109,24 +153,39 @@ __all__ = [
     "OnError",
     "OnStart",
     "OnStop",
+    "OutputBudgetOverflow",
+    "Overloaded",
     "Plugin",
     "PluginAborted",
+    "PluginReturnError",
     "ProviderError",
+    "ProviderTimeout",
+    "QuotaExceeded",
+    "RateLimited",
     "RehydrateReads",
+    "ReplyTooLarge",
     "RequestSkipped",
     "Runtime",
+    "ServerError",
     "Skip",
     "Skipped",
     "State",
     "StepLimitReached",
+    "StoreRefused",
+    "StoreUnavailable",
     "SummarizerError",
+    "SummarizerTimeout",
     "SpawnOptions",
     "SummaryAttempt",
     "TextPart",
     "TokenUsage",
+    "TooManyToolCalls",
     "Tool",
+    "ToolArgumentsError",
     "ToolCall",
     "TurnAborted",
+    "UsageError",
+    "__version__",
     "compact_context_tool",
     "estimate_message_tokens",
     "estimate_tokens_from_messages",
@@ -134,7 +193,6 @@ __all__ = [
     "split_messages",
     "tool",
     "validate_agent_id",
-    "__version__",
 ]
 
 _OPTIONAL_MODULES = frozenset({"mcp", "otel"})

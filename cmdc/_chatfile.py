@@ -38,10 +38,10 @@ import attrs
 import orjson
 
 from ._frozen import thaw
-from ._fs import atomic_write
 from .compaction.finalize import USER_MESSAGES_HEADING, USER_MESSAGES_KEY
 from .errors import ChatFileError, InvalidMessage
 from .message import KIND_KEY, PINNED_KEY, SUMMARY_KIND, ImagePart, Message, Part, TextPart, ToolCall
+from .store.fs import atomic_write
 
 Format = Literal["jsonl", "json"]
 

@@ -40,18 +40,19 @@ from typing import Any, Literal, TextIO
 import attrs
 import trio
 
+from ._version import install_hint
 from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from .compaction.finalize import USER_MESSAGES_KEY
 from .compaction.summary import Summarizer
 from .errors import CmdcError, DemoError, ProviderError
 from .events import COMPACTION_END, OVERFLOW, REQUEST, RESPONSE, TOOL_END, TOOL_RESULTS_CLIPPED, Event
 from .message import PINNED_KEY, Message, TokenUsage, ToolCall
-from .offload import OffloadStore
 from .providers.base import ModelRequest, Provider
 from .providers.simulated import SimulatedModel
 from .runtime import open_runtime
 from .runtime.agent import AgentRef
 from .state import State
+from .store.file.journal import OffloadStore
 from .tokens import estimate_message_tokens
 from .tools import Tool, tool
 from .tracing import UNTRACED, Span, Tracer
@@ -247,7 +248,7 @@ def real_provider(kind: str, model: str | None) -> Provider:
     try:
         cls = getattr(providers, name)
     except ImportError:
-        raise DemoError(f"--provider {kind} needs the 'http' extra (httpx): pip install 'cmdc[http]'") from None
+        raise DemoError(f"--provider {kind} needs the 'http' extra (httpx): {install_hint('http')}") from None
     provider: Provider = cls(model=model)
     return provider
 
@@ -539,7 +540,8 @@ class _Traced:
 
             from .otel import Tracing
         except ImportError:
-            raise DemoError("--trace needs OpenTelemetry's SDK: pip install 'cmdc[otel]' opentelemetry-sdk") from None
+            hint = install_hint("otel")
+            raise DemoError(f"--trace needs OpenTelemetry's SDK: {hint}, and opentelemetry-sdk") from None
         self.agent = agent
         self.exporter = InMemorySpanExporter()
         self.provider = TracerProvider()

@@ -46,7 +46,6 @@ from ._chatfile import (
 )
 from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
-from ._fs import os_cause, probe_dir, stricter_mode
 from ._redact import redact_url
 from ._trio import one_of, reraise
 from ._version import __version__
@@ -66,9 +65,10 @@ from .errors import (
 from .events import JOURNAL_DAMAGED, Event
 from .message import Message
 from .message import _encode_default as encode_default
-from .offload import JournalRecord, JournalReport, OffloadStore
 from .state import ENCODE_EAGERLY, State, validate_agent_id
-from .store import Store, open_store
+from .store import JournalReader, Store, open_store
+from .store.file.journal import JournalRecord, JournalReport, OffloadStore
+from .store.fs import os_cause, probe_dir, stricter_mode
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
 
@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("simulated", "openai", "anthropic"),
         default="simulated",
         help="run the same workload against a real endpoint: openai (OPENAI_API_KEY, OPENAI_BASE_URL) or "
-        "anthropic (ANTHROPIC_API_KEY); needs the http extra: pip install 'cmdc[http]'",
+        "anthropic (ANTHROPIC_API_KEY); needs the http extra: pip install 'cmdc-agents[http]'",
     )
     demo.add_argument("--model", help="the model name, with --provider openai|anthropic")
     demo.add_argument(
@@ -177,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         "--ui",
         action="store_true",
         help="also serve the local web page of the agents (prints its URL; needs the ui extra: "
-        "pip install 'cmdc[ui]'); the demo keeps running, the page open, until Ctrl-C",
+        "pip install 'cmdc-agents[ui]'); the demo keeps running, the page open, until Ctrl-C",
     )
     demo.add_argument("--ui-port", type=_port, default=0, help="the web page's port (default: a free one)")
 
@@ -257,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Serve a local web page (on 127.0.0.1) of the agents in a store: each agent's last checkpointed "
             "context, its compactions and its journal (search, ranges). Read-only. Prints the URL to open, with "
-            "its token; runs until Ctrl-C. Needs the ui extra: pip install 'cmdc[ui]'. For a running runtime "
+            "its token; runs until Ctrl-C. Needs the ui extra: pip install 'cmdc-agents[ui]'. For a running runtime "
             "use open_runtime(ui=True) or rt.serve_ui() instead (live updates)."
         ),
     )
@@ -627,7 +627,7 @@ def _history(args: argparse.Namespace) -> int:
     return code
 
 
-async def _print_search(store: OffloadStore | Store, agent: str, args: argparse.Namespace) -> int:
+async def _print_search(store: JournalReader, agent: str, args: argparse.Namespace) -> int:
     """`cmdc history ... --search WORDS`: the best records, one line each."""
     query = " ".join(args.search)
     hits = await store.search(agent, query, limit=args.limit or 10)
@@ -720,8 +720,6 @@ def _history_store(args: argparse.Namespace) -> int:
         store = open_store(args.dir)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    if args.repair and not callable(getattr(store, "repair", None)):
-        raise UsageError(f"--repair: the store {store!r} cannot repair a journal (it has no repair method)")
     try:
         code: int = trio.run(_show_store_history, args, store, agent)
     except StoreUnavailable:
@@ -735,7 +733,7 @@ async def _show_store_history(args: argparse.Namespace, store: Store, agent: str
     try:
         await store.start()
         if args.repair:
-            report = await store.repair(agent)  # type: ignore[attr-defined]  # checked by the caller
+            report = await store.repair(agent)
             if report.journal is None and not report.records and not report.uncommitted and not report.damaged:
                 raise UsageError(f"{store.location(agent)}: no journal for agent {agent!r}")
             print(f"journal {store.location(agent)} (id {report.journal or 'none'})")

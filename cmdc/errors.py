@@ -1,4 +1,70 @@
-"""The cmdc error hierarchy: every error cmdc raises on purpose derives from `CmdcError`."""
+"""The cmdc error hierarchy: every error cmdc raises on purpose derives from `CmdcError`.
+
+Every class here is exported from `cmdc` too. Catch `CmdcError` for anything cmdc raised on
+purpose, or a branch for one kind of failure. The tree (a class under its first base; `also`
+names its other bases, builtin ones included, so `except ValueError` still catches a
+`ConfigError`):
+
+    CmdcError
+    ├── ConfigError (also ValueError)
+    │   └── InvalidPlugin (also TypeError)
+    ├── InvalidMessage (also ValueError)
+    ├── ContextOverflow
+    │   └── OutputBudgetOverflow
+    ├── CompactionError
+    │   ├── SummarizerError
+    │   ├── CompactionIncomplete
+    │   ├── CompactionThrashing
+    │   ├── CompactionAborted
+    │   └── SummarizerTimeout
+    ├── OffloadError
+    │   ├── IndexUnavailable
+    │   ├── OffloadCorrupted
+    │   ├── JournalLost
+    │   ├── StoreUnavailable (also CheckpointError)
+    │   ├── StoreRefused (also CheckpointError)
+    │   └── LeaseLost (also CheckpointError)
+    ├── ProviderError
+    │   ├── ProviderTimeout
+    │   ├── ReplyTooLarge
+    │   │   └── TooManyToolCalls
+    │   └── HTTPProviderError
+    │       ├── RateLimited
+    │       ├── Overloaded
+    │       ├── ServerError
+    │       ├── ConnectionFailed
+    │       │   └── IncompleteStream
+    │       ├── AuthError
+    │       ├── QuotaExceeded
+    │       └── BadRequest
+    ├── PluginAborted
+    ├── PluginReturnError (also TypeError)
+    ├── MailboxFull
+    ├── AgentStopped
+    ├── TurnAborted
+    ├── StepLimitReached
+    ├── RequestSkipped
+    ├── AgentNotFound
+    ├── ToolArgumentsError (also ValueError)
+    ├── DelegationRefused
+    ├── InvalidState (also ValueError)
+    ├── CheckpointError
+    │   └── CheckpointCorrupted
+    ├── ChatFileError
+    ├── UsageError
+    ├── DemoError
+    ├── NameLeased
+    ├── NodeLost
+    ├── MCPServerError
+    └── MCPToolError
+
+    DeprecationWarning (a warning, not an error)
+    └── CmdcDeprecationWarning
+
+`HTTPProviderError.retryable` says which HTTP failures the providers retry. `IndexUnavailable`
+is raised and caught inside the stores (readers fall back to a scan); it is exported so that
+the hierarchy is whole. `tests/test_errors.py` checks this drawing against the classes.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +74,7 @@ if TYPE_CHECKING:  # names only: errors are layer 0 and import nothing at run ti
     from collections.abc import Sequence
     from pathlib import Path
 
-    from .report import CompactionReport
+    from ._report import CompactionReport
     from .state import State
 
 
@@ -400,3 +466,60 @@ class MCPServerError(CmdcError):
 class MCPToolError(CmdcError):
     """An MCP tool answered with an error, or its server refused the call (its text is what the
     model reads)."""
+
+
+__all__ = [
+    "AgentNotFound",
+    "AgentStopped",
+    "AuthError",
+    "BadRequest",
+    "ChatFileError",
+    "CheckpointCorrupted",
+    "CheckpointError",
+    "CmdcDeprecationWarning",
+    "CmdcError",
+    "CompactionAborted",
+    "CompactionError",
+    "CompactionIncomplete",
+    "CompactionThrashing",
+    "ConfigError",
+    "ConnectionFailed",
+    "ContextOverflow",
+    "DelegationRefused",
+    "DemoError",
+    "HTTPProviderError",
+    "IncompleteStream",
+    "IndexUnavailable",
+    "InvalidMessage",
+    "InvalidPlugin",
+    "InvalidState",
+    "JournalLost",
+    "LeaseLost",
+    "MCPServerError",
+    "MCPToolError",
+    "MailboxFull",
+    "NameLeased",
+    "NodeLost",
+    "OffloadCorrupted",
+    "OffloadError",
+    "OutputBudgetOverflow",
+    "Overloaded",
+    "PluginAborted",
+    "PluginReturnError",
+    "ProviderError",
+    "ProviderTimeout",
+    "QuotaExceeded",
+    "RateLimited",
+    "ReplyTooLarge",
+    "RequestSkipped",
+    "ServerError",
+    "StepLimitReached",
+    "StoreRefused",
+    "StoreUnavailable",
+    "SummarizerError",
+    "SummarizerTimeout",
+    "TooManyToolCalls",
+    "ToolArgumentsError",
+    "TurnAborted",
+    "UsageError",
+]

@@ -40,6 +40,8 @@ import attrs
 import orjson
 import trio
 
+from ._version import install_hint
+
 try:
     import mcp_types
     from mcp import Client, MCPError, StdioServerParameters
@@ -49,7 +51,7 @@ try:
     from mcp.shared._httpx_utils import create_mcp_http_client
     from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(f"cmdc.mcp needs the mcp extra: pip install 'cmdc[mcp]' ({exc})") from exc
+    raise ImportError(f"cmdc.mcp needs the mcp extra: {install_hint('mcp')} ({exc})") from exc
 
 from ._check import integer, optional_seconds, seconds, validator
 from ._clip import clip

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of agents (extra `otel`: `pip install 'cmdc[otel]'`).
+"""OpenTelemetry traces of agents (extra `otel`: `pip install 'cmdc-agents[otel]'`).
 
     from opentelemetry.sdk.trace import TracerProvider
     async with cmdc.open_runtime(tracing=cmdc.otel.Tracing(tracer_provider=provider)) as rt: ...
@@ -55,14 +55,17 @@ import attrs
 import orjson
 import trio
 
+from ._version import install_hint
+
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(f"cmdc.otel needs the otel extra: pip install 'cmdc[otel]' ({exc})") from exc
+    raise ImportError(f"cmdc.otel needs the otel extra: {install_hint('otel')} ({exc})") from exc
 
 from ._check import flag, integer
+from ._report import Compacted, CompactionReport, Skipped
 from ._version import __version__
 from .errors import CmdcError, ConfigError, ContextOverflow
 from .events import (
@@ -76,7 +79,6 @@ from .events import (
 )
 from .message import Message, ToolCall
 from .providers.base import STOP_REASON_KEY, ModelRequest, Provider
-from .report import Compacted, CompactionReport, Skipped
 from .state import State
 from .tools import Tool
 from .tracing import Span

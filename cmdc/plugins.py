@@ -29,9 +29,9 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast
 import attrs
 import trio
 
+from ._report import CompactionReport
 from .errors import InvalidPlugin, PluginReturnError
 from .message import Message, ToolCall
-from .report import CompactionReport
 from .state import State
 from .tools import Tool
 

@@ -8,23 +8,20 @@ on for an agent with `Runtime.spawn(..., recall=True)`.
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections.abc import Callable, Sequence
 from functools import partial
-from operator import attrgetter
-from typing import Any
 
 import orjson
 import trio
 
 from ._check import integer
 from ._clip import clip
-from ._search import MAX_QUERY_CHARS
 from .errors import ConfigError, ToolArgumentsError
 from .message import Message
-from .offload import JournalRecord, OffloadStore
-from .store import Store
+from .store import JournalReader
+from .store.records import JournalRecord
+from .store.search import MAX_QUERY_CHARS
 from .tokens import estimate_text_tokens
 from .tools import Tool, tool
 
@@ -225,26 +222,23 @@ def record_part(
 
 
 def recall_tool(
-    store: OffloadStore | Store, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall"
+    store: JournalReader, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall"
 ) -> Tool:
-    """A tool that reads `agent_id`'s offload journal in `store` (an `OffloadStore`, or any
-    store of `cmdc.store`): search by words, or read a range of records; its output is plain
-    text within `budget_tokens` (estimated) tokens.
+    """A tool that reads `agent_id`'s offload journal in `store` (any store of `cmdc.store`, or
+    an `OffloadStore`): search by words, or read a range of records; its output is plain text
+    within `budget_tokens` (estimated) tokens.
 
     Bad arguments raise `ToolArgumentsError` (an agent turns that into an error result the model
     can read); an empty or missing journal answers that nothing has been offloaded yet."""
     integer(budget_tokens, "recall budget_tokens", minimum=MIN_BUDGET)
-    if isinstance(store, OffloadStore):
-        journal = str(store.path_for(agent_id))  # ConfigError for an unsafe agent id, before any call
-    elif isinstance(store, Store):
-        journal = store.location(agent_id)
-    else:
+    if not isinstance(store, JournalReader):
         raise ConfigError(f"recall needs an OffloadStore or a store, got {store!r:.80}")
+    journal = store.location(agent_id)  # ConfigError for an unsafe agent id, before any call
     most = 10_000  # both stores answer what is asked from an index: ask for a bounded list
     # A store that can cut texts hands over no more of a record than a budget can show (plus
     # one character, so a cut record still counts as too large): a huge record's text is never
     # built whole. The output is the same as from whole records.
-    cut: dict[str, Any] = {"max_chars": budget_tokens * 4 + 1} if getattr(store, "clips_records", False) else {}
+    cut = budget_tokens * 4 + 1
 
     def nothing_yet() -> str:
         return (
@@ -253,7 +247,7 @@ def recall_tool(
         )
 
     async def search(query: str, limit: int) -> str:
-        hits = _originals_first(await store.search(agent_id, query, limit=most, **cut))
+        hits = _originals_first(await store.search(agent_id, query, limit=most, max_chars=cut))
         if not hits:
             count, span = await extent()
             if not count:
@@ -286,24 +280,13 @@ def recall_tool(
         return render_records(intro, records, budget_tokens=budget_tokens, journal=journal, footer=footer)
 
     async def extent() -> tuple[int, str]:
-        """How many records the journal holds and their span ("first-last"): from the file
-        store's index when it has one (nothing read), else from the records."""
-        known = getattr(store, "extent", None)
-        if known is not None:
-            ext = await known(agent_id)
-            return ext.records, f"{ext.first_seq}-{ext.last_seq}"
-        records = await store.records(agent_id, **cut)
-        return len(records), (_span(records) if records else "")
+        """How many records the journal holds and their span ("first-last"), from its index."""
+        ext = await store.extent(agent_id)
+        return ext.records, f"{ext.first_seq}-{ext.last_seq}"
 
     async def read(first: int, last: int) -> str:
-        if hasattr(store, "extent"):  # the index gives the range and the span: nothing else is read
-            chosen = await store.read_range(agent_id, first, last, **cut)
-            count, span = await extent()
-        else:
-            records = await store.records(agent_id, **cut)
-            seq = attrgetter("seq")  # records come in seq order: the range is found by bisection
-            chosen = records[bisect.bisect_left(records, first, key=seq) : bisect.bisect_right(records, last, key=seq)]
-            count, span = len(records), (_span(records) if records else "")
+        chosen = await store.read_range(agent_id, first, last, max_chars=cut)  # the index gives the range
+        count, span = await extent()
         if not count:
             return nothing_yet()
         if not chosen:
@@ -325,7 +308,7 @@ def recall_tool(
     ) -> str:
         found = await store.read_range(agent_id, seq, seq)
         if not found:
-            records = await store.records(agent_id, **cut)
+            records = await store.records(agent_id, max_chars=cut)
             if not records:
                 return nothing_yet()
             return f"No record {seq}: the journal holds records {_span(records)}."

@@ -13,8 +13,8 @@ import orjson
 
 from ._check import integer
 from ._frozen import freeze_mapping, thaw
+from ._groups import EMPTY_INDEX, CallIndex
 from .errors import ConfigError, InvalidMessage, InvalidState
-from .groups import EMPTY_INDEX, CallIndex
 from .message import Message, TokenUsage
 from .tokens import estimate_message_tokens
 
@@ -339,3 +339,8 @@ class State:
             return cls.from_dict(orjson.loads(data))
         except orjson.JSONDecodeError as exc:
             raise InvalidState(f"state is not valid JSON: {exc}") from None
+
+__all__ = [
+    "State",
+    "validate_agent_id",
+]

@@ -54,3 +54,10 @@ def estimate_message_tokens(message: Message) -> int:
 def estimate_tokens_from_messages(messages: Iterable[Message]) -> int:
     """The default estimate for a list of messages (ignores any reported usage)."""
     return sum(estimate_message_tokens(m) for m in messages)
+
+__all__ = [
+    "TokenCounter",
+    "estimate_message_tokens",
+    "estimate_text_tokens",
+    "estimate_tokens_from_messages",
+]

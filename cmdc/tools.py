@@ -520,3 +520,11 @@ def tool_from_schema(name: str, description: str, parameters: Mapping[str, Any],
     if not callable(fn) or inspect.isclass(fn):
         raise ConfigError(f"tool {name!r}: must be a function (async def, or def to run in a worker thread)")
     return Tool(name=name, description=description, parameters=parameters, fn=fn)
+
+__all__ = [
+    "Tool",
+    "ToolSet",
+    "ToolSource",
+    "tool",
+    "tool_from_schema",
+]

@@ -24,10 +24,10 @@ import contextvars
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from ._report import Compacted, Skipped
 from .events import Event
 from .message import Message, ToolCall
 from .providers.base import ModelRequest, Provider
-from .report import Compacted, Skipped
 from .state import State
 from .tools import Tool
 

@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import urllib.parse
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Tests by package (tests/store, tests/runtime, ...) share the helpers in tests/_support; a test
+# name them `tests._support.<module>`; tests written before the move still say `fakes`, `hostile`...
+_SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_support")
+if _SUPPORT not in sys.path:
+    sys.path.insert(0, _SUPPORT)
 
 settings.register_profile("cmdc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", settings.get_profile("cmdc"), max_examples=1_000)

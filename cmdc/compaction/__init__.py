@@ -7,7 +7,7 @@ message), `finalize` (what replaces the evicted messages), `clip` (what a compac
 `caches` (process-wide caches) and `compactor` (the API and the pipeline's stages).
 """
 
-from ..report import Compacted, CompactionReport, Skipped
+from .._report import Compacted, CompactionReport, Skipped
 from .breaker import SummarizerBreaker
 from .compactor import Compactor, SummaryAttempt, default_should_retry
 from .config import DEFAULT_SUMMARY_PROMPT, CompactConfig, Threshold, TierConfig

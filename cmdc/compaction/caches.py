@@ -1,11 +1,11 @@
-"""The compaction's process-wide caches: parsed configs and the shared journal stores."""
+"""The compaction's process-wide cache of parsed configs (stores are not cached: each belongs to
+the runtime or the compactor that opened it)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from .._stores import _STORES, shared_store
 from .config import CompactConfig
 
 _PARSED: dict[int, tuple[Mapping[str, Any], CompactConfig]] = {}
@@ -25,4 +25,4 @@ def parse_config(config: Mapping[str, Any]) -> CompactConfig:
     return parsed
 
 
-__all__ = ["_STORES", "parse_config", "shared_store"]
+__all__ = ["parse_config"]

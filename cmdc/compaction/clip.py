@@ -14,7 +14,7 @@ import attrs
 
 from .._clip import MEDIA_MIN_BYTES, clip_tokens, may_hold_base64
 from ..message import Message
-from ..offload import AppendResult
+from ..store.records import AppendResult
 from ..tokens import IMAGE_TOKENS, estimate_message_tokens, estimate_text_tokens
 from .finalize import USER_MESSAGES_KEY
 from .summary import without_media

@@ -20,7 +20,7 @@ import orjson
 import trio
 
 from .._check import is_int, optional_integer
-from .._stores import _STORES, shared_store
+from .._report import Compacted, CompactionReport, Skipped
 from .._trio import one_of, reraise
 from ..errors import (
     CompactionAborted,
@@ -43,12 +43,11 @@ from ..events import (
     emit,
 )
 from ..message import Message, TokenUsage
-from ..offload import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, OffloadStore, new_attempt_id
 from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
 from ..providers.base import ModelRequest
-from ..report import Compacted, CompactionReport, Skipped
 from ..state import State
 from ..store import FileStore, Store
+from ..store.records import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, new_attempt_id
 from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
 from .breaker import SummarizerBreaker
@@ -216,7 +215,7 @@ class Compactor:
         self.plugins: tuple[Plugin, ...] = sort_plugins(plugins)
         self._config_for: tuple[object, CompactConfig] | None = None
         self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
-        self._store: OffloadStore | None = None
+        self._store: FileStore | None = None  # the store this compactor opened (none given)
         self._store_key: Path | None = None
 
     def add_plugin(self, plugin: Plugin) -> None:
@@ -328,26 +327,38 @@ class Compactor:
         if not large:
             return None
         store = self.store_for(self.compact_config(state))
-        written = await store.append(state.agent_id, large, compaction=state.compactions, **_expect(store, state))
+        written = await store.append(state.agent_id, large, compaction=state.compactions, expect=_expect(state))
         ids = {m.id for m in large}
         clipped = [clipped_result(m, limit, written) if m.id in ids else m for m in state.messages[start:]]
         messages = (*state.messages[:start], *clipped)
         self._emit(TOOL_RESULTS_CLIPPED, state, clipped=len(large), offload_path=str(written.path))
         return state.evolve(messages=messages, usage_floor=len(messages), **_journal_fields(state, written))
 
-    def store_for(self, config: CompactConfig) -> OffloadStore | Store:
-        """The compactor's store, else the journal store of `config.offload_dir`; a relative
-        directory is made absolute once, when this compactor first uses it (a later `chdir`
-        does not split the journal)."""
+    def store_for(self, config: CompactConfig) -> Store:
+        """The compactor's store, else a file store of `config.offload_dir` that this compactor
+        opens and owns (closed by `aclose`; another compactor on the same directory opens its
+        own, with its own `on_event`: the files' locks keep them apart). A relative directory is
+        made absolute once, when this compactor first uses it (a later `chdir` does not split
+        the journal)."""
         if self.options.store is not None:
             return self.options.store
         store = self._store
         if store is None or self._store_key != config.offload_dir:
-            store = self._store = shared_store(Path(os.path.abspath(config.offload_dir)))
+            store = self._store = FileStore(Path(os.path.abspath(config.offload_dir)), on_event=self.options.on_event)
             self._store_key = config.offload_dir
-            if store.on_event is None:
-                store.on_event = self.options.on_event
         return store
+
+    async def start_store(self, config: CompactConfig) -> None:
+        """Start the store this compactor opens for `config` (a given store is its owner's to
+        start): an unusable offload directory fails here, with `OffloadError`."""
+        if self.options.store is None:
+            await self.store_for(config).start()
+
+    async def aclose(self) -> None:
+        """Close the store this compactor opened, if any (a given store is its owner's)."""
+        store, self._store, self._store_key = self._store, None, None
+        if store is not None:
+            await store.aclose()
 
     async def commit(self, state: State) -> None:
         """Commit the journal attempts the summaries in `state` depend on (a no-op when they
@@ -359,7 +370,7 @@ class Compactor:
                 attempts += [a for a in value if isinstance(a, str)]
         if attempts:
             store = self.store_for(self.compact_config(state))
-            await store.commit(state.agent_id, attempts, **_expect(store, state))
+            await store.commit(state.agent_id, attempts, expect=_expect(state))
 
     # -- the pipeline ------------------------------------------------------------------------------
 
@@ -588,16 +599,14 @@ class Compactor:
     ) -> AppendResult:
         """Write-ahead: the evicted messages are durable before the state that drops them
         exists, as an attempt that becomes visible when the compaction's state is committed."""
-        store = self.store_for(config)
-        numbered: dict[str, Any] = {} if on_numbered is None else {"on_numbered": on_numbered}
-        return await store.append(
+        return await self.store_for(config).append(
             state.agent_id,
             split.evicted,
             compaction=compaction,
             attempt=new_attempt_id(),
-            **_expect(store, state),
+            expect=_expect(state),
             commit=False,
-            **numbered,
+            on_numbered=on_numbered,
         )
 
     async def _offload_then(
@@ -613,10 +622,6 @@ class Compactor:
         returns only when both are done, so the evicted messages are durable before the
         compacted state exists. A failed append cancels `then` (its work is moot) and is
         raised; else what `then` raised; a cancel as itself, never inside an exception group."""
-        store = self.store_for(config)
-        if not _numbers_early(store):
-            written = await self._offload(state, config, split, compaction)
-            return written, await then(written)
         numbered = trio.Event()
         results: list[AppendResult] = []  # the append's result, from on_numbered or once it returns
         failed: list[Exception] = []
@@ -658,10 +663,7 @@ class Compactor:
         return results[0], outcome[0]
 
     def _journal(self, state: State, config: CompactConfig) -> str:
-        store = self.store_for(config)
-        if isinstance(store, OffloadStore):
-            return str(store.path_for(state.agent_id))
-        return store.location(state.agent_id)
+        return self.store_for(config).location(state.agent_id)
 
     # -- summarize --------------------------------------------------------------------------------
 
@@ -964,23 +966,15 @@ def _summaries_first(state: State, evicted: tuple[Message, ...]) -> Sequence[Mes
     return [m for m in evicted if m.id in ids] + [m for m in evicted if m.id not in ids]
 
 
-def _expect(store: object, state: State) -> dict[str, Any]:
+def _expect(state: State) -> JournalRef:
     """The journal identity `state` expects: every store checks it before appending or
-    committing (the store protocol's `expect`)."""
-    return {"expect": JournalRef(state.journal_id, state.journal_seq)}
+    committing (see docs/journal.md, "Stable addresses")."""
+    return JournalRef(state.journal_id, state.journal_seq)
 
 
 def _journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
     """The state's journal identity after `written`: its journal, the last record it names."""
     return {"journal_id": written.journal, "journal_seq": max(state.journal_seq, written.last_seq)}
-
-
-def _numbers_early(store: OffloadStore | Store) -> bool:
-    """Whether `store.append` takes `on_numbered`: the journal store, directly or through the
-    file store (a subclass that overrides `append` may not)."""
-    if type(store) is FileStore:
-        store = store.journal
-    return type(store).append is OffloadStore.append
 
 
 def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
@@ -993,7 +987,6 @@ def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[
 __all__ = [
     "SUMMARY_BUDGET",
     "SUMMARY_FLOOR",
-    "_STORES",
     "Compacted",
     "CompactionReport",
     "Compactor",
@@ -1003,5 +996,4 @@ __all__ = [
     "Skipped",
     "SummaryAttempt",
     "default_should_retry",
-    "shared_store",
 ]

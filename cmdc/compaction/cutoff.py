@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import attrs
 
-from ..groups import CallIndex
+from .._groups import CallIndex
 from ..message import Message
 from ..tokens import estimate_message_tokens
 from .config import Threshold

@@ -22,7 +22,7 @@ its summary names those records; the original stays at the record the placeholde
 Nothing is ever uncommitted here, so no commit is owed and no summary needs to carry the
 batch's attempt (the exactly-once rules hold as for a committed `append`). An original that an
 abandoned compaction attempt (uncommitted: its state was thrown away) also holds gets a record
-of its own, and that attempt is superseded, never committed (see `OffloadStore.append`).
+of its own, and that attempt is superseded, never committed (see docs/journal.md).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ import orjson
 from .._clip import clip, utf8_len
 from .._frozen import thaw
 from ..message import Message, ToolCall
-from ..offload import AppendResult, JournalRef
 from ..state import State
+from ..store.protocol import Store
+from ..store.records import AppendResult, JournalRef
 from .config import CompactConfig
 from .cutoff import split_messages
 
@@ -98,7 +99,7 @@ def to_cap(config: CompactConfig, calls: dict[str, ToolCall], results: Sequence[
 
 
 async def cap_results(
-    store: Any,
+    store: Store,
     state: State,
     config: CompactConfig,
     calls: dict[str, ToolCall],
@@ -191,7 +192,7 @@ def plan_mask(state: State, config: CompactConfig, count: Count) -> MaskPlan:
     return MaskPlan(tuple(chosen), freed)
 
 
-async def apply_mask(store: Any, state: State, plan: MaskPlan) -> tuple[State, tuple[int, ...]]:
+async def apply_mask(store: Store, state: State, plan: MaskPlan) -> tuple[State, tuple[int, ...]]:
     """The state with the planned results masked, after the ones not journaled yet (a capped
     preview's original is) are appended, durably; and the records the placeholders name."""
     calls = tool_names(state)

@@ -1,7 +1,7 @@
 """Model providers.
 
 The HTTP providers (`OpenAIProvider`, `AnthropicProvider`) need the `http` extra
-(`pip install 'cmdc[http]'`: httpx); they are imported on first use, so
+(`pip install 'cmdc-agents[http]'`: httpx); they are imported on first use, so
 `import cmdc.providers` works without it.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._version import install_hint
 from .base import ModelRequest, Provider, ToolSchema
 from .extractive import ExtractiveSummarizer
 from .scripted import ScriptedProvider
@@ -41,9 +42,7 @@ def __getattr__(name: str) -> Any:
         try:
             module = importlib.import_module(f".{_HTTP[name]}", __name__)
         except ImportError as exc:
-            raise ImportError(
-                f"cmdc.providers.{name} needs the 'http' extra: pip install 'cmdc[http]' ({exc})"
-            ) from exc
+            raise ImportError(f"cmdc.providers.{name} needs the 'http' extra: {install_hint('http')} ({exc})") from exc
         value = getattr(module, name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""`AnthropicProvider`: Anthropic's Messages API. Needs the `http` extra (`pip install 'cmdc[http]'`).
+"""`AnthropicProvider`: Anthropic's Messages API. Needs the `http` extra (`pip install 'cmdc-agents[http]'`).
 
 The request body, field by field:
 

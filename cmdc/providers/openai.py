@@ -1,7 +1,7 @@
 """`OpenAIProvider`: the Chat Completions API, against OpenAI or any OpenAI-compatible server.
 
 Works with OpenAI, Azure OpenAI, vLLM, llama.cpp's server, Ollama's `/v1`, OpenRouter, Groq and
-the like through `base_url` (+ `headers`). Needs the `http` extra (`pip install 'cmdc[http]'`).
+the like through `base_url` (+ `headers`). Needs the `http` extra (`pip install 'cmdc-agents[http]'`).
 
 The request body, field by field:
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import attrs
 import trio
 
-from ..compact_tool import CompactionDesk, current_desk
+from .._compact_tool import CompactionDesk, current_desk
+from .._report import Compacted
 from ..compaction import Compactor
 from ..compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
 from ..compaction.warm import AgentContext, set_agent_context
@@ -91,7 +92,6 @@ from ..providers.base import (
     ModelRequest,
     Provider,
 )
-from ..report import Compacted
 from ..state import State
 from ..tools import Tool, ToolSet
 from ..tracing import UNTRACED, Span, Tracer
@@ -398,6 +398,8 @@ class Agent(ToolCalls):
             if not self.deactivating:
                 with trio.CancelScope(shield=True), trio.move_on_after(5):
                     await self._lifecycle("on_stop", OnStop(self.state))
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await self.compactor.aclose()  # the store it opened (if any) is its to close
             self.done = True
             if self._done_event is not None:
                 self._done_event.set()

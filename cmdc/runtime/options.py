@@ -78,7 +78,7 @@ class AgentOptions:
 
 class SpawnOptions(TypedDict, total=False):
     """The agent options as `spawn` keywords: `rt.spawn("a1", provider, max_steps=5)`. Each is
-    the `AgentOptions` field of its name (documented there); `tests/test_spawn_api.py` keeps the
+    the `AgentOptions` field of its name (documented there); `tests/runtime/test_spawn_api.py` keeps the
     two lists equal."""
 
     max_steps: int

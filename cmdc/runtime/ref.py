@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from .._report import Compacted, Skipped
 from ..errors import AgentStopped
 from ..message import Message
 from ..plugins import Plugin
-from ..report import Compacted, Skipped
 from ..state import State
 from .mailbox import Call, Compact, Reply, Send, _StopRequested, as_messages, begun, check_system, prompt_request
 

@@ -22,7 +22,6 @@ from ..compaction.summary import ExtractiveSummarizer, Summarizer
 from ..errors import AgentNotFound, AgentStopped, CmdcError, ConfigError
 from ..events import DEACTIVATED, Event
 from ..message import Message
-from ..offload import OffloadStore
 from ..plugins import Plugin
 from ..providers.base import Provider
 from ..recall import MIN_BUDGET, recall_tool
@@ -254,9 +253,7 @@ class Runtime(VirtualAgents, NameLeases, Delegation):
         compactor = self._compactor(summarizer if summarizer is not None else provider, plugins, options)
         settings = compactor.compact_config(state)  # a malformed config fails the spawn, not the first turn
         if self.store is None:  # journals go to the config's directory: unusable fails the spawn too
-            journals = compactor.store_for(settings)
-            if isinstance(journals, OffloadStore):
-                await journals.check_usable()
+            await compactor.start_store(settings)
         given = await self._live_tools(tools)
         if recall:
             if any(isinstance(t, Tool) and t.name == "recall" for t in given):

@@ -9,7 +9,7 @@ Two ways to serve it:
 
 It binds 127.0.0.1 by default and prints (or returns) a URL holding a random token; see
 `cmdc.ui.app` for the checks every request passes. Read-only unless started `writable=True`.
-Built on Starlette (ASGI) and Hypercorn's trio worker: `pip install 'cmdc[ui]'`.
+Built on Starlette (ASGI) and Hypercorn's trio worker: `pip install 'cmdc-agents[ui]'`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._version import install_hint
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from ..store import Store
     from .app import UIServer
 
-EXTRA_HINT = "the web page needs the ui extra: pip install 'cmdc[ui]'"
+EXTRA_HINT = f"the web page needs the ui extra: {install_hint('ui')}"
 RECORDER_BUFFER = 10_000  # events the page's bus subscription holds before dropping (counted)
 
 

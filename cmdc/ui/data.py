@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from .._report import CompactionReport
 from ..compaction.config import CompactConfig
 from ..errors import CmdcError
 from ..events import (
@@ -44,12 +45,11 @@ from ..events import (
     Event,
 )
 from ..message import Message
-from ..offload import JournalRecord, OffloadStore
-from ..report import CompactionReport
 from ..runtime import Runtime
 from ..runtime.bus import Subscription
 from ..state import State, validate_agent_id
-from ..store import FileStore, Store
+from ..store import FileStore, JournalReader, Store
+from ..store.records import JournalRecord
 
 POINTS = 400  # timeline entries kept per agent
 TURNS = 8  # span trees kept per agent
@@ -58,59 +58,8 @@ SPANS_PER_TURN = 200  # children of one turn kept (a turn with more shows how ma
 PLACEHOLDER = re.compile(r"\[[^\[\]\n]{1,120}, [0-9.]+ [KM]?B omitted")
 
 
-class Journal(Protocol):
-    """The journal reads the page needs (an `OffloadStore` or a `Store`)."""
-
-    async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]: ...
-
-    async def read_range(
-        self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
-    ) -> list[JournalRecord]: ...
-
-    async def search(
-        self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
-    ) -> list[JournalRecord]: ...
-
-
-class Reader:
-    """A `Journal` over any store: a store that clips records itself (`clips_records`, as both
-    shipped stores and `OffloadStore` do) is asked to; another one's records are clipped here."""
-
-    def __init__(self, store: OffloadStore | Store) -> None:
-        self.store: Any = store
-        self.clips = isinstance(store, OffloadStore) or getattr(type(store), "clips_records", False) is True
-
-    def __repr__(self) -> str:
-        return f"Reader({self.store!r})"
-
-    async def records(self, agent_id: str, *, max_chars: int | None = None) -> list[JournalRecord]:
-        if self.clips:
-            return list(await self.store.records(agent_id, max_chars=max_chars))
-        return _clipped(await self.store.records(agent_id), max_chars)
-
-    async def read_range(
-        self, agent_id: str, first_seq: int, last_seq: int, *, max_chars: int | None = None
-    ) -> list[JournalRecord]:
-        if self.clips:
-            return list(await self.store.read_range(agent_id, first_seq, last_seq, max_chars=max_chars))
-        return _clipped(await self.store.read_range(agent_id, first_seq, last_seq), max_chars)
-
-    async def search(
-        self, agent_id: str, query: str, limit: int = 10, *, max_chars: int | None = None
-    ) -> list[JournalRecord]:
-        if self.clips:
-            return list(await self.store.search(agent_id, query, limit, max_chars=max_chars))
-        return _clipped(await self.store.search(agent_id, query, limit), max_chars)
-
-
-def _clipped(records: Iterable[JournalRecord], max_chars: int | None) -> list[JournalRecord]:
-    out = []
-    for r in records:
-        text = r.message.text
-        if max_chars is not None and len(text) > max_chars:
-            r = attrs.evolve(r, message=r.message.evolve(content=text[:max_chars]), clipped=len(text) - max_chars)
-        out.append(r)
-    return out
+Journal = JournalReader
+"""The journal reads the page needs: any store's, or an `OffloadStore`'s."""
 
 
 @attrs.frozen
@@ -560,7 +509,7 @@ class LiveSource:
         self.writable = writable
         self.title = "live runtime"
         self._thresholds: dict[int, tuple[Any, tuple[int | None, int | None]]] = {}
-        self._journals: dict[str, Reader] = {}  # each agent's journal, as last seen resident
+        self._journals: dict[str, Journal] = {}  # each agent's journal, as last seen resident
 
     def _limits(self, config: Any) -> tuple[int | None, int | None]:
         cached = self._thresholds.get(id(config))
@@ -622,11 +571,11 @@ class LiveSource:
 
     def journal(self, name: str) -> Journal | None:
         if self.runtime.store is not None:
-            return Reader(self.runtime.store)
+            return self.runtime.store
         agent = self.runtime.observe(name)
         if agent is None:  # deactivated or stopped: where its journal was when last seen
             return self._journals.get(name)
-        reader = Reader(agent.compactor.store_for(agent.compactor.compact_config(agent.state)))
+        reader = agent.compactor.store_for(agent.compactor.compact_config(agent.state))
         if len(self._journals) > 10_000:
             self._journals.clear()
         self._journals[name] = reader
@@ -674,7 +623,7 @@ class StoreSource:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.reader = Reader(store)
+        self.reader: Journal = store
         self.title = str(store)
         self._cache: dict[str, tuple[float, AgentRow, State | None]] = {}
 

@@ -11,7 +11,7 @@ from urllib.parse import quote, urlencode
 
 from ..events import COMPACTION_START, REQUEST, SUMMARIZER_ATTEMPT, TOOL_START, TURN_START
 from ..message import Message
-from ..offload import JournalRecord
+from ..store.file.journal import JournalRecord
 from .data import AgentDetail, AgentRow, Span, badges, summary_range
 
 SHOWN_CHARS = 4_000  # characters of one message or record shown in a page (the rest: a link)

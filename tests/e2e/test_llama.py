@@ -26,8 +26,8 @@ from cmdc import ContextOverflow, Message, tool
 from cmdc.events import TOOL_END, Event
 from cmdc.providers import ModelRequest
 from cmdc.providers.base import STOP_REASON_KEY
+from cmdc.testing import drain
 from tests.e2e.llama_server import CONTEXT, LlamaServer
-from tests.fakes import drain
 
 pytestmark = pytest.mark.e2e
 

@@ -1,0 +1,778 @@
+"""The file store's index: a derived SQLite sidecar beside each journal (`<agent>.jsonl.index`).
+
+It holds, for every message line of the journal up to its *mark* (a byte offset just past a
+newline): the record's number, byte offset and length, message id, attempt, whether it is a
+summary and whether readers see it (committed, the message's first committed record); the
+committed attempts (with the batch each belongs to, for counting compactions); and an FTS5
+table of each record's words, ranked by BM25. It is never the source of truth:
+
+- every reader first brings it up to the journal's end under the journal's shared lock
+  (`catch_up`): what was appended since the mark is read from the journal then, so results
+  are always exact, and a record of an uncommitted attempt is in the index but never visible;
+- the store's writer pokes a background thread after an append or commit has changed the
+  journal (never before, never on the append's own path); it indexes when the store is quiet;
+- a missing, stale (another file at the path, a journal shorter than the mark, a different
+  checksum of the bytes just before the mark) or damaged index (SQLite refuses it, another
+  version) is rebuilt from the journal, with a `journal_index_rebuilt` event;
+- a directory it cannot write in makes readers scan the journal as before (`IndexUnavailable`).
+
+The sidecar's permissions are the journal's (0o600); a symlink or a hard link planted at its
+name is removed (the file it points to is never opened) and the index is built anew. Every
+call here is blocking: the store runs them in worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import sqlite3
+import stat
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ...errors import IndexUnavailable
+
+# the words and the ranking both stores share (importable from here, as before they moved)
+from ..search import COMPOUND as _COMPOUND
+from ..search import K1 as K1
+from ..search import LONGEST_COMPOUND as _LONGEST_COMPOUND
+from ..search import MAX_QUERY_TERMS as MAX_QUERY_TERMS
+from ..search import SUMMARY_WEIGHT as SUMMARY_WEIGHT
+from ..search import TEXT_CHARS as TEXT_CHARS
+from ..search import B as B
+from ..search import bm25 as bm25
+from ..search import holds_phrase as holds_phrase
+from ..search import query_terms as query_terms
+from ..search import record_text as record_text
+from ..search import tokens as tokens
+
+if TYPE_CHECKING:
+    pass
+
+SUFFIX = ".index"
+"""The sidecar's name: the journal's, with this appended."""
+VERSION = 2  # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves)
+_CHUNK = 8 * 1024 * 1024  # journal bytes indexed per transaction
+LOCKED_CATCH_UP = 1024 * 1024
+"""Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
+before it takes the lock (writers are not held up by a long catch-up)."""
+_TAIL = 64  # bytes before the mark whose checksum tells the journal is still the one indexed
+_QUIET = 2.0  # seconds without a poke before the background thread indexes (the store is idle)
+_LATEST = 30.0  # ... but no later than this after the first poke it has not served
+_WORD = re.compile(r"\w+")
+_JOINED = re.compile(r"\w[/.-]")  # where an identifier may be
+
+READS = {"bytes": 0, "records": 0}
+"""Bytes read and records decoded for callers (tests check reads do not scan); the background
+indexer's own reads are not counted (`counted`)."""
+_BACKGROUND = threading.local()
+
+
+def counted(kind: str, n: int) -> None:
+    """Add `n` to `READS[kind]`, unless this is the background indexer's thread."""
+    if not getattr(_BACKGROUND, "active", False):
+        READS[kind] += n
+"""Journal bytes read and records decoded through the index (for tests: reads that do not scan)."""
+
+
+
+
+def _quoted(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def match_expression(terms: Sequence[str], phrase: str | None) -> str:
+    """An FTS5 query matching any term, each a quoted string (never an operator); an identifier
+    is matched whole in the `ids` column (see `_SEPARATORS`)."""
+    parts = [_quoted(t.translate(_SEPARATORS)) for t in terms]
+    if phrase is not None:
+        parts.append(_quoted(phrase))
+    return " OR ".join(parts)
+
+
+# -- the sidecar -------------------------------------------------------------------------------
+
+_SCHEMA = (
+    "CREATE TABLE meta (k TEXT PRIMARY KEY, v)",
+    "CREATE TABLE recs (seq INTEGER PRIMARY KEY, off INTEGER NOT NULL, len INTEGER NOT NULL, mid TEXT NOT NULL, "
+    "attempt TEXT, summary INTEGER NOT NULL, vis INTEGER NOT NULL DEFAULT 0, grp TEXT, "
+    "comp INTEGER NOT NULL DEFAULT 0)",
+    "CREATE INDEX recs_mid ON recs (mid, vis)",
+    "CREATE INDEX recs_attempt ON recs (attempt)",
+    "CREATE INDEX recs_vis ON recs (vis, seq)",
+    "CREATE TABLE done (attempt TEXT PRIMARY KEY, grp TEXT NOT NULL)",
+    "CREATE TABLE deps (attempt TEXT NOT NULL, dep TEXT NOT NULL)",
+    "CREATE INDEX deps_attempt ON deps (attempt)",
+    "CREATE VIRTUAL TABLE fts USING fts5(body, ids, content='', "
+    "tokenize=\"unicode61 remove_diacritics 0 tokenchars '_'\")",
+)
+_META_DEFAULTS = {"version": VERSION, "mark": 0, "last_seq": 0, "damaged": 0, "tail": 0, "inode": "", "count": 0}
+
+
+def index_path(journal: Path) -> Path:
+    return journal.with_name(journal.name + SUFFIX)
+
+
+def _safe(path: Path) -> str | None:
+    """Why the file at `path` cannot be the index (a link), after removing it; else None."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "a hard link" if st.st_nlink != 1 else "not a file"
+        os.unlink(path)  # the name only: the file it leads to is never opened
+        for extra in (path.with_name(path.name + "-journal"),):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(extra)
+        return f"{what} was at the index's name"
+    return None
+
+
+def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool = False) -> sqlite3.Connection:
+    """The journal's index, opened (created 0o600 when missing; remade when it is damaged or a
+    link). `known`: the caller saw this index before (one created now was missing: an event).
+    Raises `IndexUnavailable` when it cannot be."""
+    path = index_path(journal)
+    for attempt in range(2):
+        try:
+            why = _safe(path)
+            created = not os.path.lexists(path)
+            if created:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                os.fchmod(fd, 0o600)
+                os.close(fd)
+            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        except OSError as exc:
+            raise IndexUnavailable(f"{path}: {exc}") from None
+        try:
+            conn.execute("PRAGMA journal_mode=TRUNCATE")
+            conn.execute("PRAGMA synchronous=OFF")  # derived: a damaged index is rebuilt
+            conn.execute("PRAGMA cache_size=-32768")  # 32 MB: a rebuild's inserts into its B-trees stay in memory
+            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "meta" not in have:
+                conn.execute("BEGIN IMMEDIATE")
+                if "meta" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
+                    for sql in _SCHEMA:
+                        conn.execute(sql)
+                    conn.executemany("INSERT INTO meta VALUES (?, ?)", _META_DEFAULTS.items())
+                    if not created or why or known:
+                        events.append(("rebuild", {"reason": why or "the index was missing or empty"}))
+                conn.execute("COMMIT")
+            elif _meta(conn).get("version") != VERSION:
+                raise sqlite3.DatabaseError(f"index version {_meta(conn).get('version')}, not {VERSION}")
+            return conn
+        except sqlite3.Error as exc:
+            conn.close()
+            if attempt:
+                raise IndexUnavailable(f"{path}: {exc}") from None
+            events.append(("rebuild", {"reason": f"the index was damaged ({exc})"}))
+            known = False  # the one made next is not a missing one
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    raise AssertionError("unreachable")
+
+
+class Connections:
+    """Open indexes kept for reuse (SQLite's page cache stays warm between searches), at most
+    `most`, least recently used closed first; each used by one thread at a time. One whose
+    file is no longer the one at the index's name (removed, replaced) is opened again."""
+
+    def __init__(self, most: int = 32) -> None:
+        self._most = most
+        self._lock = threading.Lock()
+        self._open: dict[Path, tuple[sqlite3.Connection, threading.Lock, tuple[int, int]]] = {}
+
+    @contextlib.contextmanager
+    def use(self, journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool) -> Iterator[sqlite3.Connection]:
+        path = index_path(journal)
+        with self._lock:
+            held = self._open.pop(journal, None)
+        if held is not None:
+            try:
+                st = os.lstat(path)
+                same = (st.st_dev, st.st_ino) == held[2] and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+            except FileNotFoundError:
+                same = False
+            if not same:
+                with held[1]:
+                    held[0].close()
+                held = None
+        if held is None:
+            conn = connect(journal, events, known)
+            st = os.stat(path)
+            held = (conn, threading.Lock(), (st.st_dev, st.st_ino))
+        ok = False
+        try:
+            with held[1]:
+                yield held[0]
+            ok = True
+        finally:
+            spare = None
+            if ok:
+                with self._lock:
+                    spare = self._open.pop(journal, None)  # another thread's, opened meanwhile
+                    self._open[journal] = held
+                    while len(self._open) > self._most:
+                        _, (old, lock, _) = next(iter(self._open.items()))
+                        del self._open[next(iter(self._open))]
+                        with lock:
+                            old.close()
+            else:
+                held[0].close()
+            if spare is not None:
+                with spare[1]:
+                    spare[0].close()
+
+    def close_all(self) -> None:
+        """Close every open index (one in use is closed when its user is done with it)."""
+        with self._lock:
+            held, self._open = list(self._open.values()), {}
+        for conn, lock, _ in held:
+            with lock:
+                conn.close()
+
+    def close(self, journal: Path) -> None:
+        with self._lock:
+            held = self._open.pop(journal, None)
+        if held is not None:
+            with held[1]:
+                held[0].close()
+
+
+def _meta(conn: sqlite3.Connection) -> dict[str, Any]:
+    return dict(conn.execute("SELECT k, v FROM meta").fetchall())
+
+
+def _set_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
+    conn.executemany("UPDATE meta SET v = ? WHERE k = ?", [(v, k) for k, v in values.items()])
+
+
+def _reset(conn: sqlite3.Connection) -> None:
+    conn.execute("DELETE FROM recs")
+    conn.execute("DELETE FROM done")
+    conn.execute("DELETE FROM deps")
+    conn.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
+    _set_meta(conn, {k: v for k, v in _META_DEFAULTS.items() if k != "version"})
+
+
+def _tail_crc(fd: int, mark: int) -> int:
+    start = max(0, mark - _TAIL)
+    data = os.pread(fd, mark - start, start)
+    counted("bytes", len(data))
+    return zlib.crc32(data)
+
+
+def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
+    st = os.fstat(fd)
+    inode = f"{st.st_dev}:{st.st_ino}"
+    mark = int(meta["mark"])
+    if mark == 0:
+        return None
+    if meta["inode"] != inode:
+        return "the journal was replaced (another file at its path)"
+    if mark > end:
+        return "the journal is shorter than the index"
+    if _tail_crc(fd, mark) != int(meta["tail"]):
+        return "the journal's bytes before the index's mark changed"
+    return None
+
+
+def catch_up(conn: sqlite3.Connection, fd: int, path: Path, end: int, events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Index the journal open at `fd` up to `end` (just past a newline), a transaction per chunk;
+    a stale index is emptied first (event). Another process may do the same at once: each
+    transaction starts from the mark it finds."""
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            meta = _meta(conn)
+            why = _stale(meta, fd, end)
+            if why is not None:
+                _reset(conn)
+                events.append(("rebuild", {"reason": why}))
+                meta = _meta(conn)
+            mark = int(meta["mark"])
+            if mark >= end:
+                conn.execute("COMMIT")
+                return
+            _index_chunk(conn, fd, path, meta, mark, end)
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+
+
+def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
+    """The journal's bytes from `mark`: about `_CHUNK` of them, ending just past a newline."""
+    size = min(_CHUNK, end - mark)
+    while True:
+        data = os.pread(fd, size, mark)
+        counted("bytes", len(data))
+        cut = data.rfind(b"\n") + 1
+        if cut > 0:
+            return data[:cut], mark + cut
+        if mark + size >= end:
+            raise OSError("the journal ends without a newline before the indexed end")
+        size = min(end - mark, size * 4)
+
+
+def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, Any], mark: int, end: int) -> None:
+    from ...errors import OffloadCorrupted
+    from .journal import _decode_at, _fused_cuts, _lines, _summary_attempts
+
+    data, stop = _read_lines(fd, mark, end)
+    last_seq, damaged = int(meta["last_seq"]), int(meta["damaged"])
+    recs: list[tuple[int, int, int, str, str | None, int, str | None, int]] = []
+    words: list[tuple[int, str, str]] = []
+    deps: list[tuple[str, str]] = []
+    commits: list[tuple[tuple[str, ...], str]] = []  # (attempts, group) in order
+    legacy: list[int] = []
+
+    def decode(offset: int, nl: int, after: int) -> tuple[Any, ...]:
+        where = f"{path}: byte {mark + offset}"
+        fast = _fast_record(data, offset, nl, where)
+        fields: tuple[Any, ...] = ()
+        deps_of: tuple[str, ...] = ()
+        if fast is None:  # a control line, a huge or unusual record: the journal's own decoder
+            decoded, _ = _decode_at(data, offset, nl, where, TEXT_CHARS)
+            r = decoded.record
+            kind, seq, attempts = decoded.kind, decoded.seq, decoded.attempts
+            if r is not None:
+                text = record_text(r.message)
+                fields = (r.message.id, r.attempt, r.compaction, r.message.is_summary, text, r.clipped)
+                deps_of = tuple(_summary_attempts(r.message))
+        else:
+            kind, seq, attempts = "message", fast[0], ()
+            fields, deps_of = fast[1:7], fast[7]
+        if kind == "message" and seq <= after:
+            raise OffloadCorrupted(f"seq {seq} does not follow {after}")
+        return offset, nl, kind, seq, attempts, fields, deps_of
+
+    lines: list[tuple[Any, ...]] = []
+    for offset, nl in _lines(data, len(data)):
+        try:
+            lines = [decode(offset, nl, last_seq)]
+        except OffloadCorrupted:
+            lines = []
+            for cut in _fused_cuts(data, offset, nl):  # two whole lines joined by a damaged newline
+                try:
+                    first = decode(offset, cut, last_seq)
+                    lines = [first, decode(cut + 1, nl, max(last_seq, first[3]))]
+                    break
+                except OffloadCorrupted:
+                    continue
+            if not lines:
+                damaged += 1
+                continue
+        for offset, nl, kind, seq, attempts, fields, deps_of in lines:
+            last_seq = max(last_seq, seq)
+            if attempts:
+                commits.append((attempts, f"c{mark + offset}"))
+            if kind != "message":
+                continue
+            mid, attempt, compaction, summary, text, clipped = fields
+            grp = None if attempt is not None else f"legacy{compaction}"
+            recs.append((seq, mark + offset, nl - offset, mid, attempt, int(summary), grp, int(compaction)))
+            folded = text.casefold()
+            ids = (
+                [m[0].translate(_SEPARATORS) for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
+                if ("/" in folded or "." in folded or "-" in folded) and _JOINED.search(folded)  # most hold none
+                else []
+            )
+            if clipped:  # a huge text: its head indexed as it is, every other word once
+                ids += [w.translate(_SEPARATORS) for w in _rest_words(data, offset, nl)]
+            words.append((seq, folded, " ".join(ids)))
+            if attempt is None:
+                legacy.append(seq)
+            deps += ((attempt or "", a) for a in deps_of)
+    counted("records", len(recs))
+    conn.executemany(
+        "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp) VALUES (?,?,?,?,?,?,?,?)", recs
+    )
+    conn.executemany("INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)", words)
+    conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
+    # which records become visible: those of attempts committed now (by a commit line, or by a
+    # committed summary naming them), those of attempts committed before, and legacy ones
+    fresh: list[str] = []
+    for attempts, grp in commits:
+        for a in attempts:
+            row = conn.execute("SELECT grp FROM done WHERE attempt = ?", (a,)).fetchone()
+            if row is None:
+                conn.execute("INSERT INTO done VALUES (?, ?)", (a, grp))
+                fresh.append(a)
+            elif row[0] == a:  # committed by a summary until now: a commit line names its batch
+                conn.execute("UPDATE done SET grp = ? WHERE attempt = ?", (grp, a))
+                conn.execute("UPDATE recs SET grp = ? WHERE attempt = ?", (grp, a))
+    new_attempts = {r[4] for r in recs if r[4] is not None}
+    old = _done_among(conn, new_attempts - set(fresh))
+    queue = [*fresh, *old, *([""] if any(r[4] is None and r[5] for r in recs) else [])]  # "": legacy summaries
+    while queue:  # a committed summary commits the attempts it names
+        a = queue.pop()
+        for (dep,) in conn.execute("SELECT dep FROM deps WHERE attempt = ?", (a,)).fetchall():
+            if conn.execute("SELECT 1 FROM done WHERE attempt = ?", (dep,)).fetchone() is None:
+                conn.execute("INSERT INTO done VALUES (?, ?)", (dep, dep))
+                fresh.append(dep)
+                queue.append(dep)
+    changed = [*fresh, *old]
+    rows: list[tuple[int, str]] = []
+    for k in range(0, len(changed), 500):
+        part = changed[k : k + 500]
+        marks = ",".join("?" * len(part))
+        conn.execute(
+            f"UPDATE recs SET grp = (SELECT grp FROM done d WHERE d.attempt = recs.attempt) WHERE attempt IN ({marks})",
+            part,
+        )
+        rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks})", part).fetchall()
+    rows += [(r[0], r[3]) for r in recs if r[4] is None]
+    count = int(meta["count"]) + _show(conn, rows)
+    _set_meta(
+        conn,
+        {
+            "mark": stop,
+            "last_seq": last_seq,
+            "damaged": damaged,
+            "tail": _tail_crc(fd, stop),
+            "inode": "{0.st_dev}:{0.st_ino}".format(os.fstat(fd)),
+            "count": count,
+        },
+    )
+
+
+_REST_WORDS = 500_000  # distinct words of a huge text's rest that are indexed at most
+TOKEN_SLICE = 16 * 1024
+"""Characters of text `tokens_in_slices` hands to `tokens` at once: the background indexer
+holds the GIL for each regex call, so one call over a 256 KB piece (15 ms idle, 50+ ms on a
+loaded machine) stalled the trio thread."""
+_NOT_IDENTIFIER = re.compile(r"[^\w/.-]")  # a character no token (word or identifier) holds
+
+
+def tokens_in_slices(text: str) -> Iterator[list[str]]:
+    """`tokens(text)`, about `TOKEN_SLICE` characters at a time: each slice ends where no word
+    or identifier runs on, so the tokens are those of the whole text, in order (a run longer
+    than a slice is cut anyway)."""
+    start, n = 0, len(text)
+    while start < n:
+        end = start + TOKEN_SLICE
+        if end < n:
+            m = _NOT_IDENTIFIER.search(text, end, min(n, end + TOKEN_SLICE))
+            end = m.start() if m is not None else end
+        yield tokens(text[start:end])
+        start = end
+
+
+
+def _rest_words(data: bytes, start: int, end: int) -> list[str]:
+    """The distinct words (and identifiers) of the text of the message line `data[start:end]`
+    past its first `TEXT_CHARS` characters, read a piece at a time (never built whole)."""
+    from .. import bigjson as _bigjson
+
+    try:
+        span = _bigjson.content_span(data, start + len(b'{"message":'), end)
+        if span is None:
+            return []
+        seen: dict[str, None] = {}
+        have, carry = 0, ""
+        for piece in _bigjson.pieces(data, span[0], span[1]):
+            skip = max(0, TEXT_CHARS - have)
+            have += len(piece)
+            text = carry + piece[skip:] if skip < len(piece) else ""
+            cut = len(text)
+            while cut > 0 and (text[cut - 1].isalnum() or text[cut - 1] in "_/.-") and len(text) - cut < 4096:
+                cut -= 1
+            carry = text[cut:]
+            for words in tokens_in_slices(text[:cut]):
+                seen.update(dict.fromkeys(words))
+            if len(seen) >= _REST_WORDS:
+                break
+        for words in tokens_in_slices(carry):
+            seen.update(dict.fromkeys(words))
+        return list(seen)[:_REST_WORDS]
+    except _bigjson._BadJSON:
+        return []
+
+
+_SEPARATORS = str.maketrans({"/": "\ue000", ".": "\ue001", "-": "\ue002"})
+"""An identifier's separators as private-use characters, which FTS5's tokenizer keeps inside a
+token: `src/billing/mod_7.py` is one token of the `ids` column (its parts are in `body`)."""
+
+
+@functools.cache
+def _offload() -> Any:
+    from . import journal as offload  # imported late: it imports this module
+
+    return offload
+
+
+def _fast_record(data: bytes, start: int, end: int, where: str) -> tuple[Any, ...] | None:
+    """A plain message line (text content, at most `TEXT_CHARS`, not huge) read with one
+    `orjson.loads`: (seq, message id, attempt, compaction, is summary, indexed text, 0, the
+    attempts a summary names); None for anything else (the journal's decoder reads it).
+    `OffloadCorrupted` for a line whose checksum fails."""
+    if end - start > 64 * 1024 or not data.startswith(b'{"message":', start):
+        return None
+    offload = _offload()
+    offload._check_sum(data, start, end, where)
+    try:
+        obj = orjson.loads(data[start:end])
+    except orjson.JSONDecodeError:
+        return None
+    msg = obj.get("message") if isinstance(obj, dict) else None
+    if not isinstance(msg, dict) or set(obj) not in (offload._MESSAGE_KEYS, offload._LEGACY_KEYS):
+        return None
+    seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
+    content, mid, calls, meta = (
+        msg.get("content", ""),
+        msg.get("id"),
+        msg.get("tool_calls", []),
+        msg.get("metadata", {}),
+    )
+    if (
+        type(seq) is not int
+        or seq < 1
+        or type(compaction) is not int
+        or compaction < 0
+        or type(obj["ts"]) not in (int, float)
+        or not isinstance(content, str)
+        or len(content) > TEXT_CHARS
+        or not isinstance(mid, str)
+        or not isinstance(meta, dict)
+        or not isinstance(calls, list)
+        or (attempt is not None and not (offload._valid_id(attempt) and offload._valid_id(obj["journal"])))
+    ):
+        return None
+    parts = [content]
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return None
+        parts.append(call["name"])
+        parts.append(orjson.dumps(call.get("arguments", {})).decode()[:TEXT_CHARS])
+    summary = meta.get("cmdc.kind") == "summary"
+    deps = meta.get(offload.ATTEMPTS_KEY) if summary else None
+    named = tuple(a for a in deps if offload._valid_id(a)) if isinstance(deps, list) else ()
+    return seq, mid, attempt, compaction, summary, "\n".join(parts), 0, named
+
+
+def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
+    wanted = list(attempts)
+    out: list[str] = []
+    for k in range(0, len(wanted), 500):
+        part = wanted[k : k + 500]
+        sql = f"SELECT attempt FROM done WHERE attempt IN ({','.join('?' * len(part))})"
+        out += [r[0] for r in conn.execute(sql, part)]
+    return out
+
+
+def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]]) -> int:
+    """Make visible, for each message id among `rows` (committed records: seq, message id), its
+    first committed record; returns how many more records are visible."""
+    first: dict[str, int] = {}
+    for seq, mid in rows:
+        if mid not in first or seq < first[mid]:
+            first[mid] = seq
+    mids = list(first)
+    shown: dict[str, int] = {}
+    for k in range(0, len(mids), 500):
+        part = mids[k : k + 500]
+        sql = f"SELECT mid, seq FROM recs WHERE vis = 1 AND mid IN ({','.join('?' * len(part))})"
+        shown.update(conn.execute(sql, part).fetchall())
+    hide = [(shown[m],) for m in mids if m in shown and first[m] < shown[m]]
+    show = [(first[m],) for m in mids if m not in shown or first[m] < shown[m]]
+    conn.executemany("UPDATE recs SET vis = 0 WHERE seq = ?", hide)
+    conn.executemany("UPDATE recs SET vis = 1 WHERE seq = ?", show)
+    return len(show) - len(hide)
+
+
+# -- queries -----------------------------------------------------------------------------------
+
+Span = tuple[int, int, int]  # seq, byte offset, length
+
+
+def search(conn: sqlite3.Connection, query: str, limit: int) -> list[Span]:
+    """The visible records best matching `query` by BM25, at most `limit`, best first.
+
+    Two cheap steps before the exact query: the phrase joins the match only when some record
+    holds it (a record without it scores the same either way, so leaving it out changes no
+    score); and the best `_CANDIDATES` by FTS5's own rank (no join) give the answer when
+    enough of them, visible and weighted, still score above the last candidate (a weight
+    only lowers a score, so nothing past the candidates can beat them)."""
+    terms, phrase = query_terms(query)
+    if not terms:
+        return []
+    held = "SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1"
+    if phrase is not None and conn.execute(held, (_quoted(phrase),)).fetchone() is None:
+        phrase = None
+    expression = match_expression(terms, phrase)
+    want = max(limit, 0)
+    if want and want <= _CANDIDATES // 4:
+        found = _from_candidates(conn, expression, want)
+        if found is not None:
+            return found
+    sql = (
+        "SELECT r.seq, r.off, r.len FROM fts JOIN recs r ON r.seq = fts.rowid "
+        "WHERE fts MATCH ? AND r.vis = 1 "
+        f"ORDER BY bm25(fts) * (CASE r.summary WHEN 1 THEN {SUMMARY_WEIGHT} ELSE 1.0 END), r.seq LIMIT ?"
+    )
+    return conn.execute(sql, (expression, limit)).fetchall()
+
+
+_CANDIDATES = 200
+"""Records a search takes by FTS5's rank alone before it looks at which are visible (see `search`)."""
+
+
+def _from_candidates(conn: sqlite3.Connection, expression: str, limit: int) -> list[Span] | None:
+    """The best `limit` visible records by weighted BM25 if the best `_CANDIDATES` by plain BM25
+    decide them, else None. Scores are FTS5's (lower is better); a summary's is multiplied by
+    `SUMMARY_WEIGHT` (so it rises, it never falls): a record past the candidates scores at least
+    the last candidate's (ties go to the lower number, as in `search`), and the answer holds only
+    when `limit` visible candidates rank strictly before it."""
+    sql = "SELECT rowid, bm25(fts) AS score FROM fts WHERE fts MATCH ? ORDER BY score, rowid LIMIT ?"
+    ranked = conn.execute(sql, (expression, _CANDIDATES)).fetchall()
+    score = dict(ranked)
+    if not score:
+        return []
+    marks = ",".join("?" * len(score))
+    rows = [
+        (seq, off, length, vis, summary, score[seq])
+        for seq, off, length, vis, summary in conn.execute(
+            f"SELECT seq, off, len, vis, summary FROM recs WHERE seq IN ({marks})", list(score)
+        )
+    ]
+    bound = (ranked[-1][1], ranked[-1][0])  # the last candidate: (score, number)
+    scored = sorted(
+        (row[5] * (SUMMARY_WEIGHT if row[4] else 1.0), row[0], row[1], row[2]) for row in rows if row[3] == 1
+    )[:limit]
+    if len(score) >= _CANDIDATES and (len(scored) < limit or scored[-1][:2] >= bound):
+        return None
+    return [(seq, off, length) for _, seq, off, length in scored]
+
+
+def span_range(conn: sqlite3.Connection, first: int, last: int) -> list[Span]:
+    sql = "SELECT seq, off, len FROM recs WHERE vis = 1 AND seq BETWEEN ? AND ? ORDER BY seq"
+    return conn.execute(sql, (first, last)).fetchall()
+
+
+def span_last(conn: sqlite3.Connection, n: int) -> list[Span]:
+    sql = "SELECT seq, off, len FROM recs WHERE vis = 1 ORDER BY seq DESC LIMIT ?"
+    return conn.execute(sql, (n,)).fetchall()[::-1]
+
+
+def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
+    """(visible records, their first and last numbers, compactions, damaged lines)."""
+    row = conn.execute("SELECT min(seq), max(seq) FROM recs WHERE vis = 1").fetchone()
+    meta = _meta(conn)
+    if meta.get("groups_mark") == meta["mark"]:  # counted since the last change
+        groups = int(meta["groups"])
+    else:
+        groups = _compactions(conn.execute("SELECT grp, comp FROM recs WHERE vis = 1 ORDER BY seq"))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?), ('groups_mark', ?)", (groups, meta["mark"]))
+    return int(meta["count"]), int(row[0] or 0), int(row[1] or 0), int(groups), int(meta["damaged"])
+
+
+def _compactions(rows: Iterable[tuple[str | None, int]]) -> int:
+    """How many compactions the visible records (in order) show, counted as the journal's scan
+    counts them: a committed batch whose compaction number moves (capped, masked and clipped
+    results are batches numbered with the current count, not compactions)."""
+    count, last_group, last_number = 0, object(), 0
+    for group, number in rows:
+        if group != last_group:
+            if number > 0 and number != last_number:
+                count += 1
+            last_group, last_number = group, number
+    return count
+
+
+def check(conn: sqlite3.Connection) -> list[str]:
+    """SQLite's own check of the index file and of its FTS table; the problems found."""
+    problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+    counted = conn.execute("SELECT count(*) FROM recs WHERE vis = 1").fetchone()[0]
+    if counted != int(_meta(conn)["count"]):
+        problems.append(f"the index counts {counted} records, its mark says {_meta(conn)['count']}")
+    try:
+        conn.execute("INSERT INTO fts (fts, rank) VALUES ('integrity-check', 0)")
+    except sqlite3.DatabaseError as exc:
+        problems.append(f"full-text index: {exc}")
+    return problems
+
+
+# -- the background thread ---------------------------------------------------------------------
+
+
+class Indexer:
+    """One daemon thread per store (at a lower CPU priority) that brings poked journals' indexes
+    up to date once the store has been quiet `_QUIET` seconds (at most `_LATEST` after a poke):
+    indexing never competes with a burst of compactions; it ends when idle. `work`
+    is called with each journal path; what it raises is logged and dropped (a reader catches up
+    itself)."""
+
+    def __init__(self, work: Callable[[Path], None]) -> None:
+        self._work = work
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: dict[Path, float] = {}
+        self._last = 0.0
+        self._thread: threading.Thread | None = None
+
+    def poke(self, path: Path) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._pending.setdefault(path, now)
+            self._last = now
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cmdc-index", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _next(self) -> Path | None:
+        with self._lock:
+            while True:
+                if not self._pending:
+                    self._thread = None
+                    return None
+                now = time.monotonic()
+                oldest = min(self._pending.values())
+                due = min(self._last + _QUIET, oldest + _LATEST)
+                if now >= due:
+                    path = min(self._pending, key=self._pending.__getitem__)
+                    del self._pending[path]
+                    return path
+                self._wake.wait(due - now)
+
+    def _run(self) -> None:
+        from ...events import logger
+
+        with contextlib.suppress(OSError, AttributeError):  # Linux: this thread alone yields to the others
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        _BACKGROUND.active = True
+
+        while (path := self._next()) is not None:
+            try:
+                self._work(path)
+            except Exception:
+                logger.debug("offload: indexing %s failed", path, exc_info=True)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """For tests: whether the thread finished its work within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._thread is None:
+                    return True
+            time.sleep(0.01)
+        return False
+
+
+def iter_spans(fd: int, spans: Sequence[Span]) -> Iterator[tuple[int, bytes]]:
+    """Each span's line (without its newline), read from the journal at `fd`."""
+    for seq, off, length in spans:
+        line = os.pread(fd, length, off)
+        counted("bytes", len(line))
+        yield seq, line

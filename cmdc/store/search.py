@@ -1,0 +1,257 @@
+"""Word search over journal records, in small pieces.
+
+Scoring grows with the journal and with each record's size. Text is scanned in slices of
+`SLICE` characters, so no single call is long (a worker thread holds the GIL for the whole of
+any one C call): a 50 MB record is many calls, not one. The file store ranks in its worker
+thread (`rank`), over the records whose lines can match; `rank_in_bites` runs the same on the
+trio thread in bites of at most `BITE` seconds, with a checkpoint between two bites.
+
+Below: the words and the BM25 ranking both stores' indexes share (`tokens`, `query_terms`,
+`bm25`): the file store's FTS5 sidecar and the PostgreSQL store rank a query alike.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+import orjson
+import trio
+
+if TYPE_CHECKING:
+    from ..message import Message
+    from .records import JournalRecord
+
+T = TypeVar("T")
+
+SLICE = 16 * 1024
+"""Characters of text handed to one regex call."""
+BITE = 0.002
+"""Seconds of scoring between two checkpoints."""
+MAX_QUERY_CHARS = 4_000
+"""Characters of a query that are read."""
+MAX_QUERY_WORDS = 64
+"""Distinct words of a query that count; the rest are ignored."""
+
+_WORD = re.compile(r"\w+")
+_BREAK = re.compile(r"\W")
+
+
+def query_words(query: str) -> list[str]:
+    """The distinct words of `query`, casefolded, in order, at most `MAX_QUERY_WORDS`."""
+    words: dict[str, None] = {}
+    for piece in slices(query):
+        for w in _WORD.findall(piece.casefold()):
+            words.setdefault(w)
+            if len(words) == MAX_QUERY_WORDS:
+                return list(words)
+    return list(words)
+
+
+def slices(text: str) -> Iterable[str]:
+    """`text` in pieces of about `SLICE` characters, cut where a word ends (a word longer than
+    a slice is cut anyway)."""
+    start, n = 0, len(text)
+    while start < n:
+        end = start + SLICE
+        if end < n:
+            m = _BREAK.search(text, end, min(n, end + SLICE))
+            end = m.start() if m is not None else end
+        yield text[start:end]
+        start = end
+
+
+def _pieces(message: Message) -> Iterator[str]:
+    yield from slices(message.text)
+    yield from _call_pieces(message)
+
+
+def _call_pieces(message: Message) -> Iterator[str]:
+    for call in message.tool_calls:
+        yield call.name
+        yield from slices(orjson.dumps(call.to_dict()["arguments"]).decode())
+
+
+def count_call_words(message: Message, counts: Counter[str]) -> None:
+    """Count the words of a message's tool calls (names and arguments) into `counts`."""
+    for piece in _call_pieces(message):
+        counts.update(_WORD.findall(piece.casefold()))
+
+
+_WORD_CHAR = re.compile(r"\w")
+
+
+def count_words(text: str, counts: Counter[str], words: Sequence[str] | None = None) -> str:
+    """Count the words of `text` (casefolded) into `counts`, but for a word running on at its
+    end: that is returned, to be counted with the text that follows (a word longer than a
+    slice is counted as it is, as `slices` cuts it). With `words`, a slice holding none of
+    them (as a substring) is skipped: only their counts are then exact."""
+    i = n = len(text)
+    while i > 0 and n - i <= SLICE and _WORD_CHAR.match(text, i - 1):
+        i -= 1
+    if n - i > SLICE:
+        i = n
+    for piece in slices(text[:i] if i < n else text):
+        low = piece.lower() if piece.isascii() else piece.casefold()  # the same for ASCII, faster
+        if words is None or any(w in low for w in words):
+            counts.update(_WORD.findall(low))
+    return text[i:]
+
+
+def message_words(message: Message) -> Counter[str]:
+    """How often each word (casefolded) occurs in a message's text and tool calls."""
+    counts: Counter[str] = Counter()
+    for piece in _pieces(message):
+        counts.update(_WORD.findall(piece.casefold()))
+    return counts
+
+
+def _rank_steps(
+    records: Sequence[JournalRecord],
+    words: Sequence[str],
+    limit: int,
+    out: list[JournalRecord],
+    counted: Mapping[int, Counter[str]],
+) -> Iterator[None]:
+    """`rank`, yielding whenever it has worked `BITE` seconds; the result goes into `out`."""
+    scored: list[tuple[int, int, int, JournalRecord]] = []
+    clock = time.perf_counter
+    due = clock() + BITE
+    for record in records:
+        known = counted.get(record.seq)
+        counts: Counter[str] = Counter() if known is None else known
+        for piece in _pieces(record.message) if known is None else ():
+            counts.update(_WORD.findall(piece.casefold()))
+            if clock() >= due:
+                yield
+                due = clock() + BITE
+        present = [counts[w] for w in words if counts[w]]
+        if present:
+            scored.append((-len(present), -sum(present), record.seq, record))
+    yield
+    scored.sort(key=lambda s: s[:3])
+    out.extend(s[3] for s in scored[:limit])
+
+
+def rank(
+    records: Sequence[JournalRecord],
+    words: Sequence[str],
+    limit: int,
+    counted: Mapping[int, Counter[str]] | None = None,
+) -> list[JournalRecord]:
+    """Records holding any of `words`, best first: most distinct words present, then most
+    occurrences, then lowest seq; at most `limit`. `counted`: the word counts of records (by
+    seq) already counted while they were read (a huge record, read without building its text)."""
+    out: list[JournalRecord] = []
+    for _ in _rank_steps(records, words, limit, out, counted or {}):
+        pass
+    return out
+
+
+async def rank_in_bites(records: Sequence[JournalRecord], words: Sequence[str], limit: int) -> list[JournalRecord]:
+    """`rank` on the trio thread, in bites of at most `BITE` seconds with a checkpoint between
+    them: every other task runs between two bites, and a cancel stops it at the next one."""
+    out: list[JournalRecord] = []
+    for _ in _rank_steps(records, words, limit, out, {}):
+        await trio.lowlevel.checkpoint()
+    return out
+
+
+# -- the words and the ranking of both stores' search indexes (the file store's FTS5 sidecar, the
+# PostgreSQL store's tsvectors) -----------------------------------------------------------------
+
+TEXT_CHARS = 256 * 1024
+"""Characters of a record's text that are indexed (a longer text is indexed by its head)."""
+SUMMARY_WEIGHT = 0.5
+"""A summary's score is multiplied by this: it quotes records that are themselves in the journal,
+and the record is the source."""
+K1, B = 1.2, 0.75
+"""BM25's parameters (FTS5's `bm25()` uses these)."""
+MAX_QUERY_TERMS = 64
+LONGEST_COMPOUND = 256  # characters of an identifier kept whole (a longer one counts by its parts)
+COMPOUND = re.compile(r"(?<!\w)\w++(?:[/._-]++\w++)+")  # possessive, from a word's start: linear
+_WORD_RE = re.compile(r"\w+")
+
+
+def tokens(text: str) -> list[str]:
+    """The words of `text`, casefolded, in order; an identifier holding `/ . _ -` between its
+    parts (`src/billing/mod_7.py`, `E-4127`) comes as its parts and then whole."""
+    low = text.casefold()
+    out: list[str] = []
+    pos = 0
+    for m in COMPOUND.finditer(low):
+        out += _WORD_RE.findall(low, pos, m.start())
+        out += _WORD_RE.findall(m[0])
+        if len(m[0]) <= LONGEST_COMPOUND:
+            out.append(m[0])
+        pos = m.end()
+    out += _WORD_RE.findall(low, pos)
+    return out
+
+
+def record_text(message: Message) -> str:
+    """What is indexed of a message: its text (up to `TEXT_CHARS`), its tool calls' names and
+    arguments."""
+    parts = [message.text[:TEXT_CHARS]]
+    for call in message.tool_calls:
+        parts.append(call.name)
+        parts.append(orjson.dumps(call.to_dict()["arguments"]).decode()[:TEXT_CHARS])
+    return "\n".join(parts)
+
+
+def query_terms(query: str) -> tuple[list[str], str | None]:
+    """The distinct terms of a query (at most `MAX_QUERY_TERMS`) and the phrase of its plain
+    words in order (None for fewer than two): plain words, never syntax."""
+    words = tokens(query)
+    terms = list(dict.fromkeys(words))[:MAX_QUERY_TERMS]
+    plain = [w for w in words if _WORD_RE.fullmatch(w)][:MAX_QUERY_TERMS]
+    return terms, (" ".join(plain) if len(plain) > 1 else None)
+
+
+def bm25(
+    docs: Sequence[tuple[Sequence[str], bool]],
+    terms: Sequence[str],
+    phrase: str | None,
+    total: int,
+    frequency: Callable[[str], int],
+    average: float,
+) -> list[float]:
+    """Each document's BM25 score as FTS5 computes it (higher is better here), a summary's times
+    `SUMMARY_WEIGHT`: `docs` are (tokens, is summary); `frequency(term)` the documents holding a
+    term (or the phrase), `total` the documents, `average` their mean length in tokens."""
+    queries: list[Sequence[str]] = [[t] for t in terms]
+    if phrase is not None:
+        queries.append(phrase.split())
+    idf = []
+    for q in queries:
+        n = frequency(" ".join(q))
+        value = math.log((total - n + 0.5) / (n + 0.5))
+        idf.append(value if value > 0 else 1e-6)
+    out = []
+    for words, summary in docs:
+        length = len(words)
+        plain = [w for w in words if _WORD_RE.fullmatch(w)]  # a phrase is matched in the text's words
+        norm = K1 * (1 - B + B * length / max(average, 1e-9))
+        score = 0.0
+        for q, weight in zip(queries, idf, strict=True):
+            hits = _count(words if len(q) == 1 else plain, q)
+            if hits:
+                score += weight * hits * (K1 + 1) / (hits + norm)
+        out.append(score * (SUMMARY_WEIGHT if summary else 1.0))
+    return out
+
+
+def holds_phrase(words: Sequence[str], phrase: str) -> bool:
+    """Whether the plain words of a document's `words` hold `phrase` (words in a row)."""
+    return _count([w for w in words if _WORD_RE.fullmatch(w)], phrase.split()) > 0
+
+
+def _count(words: Sequence[str], phrase: Sequence[str]) -> int:
+    if len(phrase) == 1:
+        return words.count(phrase[0])
+    n, k = len(words), len(phrase)
+    return sum(1 for i in range(n - k + 1) if words[i] == phrase[0] and list(words[i : i + k]) == list(phrase))
