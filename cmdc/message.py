@@ -365,6 +365,12 @@ class Message:
             object.__setattr__(self, "_json", data)
         return data
 
+    def encode_json(self) -> bytes:
+        """`to_json()`'s bytes without keeping them: the cached encoding when there is one, else
+        encoded now and not cached (a journal writer lets a batch's JSON go once written)."""
+        data = self._json
+        return data if data is not None else self._encoded()
+
     def _encoded(self) -> bytes:
         """`to_json()`'s bytes, encoded now and not cached (for a look that keeps nothing)."""
         try:

@@ -46,10 +46,27 @@ malformed value): the layer that reads the config registers its check here (the 
 package: `CompactConfig`), as this layer cannot import it."""
 
 
-def _convert_config(value: object) -> Mapping[str, Any]:
+class ConfigSource:
+    """A value that stands for `state.config` keys: `State(config=value)` holds
+    `value.as_config()` (the compaction package's `CompactConfig` is one). A base class here,
+    since this layer cannot import the layers that define them."""
+
+    __slots__ = ()
+
+    def as_config(self) -> Mapping[str, Any]:
+        raise NotImplementedError
+
+
+def config_keys(value: Mapping[str, Any] | ConfigSource | None) -> Mapping[str, Any] | None:
+    """`value` as `state.config` keys: a `ConfigSource`'s `as_config()`, else `value` itself."""
+    return value.as_config() if isinstance(value, ConfigSource) else value
+
+
+def _convert_config(value: Mapping[str, Any] | ConfigSource | None) -> Mapping[str, Any]:
+    value = config_keys(value)
     if value is not None and _CHECKED.get(id(value)) is value:
         _CHECKED.move_to_end(id(value))
-        return value  # type: ignore[return-value]  # frozen and checked here before
+        return value  # frozen and checked here before
     frozen = _frozen_config(value)
     if frozen:
         for check in config_checks:  # every key known, every value well-formed
@@ -112,6 +129,9 @@ def _encode(m: Message) -> None:
 class State:
     """An agent's immutable state: its id, its messages (a tuple), its read-only config and its
     compaction count. Every change returns a new `State`.
+
+    `config`: a mapping of keys (see `cmdc.compaction.config`), or a `CompactConfig`, held as
+    its keys (`CompactConfig.as_config()`); either way `state.config` is a read-only mapping.
 
     `token_usage` is the current size of the context in tokens: the last reported
     `usage.total_tokens` (the baseline) plus the estimate of every message appended after it,
@@ -341,6 +361,8 @@ class State:
             raise InvalidState(f"state is not valid JSON: {exc}") from None
 
 __all__ = [
+    "ConfigSource",
     "State",
+    "config_keys",
     "validate_agent_id",
 ]

@@ -69,7 +69,7 @@ from ..providers.base import Provider
 from ..runtime.delegation import patterns
 from ..runtime.mailbox import as_messages
 from ..runtime.options import AgentOptions, SpawnOptions, agent_options
-from ..state import State, validate_agent_id
+from ..state import ConfigSource, State, config_keys, validate_agent_id
 from ..store import Leases, Store, open_store
 from ..tools import Tool
 from .bridge import DEAD, Bridge, NodeRef, _NodeDied, await_ref, unwrap
@@ -402,7 +402,7 @@ class ClusterRuntime:
         instructions: str | None = None,
         tools: Iterable[Tool] = (),
         plugins: Iterable[Plugin] = (),
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | ConfigSource | None = None,
         summarizer: Summarizer | None = None,
         resume: bool | Literal["require"] = False,
         delegation: bool | str | Iterable[str] = False,
@@ -418,6 +418,7 @@ class ClusterRuntime:
         if self._closed:
             raise AgentStopped("the cluster runtime is closed")
         validate_agent_id(name)
+        config = config_keys(config)  # a CompactConfig as its keys
         if name in self._refs:
             raise ConfigError(f"an agent called {name!r} is already running")
         if resume not in (False, True, "require"):

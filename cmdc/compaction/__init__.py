@@ -1,7 +1,9 @@
 """Compaction: the `Compactor` and its parts.
 
 `config` (the settings in `state.config`), `cutoff` (the pure split), `options` (the
-Compactor's validated options and budgets), `attempts` (retries, fallbacks, failover),
+Compactor's validated options, the one list of them, and budgets), `evict` (the split stage of
+a pass: pins and the `before_compact` fold), `verify` (the contraction rule, the new state and
+report, the `after_compact` fold), `attempts` (retries, fallbacks, failover),
 `breaker` (suspending a failing summarizer), `summary` (calling a summarizer, the summary
 message), `finalize` (what replaces the evicted messages), `clip` (what a compaction clips),
 `caches` (process-wide caches) and `compactor` (the API and the pipeline's stages).

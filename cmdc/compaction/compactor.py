@@ -1,7 +1,9 @@
 """The `Compactor`: it reads top to bottom as its API, then the pipeline's stages in order:
 decide, split, offload, summarize, finalize, verify.
 
-The pieces live beside it: `options` (the validated options and the budgets), `attempts`
+The pieces live beside it: `options` (the validated options, the one list of them, and the
+budgets), `evict` (the split stage: pins, their budget, the `before_compact` fold), `verify`
+(the contraction rule, the new state and report, the `after_compact` fold), `attempts`
 (retries, fallbacks, failover), `clip` (what a compaction clips), `caches` (process-wide
 caches), `cutoff` (the pure split), `finalize` (the summary message), `summary` (calling a
 summarizer).
@@ -10,10 +12,10 @@ summarizer).
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 import orjson
@@ -23,42 +25,37 @@ from .._check import is_int, optional_integer
 from .._report import Compacted, CompactionReport, Skipped
 from .._trio import one_of, reraise
 from ..errors import (
-    CompactionAborted,
     CompactionError,
     CompactionIncomplete,
     ConfigError,
     OffloadError,
 )
 from ..events import (
-    COMPACTION_END,
     COMPACTION_FAILED,
-    COMPACTION_FALLBACK,
-    COMPACTION_SKIPPED,
     COMPACTION_START,
-    PINS_OVER_BUDGET,
-    PLUGIN_ERROR,
     TOOL_RESULTS_CLIPPED,
     Event,
-    EventSink,
     emit,
 )
-from ..message import Message, TokenUsage
-from ..plugins import Abort, AfterCompact, BeforeCompact, Plugin, fold, sort_plugins
+from ..message import Message
+from ..plugins import Plugin
 from ..providers.base import ModelRequest
 from ..state import State
 from ..store import FileStore, Store
-from ..store.records import ATTEMPTS_KEY, JOURNAL_KEY, AppendResult, JournalRef, new_attempt_id
-from ..tokens import TokenCounter, estimate_message_tokens, estimate_text_tokens
+from ..store.records import ATTEMPTS_KEY, AppendResult, JournalRef, new_attempt_id
+from ..tokens import estimate_message_tokens, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, Summary, SummaryAttempt, default_should_retry, summarize
-from .breaker import SummarizerBreaker
 from .caches import parse_config
-from .clip import clipped_result, contract, reduced, trailing_tool_results
+from .clip import clipped_result, reduced, trailing_tool_results
 from .config import CompactConfig, Threshold
-from .cutoff import Split, split_messages
-from .finalize import Finalize, FinalizeContext, run_finalize
-from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, without_ledger
-from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares
-from .summary import Summarizer, pointer_message
+from .cutoff import Split
+from .evict import Eviction, skipped
+from .evict import held_before_evicted as _held_before_evicted
+from .finalize import FinalizeContext, run_finalize
+from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, summaries_in, without_ledger
+from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
+from .verify import Verification, journal_fields, tag_summaries
+from .verify import pointer as _pointer
 from .warm import AgentContext, agent_context, counting, total, warm_request
 
 _REDUCE_INLINE_TOKENS = 250_000  # evicted messages past this (about 1 MB) are reduced in a worker thread
@@ -68,40 +65,16 @@ _LEDGER_MARGIN = 64  # tokens of what is evicted the summary's header and headin
 
 Reason = Literal["auto", "forced", "manual", "requested"]
 T = TypeVar("T")
-
-
-class _Option(Generic[T]):
-    """A `Compactor` attribute that reads its `CompactorOptions` (and, set, checks the new
-    value and replaces the options)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<Compactor option {self.name!r} (see CompactorOptions)>"
-
-    @overload
-    def __get__(self, compactor: None, owner: type | None = None) -> _Option[T]: ...
-
-    @overload
-    def __get__(self, compactor: Compactor, owner: type | None = None) -> T: ...
-
-    def __get__(self, compactor: Compactor | None, owner: type | None = None) -> T | _Option[T]:
-        if compactor is None:  # read on the class (help(), inspect, autodoc): the descriptor
-            return self
-        value: T = getattr(compactor.options, self.name)
-        return value
-
-    def __set__(self, compactor: Compactor, value: T) -> None:
-        changes: dict[str, Any] = {self.name: value}
-        compactor.options = attrs.evolve(compactor.options, **changes)
+_OPTION_NAMES = frozenset(f.name for f in attrs.fields(CompactorOptions))
 
 
 class Compactor:
     """Keeps an agent's context under its configured size: the API (`should_compact`,
     `maybe_compact`, `force_compact`, ...) and the pipeline's stages, in reading order. Its
-    options (`CompactorOptions`, where each is documented) are given as keywords, or all at
-    once as `options=`; each is also an attribute (setting one checks it again).
+    options (`CompactorOptions`, where each is documented, the one list of them) are given as
+    keywords, or as one value with `Compactor.from_options`; `compactor.options` holds them
+    (change one with `compactor.options = attrs.evolve(compactor.options, retries=5)`, which
+    checks it again).
 
     Budgets (the contraction rule): everything a compaction inserts (the summary message, the
     preserved user messages in it, whatever a finalizer adds) fits `summary_budget` tokens:
@@ -121,106 +94,61 @@ class Compactor:
     so a compaction whose state is thrown away never shows in the journal.
     """
 
-    __slots__ = ("_config_for", "_counted", "_store", "_store_key", "options", "plugins")
+    __slots__ = ("_config_for", "_counted", "_store", "_store_key", "options")
 
-    summarizer = _Option[Summarizer]()
-    fallbacks = _Option[tuple[Summarizer, ...]]()
-    token_counter = _Option["TokenCounter | None"]()
-    retries = _Option[int]()
-    retry_backoff = _Option[float]()
-    max_backoff = _Option[float]()
-    should_retry = _Option[ShouldRetry]()
-    failover = _Option["Failover | None"]()
-    summarizer_input_tokens = _Option["int | None"]()
-    finalize = _Option[Finalize]()
-    user_message_budget = _Option["int | None"]()
-    user_message_filter = _Option["Callable[[Message], bool] | None"]()
-    pin_task = _Option[bool]()
-    pin_budget = _Option["int | None"]()
-    reduce_tokens = _Option["int | None"]()
-    summary_budget = _Option["int | None"]()
-    max_extra_passes = _Option[int]()
-    on_event = _Option["EventSink | None"]()
-    summarizer_timeout = _Option["float | None"]()
-    summarizer_window = _Option["int | None"]()
-    store = _Option["Store | None"]()
-    commit_journal = _Option[bool]()
-    breaker = _Option["SummarizerBreaker | None"]()
-    warm_cache = _Option["bool | None"]()
-
-    def __init__(
-        self,
-        summarizer: Summarizer | None = None,
-        *,
-        plugins: Iterable[Plugin] = (),
-        token_counter: TokenCounter | None = None,
-        fallbacks: Sequence[Summarizer] = (),
-        retries: int = 3,
-        retry_backoff: float = 0.5,
-        max_backoff: float = 30.0,
-        should_retry: ShouldRetry | None = None,
-        failover: Failover | None = None,
-        summarizer_input_tokens: int | None = None,
-        finalize: Finalize | None = None,
-        user_message_budget: int | None = None,
-        user_message_filter: Callable[[Message], bool] | None = None,
-        pin_task: bool = True,
-        pin_budget: int | None = None,
-        reduce_tokens: int | None = 2_000,
-        summary_budget: int | None = None,
-        max_extra_passes: int = 2,
-        on_event: EventSink | None = None,
-        summarizer_timeout: float | None = 300.0,
-        summarizer_window: int | None = None,
-        store: str | os.PathLike[str] | Store | None = None,
-        commit_journal: bool = True,
-        breaker: SummarizerBreaker | None = None,
-        warm_cache: bool | None = None,
-        options: CompactorOptions | None = None,
-    ) -> None:
-        """The keywords are `CompactorOptions`' (checked there); `options` instead gives them
-        all at once (with `options`, only `plugins` may be given beside it)."""
+    @takes_options(CompactorOptions)
+    def __init__(self, *args: Any, **keywords: Any) -> None:
+        """`Compactor(summarizer, *, plugins=..., ...)`: exactly `CompactorOptions`' parameters
+        (checked there; see `takes_options`). `Compactor.from_options(options)` takes them as
+        one value."""
+        options = keywords.pop("options", None)  # the older spelling of `from_options`
         if options is None:
-            options = CompactorOptions(
-                summarizer=summarizer,
-                fallbacks=fallbacks,
-                token_counter=token_counter,
-                retries=retries,
-                retry_backoff=retry_backoff,
-                max_backoff=max_backoff,
-                should_retry=should_retry,
-                failover=failover,
-                summarizer_input_tokens=summarizer_input_tokens,
-                finalize=finalize,
-                user_message_budget=user_message_budget,
-                user_message_filter=user_message_filter,
-                pin_task=pin_task,
-                pin_budget=pin_budget,
-                reduce_tokens=reduce_tokens,
-                summary_budget=summary_budget,
-                max_extra_passes=max_extra_passes,
-                on_event=on_event,
-                summarizer_timeout=summarizer_timeout,
-                summarizer_window=summarizer_window,
-                store=store,
-                commit_journal=commit_journal,
-                breaker=breaker,
-                warm_cache=warm_cache,
-            )
+            options = CompactorOptions(*args, **keywords)
         elif not isinstance(options, CompactorOptions):
             raise ConfigError(f"options must be a CompactorOptions, got {options!r:.80}")
-        elif summarizer is not None or store is not None:
-            raise ConfigError("give the summarizer and the store in options, not beside it")
-        self.options = options
-        self.plugins: tuple[Plugin, ...] = sort_plugins(plugins)
+        elif args or set(keywords) - {"plugins"}:
+            raise ConfigError("give the summarizer and the other options in options, not beside it")
+        elif "plugins" in keywords:
+            options = attrs.evolve(options, plugins=keywords["plugins"])
+        self._setup(options)
+
+    def _setup(self, options: CompactorOptions) -> None:
+        self.options: CompactorOptions = options
         self._config_for: tuple[object, CompactConfig] | None = None
         self._counted: tuple[State, int] | None = None  # the last state counted by token_counter
         self._store: FileStore | None = None  # the store this compactor opened (none given)
         self._store_key: Path | None = None
 
+    @classmethod
+    def from_options(cls, options: CompactorOptions) -> Compactor:
+        """A compactor configured by `options` (the value itself is kept: `c.options is options`)."""
+        if not isinstance(options, CompactorOptions):
+            raise ConfigError(f"options must be a CompactorOptions, got {options!r:.80}")
+        compactor = cls.__new__(cls)
+        compactor._setup(options)
+        return compactor
+
+    @property
+    def plugins(self) -> tuple[Plugin, ...]:
+        """The compaction plugins, in run order (`options.plugins`)."""
+        return self.options.plugins
+
+    if not TYPE_CHECKING:  # the older spelling, untyped: `compactor.retries` for `compactor.options.retries`
+
+        def __getattr__(self, name: str) -> Any:
+            if name in _OPTION_NAMES:
+                return getattr(self.options, name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in _OPTION_NAMES:  # checked again, as `attrs.evolve` checks every option
+                self.options = attrs.evolve(self.options, **{name: value})
+            else:
+                object.__setattr__(self, name, value)
+
     def add_plugin(self, plugin: Plugin) -> None:
         """Register a plugin (kept in priority order)."""
-        self.plugins = sort_plugins((*self.plugins, plugin))
+        self.options = attrs.evolve(self.options, plugins=(*self.options.plugins, plugin))
 
     # -- the API: sizes and the decision, O(1) in the history's length ------------------------
 
@@ -332,7 +260,7 @@ class Compactor:
         clipped = [clipped_result(m, limit, written) if m.id in ids else m for m in state.messages[start:]]
         messages = (*state.messages[:start], *clipped)
         self._emit(TOOL_RESULTS_CLIPPED, state, clipped=len(large), offload_path=str(written.path))
-        return state.evolve(messages=messages, usage_floor=len(messages), **_journal_fields(state, written))
+        return state.evolve(messages=messages, usage_floor=len(messages), **journal_fields(state, written))
 
     def store_for(self, config: CompactConfig) -> Store:
         """The compactor's store, else a file store of `config.offload_dir` that this compactor
@@ -439,12 +367,13 @@ class Compactor:
         budget, user_budget, answer_budget = self.budgets(config, window)
 
         # decide and split: what goes, what stays; plugins may take some out or skip
-        split = self._split(state, config, keep, window, budget)
+        evict = Eviction(self.options, self.count, self._sum, self._emit)
+        split = evict.split(state, config, keep, window, budget)
         if split is None:
             return self._skip(state, "nothing can be evicted")
         tokens_before = self.estimate_tokens(state)
         self._emit(COMPACTION_START, state, reason=reason, tokens=tokens_before, messages=len(state.messages))
-        split, skipped = await self._before_compact(state, config, split, reason, instruction, keep, window)
+        split, skipped = await evict.before_compact(state, config, split, reason, instruction, keep, window)
         if skipped is not None:
             return skipped
         evicted_tokens = self._sum(split.evicted)
@@ -458,7 +387,7 @@ class Compactor:
             )
 
         async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
-            task = self._kept_task(state, split)
+            task = evict.kept_task(state, split)
             estimated = evicted_tokens if self.options.token_counter is None else None
             cap = min(budget, evicted_tokens - _LEDGER_MARGIN)
             if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
@@ -468,124 +397,17 @@ class Compactor:
             users, answer = ledger_shares(budget, user_budget, answer_budget, ledger)
             summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
-            return summary, list(_tag_summaries(inserted, written))  # here, while the fsync runs
+            return summary, list(tag_summaries(inserted, written))  # here, while the fsync runs
 
         try:
             written, (summary, inserted) = await self._offload_then(state, config, split, compaction, summarized)
         except (OffloadError, CompactionError) as exc:  # one event, whichever failed
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
             raise
-        return await self._verify(
+        verification = Verification(self.options, self.count, self.estimate_tokens, self._emit)
+        return await verification.verify(
             state, split, written, compaction, inserted, summary, reason, budget, tokens_before, evicted_tokens, started
         )
-
-    # -- split ------------------------------------------------------------------------------------
-
-    def _split(
-        self, state: State, config: CompactConfig, keep: Threshold, window: int | None, budget: int
-    ) -> Split | None:
-        """The split with pins, a summary over its budget evicted (it is re-summarized, never
-        kept as it is); None when nothing can be evicted."""
-        split = self._split_with_pins(state, config, keep, (), window)
-        oversized = tuple(m for m in split.kept if m.is_summary and self.count(m) > budget)
-        if oversized:
-            split = attrs.evolve(
-                split,
-                evicted=(*oversized, *split.evicted),
-                kept=tuple(m for m in split.kept if m not in oversized),
-                held=tuple(m for m in split.held if m not in oversized),
-            )
-        if not split.evicts_anything and not (split.evicted and self._sum(split.evicted) > budget):
-            return None  # a summary alone is evicted only when it is over its budget
-        return split
-
-    def _split_with_pins(
-        self, state: State, config: CompactConfig, keep: Threshold, extra: Iterable[str], window: int | None = None
-    ) -> Split:
-        """The split with the task and `extra` pinned, within the pin budget: past it, the
-        oldest pins (the task last) are summarized instead, with an event."""
-        task = self._task_id(state) if self.options.pin_task else None
-        pins = {*extra} if task is None else {*extra, task}
-        split = self._cut(state, config, keep, pins)
-        budget = self.options.pin_limit(config, window)
-        open_groups = {state.messages[g.index].id for g in state.call_index.open}
-        open_results = {state.messages[i].id for g in state.call_index.open for i in g.results}
-        pinned = [m for m in split.held if m.id not in open_groups and m.id not in open_results]
-        total = sum(self.count(m) for m in pinned)
-        if total <= budget:
-            return split
-        order = [m for m in pinned if m.id != task] + [m for m in pinned if m.id == task]
-        dropped: list[str] = []
-        for m in order:
-            if total <= budget:
-                break
-            dropped.append(m.id)
-            total -= self.count(m)
-        self._emit(PINS_OVER_BUDGET, state, budget=budget, unpinned=tuple(dropped), pinned_tokens=total)
-        return self._cut(state, config, keep, pins - set(dropped), dropped)
-
-    def _cut(
-        self, state: State, config: CompactConfig, keep: Threshold, pins: Iterable[str], unpinned: Iterable[str] = ()
-    ) -> Split:
-        return split_messages(
-            state.messages,
-            keep,
-            context_window=config.context_window,
-            count=self.count,
-            pinned_ids=frozenset(pins),
-            unpinned_ids=frozenset(unpinned),
-            index=state.call_index,
-        )
-
-    def _task_id(self, state: State) -> str | None:
-        """The session's first user message: the first non-summary user message."""
-        for m in state.messages:
-            if m.role == "user" and not m.is_summary:
-                return m.id
-        return None
-
-    def _kept_task(self, state: State, split: Split) -> str | None:
-        """The pinned task's id when it stays in the context verbatim (it is then not restated)."""
-        task = self._task_id(state) if self.options.pin_task else None
-        return task if task is not None and any(m.id == task for m in split.kept) else None
-
-    async def _before_compact(
-        self,
-        state: State,
-        config: CompactConfig,
-        split: Split,
-        reason: str,
-        instruction: str | None,
-        keep: Threshold,
-        window: int | None,
-    ) -> tuple[Split, Skipped | None]:
-        if not any(p.implements("before_compact") for p in self.plugins):
-            return split, None
-        offered = {m.id for m in split.evicted}
-        ctx = BeforeCompact(state, split.evicted, split.kept, reason, instruction)
-        folded = await fold(
-            self.plugins,
-            "before_compact",
-            ctx,
-            split.evicted,
-            rebind=lambda c, evicted: attrs.evolve(c, evicted=evicted),
-            on_error=self._plugin_error(state, "before_compact"),
-        )
-        if isinstance(folded.stop, Abort):
-            self._emit(COMPACTION_SKIPPED, state, reason=folded.stop.reason, skipped_by=folded.stopped_by)
-            raise CompactionAborted(f"plugin {folded.stopped_by} aborted the compaction: {folded.stop.reason}")
-        if folded.stop is not None:
-            self._emit(COMPACTION_SKIPPED, state, reason=folded.stop.reason, skipped_by=folded.stopped_by)
-            return split, Skipped(state, folded.stop.reason or "skipped by a plugin", folded.stopped_by)
-        chosen = {m.id for m in folded.value}
-        if chosen != offered:
-            # Keep what the plugins took out, and re-close the call groups around it.
-            split = self._split_with_pins(state, config, keep, offered - chosen, window)
-            if not split.evicts_anything:
-                why = "plugins left nothing to evict"
-                self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
-                return split, Skipped(state, why)
-        return split, None
 
     # -- offload ----------------------------------------------------------------------------------
 
@@ -775,120 +597,13 @@ class Compactor:
         except Exception as exc:
             raise CompactionError(f"the finalizer failed: {type(exc).__name__}: {exc}") from exc
 
-    # -- verify: the contraction rule, the new state, the report, after_compact -------------------
-
-    async def _verify(
-        self,
-        state: State,
-        split: Split,
-        written: AppendResult,
-        compaction: int,
-        inserted: list[Message],
-        summary: Summary,
-        reason: str,
-        budget: int,
-        tokens_before: int,
-        evicted_tokens: int,
-        started: float,
-    ) -> Compacted | Skipped:
-        """What is inserted fits the budget and costs less than what it replaces (stepping down
-        to a pointer when needed); then the new state, its report and the `after_compact` fold."""
-        def pointer() -> Message:  # tagged as it will be inserted: a counter may count its metadata
-            smallest = _pointer(compaction, len(split.evicted), str(written.path), written.first_seq, written.last_seq)
-            carried = next((m.metadata[LEDGER_KEY] for m in inserted if LEDGER_KEY in m.metadata), None)
-            if carried is not None:  # the next compaction carries the ledger on from the pointer
-                smallest = smallest.evolve(metadata={**smallest.metadata, LEDGER_KEY: carried})
-            return _tag_summaries([smallest], written)[0]
-
-        inserted, fallback = contract(inserted, min(budget, evicted_tokens - 1), pointer, self.count)
-        summary_tokens = sum(self.count(m) for m in inserted)
-        if fallback is not None:
-            self._emit(
-                COMPACTION_FALLBACK,
-                state,
-                fallback=fallback,
-                budget=budget,
-                evicted_tokens=evicted_tokens,
-                summary_tokens=summary_tokens,
-            )
-        if fallback == "skipped":  # not even a pointer is smaller (a custom counter's quirk)
-            return self._skip(state, "not even a pointer-only summary is smaller than the evicted messages")
-        # Kept messages older than everything evicted (the pinned task) stay before the summary.
-        before = _held_before_evicted(state, split)
-        # (the summaries are tagged already: `summarized`, or `pointer`; a clipped one keeps its tags)
-        messages = (*split.pinned, *split.kept[:before], *inserted, *split.kept[before:])
-        new_state = state.evolve(
-            messages=messages, compactions=compaction, usage_floor=len(messages), **_journal_fields(state, written)
-        )
-        report = CompactionReport(
-            reason=reason,
-            tokens_before=tokens_before,
-            tokens_after=self.estimate_tokens(new_state),
-            messages_before=len(state.messages),
-            messages_after=len(messages),
-            evicted=len(split.evicted),
-            offload_path=str(written.path),
-            first_seq=written.first_seq,
-            last_seq=written.last_seq,
-            compaction=compaction,
-            summary_tokens=summary_tokens,
-            summarizer=summary.summarizer,
-            attempts=summary.attempts,
-            duration=trio.current_time() - started,
-            summary_budget=budget,
-            fallback=fallback,
-            **_usage_fields(summary),
-        )
-        after = await self._after_compact(new_state, report)
-        if after is not new_state:
-            new_state = after
-            report = attrs.evolve(report, tokens_after=self.estimate_tokens(after), messages_after=len(after.messages))
-        report = attrs.evolve(report, duration=trio.current_time() - started)
-        self._emit(COMPACTION_END, state, report=report)
-        return Compacted(new_state, report)
-
-    async def _after_compact(self, state: State, report: CompactionReport) -> State:
-        folded = await fold(
-            self.plugins,
-            "after_compact",
-            AfterCompact(state, report),
-            state,
-            rebind=lambda c, s: attrs.evolve(c, state=s),
-            on_error=self._plugin_error(state, "after_compact"),
-        )
-        result = folded.value
-        if folded.stop is not None:  # too late to veto: the offload has happened
-            self._emit(
-                PLUGIN_ERROR,
-                state,
-                plugin=folded.stopped_by,
-                hook="after_compact",
-                error=f"{type(folded.stop).__name__} ignored after compaction: {folded.stop.reason}",
-            )
-        if result is not state:
-            # No reply has come since the compaction: every reported usage in it is stale.
-            result = result.evolve(
-                usage_floor=len(result.messages),
-                compactions=state.compactions,
-                journal_id=state.journal_id,
-                journal_seq=state.journal_seq,
-            )
-        return result
-
     # -- events -----------------------------------------------------------------------------------
 
     def _emit(self, kind: str, state: State, **data: Any) -> None:
         emit(self.options.on_event, Event(kind, state.agent_id, data, trio.current_time()))
 
     def _skip(self, state: State, why: str) -> Skipped:
-        self._emit(COMPACTION_SKIPPED, state, reason=why, skipped_by=None)
-        return Skipped(state, why)
-
-    def _plugin_error(self, state: State, hook: str) -> Callable[[Plugin, BaseException], None]:
-        def report(plugin: Plugin, exc: BaseException) -> None:
-            self._emit(PLUGIN_ERROR, state, plugin=plugin.name, hook=hook, error=repr(exc))
-
-        return report
+        return skipped(self._emit, state, why)
 
 
 def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
@@ -896,26 +611,8 @@ def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
     or what is evicted when that is smaller: the compaction stays a contraction)."""
     seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
-    ledger = carry((m for m in split.evicted if m.is_summary), split.evicted, seqs)
+    ledger = carry(summaries_in(split.evicted), split.evicted, seqs)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
-
-
-def _usage_fields(summary: Summary) -> dict[str, Any]:
-    """The report's figures of the summarizer's requests."""
-    usage = summary.usage or TokenUsage()
-    return {
-        "summarizer_input_tokens": usage.input_tokens,
-        "summarizer_cache_read_tokens": usage.cache_read_tokens,
-        "summarizer_cache_creation_tokens": usage.cache_creation_tokens,
-        "summarizer_output_tokens": usage.output_tokens,
-        "warm_cache": summary.warm,
-    }
-
-
-def _pointer(compaction: int, evicted: int, path: str, first: int = 10**12, last: int = 10**12) -> Message:
-    """The smallest summary: it only says where the evicted messages went (the default record
-    numbers are wider than any real ones, so its cost is an upper bound before the offload)."""
-    return pointer_message(compaction=compaction, evicted=evicted, offload_path=path, first_seq=first, last_seq=last)
 
 
 def _halved(keep: Threshold) -> Threshold:
@@ -936,16 +633,6 @@ def _combined(first: CompactionReport, last: CompactionReport) -> CompactionRepo
         duration=first.duration + last.duration,
         passes=first.passes + last.passes,
     )
-
-
-def _held_before_evicted(state: State, split: Split) -> int:
-    """How many of `split.kept` come before the first evicted message: held messages (the
-    pinned task) older than everything the summary replaces, which stay before it."""
-    held = {m.id for m in split.held}
-    n, i = 0, len(split.pinned)
-    while i < len(state.messages) and state.messages[i].id in held:
-        n, i = n + 1, i + 1
-    return n
 
 
 def _estimated(messages: Sequence[Message]) -> int:
@@ -970,17 +657,6 @@ def _expect(state: State) -> JournalRef:
     """The journal identity `state` expects: every store checks it before appending or
     committing (see docs/journal.md, "Stable addresses")."""
     return JournalRef(state.journal_id, state.journal_seq)
-
-
-def _journal_fields(state: State, written: AppendResult) -> dict[str, Any]:
-    """The state's journal identity after `written`: its journal, the last record it names."""
-    return {"journal_id": written.journal, "journal_seq": max(state.journal_seq, written.last_seq)}
-
-
-def _tag_summaries(inserted: Sequence[Message], written: AppendResult) -> tuple[Message, ...]:
-    """The summary messages carry the journal's identity and the attempts to commit with them."""
-    tags = {JOURNAL_KEY: written.journal, ATTEMPTS_KEY: list(written.pending)}
-    return tuple(m.evolve(metadata={**m.metadata, **tags}) if m.is_summary else m for m in inserted)
 
 
 # Names this module had before the split, still importable from it.

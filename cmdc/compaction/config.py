@@ -1,11 +1,15 @@
-"""`CompactConfig`: the compaction settings read from `state.config`, strictly validated."""
+"""`CompactConfig`: the compaction settings of `state.config`, strictly validated. Two forms,
+one source: the keys (`{"compact_keep": ("messages", 4)}`), read by `CompactConfig.from_mapping`,
+or a `CompactConfig` value given as the config (`State(config=CompactConfig(...))`), which a
+state holds as its keys (`as_config`). Either way a malformed value raises `ConfigError` naming
+its key and the value."""
 
 from __future__ import annotations
 
 import difflib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,7 @@ import attrs
 
 from .._check import integer, is_int, optional_integer
 from ..errors import ConfigError
-from ..state import config_checks
+from ..state import ConfigSource, config_checks
 
 DEFAULT_TRIGGER: tuple[str, int] = ("tokens", 170_000)
 DEFAULT_KEEP: tuple[str, int] = ("messages", 6)
@@ -122,16 +126,74 @@ class Threshold:
         return int(self.value)
 
 
-@attrs.frozen
-class CompactConfig:
-    """Compaction settings. Build it from a state's config with `CompactConfig.from_mapping`."""
+TRIGGER_MODES = ("tokens", "fraction", "messages")
+KEEP_MODES = ("messages", "fraction", "tokens")
 
-    triggers: tuple[Threshold, ...] = (Threshold(*DEFAULT_TRIGGER),)
-    keep: Threshold = Threshold(*DEFAULT_KEEP)
-    offload_dir: Path = Path(DEFAULT_OFFLOAD_DIR)
-    summary_prompt: str = attrs.field(default=DEFAULT_SUMMARY_PROMPT, repr=False)
-    context_window: int | None = None
-    tiers: TierConfig = attrs.field(factory=lambda: TierConfig())
+ThresholdLike = Threshold | tuple[str, int | float]
+"""A rule as a `Threshold` or as its pair `(mode, value)`, as `state.config` writes it."""
+
+
+def _default_triggers(window: int | None) -> tuple[Threshold, ...]:
+    if window is not None:
+        return (Threshold("fraction", DEFAULT_WINDOW_FRACTION),)
+    return (Threshold(*DEFAULT_TRIGGER),)
+
+
+def _pair_of(rule: object) -> object:
+    return (rule.mode, rule.value) if isinstance(rule, Threshold) else rule
+
+
+def _trigger_rules(value: ThresholdLike | Sequence[ThresholdLike]) -> tuple[Threshold, ...]:
+    if isinstance(value, Threshold) or (isinstance(value, (list, tuple)) and value and isinstance(value[0], str)):
+        value = (value,)  # type: ignore[assignment]  # one rule
+    return _triggers([_pair_of(v) for v in value] if isinstance(value, (list, tuple)) else value, None, False)
+
+
+def _keep_rule(value: ThresholdLike) -> Threshold:
+    return _rule("compact_keep", _pair_of(value), KEEP_MODES, None, False)
+
+
+def _window(value: int | None) -> int | None:
+    return _context_window(value)
+
+
+def _directory(value: str | os.PathLike[str]) -> Path:
+    return _offload_dir(value)
+
+
+def _prompt_text(value: str) -> str:
+    return _prompt(value)
+
+
+def _window_first(self: CompactConfig) -> tuple[Threshold, ...]:
+    return _default_triggers(self.context_window)
+
+
+def _tiers(value: TierConfig) -> TierConfig:
+    if not isinstance(value, TierConfig):
+        raise ConfigError(f"tiers must be a TierConfig, got {value!r:.80}")
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class CompactConfig(ConfigSource):
+    """Compaction settings: read from a state's config with `CompactConfig.from_mapping`, or
+    built and given as the config itself (`State(config=CompactConfig(...))`, which holds
+    `as_config()`, its keys). Every field is checked when built (`ConfigError` naming its
+    `state.config` key and the value); a rule is a `Threshold` or a pair `("messages", 6)`.
+
+    `triggers` (`compact_trigger`; one rule or several, any one fires) defaults as in
+    `state.config`: 0.85 of `context_window` when one is given, else 170,000 tokens.
+    """
+
+    context_window: int | None = attrs.field(default=None, converter=_window)
+    triggers: tuple[Threshold, ...] = attrs.field(
+        default=attrs.Factory(_window_first, takes_self=True), converter=_trigger_rules
+    )
+    keep: Threshold = attrs.field(default=Threshold(*DEFAULT_KEEP), converter=_keep_rule)
+    offload_dir: Path = attrs.field(default=Path(DEFAULT_OFFLOAD_DIR), converter=_directory)
+    summary_prompt: str = attrs.field(default=DEFAULT_SUMMARY_PROMPT, converter=_prompt_text, repr=False)
+    tiers: TierConfig = attrs.field(factory=lambda: TierConfig(), converter=_tiers)
 
     @property
     def token_trigger(self) -> int | None:
@@ -154,20 +216,36 @@ class CompactConfig:
         window = _context_window(config.get("context_window"))
         if "compact_trigger" in config:
             triggers = _triggers(config["compact_trigger"], window, need_window)
-        elif window is not None:
-            triggers = (Threshold("fraction", DEFAULT_WINDOW_FRACTION),)
         else:
-            triggers = (Threshold(*DEFAULT_TRIGGER),)
-        keep_modes = ("messages", "fraction", "tokens")
-        keep = _rule("compact_keep", config.get("compact_keep", DEFAULT_KEEP), keep_modes, window, need_window)
+            triggers = _default_triggers(window)
+        keep = _rule("compact_keep", config.get("compact_keep", DEFAULT_KEEP), KEEP_MODES, window, need_window)
         return cls(
             triggers=triggers,
             keep=keep,
-            offload_dir=_offload_dir(config.get("compact_offload_dir", DEFAULT_OFFLOAD_DIR)),
-            summary_prompt=_prompt(config.get("compact_summary_prompt", DEFAULT_SUMMARY_PROMPT)),
+            offload_dir=config.get("compact_offload_dir", DEFAULT_OFFLOAD_DIR),
+            summary_prompt=config.get("compact_summary_prompt", DEFAULT_SUMMARY_PROMPT),
             context_window=window,
             tiers=TierConfig.from_mapping(config),
         )
+
+    def as_config(self) -> dict[str, Any]:
+        """The `state.config` keys that give these settings back through `from_mapping`: only
+        what differs from the defaults (a default trigger is left for the window to set, as
+        in a config that names none)."""
+        out: dict[str, Any] = {}
+        if self.context_window is not None:
+            out["context_window"] = self.context_window
+        if self.triggers != _default_triggers(self.context_window):
+            pairs = [(t.mode, t.value) for t in self.triggers]
+            out["compact_trigger"] = pairs[0] if len(pairs) == 1 else pairs
+        if self.keep != Threshold(*DEFAULT_KEEP):
+            out["compact_keep"] = (self.keep.mode, self.keep.value)
+        if self.offload_dir != Path(DEFAULT_OFFLOAD_DIR):
+            out["compact_offload_dir"] = str(self.offload_dir)
+        if self.summary_prompt != DEFAULT_SUMMARY_PROMPT:
+            out["compact_summary_prompt"] = self.summary_prompt
+        out.update(self.tiers.as_config())
+        return out
 
 
 def _context_window(value: object) -> int | None:
@@ -177,7 +255,7 @@ def _context_window(value: object) -> int | None:
 
 
 def _triggers(value: object, window: int | None, need_window: bool) -> tuple[Threshold, ...]:
-    modes = ("tokens", "fraction", "messages")
+    modes = TRIGGER_MODES
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
         return tuple(_rule("compact_trigger", v, modes, window, need_window) for v in value)
     if isinstance(value, (list, tuple)) and not value:
@@ -238,8 +316,10 @@ def _optional_limit(value: object, name: str) -> int | None:
     return optional_integer(value, _key(name))
 
 
-def _limits(value: object) -> tuple[tuple[str, int | None], ...]:
+def _limits(value: Mapping[str, int | None] | Iterable[tuple[str, int | None]]) -> tuple[tuple[str, int | None], ...]:
     name = "tool_result_limits"
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)  # the form this makes (sorted pairs), as `attrs.evolve` passes it back
     if not isinstance(value, Mapping):
         raise ConfigError(f"{_key(name)} must be a mapping of tool names to token limits (or None), got {value!r:.80}")
     out: list[tuple[str, int | None]] = []
@@ -271,7 +351,45 @@ def _pair(value: object, name: str) -> tuple[int, int]:
     return integer(value[0], f"{_key(name)}: compactions"), integer(value[1], f"{_key(name)}: requests")
 
 
-@attrs.frozen
+def _result_limit(value: int | None) -> int | None:
+    return _optional_limit(value, "tool_result_limit")
+
+
+def _preview(value: int) -> int:
+    return integer(value, _key("tool_result_preview"), minimum=16)
+
+
+def _mask(value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{_key('mask_tool_results')} must be True or False, got {value!r:.80}")
+    return value
+
+
+def _mask_trigger(value: float) -> float:
+    return _share(value, "mask_trigger")
+
+
+def _mask_keep(value: int) -> int:
+    return integer(value, _key("mask_keep"), minimum=0)
+
+
+def _mask_at_least(value: int | None) -> int | None:
+    return _optional_limit(value, "mask_at_least")
+
+
+def _exclude(value: Iterable[str]) -> frozenset[str]:
+    return _names(value, "mask_exclude")
+
+
+def _thrash(value: tuple[int, int]) -> tuple[int, int]:
+    return _pair(value, "compact_thrash")
+
+
+def _min_gain(value: int | None) -> int | None:
+    return _optional_limit(value, "compact_min_gain")
+
+
+@attrs.frozen(kw_only=True)
 class TierConfig:
     """The cheap tiers before a summary, read from `state.config` (each key checked; a bad
     value raises `ConfigError` naming it).
@@ -292,41 +410,54 @@ class TierConfig:
       `compact_context` tool) must free; default as `mask_at_least`'s.
     """
 
-    tool_result_limit: int | None = DEFAULT_TOOL_RESULT_LIMIT
-    limit_given: bool = False
-    tool_result_limits: tuple[tuple[str, int | None], ...] = ()
-    tool_result_preview: int = DEFAULT_PREVIEW
-    mask_tool_results: bool = True
-    mask_trigger: float = DEFAULT_MASK_TRIGGER
-    mask_keep: int = DEFAULT_MASK_KEEP
-    mask_at_least: int | None = None
-    mask_exclude: frozenset[str] = frozenset()
-    thrash: tuple[int, int] = DEFAULT_THRASH
-    min_gain: int | None = None
+    tool_result_limit: int | None = attrs.field(default=DEFAULT_TOOL_RESULT_LIMIT, converter=_result_limit)
+    limit_given: bool = attrs.field(
+        default=attrs.Factory(lambda self: self.tool_result_limit != DEFAULT_TOOL_RESULT_LIMIT, takes_self=True)
+    )
+    tool_result_limits: tuple[tuple[str, int | None], ...] = attrs.field(default=(), converter=_limits)
+    tool_result_preview: int = attrs.field(default=DEFAULT_PREVIEW, converter=_preview)
+    mask_tool_results: bool = attrs.field(default=True, converter=_mask)
+    mask_trigger: float = attrs.field(default=DEFAULT_MASK_TRIGGER, converter=_mask_trigger)
+    mask_keep: int = attrs.field(default=DEFAULT_MASK_KEEP, converter=_mask_keep)
+    mask_at_least: int | None = attrs.field(default=None, converter=_mask_at_least)
+    mask_exclude: frozenset[str] = attrs.field(default=frozenset(), converter=_exclude)
+    thrash: tuple[int, int] = attrs.field(default=DEFAULT_THRASH, converter=_thrash)
+    min_gain: int | None = attrs.field(default=None, converter=_min_gain)
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> TierConfig:
-        given = "tool_result_limit" in config
-        mask = config.get("mask_tool_results", True)
-        if not isinstance(mask, bool):
-            raise ConfigError(f"{_key('mask_tool_results')} must be True or False, got {mask!r:.80}")
         return cls(
-            tool_result_limit=_optional_limit(
-                config.get("tool_result_limit", DEFAULT_TOOL_RESULT_LIMIT), "tool_result_limit"
-            ),
-            limit_given=given,
-            tool_result_limits=_limits(config.get("tool_result_limits", {})),
-            tool_result_preview=integer(
-                config.get("tool_result_preview", DEFAULT_PREVIEW), _key("tool_result_preview"), minimum=16
-            ),
-            mask_tool_results=mask,
-            mask_trigger=_share(config.get("mask_trigger", DEFAULT_MASK_TRIGGER), "mask_trigger"),
-            mask_keep=integer(config.get("mask_keep", DEFAULT_MASK_KEEP), _key("mask_keep"), minimum=0),
-            mask_at_least=_optional_limit(config.get("mask_at_least"), "mask_at_least"),
-            mask_exclude=_names(config.get("mask_exclude", ()), "mask_exclude"),
-            thrash=_pair(config.get("compact_thrash", DEFAULT_THRASH), "compact_thrash"),
-            min_gain=_optional_limit(config.get("compact_min_gain"), "compact_min_gain"),
+            tool_result_limit=config.get("tool_result_limit", DEFAULT_TOOL_RESULT_LIMIT),
+            limit_given="tool_result_limit" in config,
+            tool_result_limits=config.get("tool_result_limits", {}),
+            tool_result_preview=config.get("tool_result_preview", DEFAULT_PREVIEW),
+            mask_tool_results=config.get("mask_tool_results", True),
+            mask_trigger=config.get("mask_trigger", DEFAULT_MASK_TRIGGER),
+            mask_keep=config.get("mask_keep", DEFAULT_MASK_KEEP),
+            mask_at_least=config.get("mask_at_least"),
+            mask_exclude=config.get("mask_exclude", ()),
+            thrash=config.get("compact_thrash", DEFAULT_THRASH),
+            min_gain=config.get("compact_min_gain"),
         )
+
+    def as_config(self) -> dict[str, Any]:
+        """The `state.config` keys of these settings that differ from the defaults."""
+        out: dict[str, Any] = {}
+        if self.limit_given:
+            out["tool_result_limit"] = self.tool_result_limit
+        keys = {
+            "tool_result_limits": ({}, dict(self.tool_result_limits)),
+            "tool_result_preview": (DEFAULT_PREVIEW, self.tool_result_preview),
+            "mask_tool_results": (True, self.mask_tool_results),
+            "mask_trigger": (DEFAULT_MASK_TRIGGER, self.mask_trigger),
+            "mask_keep": (DEFAULT_MASK_KEEP, self.mask_keep),
+            "mask_at_least": (None, self.mask_at_least),
+            "mask_exclude": ([], sorted(self.mask_exclude)),
+            "compact_thrash": (DEFAULT_THRASH, self.thrash),
+            "compact_min_gain": (None, self.min_gain),
+        }
+        out.update((key, value) for key, (default, value) in keys.items() if value != default)
+        return out
 
     def limit_for(self, tool: str, trigger: int | None) -> int | None:
         """The cap for `tool`'s results in tokens (None: not capped)."""

@@ -1,22 +1,27 @@
 """The `Compactor`'s options: one frozen, validated attrs class, and the budgets they imply.
 
-Every option is checked when the class is built (a malformed value raises `ConfigError` naming
-the option and the value); `Compactor(...)` takes the same names as keywords.
+`CompactorOptions` is the one list of the compactor's options: every option is declared once,
+as a field here, and checked when the class is built (a malformed value raises `ConfigError`
+naming the option and the value). `Compactor(...)` takes the same keywords because its
+`__init__` is typed by `takes_options` as this class's (attrs-made) `__init__`: mypy checks a
+`Compactor(...)` call against these fields, so a misspelt or mistyped keyword is a type error.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import attrs
 
 from .._check import function, integer, optional_integer, optional_seconds, seconds, validator
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidPlugin
 from ..events import EventSink
 from ..message import Message
+from ..plugins import Plugin, sort_plugins
 from ..store import Store, open_store
 from ..tokens import TokenCounter, estimate_text_tokens
 from .attempts import Failover, ShouldRetry, default_should_retry
@@ -86,18 +91,26 @@ def _sequence(value: Iterable[Summarizer]) -> tuple[Summarizer, ...]:
         raise ConfigError(f"fallbacks must be a sequence of summarizers, got {value!r:.80}") from None
 
 
-def _optional_bool(value: object) -> bool | None:
+def _plugins(value: Iterable[Plugin]) -> tuple[Plugin, ...]:
+    if isinstance(value, (str, bytes, Plugin)) or not isinstance(value, Iterable):
+        raise InvalidPlugin(f"plugins must be a sequence of cmdc.Plugin, got {value!r:.80}")
+    return sort_plugins(value)
+
+
+def _optional_bool(value: bool | None) -> bool | None:
     return None if value is None else _bool(value)
 
 
-def _bool(value: object) -> bool:
+def _bool(value: bool) -> bool:
     return bool(value)
 
 
 @attrs.frozen(kw_only=True)
 class CompactorOptions:
-    """Everything a `Compactor` is configured with but its plugins, checked when built
-    (`attrs.evolve(options, ...)` checks the changed values again).
+    """Everything a `Compactor` is configured with, checked when built (`attrs.evolve(options,
+    ...)` checks the changed values again). Only `summarizer` may be given by position.
+
+    `plugins`: compaction plugins (`cmdc.Plugin`), kept in run order (`priority`, then as given).
 
     `summarizer`: a provider or an async callable `(messages, instruction) -> str`; None means
     the offline `ExtractiveSummarizer`. `retries`: extra attempts per summarizer, with
@@ -142,7 +155,10 @@ class CompactorOptions:
     summarizer is the agent's own provider; False: never.
     """
 
-    summarizer: Summarizer = attrs.field(default=None, converter=_default_summarizer, validator=_primary)
+    summarizer: Summarizer = attrs.field(
+        default=None, converter=_default_summarizer, validator=_primary, kw_only=False
+    )
+    plugins: tuple[Plugin, ...] = attrs.field(default=(), converter=_plugins)
     fallbacks: tuple[Summarizer, ...] = attrs.field(default=(), converter=_sequence, validator=_fallbacks)
     token_counter: TokenCounter | None = attrs.field(default=None, validator=_callable)
     retries: int = attrs.field(default=3, validator=_count(minimum=0))
@@ -178,6 +194,26 @@ class CompactorOptions:
     def pin_limit(self, config: CompactConfig, window: int | None = None) -> int:
         """How many tokens the pins may take (default a quarter of the trigger or window)."""
         return self.pin_budget if self.pin_budget is not None else share(config, 4, 20_000, window)
+
+
+P = ParamSpec("P")
+
+
+def takes_options(
+    options: Callable[P, CompactorOptions],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, P], None]]:
+    """Give an `__init__(self, *args, **keywords)` the parameters of `options` (the
+    `CompactorOptions` class) for type checkers, and its signature for `help()` and
+    `inspect`: the options are declared once, on `CompactorOptions`, and a call with an unknown
+    or mistyped keyword is a mypy error."""
+    params = list(inspect.signature(options).parameters.values())
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+    def wrap(init: Callable[..., None]) -> Callable[Concatenate[Any, P], None]:
+        init.__signature__ = inspect.Signature([self, *params], return_annotation=None)  # type: ignore[attr-defined]
+        return init
+
+    return wrap
 
 
 def ledger_shares(total: int, users: int, answer: int, ledger: Ledger) -> tuple[int, int]:

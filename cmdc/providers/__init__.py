@@ -2,7 +2,8 @@
 
 The HTTP providers (`OpenAIProvider`, `AnthropicProvider`) need the `http` extra
 (`pip install 'cmdc-agents[http]'`: httpx); they are imported on first use, so
-`import cmdc.providers` works without it.
+`import cmdc.providers` works without it. Their shared settings (`HTTPSettings`,
+`ReplyLimits`) are plain values and need no extra.
 """
 
 from __future__ import annotations
@@ -10,19 +11,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._version import install_hint
+from ._settings import HTTPSettings, ReplyLimits
 from .base import ModelRequest, Provider, ToolSchema
 from .extractive import ExtractiveSummarizer
 from .scripted import ScriptedProvider
 from .simulated import SimulatedModel
 
 if TYPE_CHECKING:
-    from ._http import ReplyLimits
     from .anthropic import AnthropicProvider
     from .openai import OpenAIProvider
 
 __all__ = [
     "AnthropicProvider",
     "ExtractiveSummarizer",
+    "HTTPSettings",
     "ModelRequest",
     "OpenAIProvider",
     "Provider",
@@ -32,7 +34,7 @@ __all__ = [
     "ToolSchema",
 ]
 
-_HTTP = {"OpenAIProvider": "openai", "AnthropicProvider": "anthropic", "ReplyLimits": "_http"}
+_HTTP = {"OpenAIProvider": "openai", "AnthropicProvider": "anthropic"}
 
 
 def __getattr__(name: str) -> Any:

@@ -41,7 +41,7 @@ import httpx
 import orjson
 import trio
 
-from .._check import flag, integer, is_number, optional_seconds, text
+from .._check import flag, is_number, text
 from .._frozen import past_bounds
 from ..errors import (
     ConfigError,
@@ -51,9 +51,9 @@ from ..errors import (
     ProviderError,
     ProviderTimeout,
     ReplyTooLarge,
-    TooManyToolCalls,
 )
 from ..message import ImagePart, Message, ToolCall
+from ._settings import HTTPKeywords, HTTPSettings, ReplyLimits
 from .base import (
     CONTEXT_EXCEEDED_KEY,
     INVALID_ARGUMENTS_KEY,
@@ -96,47 +96,8 @@ def retry_wait(exc: Exception, retry: int) -> float | None:
 
 USER_AGENT = "cmdc"
 
-DEFAULT_DEADLINE = 900.0
-"""Seconds one provider call (`complete`, with its retries and their waits) may take by default."""
 ERROR_BODY_BYTES = 64 * 1024
 """How much of an error response's body is read to classify it (the rest is not read)."""
-
-
-@attrs.frozen
-class ReplyLimits:
-    """Bounds on what a model endpoint may send back, per response. Past one, the reply is
-    refused with a typed `ProviderError` (and not retried):
-
-    - `max_reply_bytes`: the body (a JSON reply, or a whole SSE stream): `ReplyTooLarge`;
-    - `max_line_bytes`: one SSE line (a line that never ends): `ReplyTooLarge`;
-    - `max_tool_calls`: tool calls in one reply: `TooManyToolCalls`;
-    - `max_stream_seconds`: one response, from sending the request to its last byte (an endless
-      trickle of bytes never trips httpx's read timeout): `ProviderTimeout`; None: no bound.
-
-    Per tool call, not failing the reply: arguments with more than `max_argument_values` values
-    in all (object members and array items, through every level; 10,000) or nested deeper than
-    `max_argument_depth` (32) are not kept: the call is delivered with arguments `{}` and the
-    reason in metadata `cmdc.refused_tool_arguments`, and the agent answers the model with it.
-    """
-
-    max_reply_bytes: int = 16 * 1024 * 1024
-    max_line_bytes: int = 4 * 1024 * 1024
-    max_tool_calls: int = 256
-    max_stream_seconds: float | None = 600.0
-    max_argument_values: int = 10_000
-    max_argument_depth: int = 32
-
-    def __attrs_post_init__(self) -> None:
-        integer(self.max_reply_bytes, "ReplyLimits.max_reply_bytes")
-        integer(self.max_line_bytes, "ReplyLimits.max_line_bytes")
-        integer(self.max_tool_calls, "ReplyLimits.max_tool_calls")
-        optional_seconds(self.max_stream_seconds, "ReplyLimits.max_stream_seconds")
-        integer(self.max_argument_values, "ReplyLimits.max_argument_values", minimum=1)
-        integer(self.max_argument_depth, "ReplyLimits.max_argument_depth", minimum=1)
-
-    def check_tool_calls(self, n: int, name: str) -> None:
-        if n > self.max_tool_calls:
-            raise TooManyToolCalls(f"{name}: the reply has more than {self.max_tool_calls} tool calls (max_tool_calls)")
 
 
 _DEFAULT_LIMITS = ReplyLimits()
@@ -156,16 +117,6 @@ def setting(value: str | None, env: str, default: str | None = None) -> str | No
         return value
     from_env = os.environ.get(env)
     return from_env if from_env else default
-
-
-def check_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if headers is None:
-        return {}
-    if not isinstance(headers, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-    ):
-        raise ConfigError("headers must map strings to strings")  # values unshown: they may hold keys
-    return dict(headers)
 
 
 def require_key(
@@ -524,25 +475,19 @@ class HTTPProvider:
         self,
         *,
         model: str,
-        timeout: float | None,
-        max_retries: int,
         stream: bool,
-        headers: Mapping[str, str] | None,
         client: httpx.AsyncClient | None,
         name: str | None,
         kind: str,
-        limits: ReplyLimits | None = None,
-        deadline: float | None = DEFAULT_DEADLINE,
+        settings: HTTPSettings | None,
+        http: HTTPKeywords,
+        owner: str,
     ) -> None:
+        """`settings` (default `HTTPSettings()`), with `http` (the provider's keywords for its
+        fields) replacing fields; `owner` names the provider class in errors."""
         self.model = text(model, "model")
-        self.timeout = optional_seconds(timeout, "timeout")
-        if limits is not None and not isinstance(limits, ReplyLimits):
-            raise ConfigError(f"limits must be a ReplyLimits, got {limits!r:.80}")
-        self.limits = limits if limits is not None else ReplyLimits()
-        self.deadline = optional_seconds(deadline, "deadline")
-        self.max_retries = integer(max_retries, "max_retries", minimum=0)
+        self.settings = HTTPSettings.given(settings, http, owner)
         self.stream = flag(stream, "stream")
-        self.headers = check_headers(headers)
         if client is not None and not isinstance(client, httpx.AsyncClient):
             raise ConfigError(f"client must be an httpx.AsyncClient, got {type(client).__name__}")
         if name is not None:
@@ -550,6 +495,27 @@ class HTTPProvider:
         self.name: str = name or f"{kind}:{model}"
         self._client = client
         self._owns_client = client is None
+
+    # `settings`' fields, read-only (the provider's settings are one value, `self.settings`)
+    @property
+    def timeout(self) -> float | None:
+        return self.settings.timeout
+
+    @property
+    def max_retries(self) -> int:
+        return self.settings.max_retries
+
+    @property
+    def deadline(self) -> float | None:
+        return self.settings.deadline
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.settings.headers
+
+    @property
+    def limits(self) -> ReplyLimits:
+        return self.settings.limits
 
     # -- the client's lifetime -----------------------------------------------------------------
     def _http(self) -> httpx.AsyncClient:
@@ -578,10 +544,11 @@ class HTTPProvider:
     ) -> Message:
         """POST `body` with retries, all within `deadline`; on an `OutputBudgetOverflow` that
         leaves at least `MIN_REDUCED_OUTPUT` tokens, once more with `body[limit_key]` lowered to fit."""
-        with trio.move_on_after(math.inf if self.deadline is None else self.deadline) as scope:
+        deadline = self.settings.deadline
+        with trio.move_on_after(math.inf if deadline is None else deadline) as scope:
             return await self._post_within(url, headers, body, parse, limit_key)
         assert scope.cancelled_caught
-        raise ProviderTimeout(f"{self.name}: no reply within the deadline of {self.deadline} s")
+        raise ProviderTimeout(f"{self.name}: no reply within the deadline of {deadline} s")
 
     async def _post_within(
         self, url: str, headers: Mapping[str, str], body: Mapping[str, Any], parse: Parse, limit_key: str
@@ -605,11 +572,12 @@ class HTTPProvider:
                 return await self._once(url, headers, content, parse)
             except Exception as exc:
                 retry += 1
-                wait = retry_wait(exc, retry) if retry <= self.max_retries else None
+                retries = self.settings.max_retries
+                wait = retry_wait(exc, retry) if retry <= retries else None
                 if wait is None:
                     raise
                 _log.warning(
-                    "%s: %s; retry %d of %d in %.2f s", self.name, type(exc).__name__, retry, self.max_retries, wait
+                    "%s: %s; retry %d of %d in %.2f s", self.name, type(exc).__name__, retry, retries, wait
                 )
             await trio.sleep(wait)
 
@@ -619,7 +587,7 @@ class HTTPProvider:
         try:
             with trio.move_on_after(math.inf if seconds is None else seconds) as scope:
                 async with client.stream(
-                    "POST", url, content=content, headers=headers, timeout=httpx.Timeout(self.timeout)
+                    "POST", url, content=content, headers=headers, timeout=httpx.Timeout(self.settings.timeout)
                 ) as response:
                     if not 200 <= response.status_code < 300:
                         raw = await read_body(response, ERROR_BODY_BYTES, "", truncate=True)

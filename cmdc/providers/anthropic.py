@@ -27,7 +27,7 @@ stream without `message_stop` raises `IncompleteStream`; an `error` event is cla
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import attrs
 import httpx
@@ -37,9 +37,7 @@ from .._frozen import thaw
 from ..errors import IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ._http import (
-    DEFAULT_DEADLINE,
     HTTPProvider,
-    ReplyLimits,
     SSEEvent,
     count,
     endpoint,
@@ -54,6 +52,7 @@ from ._http import (
     setting,
     tool_call,
 )
+from ._settings import HTTPKeywords, HTTPSettings, ReplyLimits
 from .base import CONTEXT_EXCEEDED_KEY, ModelRequest
 from .overflow import classify
 
@@ -77,9 +76,9 @@ class AnthropicProvider(HTTPProvider):
     `cache_breakpoints` (default True) marks the prompt for Anthropic's prompt cache:
     `cache_control: {"type": "ephemeral"}` on the system prompt (else on the last tool), on the
     newest summary message and on the last message (the rolling tail): at most 3 of the 4
-    breakpoints Anthropic allows; False sends no `cache_control`. `timeout`,
-    `max_retries`, `stream`, `headers`, `client`, `name`, `limits` and `deadline` as for
-    `OpenAIProvider`.
+    breakpoints Anthropic allows; False sends no `cache_control`. `settings` (`HTTPSettings`)
+    and its fields as keywords (`timeout`, `max_retries`, `deadline`, `headers`, `limits`),
+    `stream`, `client` and `name` as for `OpenAIProvider`.
     """
 
     def __init__(
@@ -89,28 +88,23 @@ class AnthropicProvider(HTTPProvider):
         base_url: str | None = None,
         api_key: str | None = None,
         max_output_tokens: int = 4096,
-        timeout: float | None = 60.0,
-        max_retries: int = 4,
         stream: bool = False,
-        headers: Mapping[str, str] | None = None,
         client: httpx.AsyncClient | None = None,
         name: str | None = None,
         anthropic_version: str = "2023-06-01",
-        limits: ReplyLimits | None = None,
-        deadline: float | None = DEFAULT_DEADLINE,
         cache_breakpoints: bool = True,
+        settings: HTTPSettings | None = None,
+        **http: Unpack[HTTPKeywords],
     ) -> None:
         super().__init__(
             model=model,
-            timeout=timeout,
-            max_retries=max_retries,
             stream=stream,
-            headers=headers,
             client=client,
             name=name,
             kind="anthropic",
-            limits=limits,
-            deadline=deadline,
+            settings=settings,
+            http=http,
+            owner="AnthropicProvider",
         )
         self.base_url: str = setting(base_url, "ANTHROPIC_BASE_URL", DEFAULT_BASE_URL) or DEFAULT_BASE_URL
         self.api_key = setting(api_key, "ANTHROPIC_API_KEY")

@@ -36,7 +36,7 @@ working. A stream that ends without `[DONE]` or a finish reason raises `Incomple
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import attrs
 import httpx
@@ -47,9 +47,7 @@ from .._frozen import thaw
 from ..errors import ConfigError, IncompleteStream, ProviderError
 from ..message import ImagePart, Message, TextPart, TokenUsage, ToolCall
 from ._http import (
-    DEFAULT_DEADLINE,
     HTTPProvider,
-    ReplyLimits,
     SSEEvent,
     count,
     endpoint,
@@ -65,6 +63,7 @@ from ._http import (
     setting,
     tool_call,
 )
+from ._settings import HTTPKeywords, HTTPSettings, ReplyLimits
 from .base import ModelRequest
 from .overflow import classify, error_details
 
@@ -77,15 +76,13 @@ class OpenAIProvider(HTTPProvider):
     `base_url` defaults to `OPENAI_BASE_URL`, then `https://api.openai.com/v1`; `api_key` to
     `OPENAI_API_KEY` (sent as `Authorization: Bearer ...`; with no key no header is sent, as
     local servers expect, but for `https://api.openai.com/v1` itself no key is a `ConfigError`
-    at construction). `headers` are added to every request (Azure: `{"api-key": ...}`).
-    `timeout` is httpx's per-request timeout; `max_retries` the retries after the first attempt
-    (408, 409, 429, 5xx, 529 and connection failures; never an overflow, auth, quota or bad
-    request). `stream` uses SSE. `max_output_tokens` is the default output limit (a request's own
-    limit wins). `client`: an `httpx.AsyncClient` to use (yours to close); without one the
-    provider makes its own: close it with `aclose()` or `async with provider:`. `limits`
-    (`ReplyLimits`) bound what the endpoint may send back: body and line bytes, tool calls, one
-    response's duration. `deadline`: seconds one `complete()` call may take, retries and their
-    waits included (default 900; None: only the caller's cancel scopes bound it).
+    at construction). `settings` (`HTTPSettings`, shared with `AnthropicProvider`): the
+    per-request `timeout`, `max_retries`, the call's `deadline`, `headers` added to every request
+    (Azure: `{"api-key": ...}`) and `limits` (`ReplyLimits`) on what the endpoint may send back;
+    each of its fields is also a keyword (`timeout=10.0`), which replaces that field of
+    `settings`. `stream` uses SSE. `max_output_tokens` is the default output limit (a request's
+    own limit wins). `client`: an `httpx.AsyncClient` to use (yours to close); without one the
+    provider makes its own: close it with `aclose()` or `async with provider:`.
     """
 
     def __init__(
@@ -94,28 +91,23 @@ class OpenAIProvider(HTTPProvider):
         *,
         base_url: str | None = None,
         api_key: str | None = None,
-        timeout: float | None = 60.0,
-        max_retries: int = 4,
         stream: bool = False,
         max_output_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
         client: httpx.AsyncClient | None = None,
         name: str | None = None,
-        limits: ReplyLimits | None = None,
-        deadline: float | None = DEFAULT_DEADLINE,
+        settings: HTTPSettings | None = None,
+        **http: Unpack[HTTPKeywords],
     ) -> None:
         super().__init__(
             model=model,
-            timeout=timeout,
-            max_retries=max_retries,
             stream=stream,
-            headers=headers,
             client=client,
             name=name,
             kind="openai",
-            limits=limits,
-            deadline=deadline,
+            settings=settings,
+            http=http,
+            owner="OpenAIProvider",
         )
         self.base_url: str = setting(base_url, "OPENAI_BASE_URL", DEFAULT_BASE_URL) or DEFAULT_BASE_URL
         self.api_key = setting(api_key, "OPENAI_API_KEY")

@@ -553,7 +553,7 @@ class Agent(ToolCalls):
         """The state is committed: so are the journal attempts of its compactions (a no-op when
         they are already). A failure is reported; a restart, or the next compaction (its batch
         holds this summary), commits them again."""
-        if self.compactor.commit_journal:
+        if self.compactor.options.commit_journal:
             return
         try:
             with trio.CancelScope(shield=True):
@@ -736,7 +736,7 @@ class Agent(ToolCalls):
             return
         budget = self.compactor.budgets(config, self.known_window)[0]
         task = None
-        if self.compactor.pin_task:
+        if self.compactor.options.pin_task:
             task = next((x.id for x in state.messages if x.role == "user" and not x.is_summary), None)
         culprit, advice, figures = diagnose(state, config, self.compactor.count, budget, task)
         count = max(len(self.compacted_at), self.futile)

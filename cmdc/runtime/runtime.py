@@ -25,7 +25,7 @@ from ..message import Message
 from ..plugins import Plugin
 from ..providers.base import Provider
 from ..recall import MIN_BUDGET, recall_tool
-from ..state import State, validate_agent_id
+from ..state import ConfigSource, State, config_keys, validate_agent_id
 from ..store import Checkpoints, FileCheckpoints, Leases, Store, open_store
 from ..tools import Tool, ToolSet, ToolSource
 from ..tracing import Tracer
@@ -153,7 +153,7 @@ class Runtime(VirtualAgents, NameLeases, Delegation):
         instructions: str | None = None,
         tools: Iterable[Tool | ToolSource | ToolSet] = (),
         plugins: Iterable[Plugin] = (),
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | ConfigSource | None = None,
         summarizer: Summarizer | None = None,
         resume: bool | Literal["require"] = False,
         delegation: Grant = False,
@@ -168,6 +168,7 @@ class Runtime(VirtualAgents, NameLeases, Delegation):
         `instructions`: the system prompt, the conversation's first message (pinned: never
         compacted away). A system message sent once the conversation has begun is refused
         (`InvalidMessage`).
+        `config`: `state.config` keys, or a `CompactConfig` (taken as its keys).
         `summarizer` None: the agent's own provider summarizes. `resume` (needs
         `open_runtime(checkpoint_dir=...)`): `True` starts from the checkpoint of an agent of
         this name when there is one and fresh when there is none; `"require"` raises
@@ -188,6 +189,7 @@ class Runtime(VirtualAgents, NameLeases, Delegation):
             raise AgentStopped("the runtime is closed")
         validate_agent_id(name)
         options = agent_options(options, option_values)
+        config = config_keys(config)  # a CompactConfig as its keys
         if not hasattr(provider, "complete"):
             raise ConfigError(f"provider must have an async complete(request) method, got {provider!r:.80}")
         if name in self._slots:
@@ -410,7 +412,7 @@ class Runtime(VirtualAgents, NameLeases, Delegation):
                 me.provider,
                 tools=[*(t for t in me.own_tools.values() if t.name not in ("delegate", "recall")), *me.toolsets],
                 config=me.state.config,
-                summarizer=me.compactor.summarizer,
+                summarizer=me.compactor.options.summarizer,
                 options=attrs.evolve(me.options, restart="temporary"),
                 delegation=True,  # children of its own, and no named agent
                 accepts=(parent,),  # its parent's tasks only

@@ -374,8 +374,8 @@ PUBLIC: dict[str, list[str]] = {
         "RequestContext", "ResponseContext", "Skip", "ToolContext", "check_result", "fold", "sort_plugins",
     ],
     "cmdc.providers": [
-        "AnthropicProvider", "ExtractiveSummarizer", "ModelRequest", "OpenAIProvider", "Provider", "ReplyLimits",
-        "ScriptedProvider", "SimulatedModel", "ToolSchema",
+        "AnthropicProvider", "ExtractiveSummarizer", "HTTPSettings", "ModelRequest", "OpenAIProvider", "Provider",
+        "ReplyLimits", "ScriptedProvider", "SimulatedModel", "ToolSchema",
     ],
     "cmdc.ray": [
         "ClusterAgentRef", "ClusterRuntime", "ClusterSubscription", "Node", "open_cluster",
@@ -384,7 +384,7 @@ PUBLIC: dict[str, list[str]] = {
         "DESCRIPTION", "recall_tool", "render_records",
     ],
     "cmdc.state": [
-        "State", "validate_agent_id",
+        "ConfigSource", "State", "config_keys", "validate_agent_id",
     ],
     "cmdc.testing": [
         "EventSource", "RecordingSummarizer", "ScriptedProvider", "SimulatedModel", "SummarizerCall", "conversation",

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import attrs
 import pytest
 
-from cmdc import Compactor, ConfigError, Message, State
+from cmdc import Compactor, ConfigError, Message, Plugin, State
 from cmdc.compaction import CompactorOptions
 from cmdc.compaction.attempts import default_should_retry
 from cmdc.compaction.finalize import default_finalize
+from cmdc.errors import InvalidPlugin
 from cmdc.providers import ExtractiveSummarizer
 
 
@@ -90,3 +92,56 @@ async def test_compactor_from_options(tmp_path: object) -> None:
         Compactor(options=attrs.asdict(options))  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         Compactor(instant, options=options)
+
+
+class Early(Plugin):
+    priority = 10
+
+
+class Late(Plugin):
+    priority = 90
+
+
+def test_the_keywords_are_the_options_fields_once() -> None:
+    # Compactor's parameters are CompactorOptions' (help() and inspect show them), nothing more
+    fields = [f.name for f in attrs.fields(CompactorOptions)]
+    assert list(inspect.signature(Compactor).parameters) == fields
+    assert list(inspect.signature(CompactorOptions).parameters) == fields
+    assert "retries" not in vars(Compactor)  # no descriptor or forwarding copy
+
+
+def test_plugins_are_an_option_kept_in_run_order() -> None:
+    late, early = Late(), Early()
+    c = Compactor(instant, plugins=[late, early])
+    assert c.plugins == c.options.plugins == (early, late)
+    last = Late()
+    c.add_plugin(last)
+    assert c.plugins == (early, late, last)
+    for bad in (5, "plugins", Late(), [object()], [Late, early]):
+        with pytest.raises(InvalidPlugin):
+            Compactor(plugins=bad)  # type: ignore[arg-type]
+
+
+def test_from_options_keeps_the_value_and_refuses_anything_else() -> None:
+    options = CompactorOptions(summarizer=instant, plugins=[Late()])
+    c = Compactor.from_options(options)
+    assert c.options is options and c.summarizer is instant  # type: ignore[attr-defined]
+    for bad in (None, {"retries": 1}, Compactor()):
+        with pytest.raises(ConfigError, match="CompactorOptions"):
+            Compactor.from_options(bad)  # type: ignore[arg-type]
+    with_plugins = Compactor(options=options, plugins=[Early()])  # type: ignore[call-arg]  # the older spelling
+    assert [type(p) for p in with_plugins.plugins] == [Early]
+
+
+def test_the_older_attribute_spelling_reads_and_checks_only_options() -> None:
+    c = Compactor(instant)
+    assert c.pin_task is True and c.commit_journal is True  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="retrys"):
+        c.retrys  # type: ignore[attr-defined]  # noqa: B018
+    c.plugins = [Late()]  # type: ignore[misc]  # an option: checked, then the options replaced
+    assert [type(p) for p in c.options.plugins] == [Late]
+    with pytest.raises(InvalidPlugin):
+        c.plugins = [3]  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="summarizer_timeout"):
+        c.summarizer_timeout = -1
+    assert c.options.summarizer_timeout == 300.0

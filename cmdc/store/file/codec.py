@@ -61,17 +61,20 @@ def _record_lines(
         crcs.extend(more)
         return one + two[1:], crcs, max(longest, longer)
     cached: list[Any] = list(map(_CACHED_CRC, messages))  # cached when the message entered its State
+    data: list[bytes] = list(map(_CACHED_JSON, messages))  # cached with the checksum
     try:
         crcs = array("I", cached)
-    except TypeError:  # a message never encoded: encode it now (its JSON is cached with its checksum)
-        cached = [m.json_crc() for m in messages]
+        if None in data:
+            raise TypeError
+    except TypeError:  # messages never encoded (or with no checksum): encoded now, nothing kept on them
+        data = list(map(_ENCODE, messages))  # (a C loop over the method: no Python step of ours per record)
+        cached = list(map(zlib.crc32, data))
         crcs = array("I", cached)
     n = len(messages)
     if n < _TABLES_FROM:  # a few records: a call or two each costs less than the tables' fixed cost
-        return _few_record_lines(first_seq, compaction, ts, messages, attempt, journal, cached, crcs)
+        return _few_record_lines(first_seq, compaction, ts, attempt, journal, data, cached, crcs)
     before = b',"compaction":%d,"ts":%s,"seq":' % (compaction, orjson.dumps(ts))
     after = b',"attempt":"%s","journal":"%s"' % (attempt.encode(), journal.encode())
-    data: list[bytes] = list(map(_CACHED_JSON, messages))  # cached with the checksum
     pieces: list[bytes] = [_HEAD] * (_LINE_PIECES * n + 1)
     pieces[1::_LINE_PIECES] = data
     summed = len(before) + width + len(after)  # the checksummed bytes after the message's JSON
@@ -92,16 +95,16 @@ def _few_record_lines(
     first_seq: int,
     compaction: int,
     ts: float,
-    messages: Sequence[Message],
     attempt: str,
     journal: str,
+    data: list[bytes],
     cached: list[int],
     crcs: array[int],
 ) -> tuple[list[bytes], array[int], int]:
-    """`_record_lines` of a few records (`cached`, `crcs`: their messages' checksums), in five
+    """`_record_lines` of a few records (`data`: their messages' JSON; `cached`, `crcs`: its checksums), in five
     pieces a line (the JSON, the tail, the checksum's key, its digits, the line's end with the
     next head), one formatting and one CRC call per record: the same bytes."""
-    n = len(messages)
+    n = len(data)
     const = b',"compaction":%d,"ts":%s,"seq":%%d,"attempt":"%s","journal":"%s"' % (
         compaction,
         orjson.dumps(ts),
@@ -113,7 +116,6 @@ def _few_record_lines(
     if sys.byteorder == "little":
         sums.byteswap()  # big-endian bytes: their hex is the checksum's digits
     digits = struct.unpack("8s" * n, sums.tobytes().hex().encode())
-    data: list[bytes] = list(map(_CACHED_JSON, messages))
     pieces = [_CRC_KEY] * (5 * n + 1)
     pieces[0] = _HEAD
     pieces[1::5] = data
@@ -208,6 +210,7 @@ def _cutter(fields: str, n: int) -> struct.Struct:
 _CACHED_CRC = attrgetter("_json_crc")
 _TABLES_FROM = 128  # records from which `_record_lines` fills a template (below: `_few_record_lines`)
 _CACHED_JSON = attrgetter("_json")
+_ENCODE = Message.encode_json
 
 
 def _write_records(
@@ -221,16 +224,12 @@ def _write_records(
     pieces: list[bytes] = []
     written = 0
     for start in range(0, len(messages), _LINES_AT_ONCE):
-        part = messages[start : start + _LINES_AT_ONCE]
-        fresh = [m for m in part if m._json is None]  # encoded here: their JSON is let go once written
+        part = messages[start : start + _LINES_AT_ONCE]  # (a message not encoded yet is encoded here, not kept)
         pieces, checksums, longest = _record_lines(first_seq + start, compaction, ts, part, attempt, journal)
         crcs.extend(checksums)
         for chunk in joined(pieces, _JOIN, longest):
             write_all(fd, chunk)
             written += len(chunk)
-        for m in fresh:  # as it came: encoded again (with its checksum) if ever asked for
-            object.__setattr__(m, "_json", None)
-            object.__setattr__(m, "_json_crc", None)
     start = len(pieces) - 1  # the last line's pieces: those after the last one ending with a head
     while start > 0 and not pieces[start - 1].endswith(_HEAD):
         start -= 1
