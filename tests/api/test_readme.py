@@ -199,14 +199,15 @@ def test_traces_example_prints_the_span_tree(tmp_path: Path) -> None:
 
 def test_configuration_page_names_every_option() -> None:
     """configuration.md's tables name every field of the option classes and every config key."""
-    from cmdc.agent import AgentOptions
+    from cmdc import AgentOptions
     from cmdc.compaction import CompactorOptions
     from cmdc.compaction.config import KNOWN_KEYS
+    from cmdc.providers import HTTPSettings
 
     text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     rows = [ln for ln in text.splitlines() if ln.startswith("| `")]
     named = {name for ln in rows for name in re.findall(r"`(\w+)`", ln.split("|")[1])}
-    fields = {f.name for cls in (CompactorOptions, AgentOptions) for f in attrs.fields(cls)}
+    fields = {f.name for cls in (CompactorOptions, AgentOptions, HTTPSettings) for f in attrs.fields(cls)}
     assert fields | KNOWN_KEYS <= named, sorted((fields | KNOWN_KEYS) - named)
 
 
