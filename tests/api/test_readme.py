@@ -8,7 +8,7 @@ directory. Conventions (docs/contributing.md):
 - a block that needs a network endpoint or a server it cannot start has the comment
   `<!-- not run: WHY -->` on the line before it: it is only compiled, and WHY must say what it
   needs, so a new block cannot slip through unrun. The design page's contract listing is not a
-  program either: `tests/test_exports.py` checks its names and call forms.
+  program either: `tests/api/test_exports.py` checks its names and call forms.
 """
 
 from __future__ import annotations
