@@ -237,7 +237,8 @@ def test_files_and_modules_the_pages_name_exist() -> None:
     missing = []
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
-        for path in re.findall(r"\b((?:tests|benchmarks|scripts|cmdc)/[\w./-]+\.(?:py|sh|jinja))", text):
+        # a path that opens a code span (`tests/x.py`, `tests/x.py::test_y`), not one inside a query
+        for path in re.findall(r"`((?:tests|benchmarks|scripts|cmdc)/[\w./-]+\.(?:py|sh|jinja))", text):
             if not (ROOT / path).is_file():
                 missing.append((page.name, path))
         for module in re.findall(r"python -m ((?:benchmarks|tests)(?:\.\w+)*)", text):
