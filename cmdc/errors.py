@@ -63,7 +63,7 @@ names its other bases, builtin ones included, so `except ValueError` still catch
 
 `HTTPProviderError.retryable` says which HTTP failures the providers retry. `IndexUnavailable`
 is raised and caught inside the stores (readers fall back to a scan); it is exported so that
-the hierarchy is whole. `tests/test_errors.py` checks this drawing against the classes.
+the hierarchy is whole. `tests/api/test_errors.py` checks this drawing against the classes.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where to cut: a pure function from messages and a keep rule to pinned / evicted / kept.
 
-Rules (DESIGN.md, "Compaction, step by step", step 2):
+Rules (docs/design.md, "Compaction, step by step", step 2):
 
 - leading system messages are pinned, never evicted;
 - the keep rule picks the suffix to keep (at least the last message);

@@ -1,4 +1,4 @@
-"""An oracle for the cutoff, written from the rules in DESIGN.md ("Compaction, step by step",
+"""An oracle for the cutoff, written from the rules in docs/design.md ("Compaction, step by step",
 step 2), not from cmdc's code: each rule is stated as a check over the whole conversation and
 the cut is found by trying every position. Slow (cubic at worst) and obviously right, so a
 test can hold cmdc's indexed cutoff to it.

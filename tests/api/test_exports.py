@@ -1,4 +1,4 @@
-"""The public API contract (DESIGN.md, "Public API contract"): every name there is importable
+"""The public API contract (docs/design.md, "Public API contract"): every name there is importable
 from where the contract says, with the shape it promises. Names are added, never renamed: a
 failure here means a user's import broke. Every public module's `__all__` is pinned below, so
 a name enters or leaves the public surface on purpose only (edit the pinned list with it)."""
@@ -126,7 +126,7 @@ def params(f: object) -> set[str]:
 
 
 def test_the_promised_signatures() -> None:
-    """The call forms DESIGN.md writes out, by parameter name (a rename breaks a keyword call)."""
+    """The call forms docs/design.md writes out, by parameter name (a rename breaks a keyword call)."""
     assert {"text", "tool_calls", "usage"} <= params(cmdc.Message.assistant)
     assert {"call_id", "content", "is_error"} <= params(cmdc.Message.tool_result)
     assert inspect.signature(cmdc.Message.tool_result).parameters["is_error"].default is False
@@ -153,7 +153,7 @@ def test_the_promised_signatures() -> None:
 
 
 def test_the_plugin_hooks() -> None:
-    """Every hook DESIGN.md names is a coroutine on `Plugin` taking its context; `priority` orders."""
+    """Every hook docs/design.md names is a coroutine on `Plugin` taking its context; `priority` orders."""
     hooks = {
         "on_start": cmdc.OnStart,
         "before_request": cmdc.BeforeRequest,

@@ -52,7 +52,7 @@ def test_the_extractive_summarizer_is_the_same_object_everywhere() -> None:
     assert cmdc.compaction.summary.render_transcript is cmdc.providers.transcript.render_transcript
 
 
-# DESIGN.md's layers. A new module gets its layer here (the test below names any that has none).
+# docs/design.md's layers. A new module gets its layer here (the test below names any that has none).
 LAYERS = {
     0: "message state errors tokens events _groups _report _synthetic _check _clip _frozen _trio _version _redact"
     " _mcp_reaper",
@@ -68,7 +68,7 @@ LAYER = {name: layer for layer, names in LAYERS.items() for name in names.split(
 def layer_of(path: Path) -> int:
     """The layer of a module: a package's modules share the package's (`compaction/*`: 1)."""
     first = path.relative_to(ROOT).with_suffix("").parts[0]
-    assert first in LAYER, f"cmdc/{path.relative_to(ROOT)} has no layer: add it to LAYERS (see DESIGN.md)"
+    assert first in LAYER, f"cmdc/{path.relative_to(ROOT)} has no layer: add it to LAYERS (see docs/design.md)"
     return LAYER[first]
 
 
@@ -151,7 +151,7 @@ KNOWN_REACH: set[str] = set()  # none left: the process-wide store cache went wi
 
 @pytest.mark.parametrize("path", sorted(ROOT.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_import_of_another_packages_private_names(path: Path) -> None:
-    """DESIGN.md: no module imports another package's underscored names; sibling modules of one
+    """docs/design.md: no module imports another package's underscored names; sibling modules of one
     package may share theirs (to share one wider, make it a public name of the package's
     internal module, or a method)."""
     assert not [r for r in private_reach(path) if r not in KNOWN_REACH]
@@ -227,7 +227,7 @@ STORE_FILES = sorted((ROOT / "store").rglob("*.py"))
 
 @pytest.mark.parametrize("path", STORE_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_store_package_imports_no_other_packages_private_names(path: Path) -> None:
-    """DESIGN.md: no module imports another package's underscored names. The store package
+    """docs/design.md: no module imports another package's underscored names. The store package
     keeps it: the file store, the PostgreSQL store and the shared modules reach each other only
     through public names (`cmdc/_check.py`-style private top-level helpers are modules, not names)."""
     assert not underscored_imports(path)

@@ -234,8 +234,8 @@ async def test_a_whole_run_emits_every_kind_in_its_one_shape(tmp_path: Path) -> 
     assert {events.TURN_START, events.TOOL_END, events.COMPACTION_END, events.OVERFLOW, events.RETRY} <= set(seen)
 
 
-def test_the_readme_documents_every_kind_and_its_fields() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_document_every_kind_and_its_fields() -> None:
+    readme = (ROOT / "docs" / "events.md").read_text()
     for kind, keys in FIELDS.items():
         row = next((line for line in readme.splitlines() if line.startswith(f"| `{kind}` |")), None)
         assert row is not None, kind

@@ -142,7 +142,7 @@ def test_split_matches_the_oracle_written_from_the_rules(
 
 
 def test_the_oracle_on_the_rules_by_hand() -> None:
-    # the oracle itself, on cases worked out from DESIGN.md alone
+    # the oracle itself, on cases worked out from docs/design.md alone
     system, u1, call, r_a, u2, r_b, u3 = (
         Message.system("s"),
         Message.user("u1"),

@@ -1,4 +1,4 @@
-"""The stable prefix (DESIGN: "Cache-friendly"): over a long simulated agent session through a
+"""The stable prefix (docs/design.md: "Cache-friendly"): over a long simulated agent session through a
 real HTTP provider, every request's serialised messages are a byte-identical prefix of the next
 request's, except across a compaction or a mask batch; each of those is counted and frees at
 least the minimum gain; a warm-cache summarizer request extends the last agent request."""
