@@ -5,6 +5,7 @@ a name enters or leaves the public surface on purpose only (edit the pinned list
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import subprocess
@@ -465,3 +466,20 @@ def test_the_private_modules_stay_private() -> None:
     assert callable(testing.conversation) and callable(cmdc.compact_context_tool)
     assert cmdc.CompactionReport is importlib.import_module("cmdc.compaction").CompactionReport
     assert issubclass(cmdc.RehydrateReads, cmdc.Plugin)
+
+
+def test_the_public_api_tests_import_no_private_names() -> None:
+    """The tests of the public surface (this directory) use cmdc as a user does: no underscored
+    module or name of cmdc is imported (tests of internals live beside their package's tests)."""
+    found = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "cmdc":
+                names = [*node.module.split("."), *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [part for a in node.names if a.name.split(".")[0] == "cmdc" for part in a.name.split(".")]
+            else:
+                continue
+            if any(n.startswith("_") and not n.startswith("__") for n in names):
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found
