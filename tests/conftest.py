@@ -20,6 +20,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 # Tests by package (tests/store, tests/runtime, ...) share the helpers in tests/_support; a test
@@ -31,6 +32,20 @@ if _SUPPORT not in sys.path:
 settings.register_profile("cmdc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", settings.get_profile("cmdc"), max_examples=1_000)
 settings.load_profile(os.environ.get("CMDC_HYPOTHESIS_PROFILE", "cmdc"))
+
+
+
+@pytest.fixture(autouse=True)
+def structlog_as_found() -> Iterator[None]:
+    """Every test leaves structlog as it found it. `structlog.testing.capture_logs` and
+    `structlog.configure` leave it configured, and a configured structlog takes cmdc's events
+    (printed to stdout by its default logger) from the stdlib logger `cmdc` that `caplog` reads."""
+    was_configured, config = structlog.is_configured(), structlog.get_config()
+    yield
+    structlog.reset_defaults()
+    if was_configured:
+        structlog.configure(**config)
+
 
 HOW = (
     'PostgreSQL tests need a server: run `eval "$(scripts/pg_test.sh start)"`, rerun pytest, '
