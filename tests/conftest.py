@@ -34,7 +34,6 @@ settings.register_profile("thorough", settings.get_profile("cmdc"), max_examples
 settings.load_profile(os.environ.get("CMDC_HYPOTHESIS_PROFILE", "cmdc"))
 
 
-
 @pytest.fixture(autouse=True)
 def structlog_as_found() -> Iterator[None]:
     """Every test leaves structlog as it found it. `structlog.testing.capture_logs` and
