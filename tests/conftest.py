@@ -19,11 +19,25 @@ import urllib.parse
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("cmdc", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", settings.get_profile("cmdc"), max_examples=1_000)
 settings.load_profile(os.environ.get("CMDC_HYPOTHESIS_PROFILE", "cmdc"))
+
+
+@pytest.fixture(autouse=True)
+def structlog_as_found() -> Iterator[None]:
+    """Every test leaves structlog as it found it. `structlog.testing.capture_logs` and
+    `structlog.configure` leave it configured, and a configured structlog takes cmdc's events
+    (printed to stdout by its default logger) from the stdlib logger `cmdc` that `caplog` reads."""
+    was_configured, config = structlog.is_configured(), structlog.get_config()
+    yield
+    structlog.reset_defaults()
+    if was_configured:
+        structlog.configure(**config)
+
 
 HOW = (
     'PostgreSQL tests need a server: run `eval "$(scripts/pg_test.sh start)"`, rerun pytest, '

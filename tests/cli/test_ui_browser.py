@@ -98,7 +98,9 @@ def shoot(driver: Any, tmp_path: Path, name: str) -> Path:
 
 @contextlib.contextmanager
 def demo(tmp_path: Path) -> Iterator[str]:
-    """`cmdc demo --ui` in a subprocess; yields its page's URL; Ctrl-C ends it."""
+    """`cmdc demo --ui` in a subprocess; yields its page's URL; Ctrl-C ends it. Its agents have
+    more turns than a test lasts: the page must see turns start after it is opened (a turn's span
+    tree), which a demo whose turns ended first (40 of them, on a loaded machine) never shows."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -110,7 +112,7 @@ def demo(tmp_path: Path) -> Iterator[str]:
             "--agents",
             "3",
             "--turns",
-            "40",
+            "1000",
             "--latency",
             "0.15",
             "--offload-dir",

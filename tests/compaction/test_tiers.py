@@ -45,6 +45,7 @@ from cmdc.message import KIND_KEY
 from cmdc.offload import AppendResult
 from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.recall import recall_tool
+from cmdc.store.file.checkpoints import CheckpointStore
 from cmdc.testing import RecordingSummarizer, drain
 from cmdc.tokens import estimate_message_tokens
 
@@ -224,8 +225,7 @@ async def test_a_kill_between_the_journal_write_and_the_context_change_loses_not
     assert [r.message.text for r in records if r.message.role == "tool"] == [text]
     # the checkpoint never saw the step: the turn is lost, the result is not
     assert not any(
-        m.role == "tool"
-        for m in (await cmdc.checkpoint.CheckpointStore(tmp_path / "ck").load("k") or State(agent_id="k")).messages
+        m.role == "tool" for m in (await CheckpointStore(tmp_path / "ck").load("k") or State(agent_id="k")).messages
     )
 
 

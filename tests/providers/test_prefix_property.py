@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import cmdc
@@ -109,8 +109,13 @@ def system_text(body: dict[str, Any]) -> str:
 
 
 def last_text(body: dict[str, Any]) -> str:
+    """The text of the last message's last block: Anthropic merges consecutive user messages, so
+    a warm summarizer request made before a turn's first model call has the instruction as the
+    last block of the user's prompt (`[prompt, instruction]`), not as a message of its own."""
     content = body["messages"][-1]["content"]
-    return content if isinstance(content, str) else "".join(b.get("text", "") for b in content)
+    if isinstance(content, str):
+        return content
+    return str(content[-1].get("text", "")) if content else ""
 
 
 def summarizing(body: dict[str, Any]) -> bool:
@@ -205,8 +210,14 @@ def test_requests_extend_each_other_between_changes_openai(tmp_path_factory: Any
     check("openai", server, events)
 
 
+# a compaction before a turn's first model call: the warm request's instruction is merged into the prompt's turn
+BEFORE_A_TURN = [[1, 1], [1, 1, 1], [1, 1, 1], [], [1, 1, 1], *[[]] * 12, [1, 1, 1], [1, 1], [1, 1, 1], [1], [1]]
+BEFORE_A_TURN += [[9, 18], [1, 1, 20], [], [52], [], [], [56], []]
+
+
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=turns)
+@example(plan=BEFORE_A_TURN)
 def test_requests_extend_each_other_between_changes_anthropic(tmp_path_factory: Any, plan: list[list[int]]) -> None:
     server, events = trio.run(session, tmp_path_factory.mktemp("p"), "anthropic", plan)
     check("anthropic", server, events)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import pydoc
 import re
-import tracemalloc
+import subprocess
+import sys
 from pathlib import Path
 
 import orjson
@@ -165,31 +167,63 @@ async def test_a_declared_window_without_a_trigger_compacts_before_the_window(tm
 # -- item 7: `cmdc compact` on a large file: memory ---------------------------------------------
 
 
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def measured_alone(script: str, *args: str) -> list[int]:
+    """The numbers `script` prints, run in a process of its own: tracemalloc counts every
+    thread's allocations, and earlier tests leave threads working in the background (each
+    store's journal indexer, `cmdc-index`, indexes a while after the store's last append)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [int(n) for n in done.stdout.split()]
+
+
+JSON_KEPT = """
+import tracemalloc
+from cmdc import Message
+
+messages = [Message.tool_result(f"c{i}", "word " * 200) for i in range(500)]
+tracemalloc.start()
+before = tracemalloc.get_traced_memory()[0]
+encoded = [m.to_json() for m in messages]
+kept = tracemalloc.get_traced_memory()[0] - before
+tracemalloc.stop()
+print(kept, sum(len(e) for e in encoded))
+"""
+
+
 def test_a_cached_message_json_takes_its_own_size() -> None:
     """orjson's result keeps the buffer it wrote into (4 KB and up, ~8x a 1 KB message): the
     JSON a message keeps is copied to its own size."""
-    messages = [Message.tool_result(f"c{i}", "word " * 200) for i in range(500)]
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        encoded = [m.to_json() for m in messages]
-        kept = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    size = sum(len(e) for e in encoded)
+    kept, size = measured_alone(JSON_KEPT)
     assert kept < 1.5 * size  # before: about 8x
+
+
+READ_CHAT_PEAK = """
+import sys, tracemalloc
+from pathlib import Path
+from cmdc._chatfile import read_chat
+
+tracemalloc.start()
+chat = read_chat(Path(sys.argv[1]))
+_, peak = tracemalloc.get_traced_memory()
+tracemalloc.stop()
+print(peak, sum(len(m.text) for m in chat.messages))
+"""
 
 
 def test_a_jsonl_file_is_read_a_line_at_a_time(tmp_path: Path) -> None:
     path = tmp_path / "chat.jsonl"
     write_chat(path, 4_000_000)
-    tracemalloc.start()
-    try:
-        chat = read_chat(path)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    live = sum(len(m.text) for m in chat.messages)
+    peak, live = measured_alone(READ_CHAT_PEAK, str(path))
     # before: the whole file, then every line again, then the messages (about 3.4x the file)
     assert peak < 2 * path.stat().st_size and live > 0.8 * path.stat().st_size
 
