@@ -599,8 +599,10 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"{directory}: cannot read the directory (permission denied)")
     store = OffloadStore(directory)
     journal = store.path_for(agent)
+    if journal.exists() and not journal.is_file():
+        raise UsageError(f"{journal}: not a regular file, so not a journal")
     if not journal.is_file():
-        known = sorted(p.stem for p in directory.glob("*.jsonl"))
+        known = sorted(p.stem for p in directory.glob("*.jsonl") if p.is_file())
         hint = f"; journals there: {', '.join(known[:20])}" if known else "; there are no journals there"
         raise UsageError(f"{journal}: no journal for agent {agent!r}{hint}")
     if args.range and args.range[0] > args.range[1]:

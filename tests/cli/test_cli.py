@@ -468,6 +468,11 @@ def test_history_errors(journal: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert "agent id '../chat' is not allowed" in capsys.readouterr().err
     assert main(["history", str(journal), "other"]) == 2
     assert "no journal for agent 'other'; journals there: chat" in capsys.readouterr().err
+    (journal / "odd.jsonl").mkdir()  # before: "no journal for agent 'odd'; journals there: chat, odd"
+    assert main(["history", str(journal), "odd"]) == 2
+    assert "odd.jsonl: not a regular file, so not a journal" in capsys.readouterr().err
+    assert main(["history", str(journal), "other"]) == 2
+    assert "journals there: chat\n" in capsys.readouterr().err  # the directory is not listed
     assert main(["history", str(tmp_path / "missing"), "chat"]) == 2
     assert "no such directory" in capsys.readouterr().err
     assert main(["history", str(journal / "chat.jsonl"), "chat"]) == 2  # a file, not a directory
