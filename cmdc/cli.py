@@ -48,7 +48,7 @@ from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
 from ._redact import redact_url
 from ._trio import one_of, reraise
-from ._version import __version__
+from ._version import __version__, install_hint
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
 from .errors import (
@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("simulated", "openai", "anthropic"),
         default="simulated",
         help="run the same workload against a real endpoint: openai (OPENAI_API_KEY, OPENAI_BASE_URL) or "
-        "anthropic (ANTHROPIC_API_KEY); needs the http extra: pip install 'cmdc-agents[http]'",
+        f"anthropic (ANTHROPIC_API_KEY); needs the http extra: {install_hint('http')}",
     )
     demo.add_argument("--model", help="the model name, with --provider openai|anthropic")
     demo.add_argument(
@@ -177,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         "--ui",
         action="store_true",
         help="also serve the local web page of the agents (prints its URL; needs the ui extra: "
-        "pip install 'cmdc-agents[ui]'); the demo keeps running, the page open, until Ctrl-C",
+        f"{install_hint('ui')}); the demo keeps running, the page open, until Ctrl-C",
     )
     demo.add_argument("--ui-port", type=_port, default=0, help="the web page's port (default: a free one)")
 
@@ -257,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Serve a local web page (on 127.0.0.1) of the agents in a store: each agent's last checkpointed "
             "context, its compactions and its journal (search, ranges). Read-only. Prints the URL to open, with "
-            "its token; runs until Ctrl-C. Needs the ui extra: pip install 'cmdc-agents[ui]'. For a running runtime "
+            f"its token; runs until Ctrl-C. Needs the ui extra: {install_hint('ui')}. For a running runtime "
             "use open_runtime(ui=True) or rt.serve_ui() instead (live updates)."
         ),
     )
