@@ -619,14 +619,35 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"the journal is damaged: {exc}") from None
     except OffloadError as exc:
         raise UsageError(str(exc)) from None
+    warned = False
     for event in damaged[:1]:
         if event.kind == JOURNAL_DAMAGED:
+            warned = True
             print(
                 f"cmdc history: warning: {event.data['damaged']} damaged line(s) in {journal} skipped; "
                 f"see `cmdc history {args.dir} {agent} --verify`, fix with --repair",
                 file=sys.stderr,
             )
+    if not (warned or args.verify or args.repair) and _ends_mid_line(journal):
+        print(
+            f"cmdc history: warning: {journal} ends in an incomplete line (a write cut short, or one in "
+            f"progress): not shown; see `cmdc history {args.dir} {agent} --verify`",
+            file=sys.stderr,
+        )
     return code
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether the file's last byte is not a newline (a torn tail, which readers skip silently)."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return False
+            f.seek(size - 1)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 async def _print_search(store: JournalReader, agent: str, args: argparse.Namespace) -> int:
