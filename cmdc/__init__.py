@@ -1,5 +1,7 @@
 """cmdc: an async, actor-style runtime for LLM agents on trio, with durable context compaction."""
 
+from typing import TYPE_CHECKING
+
 from ._compact_tool import compact_context_tool
 from ._rehydrate import RehydrateReads
 from ._version import __version__
@@ -200,9 +202,16 @@ _OPTIONAL_MODULES = frozenset({"mcp", "otel"})
 imports their dependencies."""
 
 
-def __getattr__(name: str) -> object:
-    if name in _OPTIONAL_MODULES:
-        import importlib
+if TYPE_CHECKING:
+    # What a type checker sees: the two submodules by name, and no module `__getattr__`
+    # (one returning `object` would make every misspelt `cmdc.Name` pass as an `object`).
+    from . import mcp as mcp
+    from . import otel as otel
+else:
 
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        if name in _OPTIONAL_MODULES:
+            import importlib
+
+            return importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -109,12 +109,13 @@ def read_chat(path: Path, data: bytes | None = None) -> ChatFile:
         raise ChatFileError(path, "no such file") from None
     except OSError as exc:
         raise ChatFileError(path, f"cannot read it: {os.strerror(exc.errno) if exc.errno else exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which refuses a directory with a bare errno
+        os.close(fd)
         if stat.S_ISDIR(info.st_mode):
             raise ChatFileError(path, "is a directory, not a conversation file")
-        if not stat.S_ISREG(info.st_mode):
-            raise ChatFileError(path, f"is {_file_kind(info.st_mode)}, not a regular file (use - for standard input)")
+        raise ChatFileError(path, f"is {_file_kind(info.st_mode)}, not a regular file (use - for standard input)")
+    with os.fdopen(fd, "rb") as f:
         if info.st_size > MAX_CHAT_BYTES:
             raise ChatFileError(path, f"is {info.st_size:,} bytes, more than the {MAX_CHAT_BYTES:,} read")
         try:

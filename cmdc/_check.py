@@ -9,6 +9,7 @@ a serialized state).
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
@@ -85,6 +86,17 @@ def choice(value: T, name: str, options: Collection[T]) -> T:
         listed = ", ".join(repr(o) for o in options)
         raise ConfigError(f"{name} must be one of {listed}, got {value!r:.80}")
     return value
+
+
+def known_names(given: Collection[str], known: Collection[str], what: str) -> None:
+    """Refuse keyword names outside `known` (from a caller no type checker saw): a `ConfigError`
+    naming them, the closest known name to each, and every known one."""
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    close = [m for name in unknown for m in difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)]
+    hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+    raise ConfigError(f"unknown {what}(s) {unknown}{hint}; {what}s are {sorted(known)}")
 
 
 def text(value: object, name: str, *, blank: bool = True) -> str:

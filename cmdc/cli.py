@@ -48,7 +48,7 @@ from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
 from ._redact import redact_url
 from ._trio import one_of, reraise
-from ._version import __version__
+from ._version import __version__, install_hint
 from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
 from .compaction.summary import Summarizer
 from .errors import (
@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=("simulated", "openai", "anthropic"),
         default="simulated",
         help="run the same workload against a real endpoint: openai (OPENAI_API_KEY, OPENAI_BASE_URL) or "
-        "anthropic (ANTHROPIC_API_KEY); needs the http extra: pip install 'cmdc-agents[http]'",
+        f"anthropic (ANTHROPIC_API_KEY); needs the http extra: {install_hint('http')}",
     )
     demo.add_argument("--model", help="the model name, with --provider openai|anthropic")
     demo.add_argument(
@@ -177,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         "--ui",
         action="store_true",
         help="also serve the local web page of the agents (prints its URL; needs the ui extra: "
-        "pip install 'cmdc-agents[ui]'); the demo keeps running, the page open, until Ctrl-C",
+        f"{install_hint('ui')}); the demo keeps running, the page open, until Ctrl-C",
     )
     demo.add_argument("--ui-port", type=_port, default=0, help="the web page's port (default: a free one)")
 
@@ -257,7 +257,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Serve a local web page (on 127.0.0.1) of the agents in a store: each agent's last checkpointed "
             "context, its compactions and its journal (search, ranges). Read-only. Prints the URL to open, with "
-            "its token; runs until Ctrl-C. Needs the ui extra: pip install 'cmdc-agents[ui]'. For a running runtime "
+            f"its token; runs until Ctrl-C. Needs the ui extra: {install_hint('ui')}. For a running runtime "
             "use open_runtime(ui=True) or rt.serve_ui() instead (live updates)."
         ),
     )
@@ -599,8 +599,10 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"{directory}: cannot read the directory (permission denied)")
     store = OffloadStore(directory)
     journal = store.path_for(agent)
+    if journal.exists() and not journal.is_file():
+        raise UsageError(f"{journal}: not a regular file, so not a journal")
     if not journal.is_file():
-        known = sorted(p.stem for p in directory.glob("*.jsonl"))
+        known = sorted(p.stem for p in directory.glob("*.jsonl") if p.is_file())
         hint = f"; journals there: {', '.join(known[:20])}" if known else "; there are no journals there"
         raise UsageError(f"{journal}: no journal for agent {agent!r}{hint}")
     if args.range and args.range[0] > args.range[1]:
@@ -617,14 +619,35 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"the journal is damaged: {exc}") from None
     except OffloadError as exc:
         raise UsageError(str(exc)) from None
+    warned = False
     for event in damaged[:1]:
         if event.kind == JOURNAL_DAMAGED:
+            warned = True
             print(
                 f"cmdc history: warning: {event.data['damaged']} damaged line(s) in {journal} skipped; "
                 f"see `cmdc history {args.dir} {agent} --verify`, fix with --repair",
                 file=sys.stderr,
             )
+    if not (warned or args.verify or args.repair) and _ends_mid_line(journal):
+        print(
+            f"cmdc history: warning: {journal} ends in an incomplete line (a write cut short, or one in "
+            f"progress): not shown; see `cmdc history {args.dir} {agent} --verify`",
+            file=sys.stderr,
+        )
     return code
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether the file's last byte is not a newline (a torn tail, which readers skip silently)."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return False
+            f.seek(size - 1)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 async def _print_search(store: JournalReader, agent: str, args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import attrs
 import orjson
 import trio
 
-from .._check import is_int, optional_integer
+from .._check import is_int, known_names, optional_integer
 from .._report import Compacted, CompactionReport, Skipped
 from .._trio import one_of, reraise
 from ..errors import (
@@ -103,6 +103,7 @@ class Compactor:
         one value."""
         options = keywords.pop("options", None)  # the older spelling of `from_options`
         if options is None:
+            known_names(keywords, _OPTION_NAMES, "Compactor option")
             options = CompactorOptions(*args, **keywords)
         elif not isinstance(options, CompactorOptions):
             raise ConfigError(f"options must be a CompactorOptions, got {options!r:.80}")

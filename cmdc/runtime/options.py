@@ -8,7 +8,7 @@ from typing import Literal, TypedDict, get_args
 
 import attrs
 
-from .._check import choice, integer, optional_integer, optional_seconds, seconds, validator
+from .._check import choice, integer, known_names, optional_integer, optional_seconds, seconds, validator
 from ..errors import ConfigError
 
 RestartPolicy = Literal["permanent", "transient", "temporary"]
@@ -108,9 +108,7 @@ def agent_options(options: AgentOptions | None, values: SpawnOptions) -> AgentOp
     """The options `spawn` was given: `options` (or the defaults) with the keyword `values`
     over it. An unknown keyword (from a caller no type checker saw) is a `ConfigError` naming
     it; a bad value, one naming its option (`AgentOptions` checks each)."""
-    unknown = set(values) - OPTION_NAMES
-    if unknown:
-        raise ConfigError(f"unknown spawn option(s) {sorted(unknown)}; agent options are {sorted(OPTION_NAMES)}")
+    known_names(values, OPTION_NAMES, "spawn option")
     if options is None:
         return AgentOptions(**values) if values else DEFAULT_OPTIONS
     if not isinstance(options, AgentOptions):

@@ -1,7 +1,7 @@
 """A small, hostile MCP server for the tests: newline-delimited JSON-RPC on stdin/stdout,
 standard library only (it starts fast), no SDK.
 
-    python tests/mcp_hostile.py [--id-last] [--pids FILE] [--starts FILE] [--die-after-start N]
+    python tests/_support/mcp_hostile.py [--id-last] [--pids FILE] [--starts FILE] [--die-after-start N]
 
 Tools:
 - `echo(text)`: the text, and this server's pid.

@@ -392,8 +392,8 @@ PUBLIC: dict[str, list[str]] = {
         "ConfigSource", "State", "config_keys", "validate_agent_id",
     ],
     "cmdc.store": [
-        "Checkpoints", "FileCheckpoints", "FileStore", "JournalReader", "Leases", "OnNumbered", "Store", "StoreReport",
-        "open_store",
+        "Checkpoints", "FileCheckpoints", "FileStore", "JournalReader", "Leases", "OnNumbered", "PostgresStore",
+        "Store", "StoreReport", "open_store",
     ],
     "cmdc.testing": [
         "EventSource", "RecordingSummarizer", "ScriptedProvider", "SimulatedModel", "SummarizerCall", "conversation",
@@ -483,3 +483,17 @@ def test_the_public_api_tests_import_no_private_names() -> None:
             if any(n.startswith("_") and not n.startswith("__") for n in names):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found
+
+
+def test_postgres_store_is_imported_on_first_use_and_names_its_extra() -> None:
+    """`cmdc.store.PostgresStore` (the documented home; before, only the old alias `cmdc.postgres`
+    held it): `import cmdc.store` works without psycopg, and the name then says what to install."""
+    code = (
+        "import sys; sys.modules['psycopg'] = None; sys.modules['psycopg_pool'] = None\n"
+        "import cmdc.store\n"
+        "try:\n    cmdc.store.PostgresStore\nexcept ImportError as e:\n    print(e)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert "cmdc.store.PostgresStore needs the 'postgres' extra" in done.stdout, done.stdout + done.stderr
+    assert "pip install -e '.[postgres]'" in done.stdout

@@ -248,6 +248,23 @@ def test_files_and_modules_the_pages_name_exist() -> None:
     assert not missing, missing
 
 
+def test_tests_the_pages_cite_exist() -> None:
+    """A test a page cites (`tests/x.py::test_y`, or `::test_z` after it on the same line) is
+    defined in that file: a test moved to another file or renamed without its page is caught."""
+    missing = []
+    for page in PAGES:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            current: str | None = None
+            for path, name in re.findall(r"`(tests/[\w/]+\.py)?::(\w+)", line):
+                current = path or current
+                if current is None:
+                    continue  # a bare `::name` whose file a row above names
+                where = ROOT / current
+                if not where.is_file() or not re.search(rf"def {name}\b", where.read_text(encoding="utf-8")):
+                    missing.append((page.name, f"{current}::{name}"))
+    assert not missing, missing
+
+
 def _resolves(dotted: str) -> bool:
     """Whether `dotted` (`cmdc.store.Store`) names a module or an attribute of one."""
     import importlib

@@ -82,3 +82,21 @@ def test_spawn_keywords_and_handles_are_typed(tmp_path: Path) -> None:
     assert bad[0].startswith("bad.py:7: error:") and '"max_step"' in bad[0]
     assert bad[1].startswith("bad.py:8: error:") and '"max_steps"' in bad[1] and '"str"' in bad[1]
     assert bad[2].startswith("bad.py:9: error:") and '"restart"' in bad[2]
+
+
+NAMES = """
+import cmdc
+
+restarts = cmdc.mcp.Restarts()
+tracing: cmdc.otel.Tracing | None = None
+compactor = cmdc.Compacter()
+"""
+
+
+def test_a_misspelt_top_level_name_is_a_type_error(tmp_path: Path) -> None:
+    # `cmdc.mcp` and `cmdc.otel` are imported on first use; a module `__getattr__` the type
+    # checker saw would type every `cmdc.<anything>` as `object`, so a misspelt name would pass
+    # as an `object` ("not callable" at best) instead of "has no attribute".
+    errors = mypy(tmp_path, names=NAMES)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("names.py:6: error:") and 'no attribute "Compacter"' in errors[0], errors

@@ -463,11 +463,33 @@ def test_history_markdown(journal: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert out.read_text() == text
 
 
+def test_history_warns_of_a_journal_cut_mid_line(journal: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["history", str(journal), "chat"]) == 0
+    assert capsys.readouterr().err == ""  # a whole journal: no warning
+    path = journal / "chat.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index(b"\n", len(data) // 2) + 1 + 40])  # cut 40 bytes into a line
+    # before: the listing just ended early (or said "0 records"), exit 0, nothing about the cut
+    assert main(["history", str(journal), "chat"]) == 0
+    captured = capsys.readouterr()
+    assert "records from" in captured.out
+    assert captured.err.count("\n") == 1 and "ends in an incomplete line" in captured.err
+    assert f"cmdc history {journal} chat --verify" in captured.err
+    assert main(["history", str(journal), "chat", "--verify"]) == 1  # --verify reports it itself
+    captured = capsys.readouterr()
+    assert "torn: 40 bytes after the last complete line" in captured.out and captured.err == ""
+
+
 def test_history_errors(journal: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["history", str(journal), "../chat"]) == 2
     assert "agent id '../chat' is not allowed" in capsys.readouterr().err
     assert main(["history", str(journal), "other"]) == 2
     assert "no journal for agent 'other'; journals there: chat" in capsys.readouterr().err
+    (journal / "odd.jsonl").mkdir()  # before: "no journal for agent 'odd'; journals there: chat, odd"
+    assert main(["history", str(journal), "odd"]) == 2
+    assert "odd.jsonl: not a regular file, so not a journal" in capsys.readouterr().err
+    assert main(["history", str(journal), "other"]) == 2
+    assert "journals there: chat\n" in capsys.readouterr().err  # the directory is not listed
     assert main(["history", str(tmp_path / "missing"), "chat"]) == 2
     assert "no such directory" in capsys.readouterr().err
     assert main(["history", str(journal / "chat.jsonl"), "chat"]) == 2  # a file, not a directory

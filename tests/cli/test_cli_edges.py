@@ -119,9 +119,14 @@ def test_history_markdown_dash_prints_the_transcript(tmp_path: Path, capsys: pyt
     assert "step 0: details" in out and out.lstrip().startswith("#")
 
 
-@pytest.mark.parametrize("kind", ["fifo", "zero"])
+@pytest.mark.parametrize("kind", ["fifo", "zero", "directory"])
 def test_compact_refuses_a_non_regular_file_at_once(tmp_path: Path, kind: str) -> None:
-    if kind == "fifo":
+    if kind == "directory":
+        # before: "cmdc compact: [Errno 21] Is a directory: 3", exit 1 (fdopen ran before the check)
+        target = tmp_path / "chats"
+        target.mkdir()
+        expected = "chats: is a directory, not a conversation file"
+    elif kind == "fifo":
         target = tmp_path / "chat.jsonl"
         os.mkfifo(target)
         expected = "is a FIFO, not a regular file"

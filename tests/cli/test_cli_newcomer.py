@@ -75,6 +75,19 @@ def test_the_distribution_is_cmdc_agents_never_pypis_cmdc(monkeypatch: pytest.Mo
     assert stale == []
 
 
+@pytest.mark.parametrize("command", ["demo", "ui"])
+def test_help_that_names_an_extra_says_how_to_install_it_from_the_checkout(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # cmdc-agents is not on any package index yet: a bare "pip install 'cmdc-agents[ui]'" fails
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    hints = re.findall(r"pip install '[^']*cmdc- ?agents\[(\w+)\]'(.{0,60})", text)
+    assert hints, text
+    for extra, after in hints:
+        assert after.startswith(f" (from a checkout: pip install -e '.[{extra}]')"), (extra, after)
+
+
 @pytest.fixture
 def long_journal(tmp_path: Path) -> Path:
     """A journal with enough records that its listing overflows a pipe's buffer."""

@@ -110,6 +110,15 @@ def test_the_keywords_are_the_options_fields_once() -> None:
     assert "retries" not in vars(Compactor)  # no descriptor or forwarding copy
 
 
+def test_an_unknown_keyword_is_refused_by_name_with_the_closest_option() -> None:
+    # before: TypeError "CompactorOptions.__init__() got an unexpected keyword argument 'retrys'",
+    # naming a class the caller never wrote; spawn already said "unknown spawn option(s)"
+    with pytest.raises(ConfigError, match=r"unknown Compactor option\(s\) \['retrys'\] \(did you mean 'retries'\?\)"):
+        Compactor(retrys=3)  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match=r"\['bogus', 'pin_tsk'\] \(did you mean 'pin_task'\?\); Compactor options"):
+        Compactor(bogus=1, pin_tsk=False)  # type: ignore[call-arg]
+
+
 def test_plugins_are_an_option_kept_in_run_order() -> None:
     late, early = Late(), Early()
     c = Compactor(instant, plugins=[late, early])

@@ -293,7 +293,7 @@ def test_the_spawn_keywords_are_the_agent_options() -> None:
 @pytest.mark.parametrize(
     ("options", "keywords", "said"),
     [
-        (None, {"max_step": 5}, "unknown spawn option(s) ['max_step']"),
+        (None, {"max_step": 5}, "unknown spawn option(s) ['max_step'] (did you mean 'max_steps'?)"),
         (None, {"max_steps": 0}, "max_steps"),
         (None, {"restart": "sometimes"}, "restart"),
         ({"max_steps": 5}, {}, "options must be an AgentOptions value"),
