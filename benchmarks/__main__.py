@@ -55,6 +55,7 @@ class Preset:
     compare_series: int
     recall_records: int = 5_000  # the journal one agent recalls over, for the stall figure
     retention_recall: bool = True  # score the recall level too (a search per evicted probe)
+    retention_model_turns: int = 0  # a session this long summarized by the llama.cpp e2e server's model (if cached)
     store_records: int = 1_000_000  # the journal searched, file store vs PostgreSQL
     store_queries: int = 1_000  # PostgreSQL searches (the file store gets store_file_queries)
     store_file_queries: int = 2
@@ -85,6 +86,7 @@ FULL = Preset(
     5,
     1.0,
     3,
+    retention_model_turns=40,
 )
 QUICK = attrs.evolve(
     Preset("quick", (1_000, 10_000), 3, 10_000, 1_000, 3, 2_000, 5_000, 200, 10, 400, (1_000, 10_000), 3, 0.3, 2),
@@ -215,9 +217,21 @@ def runtime_rows(p: Preset) -> list[Row]:
 
 
 def retention_rows(p: Preset) -> list[Row]:
+    """The retention probes: the targets (default summarizer, default configuration), then the
+    context level per summarizer and configuration (and the llama.cpp model's, with its model
+    level, when the e2e server is cached and the preset asks for it)."""
     session = retention.generate(0, p.retention_turns)
-    with tempfile.TemporaryDirectory() as tmp:
-        scores = trio.run(lambda: retention.replay(session, retention.Compactor(), tmp, recall=p.retention_recall))
+    tables: dict[tuple[str, str], list[retention.Score]] = {}
+    for config_name, config in retention.CONFIGS.items():
+        for name, make in retention.SUMMARIZERS:
+            with tempfile.TemporaryDirectory() as tmp:
+                searched = p.retention_recall and not tables  # the recall level: the first table only
+                tables[(name, config_name)] = trio.run(
+                    lambda make=make, config=config, tmp=tmp, searched=searched: retention.replay(
+                        session, make(), tmp, recall=searched, **config
+                    )
+                )
+    scores = next(iter(tables.values()))
     b = "retention"
     first = scores[: retention.TARGET_COMPACTIONS]
     rows = [Row(b, f"compactions in the seeded {p.retention_turns}-turn session (trigger 12k)", str(len(scores)))]
@@ -240,6 +254,20 @@ def retention_rows(p: Preset) -> list[Row]:
     rows.append(Row(b, "every summary within its budget", "yes" if within else "no", "yes", within))
     pending = all(s.pending_kept is not False for s in scores)
     rows.append(Row(b, "the pending task stays pending", "yes" if pending else "no", "yes", pending))
+    rows.append(
+        Row(b, "decisions by phrasing set (default)", retention.summary_rows(first)["decision by phrasing set"])
+    )
+    for (name, config_name), table in tables.items():
+        rows.append(Row(b, f"context mean (worst): {name}; {config_name}", retention.levels(table)))
+    if p.retention_model_turns and retention.llama_missing() is None:
+        lines: list[str] = []
+        model_session = retention.generate(0, p.retention_model_turns)
+        model_scores = trio.run(lambda: retention.model_table(model_session, lines.append, ()))
+        label = f"context mean (worst): SmolLM2-135M summarizer, {p.retention_model_turns} turns"
+        rows.append(Row(b, label, retention.levels(model_scores)))
+        rows.extend(
+            Row(b, "model level", line.strip().removeprefix("model level ")) for line in lines if "model level" in line
+        )
     return rows
 
 

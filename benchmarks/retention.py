@@ -56,6 +56,7 @@ class Score:
     summary_tokens: int
     summary_budget: int
     missed: tuple[str, ...] = ()
+    decision_kinds: dict[str, tuple[int, int]] = attrs.field(factory=dict)  # by phrasing set (probe kind)
 
     def ratio(self, category: str, level: str = "context") -> float | None:
         done, total = (self.context if level == "context" else self.recall)[category]
@@ -112,6 +113,7 @@ async def replay(
     recall_every: int = 1,
     max_compactions: int | None = None,
     agent_id: str = "retention",
+    final: list[State] | None = None,
 ) -> list[Score]:
     """Replay `session` through `compactor` (journal under `root`), scoring every probe that
     applies after each compaction: the context level every time, the recall level (a search
@@ -144,6 +146,8 @@ async def replay(
             break
     if recall and scores and len(scores) % recall_every != 0:  # the last compaction, searched too
         scores[-1] = await _score(state, last_report, last_active, last_turn, tool)
+    if final is not None:  # the state after the last compaction, and the probes that apply then
+        final.append(state)
     return scores
 
 
@@ -156,8 +160,12 @@ async def _score(state: State, report: Any, active: list[Probe], turn: int, tool
     held = dict.fromkeys(CATEGORIES, (0, 0))
     pending: bool | None = None
     missed: list[str] = []
+    kinds: dict[str, tuple[int, int]] = {}
     for p in active:
         ok = in_context(p, units)
+        if p.category == DECISION:
+            key = f"{p.kind}{'/held-out' if p.held_out else ''}"
+            kinds[key] = (kinds.get(key, (0, 0))[0] + ok, kinds.get(key, (0, 0))[1] + 1)
         done, total = context[p.category]
         context[p.category] = (done + ok, total + 1)
         if not ok:
@@ -182,6 +190,7 @@ async def _score(state: State, report: Any, active: list[Probe], turn: int, tool
         report.summary_tokens,
         report.summary_budget,
         tuple(missed),
+        kinds,
     )
 
 
@@ -196,6 +205,20 @@ def _sum(scores: Sequence[Score], field: str, category: str) -> tuple[int, int]:
     """(passed, applicable) summed over `scores`, of `field` ("context", "recall", "trained",
     "held_out") for `category`."""
     pairs = [getattr(s, field)[category] for s in scores]
+    return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+PHRASING_SETS = {
+    "decision": "training",
+    "decision/held-out": "held-out (first set)",
+    "decision_late": "written later, then tuned on",
+    "decision_fresh/held-out": "held-out (fresh set)",
+}
+"""The decision probes' phrasing sets (`benchmarks.sessions.DECISIONS`), as the table names them."""
+
+
+def _sum_kind(scores: Sequence[Score], kind: str) -> tuple[int, int]:
+    pairs = [s.decision_kinds.get(kind, (0, 0)) for s in scores]
     return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
 
 
@@ -216,10 +239,25 @@ def summary_rows(scores: Sequence[Score]) -> dict[str, str]:
         row[f"{c} recall"] = _pct(*_sum(first, "recall", c))
     for c in (RECALL, DECISION):
         row[f"{c}: trained / held-out"] = f"{_pct(*_sum(first, 'trained', c))} / {_pct(*_sum(first, 'held_out', c))}"
+    kinds = sorted({k for s in first for k in s.decision_kinds})
+    row["decision by phrasing set"] = ", ".join(
+        f"{PHRASING_SETS.get(k, k)} {_pct(*_sum_kind(first, k))}" for k in kinds
+    )
     kept = [s.pending_kept for s in scores if s.pending_kept is not None]
     row["pending stays pending"] = f"{sum(kept)}/{len(kept)}"
     row["summary within budget"] = f"{sum(s.summary_tokens <= s.summary_budget for s in scores)}/{len(scores)}"
     return row
+
+
+def levels(scores: Sequence[Score]) -> str:
+    """One line: per category the mean context level (and the worst) over the first
+    `TARGET_COMPACTIONS` compactions."""
+    first = scores[:TARGET_COMPACTIONS]
+    parts = []
+    for c in CATEGORIES:
+        w = worst(first, c)
+        parts.append(f"{c} {_pct(*_sum(first, 'context', c))} ({'-' if w is None else f'{w:.0%}'})")
+    return ", ".join(parts)
 
 
 def table(name: str, scores: Sequence[Score]) -> str:
@@ -232,6 +270,7 @@ def table(name: str, scores: Sequence[Score]) -> str:
         f"  trained / held-out phrasings (context, mean): recall {row['recall: trained / held-out']}, "
         f"decision {row['decision: trained / held-out']}"
     )
+    lines.append(f"  decisions by phrasing set (context, mean): {row['decision by phrasing set']}")
     lines.append(
         f"  pending task still pending: {row['pending stays pending']}; summary within budget: "
         f"{row['summary within budget']}"
@@ -259,28 +298,173 @@ def llama_missing() -> str | None:
     return llama_server.missing()
 
 
-async def model_table(session: Session, out: Callable[[str], None]) -> list[Score]:
-    """The session summarized by SmolLM2-135M through the llama.cpp e2e server (2,048-token
-    window, chunks rolled forward; the offline summarizer as the fallback, as an agent has)."""
+MODEL_PROBES = 4
+"""How many probes the model level asks (a few: each is two or three requests on 2 cores)."""
+MODEL_CONTEXT = 8_192
+"""The e2e server's window (SmolLM2's own): a compaction's input in one request, and the summary
+and a question for the model level."""
+MODEL_COMPACTIONS = 2
+"""The model summarizer's compactions per configuration (each is a minute or so on 2 cores)."""
+MODEL_SUMMARY_TOKENS = 160
+MODEL_SYSTEM = (
+    "You are a coding agent resuming a long session. Older messages were compacted into the summary "
+    "below and saved to a journal; the recall tool searches that journal. Answer the user's question "
+    "briefly, with exact names and values."
+)
+
+
+@attrs.frozen
+class ModelLevel:
+    """The model level: the probe questions the model answered with every needle, asked with
+    `recall` offered (tool choice auto) and with one recall call required before the answer."""
+
+    asked: int
+    offered: int  # answered with recall offered
+    offered_calls: int  # how many of those answers called recall on their own
+    required: int  # answered after a required recall call
+
+
+def model_probes(session: Session, state: State, most: int = MODEL_PROBES) -> list[Probe]:
+    """Up to `most` probes that apply after the last compaction and whose source was evicted,
+    taken a category at a time (deterministic)."""
+    inside = {m.id for m in state.messages}
+    turn_of = {m.id: i for i, t in enumerate(session.turns) for m in t}
+    last = max((turn_of[m.id] for m in state.messages if m.id in turn_of), default=0)
+    evicted = [
+        p
+        for p in session.probes
+        if p.source not in inside and p.source in turn_of and turn_of[p.source] <= last
+        and (p.until is None or last < p.until)
+    ]  # fmt: skip
+    by_category = [[p for p in evicted if p.category == c] for c in CATEGORIES]
+    picked: list[Probe] = []
+    while len(picked) < most and any(by_category):
+        for group in by_category:
+            if group and len(picked) < most:
+                picked.append(group.pop(0))
+    return picked
+
+
+async def model_level(
+    session: Session, state: State, url: str, root: str, agent_id: str, probes: int = MODEL_PROBES
+) -> ModelLevel:
+    """Ask the e2e server's model each of `model_probes` as a question, after the summary (the
+    compacted context without its kept messages, which do not hold these probes), with the real
+    recall tool over the journal under `root`: once offered (the model may call it), once
+    required (llama.cpp constrains the reply to one call; cmdc runs it; then an answer)."""
+    from benchmarks.e2e_llama import provider
+    from cmdc.providers.base import ModelRequest
+
+    tool = recall_tool(OffloadStore(root), agent_id)
+    summaries = [m for m in state.messages if m.is_summary]
+    asking = model_probes(session, state, probes)
+    offered = offered_calls = required = 0
+    greedy = {"temperature": 0}
+    auto = provider(url, "openai", False, max_output_tokens=96, extra_body=greedy)
+    calling = provider(
+        url, "openai", False, max_output_tokens=64,
+        extra_body={**greedy, "tool_choice": "required", "parallel_tool_calls": False},
+    )  # fmt: skip
+    answering = provider(url, "openai", False, max_output_tokens=96, extra_body={**greedy, "tool_choice": "none"})
+    try:
+        for p in asking:
+            question = Message.user(f"{p.query[0].upper()}{p.query[1:]}?")
+            asked = (Message.system(MODEL_SYSTEM), *summaries, question)
+            reply = await auto.complete(ModelRequest(asked, tools=(tool.schema,)))
+            answer = reply.text
+            if reply.tool_calls:
+                offered_calls += 1
+                answer = await _answer_after_recall(answering, tool, asked, reply)
+            offered += _answered(p, answer)
+            call = await calling.complete(ModelRequest(asked, tools=(tool.schema,)))
+            answer = await _answer_after_recall(answering, tool, asked, call) if call.tool_calls else call.text
+            required += _answered(p, answer)
+    finally:
+        for model in (auto, calling, answering):
+            await model.aclose()
+    return ModelLevel(len(asking), offered, offered_calls, required)
+
+
+async def _answer_after_recall(model: Any, tool: Any, asked: Sequence[Message], reply: Message) -> str:
+    """The model's answer once its first recall call has run (other calls are answered as not run)."""
+    from cmdc.providers.base import ModelRequest
+
+    results = []
+    for i, call in enumerate(reply.tool_calls):
+        try:
+            first = i == 0 and call.name == tool.name
+            text = await tool.run(call.arguments) if first else "not run: one call at a time"
+        except Exception as exc:  # a bad argument: the model reads the error, as an agent's would
+            text = f"error: {exc}"
+        results.append(Message.tool_result(call.id, text))
+    final = await model.complete(ModelRequest((*asked, reply, *results), tools=(tool.schema,)))
+    return str(final.text)
+
+
+def _answered(probe: Probe, answer: str) -> bool:
+    low = answer.lower()
+    return all(n.lower() in low for n in probe.needles)
+
+
+async def model_table(
+    session: Session,
+    out: Callable[[str], None],
+    configs: Sequence[str] = (),
+    compactions: int = MODEL_COMPACTIONS,
+    probes: int = MODEL_PROBES,
+) -> list[Score]:
+    """The session summarized by SmolLM2-135M through the llama.cpp e2e server (its 8k window,
+    the first `MODEL_COMPACTIONS` compactions; the offline summarizer as the fallback, as an agent
+    has), per configuration (`configs`: names in `CONFIGS`, all by default); after the first
+    configuration, the model level."""
     from benchmarks.e2e_llama import provider
     from cmdc.providers import ExtractiveSummarizer
     from tests.e2e import llama_server
 
-    with llama_server.cached_server() as server, tempfile.TemporaryDirectory() as tmp:
-        model = provider(server.url, "openai", False, max_output_tokens=256)
-        compactor = Compactor(
-            model, summarizer_window=llama_server.CONTEXT, retries=1, fallbacks=[ExtractiveSummarizer()]
-        )
-        scores = await replay(session, compactor, tmp, recall=False)
-    out("")
-    out(table(f"SmolLM2-135M (llama.cpp), {len(session.turns)} turns; default, trigger 12k", scores))
-    return scores
+    first: list[Score] = []
+    with llama_server.cached_server(context=MODEL_CONTEXT) as server:
+        for n, name in enumerate(configs or CONFIGS):
+            with tempfile.TemporaryDirectory() as tmp:
+                model = provider(server.url, "openai", False, max_output_tokens=MODEL_SUMMARY_TOKENS)
+                compactor = Compactor(
+                    model, summarizer_window=MODEL_CONTEXT, retries=1, fallbacks=[ExtractiveSummarizer()]
+                )
+                final: list[State] = []
+                scores = await replay(
+                    session,
+                    compactor,
+                    tmp,
+                    recall=False,
+                    final=final,
+                    max_compactions=compactions,
+                    **CONFIGS[name],
+                )
+                await model.aclose()
+                out("")
+                out(table(f"SmolLM2-135M (llama.cpp) summarizer, {len(session.turns)} turns; {name}", scores))
+                if n == 0 and final:
+                    level = await model_level(session, final[0], server.url, tmp, "retention", probes)
+                    out(
+                        f"  model level (SmolLM2-135M asked {level.asked} evicted probes after the last summary, "
+                        f"not gated): recall offered {level.offered}/{level.asked} answered "
+                        f"({level.offered_calls} called recall on its own); one recall call required "
+                        f"{level.required}/{level.asked} answered"
+                    )
+                first = first or scores
+    return first
 
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "default, trigger 12k": {"trigger": 12_000},
     "trigger 8k, keep 3k tokens": {"trigger": 8_000, "keep": ("tokens", 3_000)},
 }
+
+
+SUMMARIZERS: list[tuple[str, Callable[[], Compactor]]] = [
+    ("ExtractiveSummarizer (default)", Compactor),
+    ("custom: claims all done", lambda: Compactor(claims_all_done)),
+]
+"""The summarizers every table is made with (the llama.cpp model's: `model_table`)."""
 
 
 async def run_all(
@@ -290,6 +474,8 @@ async def run_all(
     out: Callable[[str], None] = print,
     recall_every: int = 10,
     model_turns: int = 0,
+    model_compactions: int = MODEL_COMPACTIONS,
+    model_probes: int = MODEL_PROBES,
 ) -> list[Score]:
     """Every table; returns the default summarizer's scores in the default configuration. The
     recall level (a search per evicted probe) is scored in the first configuration only, after
@@ -302,12 +488,8 @@ async def run_all(
         f"{len(session.messages)} messages, probes " + ", ".join(f"{c} {n}" for c, n in counts.items())
     )
     main: list[Score] = []
-    summarizers: list[tuple[str, Callable[[], Compactor]]] = [
-        ("ExtractiveSummarizer (default)", Compactor),
-        ("custom: claims all done", lambda: Compactor(claims_all_done)),
-    ]
     for n, (config_name, config) in enumerate(CONFIGS.items()):
-        for name, make in summarizers:
+        for name, make in SUMMARIZERS:
             with tempfile.TemporaryDirectory() as tmp:
                 searched = recall and n == 0
                 scores = await replay(session, make(), tmp, recall=searched, recall_every=recall_every, **config)
@@ -319,7 +501,7 @@ async def run_all(
     if why is not None:
         out(f"\nmodel summarizer (llama.cpp e2e server): skipped: {why}")
     elif model_turns:
-        await model_table(generate(seed, model_turns), out)
+        await model_table(generate(seed, model_turns), out, (), model_compactions, model_probes)
     return main
 
 
@@ -336,8 +518,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also a session of this many turns summarized by the llama.cpp e2e server's model (slow: minutes "
         "per compaction on 2 cores; needs python -m tests.e2e.llama_server fetch)",
     )
+    parser.add_argument("--model-compactions", type=int, default=MODEL_COMPACTIONS, help="per configuration")
+    parser.add_argument("--model-probes", type=int, default=MODEL_PROBES, help="questions for the model level")
     args = parser.parse_args(argv)
-    scores = trio.run(run_all, args.turns, args.seed, not args.no_recall, print, args.recall_every, args.model_turns)
+    scores = trio.run(
+        run_all,
+        args.turns,
+        args.seed,
+        not args.no_recall,
+        print,
+        args.recall_every,
+        args.model_turns,
+        args.model_compactions,
+        args.model_probes,
+    )
     print(f"\ntargets (default summarizer, default configuration): {met(scores)}")
     return 0
 

@@ -13,7 +13,10 @@ categories (the probes a compaction is scored on):
 
 Each value kind has training phrasings and held-out phrasings (`HELD_OUT`): the ledger's
 heuristics were tuned on the first only, and a probe says which it used, so results are
-reported for both. Importable by the benchmarks and the tests.
+reported for both. The decisions (`DECISIONS`) come in four sets: training, a first held-out
+set (never read while designing), a set written later and then tuned on (in-sample now), and a
+fresh held-out set never tuned on; a probe's kind and `held_out` say which. Importable by the
+benchmarks and the tests.
 """
 
 from __future__ import annotations
@@ -122,6 +125,34 @@ HELD_OUT: dict[str, tuple[str, ...]] = {
         "Reminder from security \u2014 {s} and {v} don't mix.",
     ),
 }
+QUERIES: dict[str, str] = {
+    # what a model asks the recall tool for the value a phrasing stated: the subject and what the
+    # value is (a port, a bucket, a timeout...), in its own words, never the value itself
+    "The staging database for {s} is called {v}, please don't create a new one.":
+        "what is the staging database for {s} called",
+    "We deploy {s} to the cluster named {v}.": "which cluster do we deploy {s} to",
+    "Heads up: the bucket for {s} is {v}.": "which bucket does {s} use",
+    "Use {v} as the queue name for the {s} jobs.": "what is the queue name for {s} jobs",
+    "Oh right, the {s} stuff lives in {v} now, the old one was retired.": "where does the {s} stuff live now",
+    "If you need the {s} account, it's {v}.": "which account does {s} use",
+    "Uploads for {s} must stay under {v} MB.": "how large may {s} uploads be in MB",
+    "Keep the {s} timeout at {v} seconds, the load balancer cuts at 60 anyway.": "what is the {s} timeout",
+    "The {s} retries should never exceed {v} attempts.": "how many retries are allowed for {s}",
+    "Rate limit for {s}: at most {v} requests per minute per tenant.": "what is the rate limit for {s}",
+    "Anything above {v} per minute on {s} gets us throttled by the vendor, so cap it there.":
+        "when does the vendor throttle {s}",
+    "Our SLO says {s} answers within {v} ms at p99.": "what is the {s} latency SLO",
+    "Make sure {s} never logs {v}.": "what must {s} never log",
+    "Every {s} response must include {v}.": "what must every {s} response include",
+    "For {s} we always store {v}, no exceptions.": "what do we always store for {s}",
+    "One rule for {s}: nothing may write {v}.": "what may nothing write in {s}",
+    "Compliance flagged it last quarter: {s} keeps {v} out of every export.": "what must {s} keep out of exports",
+    "Reminder from security \u2014 {s} and {v} don't mix.": "what did security say about {s}",
+}  # fmt: skip
+"""The recall probe's query per phrasing of a name, limit or requirement (a port's is the same
+for every phrasing): the question names what is asked for. A single generic question per kind
+("what is the limit for billing") named nothing the statement holds but its subject, a module
+name found in thousands of records; the requirement's held the answer itself."""
 REQUIREMENT_VALUES = (
     "raw card numbers", "the X-Request-Id header", "timestamps in UTC", "personal email addresses", "the tenant id",
     "plaintext passwords", "the Idempotency-Key", "amounts in integer cents",
@@ -133,6 +164,28 @@ DECISIONS: tuple[tuple[str, ...], ...] = (
     ("Going with {a}; {b} was the other option, but {r}.", "train"),
     ("After comparing them, {a} wins over {b} \u2014 {r}.", "held"),
     ("{a} it is, not {b}. Reason: {r}.", "held"),
+    # Written after the ledger's decision reading was first designed (937902a) as held-out ones;
+    # it missed most of them and was then extended on them, so they are in-sample now (kind
+    # "decision_late" in the probes, counted with the training phrasings).
+    ("{a}, then. {b} would have been fine too, except {r}.", "late"),
+    ("Thinking about it more, {b} is out: {r}. So {a}.", "late"),
+    ("My vote is {a} \u2014 {r}.", "late"),
+    ("Can't do {b} here, {r}; {a} works.", "late"),
+    ("Honestly {a} is the safer bet for us, {r}.", "late"),
+    ("The answer's {a}. Reason: {r}.", "late"),
+    ("{r}, which rules out {b}. Using {a}.", "late"),
+    ("We're doing {a} and not {b} \u2014 {r}.", "late"),
+    ("After looking at both I'm leaning {a}, mostly because {r}.", "late"),
+    ("OK so {a} over {b}, {r} after all.", "late"),
+    # Held-out, written after the extension above and never tuned on (kind "decision_fresh").
+    ("Between {a} and {b} I'd take {a}: {r}.", "fresh"),
+    ("{b} looked tempting, but {r}, so {a} it is.", "fresh"),
+    ("Let's not overthink it \u2014 {a}, since {r}.", "fresh"),
+    ("Quick call on the stack: {a}. {r}, and that settles it.", "fresh"),
+    ("I'd steer clear of {b} for now; {r}. {a} covers what we need.", "fresh"),
+    ("If we're being practical, {a} beats {b} here because {r}.", "fresh"),
+    ("Went back and forth on this one. Final answer: {a}, because {r}.", "fresh"),
+    ("Keep it boring: {a}. {b} is nice, but {r}.", "fresh"),
 )
 CHOICES = (
     ("SQLite", "PostgreSQL", "the CLI must work offline", "offline"),
@@ -147,6 +200,16 @@ CHOICES = (
     ("ULIDs", "UUID4", "ids must sort by creation time", "sort by creation time"),
     ("ruff", "flake8", "it runs in CI in under a second", "under a second"),
     ("trio", "asyncio", "structured concurrency keeps cancellation sane", "cancellation"),
+    ("argon2", "bcrypt", "the security review asked for a memory-hard hash", "memory-hard"),
+    ("a monorepo", "separate repos", "the services share the schema package", "share the schema"),
+    ("gRPC", "REST", "the mobile team wants streaming updates", "streaming"),
+    ("Parquet", "CSV", "the analysts query it column by column", "column by column"),
+    ("feature flags", "a long-lived branch", "merges kept breaking the release", "merges kept breaking"),
+    ("cursor pagination", "offset pagination", "the tenants table is too big to count", "too big to count"),
+    ("a read replica", "caching in the app", "the reports tolerate a few seconds of lag", "seconds of lag"),
+    ("Caddy", "nginx", "it renews the certificates itself", "renews the certificates"),
+    ("soft deletes", "hard deletes", "support restores accounts every week", "restores accounts"),
+    ("uv", "pip-tools", "the lock step dropped from minutes to seconds", "minutes to seconds"),
 )
 FILLER = (
     "ok, go on.",
@@ -257,7 +320,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
     slots = list(range(3, turns - 5))
     rng.shuffle(slots)
     n_values = max(8, turns // 12)
-    n_decisions = max(4, turns // 35)
+    n_decisions = max(4, turns // 20)
     for i, slot in enumerate(slots[:n_values]):
         plan[slot] = "value:" + kinds[i % len(kinds)]
     for slot in slots[n_values : n_values + n_decisions]:
@@ -270,6 +333,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
     choices = list(CHOICES)
     rng.shuffle(choices)
     phrasing_turn = 0
+    failed: set[str] = set()  # modules whose tests failed with an error code
 
     def todo_call(t: int) -> None:
         items = [{"content": text, "status": status} for text, status in todos]
@@ -315,6 +379,8 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             templates = HELD_OUT[vk] if held else PHRASINGS[vk]
             template = rng.choice(templates)
             subject, value, needles, query = _value(w, vk, modules)
+            if template in QUERIES:
+                query = QUERIES[template].format(s=subject)
             text = template.format(s=subject, v=value)
             text = text[0].upper() + text[1:]
             user = Message.user(text)
@@ -333,10 +399,16 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             else:
                 msg = Message.assistant(text)
                 w.turns.append((msg,))
-            w.probe(DECISION, "decision", (a, key), f"why did we choose {a}", msg.id, t, held_out=which == "held")
+            kind_name = {"late": "decision_late", "fresh": "decision_fresh"}.get(which, "decision")
+            held = which in ("held", "fresh")
+            w.probe(DECISION, kind_name, (a, key), f"why did we choose {a}", msg.id, t, held_out=held)
             t += 1
             continue
         if kind == "error_code":
+            # a module whose tests have not failed with a code yet (the probe's question names the
+            # module: two codes of one module would be one question with two answers)
+            module = next((m for m in modules[current % len(modules) :] + modules if m not in failed), module)
+            failed.add(module)
             code = w.unique(lambda: f"E{rng.randint(1000, 9999)}")
             failure = (
                 f"{tests[module]}::test_{module}_tenant - {module}.errors.TenantError: [{code}] tenant header missing"

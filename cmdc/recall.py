@@ -20,6 +20,7 @@ from ._clip import clip
 from .errors import ConfigError, ToolArgumentsError
 from .message import Message
 from .store import JournalReader
+from .store import search as _words
 from .store.records import JournalRecord
 from .store.search import MAX_QUERY_CHARS
 from .tokens import estimate_text_tokens
@@ -130,22 +131,72 @@ def _originals_first(hits: list[JournalRecord]) -> list[JournalRecord]:
     return [r for r in hits if not r.message.is_summary] + [r for r in hits if r.message.is_summary]
 
 
+EXCERPT_SCAN_CHARS = 64 * 1024
+"""Characters of a large search hit's text scanned for the lines holding the query's words."""
+EXCERPT_LINE_CHARS = 240
+"""Characters of one line an excerpt shows at most."""
+
+
+def excerpt(record: JournalRecord, query: str, room: int) -> tuple[str, int] | None:
+    """A search hit too large for its share of the output (`room` bytes) as the lines that
+    hold the query's words (the lines holding most of its distinct words first, shown in
+    their order, each cut to `EXCERPT_LINE_CHARS`), with a note naming the record to read it
+    whole: (text, characters left out). None when the record fits or no line holds a word."""
+    body = _body(record.message)
+    if _size(body, cap=room) + record.clipped <= room:
+        return None
+    terms = set(_words.query_terms(query)[0])
+    lines = body[: _words.TEXT_CHARS].splitlines()
+    scored = []
+    for i, line in enumerate(lines):
+        found = terms.intersection(_words.tokens(line[:4096]))
+        if found:
+            scored.append((-len(found), i))
+    if not scored:
+        return None
+    note = f"[… lines of record {record.seq} holding the words searched; read it with first={record.seq}]"
+    chosen: list[int] = []
+    used = _size(note) + 1
+    for _, i in sorted(scored):
+        line = clip(lines[i], EXCERPT_LINE_CHARS, keep="head", marker="…")
+        if used + _size(line) + 1 > room:
+            break
+        chosen.append(i)
+        used += _size(line) + 1
+    if not chosen:
+        return None
+    shown = [clip(lines[i], EXCERPT_LINE_CHARS, keep="head", marker="…") for i in sorted(chosen)]
+    return "\n".join([*shown, note]), len(body) + record.clipped - sum(map(len, shown))
+
+
 def render_records(
-    intro: str, records: Sequence[JournalRecord], *, budget_tokens: int, journal: str, footer: Footer
+    intro: str,
+    records: Sequence[JournalRecord],
+    *,
+    budget_tokens: int,
+    journal: str,
+    footer: Footer,
+    query: str | None = None,
 ) -> str:
     """`intro`, then one block per record in order while they fit in `budget_tokens`; a record
     that does not fit is cut to a head with a marker (given room enough, else left out), and
-    `footer(seqs of the records not shown)`, unless None, closes the output."""
+    `footer(seqs of the records not shown)`, unless None, closes the output. With `query` (a
+    search's hits), a record larger than an even share of the budget shows the lines holding
+    the query's words instead (`excerpt`), so the best hits all fit."""
     budget = budget_tokens * 4  # estimate_text_tokens is UTF-8 bytes / 4, rounded up
     seqs = [r.seq for r in records]
     # Room kept for the closing note, in its longest form (every record left out).
     reserve = 2 + _size(footer(seqs) or "") + 8 * _LISTED
+    share = (budget - _size(intro) - reserve) // max(1, len(records)) - 80
     parts = [intro]
     used = _size(intro)
     shown = 0
     for record in records:
         header, body = _header(record), _body(record.message)
         more = record.clipped  # characters of the text the store left out
+        cut = excerpt(record, query, share) if query is not None and share > 0 else None
+        if cut is not None:
+            body, more = cut[0], 0
         cost = 2 + _size(header) + 1 + _size(body, cap=budget) + more
         if used + cost + reserve <= budget:
             parts.append(f"{header}\n{body}")
@@ -234,7 +285,10 @@ def recall_tool(
     if not isinstance(store, JournalReader):
         raise ConfigError(f"recall needs an OffloadStore or a store, got {store!r:.80}")
     journal = store.location(agent_id)  # ConfigError for an unsafe agent id, before any call
-    most = 10_000  # both stores answer what is asked from an index: ask for a bounded list
+    # The hits asked of the store: enough for the largest limit and the count shown, few enough
+    # that a common word in a journal of a million records decodes a few dozen records, not
+    # thousands (past it, the count says "or more").
+    most = 2 * MAX_LIMIT
     # A store that can cut texts hands over no more of a record than a budget can show (plus
     # one character, so a cut record still counts as too large): a huge record's text is never
     # built whole. The output is the same as from whole records.
@@ -258,7 +312,14 @@ def recall_tool(
                 "or fewer words; or read a range of records named in the conversation summary (first, last)."
             )
         candidates, beyond = hits[:limit], [r.seq for r in hits[limit:]]
-        intro = f"{len(hits)} records match {_quote(query)}, best match first"
+        if cut:  # a hit cut to the budget is read again further, for the lines holding the words
+            wider = {"max_chars": EXCERPT_SCAN_CHARS}
+            for i, r in enumerate(candidates):
+                if r.clipped:
+                    again = await store.read_range(agent_id, r.seq, r.seq, **wider)
+                    candidates[i] = again[0] if again else r
+        more = "+" if len(hits) >= most else ""
+        intro = f"{len(hits)}{more} records match {_quote(query)}, best match first"
         intro += f" (showing at most limit={limit}):" if beyond else ":"
 
         def footer(not_shown: list[int]) -> str | None:
@@ -269,15 +330,18 @@ def recall_tool(
             if not_shown and beyond:
                 why = f"limit={limit} and the output budget"
             return (
-                f"[{len(left)} more matching records not shown ({why}): records {_seq_list(left)}. "
+                f"[{len(left)}{more} more matching records not shown ({why}): records {_seq_list(left)}. "
                 f"Read one with first={left[0]}, last={left[0]}; or search with more specific words.]"
             )
 
-        return await render(intro, candidates, footer)
+        return await render(intro, candidates, footer, query)
 
-    async def render(intro: str, records: Sequence[JournalRecord], footer: Footer) -> str:
+    async def render(intro: str, records: Sequence[JournalRecord], footer: Footer, query: str | None = None) -> str:
         # Bounded by the budget: a record larger than it is neither encoded nor copied whole.
-        return render_records(intro, records, budget_tokens=budget_tokens, journal=journal, footer=footer)
+        work = partial(
+            render_records, intro, records, budget_tokens=budget_tokens, journal=journal, footer=footer, query=query
+        )
+        return await trio.to_thread.run_sync(work) if query is not None else work()
 
     async def extent() -> tuple[int, str]:
         """How many records the journal holds and their span ("first-last"), from its index."""

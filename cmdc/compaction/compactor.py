@@ -394,7 +394,7 @@ class Compactor:
                 ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
             else:
                 ledger = _ledger(split, written, cap)
-            users, answer = ledger_shares(budget, user_budget, answer_budget, ledger)
+            users, answer = ledger_shares(budget, user_budget, answer_budget, ledger, cap)
             summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
             return summary, list(tag_summaries(inserted, written))  # here, while the fsync runs

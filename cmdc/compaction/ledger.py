@@ -34,6 +34,7 @@ import orjson
 
 from .._clip import clip_line, scrub_media, utf8_len
 from ..message import Message, ToolCall
+from ..tokens import estimate_message_tokens
 
 LEDGER_KEY = "cmdc.ledger"
 """The summary message's metadata key that carries the ledger forward."""
@@ -59,7 +60,11 @@ READ_MESSAGES = 400
 """The most evicted messages one compaction reads for the ledger (the newest, as many as the
 offline summarizer reads); older ones (a huge first compaction) are named by their journal
 records in every section's pointer line."""
+READ_TOKENS = 16_000
+"""...and at most about this many tokens of them (the newest; a compaction at a trigger below it
+reads all it evicts): the ledger's cost per compaction is bounded whatever is evicted at once."""
 
+_MAX_METADATA_CHARS = 4_000_000  # a longer ledger string (never written by cmdc) is not parsed
 _MAX_POINTER_RANGES = 8  # a section's pointer line names at most this many record ranges
 _TEXT_BYTES = {VALUE: 280, DECISION: 280, ARTIFACT: 200, ERROR: 240, TASK: 200}
 _SCAN_WINDOW = (4_000, 2_000)  # the head and tail of a long message that are read
@@ -96,17 +101,27 @@ class Ledger:
     entries: tuple[Entry, ...] = ()
     demoted: Mapping[str, tuple[tuple[int, int], ...]] = attrs.field(factory=dict)
 
-    def to_metadata(self) -> dict[str, Any]:
-        return {
-            "v": 1,
-            "entries": [e.to_list() for e in self.entries],
-            "demoted": {k: [list(r) for r in v] for k, v in self.demoted.items() if v},
-        }
+    def to_metadata(self) -> str:
+        """The ledger as the summary's metadata value: one JSON string (a message's metadata is
+        frozen value by value when the message is made; a string costs nothing to freeze)."""
+        return orjson.dumps(
+            {
+                "v": 1,
+                "entries": [e.to_list() for e in self.entries],
+                "demoted": {k: [list(r) for r in v] for k, v in self.demoted.items() if v},
+            }
+        ).decode()
 
     @classmethod
     def from_metadata(cls, value: object) -> Ledger:
         """The ledger a summary carried (an empty one for anything malformed: a summary from an
-        older version, or metadata a plugin changed)."""
+        older version, or metadata a plugin changed). Read from the JSON string `to_metadata`
+        writes, or from the mapping it is parsed into (as earlier versions wrote it)."""
+        if isinstance(value, str) and len(value) <= _MAX_METADATA_CHARS:
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return cls()
         if not isinstance(value, Mapping):
             return cls()
         entries: list[Entry] = []
@@ -147,34 +162,253 @@ _MODAL = re.compile(
     r"required?|requirements?|mandatory|make sure|ensure|don't|do not|doesn't|cannot|can't|may|"
     r"at (?:most|least)|no (?:more|less|later|earlier) than|only|exactly|limit(?:ed)?|keep|avoid)\b"
 )
-_DECIDED = re.compile(
-    r"(?i)\b(?:decid(?:e|ed|ing)|decision|chose|chosen|settled? on|went with|opted for|"
-    r"standardi[sz](?:e|ed|ing) on|agreed on)\b"
+# A decision is a choice made with a reason, written the way people write them, in any order and
+# any register: a choice ("let's go with", "we'll use", "switch to", "stick with", "X it is",
+# "prefer", "drop", "decided"), often the alternative ("rather than", "instead of", "over",
+# "not Y"), and a reason ("because", "since", "as it", "given", "so that", "to avoid", a
+# comparison, a clause after a colon or a dash), in the same sentence or the next one.
+_SAID_DECIDED = re.compile(
+    r"\b(?:decid(?:e|ed|ing)\b|decision\b|chose\b|chosen\b|settled (?:on|for)|opted (?:for|to)|went with|"
+    r"went for|standardi[sz]ed on|agreed (?:on|to)|we picked|i picked)"
 )
-_DECIDED_WORDS = ("decid", "decision", "chose", "chosen", "settle", "went with", "opted", "standardi", "agreed on")
-_REASON_WORDS = (
-    "because", "since", " as ", "so that", "so we", "so it", "so the", "due to", "given", "avoid", "keep",
-    "which ", "otherwise", "rather than", "instead of", "reason", "option", "alternative", "trade", "versus", "vs",
-)  # fmt: skip
-
-
-def _may_decide(text: str) -> bool:
-    """A quick test of a whole message (substrings, no regex) before its sentences are read."""
-    low = text.lower()
-    return any(w in low for w in _DECIDED_WORDS) or any(w in low for w in _REASON_WORDS)
-
-
-_CHOICE = re.compile(
-    r"(?i)\b(?:decid\w*|decision|chose|choose|chosen|choosing|go(?:ing)? with|went with|opt(?:ed|ing)? for|"
-    r"settle[ds]? on|settling on|going with|pick(?:ed|ing)?|prefer(?:red|ring)?|switch(?:ed|ing)? to|"
-    r"stick(?:ing)? with|"
-    r"rather than|instead of|in favou?r of|over\b(?= \w+ (?:because|since|as))|we'll use|let's use|use \S+ for)"
+_CHOICE_VERB = (
+    r"(?:my|our|the) (?:vote|pick|call|bet|answer)\b|the answer's|(?:safe|safer|best|better|good) bet|"
+    r"lean(?:ing|s)?(?: towards?)?\b|(?:is|are) out\b|rul(?:e|es|ed|ing) out|\w+ and not\b|, then[.!]?$|"
+    r"\bworks(?: for (?:me|us))?[.!]?$|(?:^|(?<=[.!?:;] ))(?:(?:ok|okay)?,? ?so |(?:ok|okay),? )?(?:using|doing) |"
+    r"(?:^|(?<=[.!?:;] ))(?:ok|okay)?,? ?so [\w.-]+(?: [\w.-]+){0,2}[.!]?$|"
+    r"choos\w*|choice|pick(?:ed|ing|s)?\b|opt(?:ed|ing|s)? (?:for|to)|settl\w* (?:on|for)|"
+    r"go(?:es|ing)? (?:with|for)|stick(?:ing|s)? (?:with|to)|stay(?:ing|s)? (?:with|on)|"
+    r"(?:switch(?:ed|ing|es)?|mov(?:e|ed|ing)|migrat\w*|port(?:ed|ing)?) (?:[\w.-]+ ){0,4}?(?:to|over to|onto)\b|"
+    r"(?:^|(?<=[.!?:;] ))(?:use|try|pick|take|keep|go) |(?:^|(?<=[.!?:;] ))no [\w.-]+(?: [\w.-]+)? (?:for|in|here)\b|"
+    r"better to\b|best to\b|rather\b|"
+    r"standardi[sz]\w* on|adopt\w*|select(?:ed|ing)?\b|prefer\w*|favou?r(?:ed|ing)?\b|replac\w* |swap\w*|"
+    r"drop(?:ped|ping)?\b|ditch\w*|abandon\w*|keep(?:ing)? (?:using|with)|rule[ds]? out|"
+    r"(?:let's|let us|we'll|we will|we should|we're going to|we are going to|i'll|i will|i'd|we'd|"
+    r"i'm going to|the plan is to|better to|best to|we can just|just) (?:\w+ )?(?:use|keep|take|try|build|store|"
+    r"put|run|rely|write|ship|do|make|go|stay|avoid|skip|not)\b|"
+    r"it is[.!;:,\u2014-]|it is$|wins\b|the way to go|the (?:right|safer|better) "
+    r"(?:call|choice|bet|option|fit|pick)|better (?:fit|option|choice|bet|pick)|makes (?:more )?sense"
 )
+_ALTERNATIVE = (
+    r"rather than|instead of|instead\b|than\b|in favou?r of|over (?!the |a |an |it |time|there|here)|vs\.?(?= )|"
+    r"versus|alternatives?\b|other options?\b|not \w+ but|against\b|(?:better|simpler|faster|safer|cheaper|"
+    r"easier|lighter|smaller|more \w+|less \w+) than"
+)
+_CHOICE = re.compile(rf"\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})")
+_ALTERNATIVE_RE = re.compile(rf"\b(?:{_ALTERNATIVE})")
 _REASON = re.compile(
-    r"(?i)\b(?:because|since|as (?:it|they|we|that|this)|so that|so (?:we|it|the)|due to|given (?:that|the)|"
-    r"to avoid|to keep|which (?:means|keeps|avoids)|otherwise|rather than|instead of|the reason|"
-    r"other option|alternatives?|trade-?offs?|versus|vs\.?)\b"
+    r"\b(?:because|'cause|cuz|since|except|reasons?:|mostly|after all|whereas|which \w+s\b|"
+    r"as (?:it|they|we|there|you|nothing|everything|both|each|only|long as|well)\b|"
+    r"as (?:the|this|that|these|our|their|its) \w+(?: \w+)? (?:is|are|was|were|has|have|had|does|do|did|can|will|"
+    r"would|\w+s)\b|given(?: that)?|due to|owing to|thanks to|so that|so (?:we|it|the|that|"
+    r"nothing|there|they|you|i|no)|in order to|to (?:avoid|keep|make sure|prevent|stay|save|reduce|cut|get|spare)|"
+    r"otherwise|that way|which (?:means|is|makes|keeps|avoids|gives|lets|saves|matters|would)|the reason|"
+    r"reasoning|the point is|considering|now that|for (?:speed|safety|simplicity|consistency)|"
+    r"the (?:upside|benefit|advantage|downside|catch|problem|issue|trouble)|too (?:slow|heavy|big|complex|fragile|"
+    r"risky|expensive|much|many|old|new)|\w+er than|more \w+ than|less \w+ than|fewer|"
+    r"(?:doesn't|does not|don't|do not|can't|cannot|won't|isn't|aren't|wasn't|wouldn't|couldn't|didn't|lacks?)\b|"
+    r"(?:it|it's|that's|this|which|they|they're|its|their) (?:\w+ )?(?:works?|supports?|handles?|runs?|needs?|"
+    r"requires?|has|have|keeps?|avoids?|gives?|lets?|saves?|makes?|already|only|never|always|must|can|will|would)\b|"
+    r"we (?:need|want|must|have to|can't|cannot|don't|already)|already|knows?|familiar|"
+    r"(?:faster|slower|simpler|safer|cheaper|easier|lighter|smaller|quicker|cleaner|more \w+|less \w+)\b)"
 )
+# What a message must hold for its sentences to be read for decisions (cheap word-set tests; each
+# alternative of `_SAID_DECIDED` and `_CHOICE` holds one of these words or prefixes, and of
+# `_REASON` one of these words or a colon, semicolon or dash).
+_SPACES = str.maketrans(dict.fromkeys('.,;:!?()[]{}"`*<>=/\\|#~^_+\u2014\u2013', " "))
+_CHOICE_WORDS = frozenset(
+    [
+        "vote",
+        "pick",
+        "picks",
+        "picked",
+        "picking",
+        "call",
+        "bet",
+        "answer",
+        "answer's",
+        "lean",
+        "leans",
+        "leaning",
+        "out",
+        "not",
+        "then",
+        "works",
+        "using",
+        "doing",
+        "so",
+        "opt",
+        "opts",
+        "opted",
+        "opting",
+        "go",
+        "goes",
+        "going",
+        "went",
+        "stick",
+        "sticks",
+        "sticking",
+        "stay",
+        "stays",
+        "staying",
+        "port",
+        "ported",
+        "porting",
+        "use",
+        "try",
+        "take",
+        "keep",
+        "keeping",
+        "no",
+        "better",
+        "best",
+        "rather",
+        "select",
+        "selected",
+        "selecting",
+        "drop",
+        "dropped",
+        "dropping",
+        "rule",
+        "rules",
+        "ruled",
+        "let's",
+        "let",
+        "we'll",
+        "will",
+        "should",
+        "we're",
+        "are",
+        "i'll",
+        "i'd",
+        "we'd",
+        "i'm",
+        "plan",
+        "just",
+        "it",
+        "wins",
+        "way",
+        "right",
+        "safer",
+        "makes",
+        "sense",
+        "instead",
+        "than",
+        "over",
+        "vs",
+        "versus",
+        "alternative",
+        "alternatives",
+        "option",
+        "options",
+        "against",
+        "more",
+        "less",
+        "choice",
+        "decision",
+        "chose",
+        "chosen",
+        "settled",
+        "agreed",
+    ]
+)
+_CHOICE_PREFIXES = re.compile(
+    r"choos|decid|settl|switch|mov|migrat|standardi|adopt|prefer|favo|replac|swap|ditch|abandon"
+)
+_REASON_WORDS = frozenset(
+    [
+        "because",
+        "cause",
+        "cuz",
+        "since",
+        "except",
+        "reason",
+        "reasons",
+        "mostly",
+        "after",
+        "whereas",
+        "which",
+        "as",
+        "given",
+        "due",
+        "owing",
+        "thanks",
+        "so",
+        "order",
+        "to",
+        "otherwise",
+        "way",
+        "point",
+        "considering",
+        "now",
+        "for",
+        "upside",
+        "benefit",
+        "advantage",
+        "downside",
+        "catch",
+        "problem",
+        "issue",
+        "trouble",
+        "too",
+        "than",
+        "fewer",
+        "doesn't",
+        "does",
+        "don't",
+        "do",
+        "can't",
+        "cannot",
+        "won't",
+        "isn't",
+        "aren't",
+        "wasn't",
+        "wouldn't",
+        "couldn't",
+        "didn't",
+        "lack",
+        "lacks",
+        "it",
+        "it's",
+        "that's",
+        "this",
+        "they",
+        "they're",
+        "its",
+        "their",
+        "we",
+        "already",
+        "knows",
+        "know",
+        "familiar",
+        "faster",
+        "slower",
+        "simpler",
+        "safer",
+        "cheaper",
+        "easier",
+        "lighter",
+        "smaller",
+        "quicker",
+        "cleaner",
+        "more",
+        "less",
+        "reasoning",
+    ]
+)
+
+
+def _may_decide(low: str) -> bool:
+    """Whether lower-cased `low` may state a decision (a choice word, and a reason word or a
+    clause after a colon, semicolon or dash), by word sets: no regex runs on most messages."""
+    words = set(low.translate(_SPACES).split())
+    if not (words & _CHOICE_WORDS or _CHOICE_PREFIXES.search(low)):
+        return False
+    return bool(words & _REASON_WORDS) or any(c in low for c in ":;\u2014\u2013") or " - " in low
+
+
+_EXPLAINED = re.compile(r"[:;\u2014\u2013]\s*\S+(?:\s+\S+){2,}|\s[-\u2013]{1,2}\s+\S+(?:\s+\S+){2,}")
+"""A clause after a colon, a semicolon or a dash (a choice's reason is often written so)."""
 _CHECKBOX = re.compile(r"^\s*(?:[-*+]|\d+[.)])?\s*\[([ xX])\]\s+(.+?)\s*$")
 _TODO_LINE = re.compile(r"^\s*(?:[-*+]\s*)?TODO\b[:\s]\s*(.+?)\s*$")
 _PLAN = re.compile(
@@ -216,8 +450,11 @@ def _one_line(text: str, kind: str) -> str:
     return clip_line(" ".join(text.split()), _TEXT_BYTES[kind])
 
 
+_NOT_KEY = re.compile(r"[^\w./:@-]+")
+
+
 def _norm(text: str) -> str:
-    return " ".join(re.sub(r"[^\w./:@-]+", " ", text.lower()).split())[:160]
+    return " ".join(_NOT_KEY.sub(" ", text[:400].lower()).split())[:160]
 
 
 def _window(text: str, window: tuple[int, int]) -> str:
@@ -240,14 +477,73 @@ def states_something(sentence: str) -> tuple[bool, int]:
     return False, 0
 
 
-def is_decision(sentence: str) -> bool:
+def _cues(low: str) -> tuple[bool, int, bool, bool]:
+    """A lower-cased sentence's cues: (it says a decision was made, how many choice words it
+    has, whether it names an alternative, whether it gives a reason outside its choice words)."""
+    said = bool(_SAID_DECIDED.search(low))
+    spans = [m.span() for m in _CHOICE.finditer(low)]
+    reason = any(not any(lo <= m.start() and m.end() <= hi for lo, hi in spans) for m in _REASON.finditer(low)) or bool(
+        _EXPLAINED.search(low)
+    )
+    alternative = bool(spans) and bool(_ALTERNATIVE_RE.search(low))
+    return said, len(spans), alternative, reason
+
+
+def is_decision(sentence: str, following: str = "") -> bool:
     """A sentence that states a decision outright, or makes a choice and gives a reason (or
-    names the alternative)."""
-    if not _may_decide(sentence):
-        return False
-    if _DECIDED.search(sentence):
+    names the alternative): the reason in `sentence` or in the `following` sentence."""
+    if sentence.rstrip().endswith("?"):
+        return False  # a question decides nothing
+    return _decides(_cues(sentence.lower()), _cues(following.lower()) if following else None)
+
+
+def _decides(cues: tuple[bool, int, bool, bool], following: tuple[bool, int, bool, bool] | None = None) -> bool:
+    said, choices, alternative, reason = cues
+    if said:
         return True
-    return bool(_CHOICE.search(sentence)) and bool(_REASON.search(sentence))
+    if not choices:
+        return False
+    if reason or (choices > 1 and alternative):
+        return True  # a choice with its reason, or with what it was chosen over
+    return following is not None and following[3]
+
+
+def decisions(text: str) -> list[str]:
+    """The decisions `text` states: a sentence holding a choice and its reason (or saying a
+    decision was made), or a run of at most three sentences that each make a choice or give a
+    reason, holding both in either order. Only a message with a choice word and a reason word in
+    it is split into sentences."""
+    if not _may_decide(text.lower()):
+        return []
+    sentences = [s for s in _sentences(text) if not s.rstrip().endswith("?")]  # a question decides nothing
+    cues = [_cues(s.lower()) for s in sentences]
+    decided = [len(s) >= 8 and _decides(c) for s, c in zip(sentences, cues, strict=True)]
+    found: list[str] = []
+    i = 0
+    while i < len(sentences):
+        _, choices, _, reason = cues[i]
+        if decided[i]:
+            nxt = i + 1  # "..., which rules Y out. So X.": the short choice after it is read with it
+            if nxt < len(sentences) and len(sentences[nxt]) <= 60 and cues[nxt][1] and not cues[nxt][3]:
+                found.append(f"{sentences[i]} {sentences[nxt]}")
+                i += 2
+            else:
+                found.append(sentences[i])
+                i += 1
+            continue
+        if not choices and not reason:
+            i += 1
+            continue
+        end = i + 1  # the run of choice and reason sentences that starts here (at most three)
+        while end < len(sentences) and end - i < 3 and (cues[end][1] or cues[end][3]) and not decided[end]:
+            end += 1
+        run = cues[i:end]
+        if end - i > 1 and any(c[1] for c in run) and any(c[3] for c in run):
+            found.append(" ".join(sentences[i:end]))
+            i = end
+        else:
+            i += 1
+    return found
 
 
 @functools.lru_cache(maxsize=256)
@@ -314,7 +610,15 @@ def error_lines(text: str) -> list[str]:
         return []
     lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln) and not _NOT_ERROR.search(ln)]
     lines = [ln for ln in lines if ln and not ln.startswith(('File "', "Traceback"))] or lines
-    return list(dict.fromkeys(lines if len(lines) <= 2 else [lines[0], lines[-1]]))
+    ends = list(dict.fromkeys(lines if len(lines) <= 2 else [lines[0], lines[-1]]))
+    if len(ends) == 2:  # "E X: [E12] y" and "FAILED t::f - X: [E12] y" say one thing: the longer is kept
+        short, long = sorted(ends, key=len)
+        if _ERROR_MARK.sub("", short, count=1) in long:
+            return [long]
+    return ends
+
+
+_ERROR_MARK = re.compile(r"^(?:E|ERROR|FAILED|FAIL|error:?|fatal:)\s+")
 
 
 def _outcome(result: Message | None) -> tuple[str, bool]:
@@ -391,17 +695,18 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
     """Decisions (any role), stated values (the user's), the to-do lines, and with `plan` the
     plan an assistant message states (the newest one's is the last step before the summary)."""
     out = _checkboxes(text, seq, own=role == "assistant")
-    if role != "user" and not plan and not _may_decide(text):
-        return out  # nothing else to find in it: no sentence is looked at
+    decided = decisions(text)
+    for said in decided:
+        said = _safe(said, seq)
+        out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, 2))
+    if role != "user" and not plan:
+        return out  # nothing else to find in it
     stated: list[str] = []
     best = 0
     steps: list[str] = []
+    within = " ".join(decided)
     for sentence in _sentences(text):
-        if len(sentence) < 8:
-            continue
-        if is_decision(sentence):
-            said = _safe(sentence, seq)
-            out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, 2))
+        if len(sentence) < 8 or (decided and sentence in within):
             continue
         if role == "user":
             says, rank = states_something(sentence)
@@ -449,6 +754,11 @@ def _merge_artifact(old: Entry, new: Entry) -> Entry:
     if not old.key.startswith("path:"):
         return attrs.evolve(new, rank=max(old.rank, new.rank) if "failed" in new.text else new.rank)
     path = old.key[5:]
+    prefix = f"{path} \u2014 "
+    plain = "(failed" not in old.text and "(failed" not in new.text
+    same_path = new.text.startswith(prefix) and old.text.startswith(prefix)
+    if plain and same_path and new.text[len(prefix) :] in old.text[len(prefix) :].split(", "):  # known action
+        return Entry(ARTIFACT, old.key, old.text, new.seq, max(old.rank, new.rank))
     before = old.text.split(" \u2014 ", 1)[1].split(" (failed", 1)[0] if " \u2014 " in old.text else ""
     now = new.text.split(" \u2014 ", 1)[1] if " \u2014 " in new.text else ""
     actions = list(dict.fromkeys([a for a in before.split(", ") if a] + [now.split(" (failed", 1)[0]]))
@@ -461,7 +771,14 @@ _DIGITS = re.compile(r"\d+")
 
 
 def _shape(entry: Entry) -> str:
-    return entry.kind + "\0" + _DIGITS.sub("#", entry.key)
+    return _shape_of(entry.kind, entry.key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_of(kind: str, key: str) -> str:
+    """A value entry's key with its numbers blanked (cached: a ledger's entries come back at
+    every compaction)."""
+    return kind + "\0" + _DIGITS.sub("#", key)
 
 
 def merge(previous: Ledger, observed: Iterable[Entry]) -> Ledger:
@@ -519,9 +836,10 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
             unread[i] = 0
         unread = list(filter((0).__lt__, unread))
         if unread:
+            lo, hi = min(unread), max(unread)
             demoted = dict(ledger.demoted)
             for kind in SECTIONS:
-                demoted[kind] = _coalesce([*demoted.get(kind, ()), (min(unread), max(unread))])
+                demoted[kind] = _coalesce([*demoted.get(kind, ()), (lo, hi)])
             ledger = Ledger(ledger.entries, demoted)
     return merge(ledger, observe(messages[start:], seqs[start:]))
 
@@ -541,9 +859,14 @@ def summaries_in(messages: Sequence[Message]) -> list[Message]:
 
 
 def _first_read(messages: Sequence[Message]) -> int:
-    """Where the messages read start: at most `READ_MESSAGES` of the newest, never between a
+    """Where the messages read start: at most `READ_MESSAGES` of the newest and about
+    `READ_TOKENS` of their tokens (the message that reaches it is read), never between a
     tool call and its results (the read part starts at a user or assistant message)."""
-    start = max(0, len(messages) - READ_MESSAGES)
+    start, tokens = len(messages), 0
+    floor = max(0, len(messages) - READ_MESSAGES)
+    while start > floor and tokens < READ_TOKENS:
+        start -= 1
+        tokens += estimate_message_tokens(messages[start])
     while 0 < start < len(messages) and messages[start].role == "tool":
         start -= 1
     return start
@@ -590,16 +913,34 @@ def without_ledger(text: str) -> str:
 
 
 def render(ledger: Ledger) -> str:
-    """The ledger as Markdown sections (empty sections left out)."""
+    """The ledger as Markdown sections (empty sections left out). Files are listed by what was
+    done to them, one line per set of actions (`- edited: a.py, b.py`)."""
     blocks: list[str] = []
     for kind, heading in SECTIONS.items():
-        lines = [e.line() for e in _ordered(ledger, kind)]
+        entries = _ordered(ledger, kind)
+        lines = _artifact_lines(entries) if kind == ARTIFACT else [e.line() for e in entries]
         ranges = ledger.demoted.get(kind, ())
         if ranges:
             lines.insert(0, pointer_line(ranges))
         if lines:
             blocks.append("\n".join([f"## {heading}", *lines]))
     return "\n\n".join(blocks)
+
+
+_PATH_SEP = " \u2014 "
+
+
+def _artifact_lines(entries: Sequence[Entry]) -> list[str]:
+    """Files grouped by what was done to them (in the order first seen), then commands."""
+    groups: dict[str, list[str]] = {}
+    others: list[str] = []
+    for e in entries:
+        path, sep, actions = e.text.partition(_PATH_SEP)
+        if e.key.startswith("path:") and sep:
+            groups.setdefault(actions, []).append(path)
+        else:
+            others.append(e.line())
+    return [f"- {actions}: {', '.join(paths)}" for actions, paths in groups.items()] + others
 
 
 def _ordered(ledger: Ledger, kind: str) -> list[Entry]:
@@ -611,44 +952,72 @@ def _ordered(ledger: Ledger, kind: str) -> list[Entry]:
 
 
 def _size(ledger: Ledger) -> int:
-    return utf8_len(render(ledger))
+    """`utf8_len(render(ledger))`, counted section by section (lines' sizes cached)."""
+    size, blocks = 0, 0
+    by_kind: dict[str, list[Entry]] = {k: [] for k in SECTIONS}
+    for e in ledger.entries:
+        by_kind[e.kind].append(e)
+    for kind, heading in SECTIONS.items():
+        entries, ranges = by_kind[kind], ledger.demoted.get(kind, ())
+        if not entries and not ranges:
+            continue
+        blocks += 1
+        size += 3 + utf8_len(heading)
+        if ranges:
+            size += 1 + utf8_len(pointer_line(ranges))
+        if kind == ARTIFACT:
+            size += sum(1 + utf8_len(line) for line in _artifact_lines(entries))
+        else:
+            size += sum(1 + _line_size(e) for e in entries)
+    return size + 2 * (blocks - 1) if blocks else 0
+
+
+def _cost(entry: Entry) -> int:
+    """About what `entry` adds to the rendered ledger (a file: its path in its group's line)."""
+    path, sep, _ = entry.text.partition(_PATH_SEP)
+    if entry.kind == ARTIFACT and entry.key.startswith("path:") and sep:
+        return utf8_len(path) + 2
+    return _line_size(entry) + 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _line_size(entry: Entry) -> int:
+    return utf8_len(entry.line())
 
 
 _WEIGHT = {ARTIFACT: 0, ERROR: 1, VALUE: 1, DECISION: 1, TASK: 2}
-"""Within a rank, which kind is demoted first: what was done to files (the files themselves
-keep it), then what was said, the open tasks last."""
+"""Within a rank and a journal record, which kind is demoted first: what was done to files (the
+files themselves keep it), then what was said, the open tasks last."""
 
 
 def fit(ledger: Ledger, max_bytes: int) -> Ledger:
-    """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries (within a rank,
-    artifacts first: see `_WEIGHT`), oldest first, are demoted to their section's pointer line
-    (their journal records) until it fits."""
+    """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries, within a rank the
+    oldest (by journal record, whatever their kind; then `_WEIGHT`), are demoted to their
+    section's pointer line (their journal records) until it fits. (Files first within a rank,
+    as before, emptied the files' section of a small budget while older values stayed.)"""
     if _size(ledger) <= max_bytes:
         return ledger
     entries = ledger.entries
-    order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, _WEIGHT[entries[i].kind], entries[i].seq, i))
-    reserve = sum(len(pointer_line(((10**9, 10**9),) * _MAX_POINTER_RANGES)) + 1 for _ in SECTIONS)
-    sizes = [utf8_len(e.line()) + 1 for e in ledger.entries]
-    total = sum(sizes) + sum(len(h) + 8 for h in SECTIONS.values())
+    order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, entries[i].seq, _WEIGHT[entries[i].kind], i))
+    sizes = [_cost(e) for e in ledger.entries]
+    total = _size(ledger)
     gone: set[int] = set()
-    for i in order:  # a first cut, by an upper bound of the pointer lines' size
-        if total + reserve <= max_bytes:
+    for i in order:  # a first cut, by the entries' sizes (the pointer lines' growth is not counted yet)
+        if total <= max_bytes:
             break
         gone.add(i)
         total -= sizes[i]
     result = _demote(ledger, gone)
     size = _size(result)
     rest = iter(i for i in order if i not in gone)
-    while size > max_bytes:  # then exactly: enough more demoted to cover the overshoot, measured again
+    while size > max_bytes and len(gone) < len(entries):  # then exactly: enough more to cover the overshoot
         over = size - max_bytes
         for i in rest:
             gone.add(i)
             over -= sizes[i]
             if over <= 0:
                 break
-        else:
-            break
-        result = _demote(ledger, gone)
+        result = _demote(ledger, gone)  # measured again (with the pointer lines as they now are)
         size = _size(result)
     return result
 
@@ -675,7 +1044,7 @@ def record_numbers(messages: Sequence[Message], seqs: Sequence[int], first_seq: 
 
 def dumps(ledger: Ledger) -> str:
     """The ledger as JSON (for debugging and tests)."""
-    return orjson.dumps(ledger.to_metadata()).decode()
+    return ledger.to_metadata()
 
 
 __all__ = [
@@ -687,6 +1056,7 @@ __all__ = [
     "LEDGER_KEY",
     "LEDGER_SHARE",
     "READ_MESSAGES",
+    "READ_TOKENS",
     "OPEN",
     "SECTIONS",
     "TASK",

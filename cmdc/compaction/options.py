@@ -155,9 +155,7 @@ class CompactorOptions:
     summarizer is the agent's own provider; False: never.
     """
 
-    summarizer: Summarizer = attrs.field(
-        default=None, converter=_default_summarizer, validator=_primary, kw_only=False
-    )
+    summarizer: Summarizer = attrs.field(default=None, converter=_default_summarizer, validator=_primary, kw_only=False)
     plugins: tuple[Plugin, ...] = attrs.field(default=(), converter=_plugins)
     fallbacks: tuple[Summarizer, ...] = attrs.field(default=(), converter=_sequence, validator=_fallbacks)
     token_counter: TokenCounter | None = attrs.field(default=None, validator=_callable)
@@ -216,14 +214,19 @@ def takes_options(
     return wrap
 
 
-def ledger_shares(total: int, users: int, answer: int, ledger: Ledger) -> tuple[int, int]:
+def ledger_shares(total: int, users: int, answer: int, ledger: Ledger, cap: int | None = None) -> tuple[int, int]:
     """(preserved user messages' budget, the summarizer's output limit) once the session ledger
     has its room out of the summary budget `total`: what it leaves is shared as before, two
-    thirds to the user messages (a smaller explicit budget stays), the rest to the answer."""
+    thirds to the user messages (a smaller explicit budget stays), the rest to the answer. With
+    `cap` (what a small eviction allows the whole summary), the user messages also fit in what
+    the ledger leaves of it (an answer past it is clipped from its end, after the ledger)."""
     if not (ledger.entries or ledger.demoted):
         return users, answer
-    left = max(2, total - estimate_text_tokens(render(ledger)) - 4)
+    ledger_tokens = estimate_text_tokens(render(ledger))
+    left = max(2, total - ledger_tokens - 4)
     kept = min(users, left * 2 // 3)
+    if cap is not None:
+        kept = min(kept, max(0, (cap - ledger_tokens - 4) * 2 // 3))
     return kept, max(1, left - kept)
 
 

@@ -12,6 +12,7 @@ Below: the words and the BM25 ranking both stores' indexes share (`tokens`, `que
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -203,13 +204,211 @@ def record_text(message: Message) -> str:
     return "\n".join(parts)
 
 
-def query_terms(query: str) -> tuple[list[str], str | None]:
+STOP_WORDS = frozenset(
+    {
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+    }
+)
+"""English function words (as PostgreSQL's `english` configuration lists them): a query matches
+them as typed, never their other forms (see `query_terms`)."""
+_SUFFIXES = ("ations", "ation", "ings", "ing", "ied", "ies", "ers", "ed", "es", "er", "s")
+_FORMS = ("", "s", "es", "ed", "ing", "er", "e")
+_MIN_STEM = 3
+_VOWELS = frozenset("aeiou")
+
+
+def stem(word: str) -> str:
+    """`word` without one common English ending and a final `e` (`changes`, `changed`, `change`
+    -> `chang`; `logging` -> `log`), at least `_MIN_STEM` letters kept; a word holding anything
+    but lower-case ASCII letters is returned as it is."""
+    if not (word.isascii() and word.isalpha() and word.islower()):
+        return word
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= _MIN_STEM:
+            word = word[: -len(suffix)]
+            if len(word) > _MIN_STEM and word[-1] == word[-2] and word[-1] not in _VOWELS | {"l", "s", "z"}:
+                word = word[:-1]  # logging -> logg -> log
+            break
+    if word.endswith("e") and len(word) > _MIN_STEM:
+        word = word[:-1]
+    return word
+
+
+def word_forms(word: str) -> list[str]:
+    """The forms of an English word a search also matches, the word first: its stem with the
+    usual endings (`fail` -> fails, failed, failing...; `logs` -> log, logged, logging), those
+    holding the same stem only (`changelog` is not a form of `change`). A number, an identifier
+    or a word of other letters has itself only."""
+    base = stem(word)
+    if base == word and not (word.isascii() and word.isalpha() and len(word) >= _MIN_STEM):
+        return [word]
+    bases = [base]
+    short = len(base) in (3, 4) and base[-2] in _VOWELS and base[-3] not in _VOWELS
+    if short and base[-1] not in _VOWELS | {"w", "x", "y"}:
+        bases.append(base + base[-1])  # log -> logg(ed)
+    forms = dict.fromkeys([word])
+    for b in bases:
+        for ending in ("ed", "ing", "er") if b != base else _FORMS:
+            form = b + ending
+            if stem(form) == base:
+                forms.setdefault(form)
+    return list(forms)
+
+
+def query_terms(query: str, held: Callable[[str], bool] | None = None) -> tuple[list[str], str | None]:
     """The distinct terms of a query (at most `MAX_QUERY_TERMS`) and the phrase of its plain
-    words in order (None for fewer than two): plain words, never syntax."""
+    words in order (None for fewer than two): plain words, never syntax.
+
+    Stop words are not terms of their own (unless the query holds nothing else: a stop word
+    rare in a journal would outweigh the words searched for), but each two words in a row of a
+    query of three or more are a phrase term (`"to tests"`, `"sessions timeout"`): a record
+    holding the query's words as they were typed ranks above one holding them apart. A word of
+    letters that no record holds as typed (`held(word)` false; every word without `held`)
+    matches its other forms instead (`word_forms`: `fail` finds fails, failed, failing), each a
+    term of its own: a word some record holds is searched as typed, since a form counted as a
+    term of its own would outweigh it wherever the form is rarer (`foxes` beside `fox`). Terms
+    come in that order, words, pairs, forms (`MAX_QUERY_TERMS` cuts forms first). A number or
+    an identifier (`svc129`, `E4127`, `src/billing/mod_7.py`, kept whole and by its parts)
+    matches exactly; a term holding a space is a phrase."""
     words = tokens(query)
-    terms = list(dict.fromkeys(words))[:MAX_QUERY_TERMS]
     plain = [w for w in words if _WORD_RE.fullmatch(w)][:MAX_QUERY_TERMS]
-    return terms, (" ".join(plain) if len(plain) > 1 else None)
+    meant = [w for w in words if w not in STOP_WORDS]
+    parts = {p for w in words if not _WORD_RE.fullmatch(w) for p in _WORD_RE.findall(w)}  # of identifiers
+    terms = dict.fromkeys(meant or words)
+    if len(plain) > 2:  # two words in a row (a pair of stop words says nothing)
+        for first, second in itertools.pairwise(plain):
+            if first != second and not (first in STOP_WORDS and second in STOP_WORDS):
+                terms.setdefault(f"{first} {second}")
+    wanted = set(meant)
+    for w in list(terms)[:MAX_QUERY_TERMS]:
+        if w in wanted and w not in parts and len(forms := word_forms(w)) > 1 and not (held and held(w)):
+            terms.update(dict.fromkeys(forms))
+    return list(terms)[:MAX_QUERY_TERMS], (" ".join(plain) if len(plain) > 1 else None)
 
 
 def bm25(
@@ -223,7 +422,7 @@ def bm25(
     """Each document's BM25 score as FTS5 computes it (higher is better here), a summary's times
     `SUMMARY_WEIGHT`: `docs` are (tokens, is summary); `frequency(term)` the documents holding a
     term (or the phrase), `total` the documents, `average` their mean length in tokens."""
-    queries: list[Sequence[str]] = [[t] for t in terms]
+    queries: list[Sequence[str]] = [t.split() for t in terms]
     if phrase is not None:
         queries.append(phrase.split())
     idf = []
@@ -238,7 +437,7 @@ def bm25(
         norm = K1 * (1 - B + B * length / max(average, 1e-9))
         score = 0.0
         for q, weight in zip(queries, idf, strict=True):
-            hits = _count(words if len(q) == 1 else plain, q)
+            hits = occurrences(words if len(q) == 1 else plain, q)
             if hits:
                 score += weight * hits * (K1 + 1) / (hits + norm)
         out.append(score * (SUMMARY_WEIGHT if summary else 1.0))
@@ -247,10 +446,11 @@ def bm25(
 
 def holds_phrase(words: Sequence[str], phrase: str) -> bool:
     """Whether the plain words of a document's `words` hold `phrase` (words in a row)."""
-    return _count([w for w in words if _WORD_RE.fullmatch(w)], phrase.split()) > 0
+    return occurrences([w for w in words if _WORD_RE.fullmatch(w)], phrase.split()) > 0
 
 
-def _count(words: Sequence[str], phrase: Sequence[str]) -> int:
+def occurrences(words: Sequence[str], phrase: Sequence[str]) -> int:
+    """How often `phrase` (one word, or words in a row) occurs in `words`."""
     if len(phrase) == 1:
         return words.count(phrase[0])
     n, k = len(words), len(phrase)

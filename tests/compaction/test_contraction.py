@@ -92,7 +92,10 @@ async def test_a_provider_summarizer_gets_an_output_limit_and_its_overlong_answe
     cfg = config(tmp_path, compact_trigger=("tokens", 8_000), compact_keep=("messages", 1))
     result = await Compactor(Verbose()).force_compact(State(agent_id="a", messages=msgs, config=cfg))
     assert isinstance(result, Compacted)
-    assert seen[0].max_output_tokens == Compactor().budgets(CompactConfig.from_mapping(cfg))[2] == 667
+    answer_budget = Compactor().budgets(CompactConfig.from_mapping(cfg))[2]
+    # the answer's budget, less what the session ledger takes: here only its pointer lines to the
+    # records it did not read (past ledger.READ_TOKENS of the 40 evicted messages)
+    assert answer_budget == 667 and 600 <= (seen[0].max_output_tokens or 0) <= answer_budget
     assert result.report.summary_tokens <= 2_000
 
 

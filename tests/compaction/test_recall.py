@@ -162,10 +162,28 @@ async def test_record_larger_than_the_budget_points_to_the_journal(tmp_path: Pat
 async def test_no_room_for_a_cut_record_leaves_it_out(tmp_path: Path) -> None:
     store = OffloadStore(tmp_path)
     await store.append("a1", [Message.user("beta " + "y" * 3_000), Message.user("beta " + "z" * 3_000)])
-    out = await recall_tool(store, "a1", budget_tokens=850).run({"query": "beta"})
+    out = await recall_tool(store, "a1", budget_tokens=850).run({"first": 1, "last": 2})
     assert estimate_text_tokens(out) <= 850
     assert "more characters" not in out  # too little room left to be worth cutting
-    assert "[1 more matching records not shown (the output budget is used up): records 2." in out
+    assert "[1 more records in 1-2 not shown: the output budget (850 tokens) is used up." in out
+
+
+async def test_large_search_hits_show_the_lines_holding_the_words(tmp_path: Path) -> None:
+    """A hit larger than its share of the output shows the lines holding the query's words (the
+    most distinct words first), so every one of the best hits is shown; the note says how to
+    read the record whole."""
+    store = OffloadStore(tmp_path)
+    log = "\n".join(f"line {i}: nothing to see" for i in range(400))
+    texts = [log.replace("line 7:", "line 7: beta E4127 failed") for _ in range(5)]
+    texts[2] = texts[2].replace("line 300:", "line 300: beta only")
+    await store.append("a1", [Message.tool_result(f"c{i}", t) for i, t in enumerate(texts)])
+    out = await recall_tool(store, "a1", budget_tokens=600).run({"query": "beta E4127", "limit": 5})
+    assert estimate_text_tokens(out) <= 600
+    assert len(re.findall(r"^\[record \d+ ", out, re.M)) == 5  # all five, each by its lines
+    assert out.count("line 7: beta E4127 failed") == 5 and "line 300: beta only" in out
+    assert "line 8:" not in out  # a line without the words is left out
+    assert "[… lines of record 3 holding the words searched; read it with first=3]" in out
+    assert "line 300: beta only" in await recall_tool(store, "a1", budget_tokens=20_000).run({"first": 3})
 
 
 async def test_many_hits_report_how_many_were_left_out(tmp_path: Path) -> None:
@@ -372,3 +390,14 @@ async def test_a_50_mb_record_is_found_by_recall_with_its_head_shown(tmp_path: P
         head = head[: m.start()]
         assert head.startswith("intro: the big tool output begins é ü 😀 ....") and big.startswith(head)
         assert len(head) + int(m[1]) == len(big)  # the count is of the whole text
+
+
+async def test_a_common_word_counts_its_hits_up_to_a_bound(tmp_path: Path) -> None:
+    """A search reads a bounded number of hits (a common word in a long journal decodes a few
+    dozen records, not all of them): past the bound the count says "+"."""
+    store = OffloadStore(tmp_path)
+    await store.append("a1", [Message.user(f"delta note {i}") for i in range(150)])
+    out = await recall_tool(store, "a1").run({"query": "delta", "limit": 3})
+    assert out.startswith('100+ records match "delta", best match first (showing at most limit=3):')
+    assert "[97+ more matching records not shown (limit=3): records 4, 5," in out
+    assert (await recall_tool(store, "a1").run({"query": "note 149"})).startswith("100+ records match")

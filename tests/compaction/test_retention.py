@@ -3,6 +3,7 @@ messages, pins, finalizers, reduction, the check after compacting, clipping the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from cmdc import (
     open_runtime,
     tool,
 )
+from cmdc._clip import utf8_len
 from cmdc.compaction.finalize import (
     USER_MESSAGES_KEY,
     FinalizeContext,
@@ -46,11 +48,14 @@ from cmdc.compaction.ledger import (
     Entry,
     Ledger,
     carry,
+    decisions,
+    error_lines,
     fit,
     merge,
     observe,
     render,
 )
+from cmdc.compaction.ledger import _size as ledger_size
 from cmdc.errors import CompactionIncomplete
 from cmdc.message import PINNED_KEY
 from cmdc.providers import ScriptedProvider, SimulatedModel
@@ -73,9 +78,12 @@ async def test_retention_probes_ci_seed(tmp_path: Path) -> None:
     assert len(scores) >= 15, report
     verdict = met(scores)
     assert verdict == dict.fromkeys([*TARGETS, "budget", "pending"], True) | {DECISION: verdict[DECISION]}, report
-    # decisions: the training phrasings at their target (held-out ones are reported, not gated)
+    # Decisions (measured on this seed: worst 62%, in-sample phrasings 55/57, the fresh held-out
+    # ones 2/16): every compaction's worst above what was measured less a margin, the in-sample
+    # phrasings above 90%. The held-out ones are reported (benchmarks.retention), not gated.
+    assert (worst(scores, DECISION) or 0) >= 0.5, report
     trained = sum(s.trained[DECISION][0] for s in scores), sum(s.trained[DECISION][1] for s in scores)
-    assert trained[1] and trained[0] / trained[1] >= TARGETS[DECISION], report
+    assert trained[1] and trained[0] / trained[1] >= 0.9, report
     found = sum(s.recall[c][0] for s in scores for c in CATEGORIES)
     asked = sum(s.recall[c][1] for s in scores for c in CATEGORIES)
     assert asked and found / asked >= 0.5, report  # the recall level goes through the real recall tool
@@ -132,10 +140,77 @@ def test_the_ledger_reads_what_structure_gives() -> None:
     assert (VALUE, 10) in kinds and (VALUE, 11) not in kinds  # a stated value; chit-chat is not one
     assert (DECISION, 12) in kinds
     text = render(merge(Ledger(), entries))
-    assert "src/pay.py \u2014 edited" in text and "`pytest -q tests/test_pay.py` -> failed" in text
+    assert "- edited: src/pay.py" in text and "`pytest -q tests/test_pay.py` -> failed" in text
     assert "[PAY-17]" in text and any(e.kind == ERROR for e in entries)
     assert "## Open tasks" not in text  # no tasks: that section is left out
     assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT, ERROR))
+
+
+# Decisions as people write them (the extractor's own examples: in-sample; the benchmark's
+# held-out phrasings are never used to design it), and ordinary sentences that decide nothing.
+DECIDED = (
+    "Let's use Postgres here \u2014 SQLite falls over with concurrent writers.",
+    "I went with a dataclass instead of a dict so the fields are typed.",
+    "Switching the cache to Redis because the in-process one doesn't survive restarts.",
+    "OK, SQLAlchemy it is. The team already knows it.",
+    "We'll keep the sync client for now; the async rewrite can wait.",
+    "I'd rather not add another dependency, so I wrote the retry loop by hand.",
+    "Better to fail loudly here than return a partial export.",
+    "Use httpx, not requests: we need HTTP/2.",
+    "Pick the token bucket; a fixed window lets bursts through at the boundary.",
+    "Since the workers are stateless, we should put uploads in object storage.",
+    "Given the deadline, I'll skip the migration tool and write the SQL by hand.",
+    "Dropping Celery in favour of plain cron jobs, which is all we need.",
+    "Prefer composition over inheritance for the handlers to keep them testable.",
+    "Stick with pytest fixtures, the team knows them.",
+    "No ORM for this service. The queries are simple and we want to see the SQL.",
+    "We're moving the config to TOML because YAML's implicit typing bit us twice.",
+    "I picked 30 seconds for the timeout as the load balancer cuts at 60.",
+    "Going with UTC everywhere to avoid DST bugs.",
+)
+NOT_DECIDED = (
+    "I'll read the config file first.",
+    "Let me run the tests again.",
+    "Since the last change, two tests fail.",
+    "Can we use Redis for this?",
+    "Should I switch to the other branch because of the conflict?",
+    "I'll use grep to find the callers.",
+    "This function is faster than the old one.",
+    "We need to keep the test suite green.",
+    "The export keeps failing because the header is missing.",
+    "I moved the helper to utils.py.",
+    "Picked up the new config.",
+    "Use indigo-ember-71 as the queue name for the sessions jobs.",
+    "The failure is in test_export: the tenant header is missing from the request.",
+    "Next I'll update the docs for the header.",
+    "That error comes from the validator, not the handler.",
+)
+
+
+@pytest.mark.parametrize("text", DECIDED)
+def test_a_choice_with_its_reason_is_a_decision_in_any_phrasing(text: str) -> None:
+    found = decisions(text)
+    assert len(found) == 1 and text.startswith(found[0].split(". ")[0])  # the reason kept with its choice
+    assert found[0].rstrip(".") in text or found[0] == text
+
+
+@pytest.mark.parametrize("text", NOT_DECIDED)
+def test_plans_questions_and_observations_are_not_decisions(text: str) -> None:
+    assert decisions(text) == []
+
+
+def test_a_reason_in_the_next_sentence_is_read_with_its_choice() -> None:
+    entries = observe([Message.assistant("Reading the profile. OK, orjson it is. The stdlib one is too slow.")], [7])
+    [entry] = [e for e in entries if e.kind == DECISION]
+    assert "orjson it is" in entry.text and "too slow" in entry.text and entry.seq == 7
+
+
+def test_an_error_said_twice_in_one_output_is_one_line() -> None:
+    failed = "FAILED tests/test_b.py::test_t - billing.errors.TenantError: [E3258] tenant header missing"
+    output = f"E   billing.errors.TenantError: [E3258] tenant header missing\n...\n{failed}\n1 failed"
+    assert error_lines(output) == [failed]
+    two = "ERROR: disk full\nWarning\nFAILED tests/test_c.py::test_u - AssertionError: 1 != 2"
+    assert len(error_lines(two)) == 2  # different errors: both kept
 
 
 def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:
@@ -153,8 +228,10 @@ def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:
 _entry = st.builds(
     Entry,
     kind=st.sampled_from(sorted(SECTIONS)),
-    key=st.text("abcdefgh", min_size=1, max_size=6),
-    text=st.text("abcdefghij klmnop", min_size=1, max_size=120),
+    key=st.one_of(
+        st.text("abcdefgh", min_size=1, max_size=6), st.text("abc", min_size=1, max_size=4).map("path:{}".format)
+    ),
+    text=st.text("abcdefghij klmnop\u2014", min_size=1, max_size=120),
     seq=st.integers(1, 5_000),
     rank=st.integers(0, 3),
     status=st.sampled_from(["", OPEN, DONE]),
@@ -174,10 +251,15 @@ def test_a_ledger_entry_never_leaves_the_summary_without_a_journal_pointer(
         ledger = Ledger.from_metadata(fit(merge(ledger, batch), budget).to_metadata())
         seen.extend(batch)
         text = render(ledger)
+        assert utf8_len(text) <= budget or not ledger.entries  # fitted (only pointer lines past it)
+        assert ledger_size(ledger) == utf8_len(text)  # the size fit counts is the rendered one
         shown = {(e.kind, e.key) for e in ledger.entries}
         for e in seen:
             if (e.kind, e.key) in shown:
-                assert next(x for x in ledger.entries if (x.kind, x.key) == (e.kind, e.key)).line() in text
+                line = next(x for x in ledger.entries if (x.kind, x.key) == (e.kind, e.key)).line()
+                path, sep, _ = e.text.partition(" \u2014 ")
+                grouped = e.kind == ARTIFACT and e.key.startswith("path:") and sep  # files: by action
+                assert (path in text) if grouped else (line in text)
                 continue
             ranges = ledger.demoted.get(e.kind, ())
             # the record of its latest mention (the ledger keeps the newest)
@@ -236,13 +318,20 @@ async def test_user_messages_are_carried_forward_newest_first_within_budget(tmp_
     summary = first.state.messages[0]
     kept = summary.metadata[USER_MESSAGES_KEY]
     assert kept[-1].startswith("user message number 5")  # newest first within the budget
-    assert len(kept) == 3 and kept[0].startswith("user message number 3")
-    assert "bytes clipped" in kept[0]  # the one that did not fit: head and tail
+    assert [int(k.split()[3]) for k in kept] == list(range(6 - len(kept), 6))  # newest first, no gap
+    # The evicted part is small: the ledger and the user messages share what it leaves (the
+    # compaction stays a contraction) and nothing is clipped out of the summary's middle.
+    assert first.report.fallback is None, first.report
     users_section = summary.text.split("## All user messages", 1)[1].split("\n## ", 1)[0]
-    assert all(f"user message number {i}" not in users_section for i in range(3))
-    # (the ledger carries them, as values the user stated, whole or as a pointer to their records)
+    assert all(f"user message number {i}" not in users_section for i in range(6 - len(kept)))
+    # (the ledger carries the rest, as values the user stated, whole or as a pointer to their records)
     ledger_section = summary.text.split("## Requirements and values stated", 1)[1].split("\n## ", 1)[0]
-    assert "record" in ledger_section
+    pointed = [
+        (int(lo), int(hi or lo)) for lo, hi in re.findall(r"(\d+)(?:-(\d+))?", ledger_section.split("records", 1)[-1])
+    ]
+    for i in range(6 - len(kept)):  # message i is journal record i + 1
+        shown = f"user message number {i}" in ledger_section
+        assert shown or any(lo <= i + 1 <= hi for lo, hi in pointed), (i, ledger_section)
     # at the second compaction, the earlier ones come from the previous summary, not lost
     more = first.state.append(Message.user("a later question"), Message.assistant("b"))
     second = await Compactor(

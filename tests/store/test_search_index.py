@@ -259,3 +259,24 @@ async def test_search_through_candidates_ranks_as_the_exact_query(tmp_path: Path
                 assert len(want) == limit
     finally:
         conn.close()
+
+
+async def test_a_search_does_not_wait_for_a_writer_of_an_index_already_current(tmp_path: Path) -> None:
+    """A search of a journal its index already covers reads the index without a write
+    transaction: another connection holding the index's write lock (the background indexer in
+    the middle of a chunk, another process catching up) does not hold it up."""
+    import sqlite3
+
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(20), compaction=1)
+    assert [r.seq for r in await store.search("a", "item7", 3)] == [8]  # the index is current
+    other = sqlite3.connect(index_of(store), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the write lock, held
+    try:
+        _index.READS.update(bytes=0, records=0)
+        with trio.fail_after(15):  # a wait for the lock would last its 30 s busy timeout
+            assert [r.seq for r in await store.search("a", "item12", 3)] == [13]
+        assert _index.READS["records"] == 1  # answered from the index, not by scanning the journal
+    finally:
+        other.execute("ROLLBACK")
+        other.close()

@@ -62,6 +62,8 @@ QUERIES = [
     "billing module owner",
     "mod_7",
     "port audit",
+    "why did the build fail",
+    "which ports restart",
 ]
 
 
@@ -84,6 +86,19 @@ async def test_rare_words_and_identifiers_rank_first(store: Store) -> None:
     assert (await top(store, "port audit"))[0] == 51
     # a record holding the rarest word is first, however often the common ones occur elsewhere
     assert (await top(store, "billing module owner"))[0] == 51
+
+
+async def test_word_forms_and_stop_words(store: Store) -> None:
+    """A word finds its other forms (`fail` finds `failed`, `restart` finds `restarted`), never
+    a longer word that merely starts with it; a stop word matches only as typed."""
+    msgs = corpus()
+    msgs[5] = Message.user("the changelog needs a line for the port audit")
+    await store.append("a1", msgs, compaction=1)
+    assert (await top(store, "why did the build fail"))[0] == 42  # "build failed with error E4127"
+    assert 42 in await top(store, "failing builds")
+    assert len(await store.search("a1", "restart", limit=100)) == 57  # the 56 notes "restarted" and summary 1
+    assert 6 not in await top(store, "changes", 100)  # "changelog" is no form of "change"
+    assert await top(store, "teh") == []  # no fuzzy matching: a misspelling finds nothing
 
 
 async def test_identifier_parts_match_on_the_file_store(tmp_path: Path) -> None:
@@ -110,7 +125,7 @@ async def test_the_same_top_five_on_both_stores(tmp_path: Path, postgres_url: st
         finally:
             await store.aclose()
     assert results["file"] == results["postgres"]
-    assert [len(r) for r in results["file"]] == [5, 2, 5, 5, 5, 5]  # "E4127" is in two records only
+    assert [len(r) for r in results["file"]] == [5, 2, 5, 5, 5, 5, 2, 5]  # "E4127", "build", "fail": two records each
 
 
 HOSTILE = [
@@ -143,6 +158,12 @@ HOSTILE = [
     "\udfff",
     "svc129 \U0001f600 ß Straße 東京 naïve",
     "svc129 " + "x" * 200_000,
+    "the",  # a stop word alone is searched for
+    "what is the and or not near",  # stop words and FTS5's keywords, lower case
+    "svc129 " + "what is the " * 1_500,  # stop words and their pairs, thousands of them
+    "svc129 " + " ".join(f"fail{s}" for s in ("", "s", "ed", "ing", "ure") * 40),  # word forms, repeated
+    '"svc129 port" "port svc129"',  # quoted phrases are words
+
     " ".join(f"w{i}" for i in range(5_000)) + " svc129",
 ]
 
@@ -156,3 +177,42 @@ async def test_hostile_queries_are_plain_words(store: Store, query: str) -> None
     if holds_word and "w1 " not in query:
         assert 18 in [r.seq for r in hits]  # the plain word in it is found, the rest is words too
     assert [r.seq for r in await store.read_range("a1", 1, 200)] == list(range(1, 63))  # nothing dropped
+
+
+async def test_postgres_candidates_hold_every_word_in_some_form(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL takes its bounded candidates first among the records holding every word of
+    the query in some form (a word's forms are one group): with more records holding one word
+    than candidates, the one holding both is still found."""
+    import cmdc.postgres
+
+    monkeypatch.setattr(cmdc.postgres, "SEARCH_CANDIDATES", 5)
+    monkeypatch.setattr(cmdc.postgres, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
+    store = open_store(postgres_url)
+    await store.start()
+    try:
+        msgs = [Message.user(f"build {i} finished fine") for i in range(40)]
+        msgs[33] = Message.user("the build failed at step 3")
+        await store.append("a1", msgs, compaction=1)
+        await store.index("a1")  # type: ignore[attr-defined]
+        assert (await top(store, "build fails"))[0] == 34  # "build" is held: as typed; "fails" is not: its forms
+        hits = await store.search("a1", "builds", limit=5)  # "builds" is not held: "build" is searched
+        assert len(hits) == 5 and all("build " in r.message.text for r in hits)
+    finally:
+        await store.aclose()
+
+
+async def test_a_word_some_record_holds_is_searched_as_typed(store: Store) -> None:
+    """Word forms are the fallback for a word no record holds: a rarer form never outweighs the
+    word as typed (`foxes` beside `fox`), on both stores."""
+    msgs = [Message.user("the fox"), Message.user("a fox and a fox"), Message.user("foxes everywhere, fox")]
+    msgs += [Message.user("a dog"), Message.user("dogs")]
+    await store.append("a1", msgs, compaction=1)
+    index = getattr(store, "index", None)
+    if callable(index):
+        await index("a1")
+    assert sorted(await top(store, "fox")) == [1, 2, 3] and (await top(store, "fox"))[-1] == 3  # longest last
+    assert await top(store, "foxes") == [3]
+    assert sorted(await top(store, "puppy dog")) == [4]  # "dog" is held: "dogs" is not searched for
+    assert sorted(await top(store, "cats and dogged")) == [4, 5]  # "dogged": not held, its forms dog, dogs

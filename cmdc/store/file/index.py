@@ -81,9 +81,9 @@ def counted(kind: str, n: int) -> None:
     """Add `n` to `READS[kind]`, unless this is the background indexer's thread."""
     if not getattr(_BACKGROUND, "active", False):
         READS[kind] += n
+
+
 """Journal bytes read and records decoded through the index (for tests: reads that do not scan)."""
-
-
 
 
 def _quoted(term: str) -> str:
@@ -290,7 +290,14 @@ def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
 def catch_up(conn: sqlite3.Connection, fd: int, path: Path, end: int, events: list[tuple[str, dict[str, Any]]]) -> None:
     """Index the journal open at `fd` up to `end` (just past a newline), a transaction per chunk;
     a stale index is emptied first (event). Another process may do the same at once: each
-    transaction starts from the mark it finds."""
+    transaction starts from the mark it finds.
+
+    An index already at `end` is found so by plain reads (SQLite's shared lock), without a
+    write transaction: a search never waits for the background indexer's chunk in progress,
+    nor for another reader, when there is nothing to add."""
+    meta = _meta(conn)
+    if int(meta["mark"]) >= end and _stale(meta, fd, end) is None:
+        return
     while True:
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -470,7 +477,6 @@ def tokens_in_slices(text: str) -> Iterator[list[str]]:
         start = end
 
 
-
 def _rest_words(data: bytes, start: int, end: int) -> list[str]:
     """The distinct words (and identifiers) of the text of the message line `data[start:end]`
     past its first `TEXT_CHARS` characters, read a piece at a time (never built whole)."""
@@ -605,10 +611,10 @@ def search(conn: sqlite3.Connection, query: str, limit: int) -> list[Span]:
     score); and the best `_CANDIDATES` by FTS5's own rank (no join) give the answer when
     enough of them, visible and weighted, still score above the last candidate (a weight
     only lowers a score, so nothing past the candidates can beat them)."""
-    terms, phrase = query_terms(query)
+    held = "SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1"
+    terms, phrase = query_terms(query, lambda word: conn.execute(held, (_quoted(word),)).fetchone() is not None)
     if not terms:
         return []
-    held = "SELECT 1 FROM fts WHERE fts MATCH ? LIMIT 1"
     if phrase is not None and conn.execute(held, (_quoted(phrase),)).fetchone() is None:
         phrase = None
     expression = match_expression(terms, phrase)

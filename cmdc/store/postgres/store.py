@@ -1060,31 +1060,53 @@ class PostgresStore(CheckpointRows, LeaseRows):
         integer(limit, "search limit")
         if max_chars is not None:
             integer(max_chars, "max_chars", minimum=0)
-        terms, phrase = _ranking.query_terms(query[:MAX_QUERY_CHARS])
-        terms = terms[:MAX_QUERY_WORDS]
-        if not terms or not limit:
+        text = query[:MAX_QUERY_CHARS]
+        if not _ranking.query_terms(text)[0] or not limit:
             return []
-        quoted = [_lexeme(w) for w in terms]
-        args = (agent_id, " & ".join(quoted), " | ".join(quoted), terms, phrase, limit, max_chars)
+        args = (agent_id, text, limit, max_chars)
         found: list[JournalRecord] | None = await self._run(self._search_decoded, *args)
         while found is None:  # its writers keep the lag lower: this ends
             await self.index(agent_id)
             found = await self._run(self._search_decoded, *args)
         return found
 
+    _HOLDS_WORD = (
+        "SELECT EXISTS (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s "
+        "AND words @@ {match}) OR EXISTS (SELECT 1 FROM cmdc_records r "
+        "WHERE r.agent_id = %(agent)s AND r.seq > (SELECT indexed_seq FROM cmdc_journals WHERE agent_id = %(agent)s) "
+        "AND " + _VECTOR.format(r="r").replace("{", "{{").replace("}", "}}") + " @@ to_tsquery('simple', %(q)s))"
+    )
+
+    def _holds_word(self, conn: psycopg.Connection[Any], agent_id: str, word: str, narrow: bool) -> bool:
+        """Whether any record of the agent holds `word` (as the file store's index tells it);
+        `narrow`: through the agent's lexeme, as `_search_sync` chooses."""
+        args = {"agent": agent_id, "q": _lexeme(word), "mine": f"'cmdc agent={agent_id}'"}
+        match = "(to_tsquery('simple', %(q)s) && %(mine)s::tsquery)" if narrow else "to_tsquery('simple', %(q)s)"
+        row = conn.execute(self._HOLDS_WORD.format(match=match), args).fetchone()
+        return bool(row and row[0])
+
     def _search_decoded(
         self,
         conn: psycopg.Connection[Any],
         agent_id: str,
-        every: str,
-        some: str,
-        terms: list[str],
-        phrase: str | None,
+        text: str,
         limit: int,
         max_chars: int | None,
     ) -> list[JournalRecord] | None:
         """`_search_sync`, the words' rarity and the ranking of its candidates, in one worker
         thread's turn."""
+        size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+        narrow = size is None or int(size[0]) <= SEARCH_NARROW_BELOW
+        terms, phrase = _ranking.query_terms(text, lambda word: self._holds_word(conn, agent_id, word, narrow))
+        terms = terms[:MAX_QUERY_WORDS]
+        # a word's forms are one group (they share its stem): the records holding every word in
+        # some form come first, then those holding any; a phrase term only ranks (its words find it)
+        groups: dict[str, list[str]] = {}
+        for term in terms:
+            if " " not in term:
+                groups.setdefault(_ranking.stem(term), []).append(_lexeme(term))
+        every = " & ".join(g[0] if len(g) == 1 else "(" + " | ".join(g) + ")" for g in groups.values())
+        some = " | ".join(lexeme for g in groups.values() for lexeme in g)
         rows = self._search_sync(conn, agent_id, every, some, SEARCH_CANDIDATES)
         if rows is None:
             return None
@@ -1106,7 +1128,8 @@ class PostgresStore(CheckpointRows, LeaseRows):
             average = self._average_length(conn, agent_id, int(total[0]) if total else 0)
         late = [doc[0] for row, doc in kept if int(row[0]) > indexed]  # past the mark: counted among the candidates
         for term in terms:
-            counted[term] += sum(1 for words in late if term in words)
+            held = (_ranking.holds_phrase(words, term) if " " in term else term in words for words in late)
+            counted[term] += sum(held)
         if phrase is not None:
             counted[phrase] += sum(1 for words in late if _ranking.holds_phrase(words, phrase))
         n = max(int(total[0]) if total else 0, len(kept))
