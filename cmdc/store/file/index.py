@@ -23,7 +23,6 @@ call here is blocking: the store runs them in worker threads.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import functools
 import os
@@ -726,27 +725,23 @@ class Indexer:
         self._wake = threading.Condition(self._lock)
         self._pending: dict[Path, float] = {}
         self._last = 0.0
-        self._thread = False  # whether the thread runs (or is starting)
+        self._thread: threading.Thread | None = None
 
     def poke(self, path: Path) -> None:
-        """Note `path` for indexing, starting the thread when none runs. Called by a writer in
-        trio's thread once a commit returned: the thread is started without the handshake of
-        `threading.Thread.start` (which waits until the new thread first holds the GIL, ms on
-        a busy machine, on the commit's path)."""
         with self._lock:
             now = time.monotonic()
             self._pending.setdefault(path, now)
             self._last = now
-            if not self._thread:
-                _thread.start_new_thread(self._run, ())
-                self._thread = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="cmdc-index", daemon=True)
+                self._thread.start()
             self._wake.notify()
 
     def _next(self) -> Path | None:
         with self._lock:
             while True:
                 if not self._pending:
-                    self._thread = False
+                    self._thread = None
                     return None
                 now = time.monotonic()
                 oldest = min(self._pending.values())
@@ -775,7 +770,7 @@ class Indexer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._thread:
+                if self._thread is None:
                     return True
             time.sleep(0.01)
         return False
