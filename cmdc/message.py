@@ -119,7 +119,38 @@ def _convert_arguments(value: object) -> Mapping[str, Any]:
 
 
 def _convert_metadata(value: object) -> Mapping[str, Any]:
+    if type(value) is _Refrozen:  # built by `Message.evolve` from frozen values: not walked again
+        return value.frozen
     return _freeze_json(value, "message metadata")
+
+
+@attrs.frozen
+class _Refrozen:
+    """Metadata `Message.evolve` froze already: the values it kept from the message's own
+    (deep-frozen) metadata as they are, only the new ones frozen and checked. Private: only
+    `evolve` makes one, from values it checked itself."""
+
+    frozen: Mapping[str, Any]
+
+
+def _refrozen(old: Mapping[str, Any], new: object) -> Mapping[str, Any] | _Refrozen:
+    """`new` metadata (replacing `old`, a message's own frozen metadata) for the converter: a
+    plain dict whose values are mostly `old`'s own objects (`{**m.metadata, key: value}`, as a
+    summary is tagged and rebuilt) is frozen value by value, reusing each value taken from
+    `old` (deep-frozen and checked when `old` was made) and freezing only the others: a
+    summary's large ledger is frozen once, not again at each rebuild. Anything else is
+    returned as it is, for the converter to freeze whole."""
+    if type(new) is not dict or not old or not all(type(k) is str for k in new):
+        return new  # type: ignore[return-value]
+    missing = _MISSING
+    fresh = {k: v for k, v in new.items() if old.get(k, missing) is not v}
+    if len(fresh) == len(new):
+        return new
+    made = _freeze_json(fresh, "message metadata") if fresh else {}
+    return _Refrozen(MappingProxyType({k: made[k] if k in fresh else v for k, v in new.items()}))
+
+
+_MISSING = object()
 
 
 @attrs.frozen(hash=False)
@@ -291,7 +322,10 @@ class Message:
         return self.metadata.get(PINNED_KEY) is True
 
     def evolve(self, **changes: Any) -> Message:
-        """A copy with some fields changed (the id is kept unless given)."""
+        """A copy with some fields changed (the id is kept unless given). New metadata that
+        keeps some of this message's values is not frozen again for those (see `_refrozen`)."""
+        if "metadata" in changes:
+            changes["metadata"] = _refrozen(self.metadata, changes["metadata"])
         return attrs.evolve(self, **changes)
 
     # -- serialization --------------------------------------------------------------------

@@ -227,6 +227,36 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+_IOV_MAX = 1024  # buffers per writev (POSIX's minimum IOV_MAX is 16; Linux and the BSDs allow 1024)
+with contextlib.suppress(AttributeError, ValueError, OSError):  # (no sysconf, or no such name: the default)
+    _IOV_MAX = max(16, min(_IOV_MAX, os.sysconf("SC_IOV_MAX")))
+
+
+def writev_all(fd: int, pieces: Sequence[bytes]) -> int:
+    """Write `pieces` in order, up to `_IOV_MAX` of them per `writev` call (no copy into one
+    buffer first), however short the writes; return the bytes written. Without `os.writev`
+    (Windows) the pieces are joined and written."""
+    if not hasattr(os, "writev"):
+        return write_pieces(fd, pieces)
+    total = 0
+    for start in range(0, len(pieces), _IOV_MAX):
+        group = pieces[start : start + _IOV_MAX]
+        want = sum(map(len, group))
+        n = os.writev(fd, group)
+        total += want
+        if n == want:
+            continue
+        if n < 0:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        for piece in group:  # a short write: the rest of the group one piece at a time
+            if n >= len(piece):
+                n -= len(piece)
+                continue
+            write_all(fd, piece[n:] if n else piece)
+            n = 0
+    return total
+
+
 _WATCHERS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("cmdc_fs_watchers")
 
 

@@ -35,7 +35,20 @@ from typing import Any
 import attrs
 import pytest
 
-_PATCHED = ("open", "write", "fsync", "ftruncate", "replace", "rename", "close", "pread", "read", "mkdir", "unlink")
+_PATCHED = (
+    "open",
+    "write",
+    "writev",
+    "fsync",
+    "ftruncate",
+    "replace",
+    "rename",
+    "close",
+    "pread",
+    "read",
+    "mkdir",
+    "unlink",
+)
 REAL: dict[str, Callable[..., Any]] = {name: getattr(os, name) for name in _PATCHED}
 
 Inode = tuple[int, int]
@@ -226,6 +239,19 @@ class FaultFS:
                 return REAL["write"](fd, bytes(data[: len(data) // 2]))  # type: ignore[no-any-return]
             self._raise(fault, watched)
         return REAL["write"](fd, data)  # type: ignore[no-any-return]
+
+    def _writev(self, fd: int, buffers: Any) -> int:
+        """A journal's batch goes out by `writev`: the same faults as `write` (op "write")."""
+        watched = self._fds.get(fd)
+        if watched is None:
+            return REAL["writev"](fd, buffers)  # type: ignore[no-any-return]
+        fault = self._enter("write", watched)
+        if fault is not None:
+            data = b"".join(bytes(b) for b in buffers)
+            if fault.partial and fault.hits == 1 and len(data) > 1:
+                return REAL["write"](fd, data[: len(data) // 2])  # type: ignore[no-any-return]
+            self._raise(fault, watched)
+        return REAL["writev"](fd, buffers)  # type: ignore[no-any-return]
 
     def _fsync(self, fd: Any) -> None:
         fd = fd if isinstance(fd, int) else fd.fileno()

@@ -156,3 +156,40 @@ def test_append_matches_direct_construction(ops: list[tuple[str, str, int]]) -> 
         s = s.append(m)
     assert s.token_usage == State(agent_id="p", messages=s.messages).token_usage
     assert State.from_json(s.to_json()) == s
+
+
+def test_evolved_metadata_keeps_the_frozen_values_it_reuses_and_checks_the_new_ones() -> None:
+    """`evolve(metadata={**m.metadata, ...})` (a summary tagged, rebuilt) reuses the values taken
+    from `m` as they are (frozen once, when `m` was made) and freezes and checks only the new
+    ones: the result is the same read-only value as a message made from scratch."""
+    big = {"entries": [["value", f"k{i}", "text", i, 1, ""] for i in range(200)], "v": 1}
+    m = Message.user("s", metadata={"cmdc.ledger": big, "n": 1})
+    tagged = m.evolve(metadata={**m.metadata, "cmdc.attempts": ["k0123456789abcdef"]})
+    assert tagged.metadata["cmdc.ledger"] is m.metadata["cmdc.ledger"]  # not frozen again
+    assert tagged.metadata["cmdc.attempts"] == ("k0123456789abcdef",)
+    fresh = Message.user("s", metadata={"cmdc.ledger": big, "n": 1, "cmdc.attempts": ["k0123456789abcdef"]})
+    assert tagged.metadata == fresh.metadata and tagged.to_dict()["metadata"] == fresh.to_dict()["metadata"]
+    with pytest.raises(TypeError):
+        tagged.metadata["x"] = 1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        tagged.metadata["cmdc.attempts"][0] = "x"  # type: ignore[index]
+    # the new values are checked as ever
+    for bad in ({"x": float("nan")}, {"x": object()}, {"x": {1: 2}}):
+        with pytest.raises(InvalidMessage):
+            m.evolve(metadata={**m.metadata, **bad})
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises(InvalidMessage, match="nested"):
+        m.evolve(metadata={**m.metadata, "deep": deep})
+
+    class Key(str):
+        pass
+
+    with pytest.raises(InvalidMessage, match="not a string"):  # a reused value under a key of another type
+        m.evolve(metadata={Key("n"): m.metadata["n"], "cmdc.ledger": m.metadata["cmdc.ledger"]})
+    # a value that only equals the old one (a plain list) is frozen, not taken as it is
+    again = m.evolve(metadata={"cmdc.ledger": big})
+    assert again.metadata["cmdc.ledger"] == m.metadata["cmdc.ledger"]
+    assert isinstance(again.metadata["cmdc.ledger"]["entries"], tuple)
+    assert m.evolve(metadata={}).metadata == {}

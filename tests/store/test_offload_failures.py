@@ -191,3 +191,88 @@ async def test_an_on_numbered_that_is_no_plain_function_is_refused(tmp_path: Pat
     with pytest.raises(ConfigError, match="on_numbered must be a plain"):
         await store.append("a", users(1), on_numbered=bad)
     assert not (tmp_path / "a.jsonl").exists()
+
+
+# -- the batch's writev, the new journal's directory fsync ----------------------------------------
+
+REAL_WRITEV = os.writev
+
+
+async def test_short_writevs_still_write_every_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's lines go to the kernel by `writev`, which may write less than asked: the rest
+    is written, byte for byte the same journal."""
+    batch = users(300, "v")
+    plain = OffloadStore(tmp_path / "plain")
+    await plain.append("a", batch)
+    calls = {"n": 0}
+
+    def short_writev(fd: int, buffers: Any) -> int:
+        calls["n"] += 1
+        first = bytes(buffers[0])
+        return REAL_WRITEV(fd, [first[: max(1, len(first) // 3)]])  # a third of the first buffer only
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    store = OffloadStore(tmp_path / "short")
+    await store.append("a", batch)
+    monkeypatch.undo()
+    assert calls["n"] > 0
+    assert await store.read("a") == await plain.read("a") == batch
+    check_clean(tmp_path / "short" / "a.jsonl")
+
+
+async def test_enospc_in_a_writev_truncates_and_recovers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = OffloadStore(tmp_path)
+    first = users(2)
+    await store.append("a", first)
+    path = tmp_path / "a.jsonl"
+    size = path.stat().st_size
+    calls = {"n": 0}
+
+    def short_writev(fd: int, buffers: Any) -> int:  # the disk fills up: half written, then no room
+        calls["n"] += 1
+        return REAL_WRITEV(fd, list(buffers)[: len(buffers) // 2])
+
+    def failing_write(fd: int, data: Any) -> int:
+        if not is_journal_fd(fd):
+            return REAL_WRITE(fd, data)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(OffloadError, match=os.strerror(errno.ENOSPC)):
+        await store.append("a", users(300, "big"))
+    monkeypatch.undo()
+    assert calls["n"] == 1
+    assert path.stat().st_size == size  # nothing of the failed batch stays
+    later = users(1, "later")
+    await store.append("a", later)
+    assert await store.read("a") == first + later
+    check_clean(path)
+
+
+async def test_a_failed_directory_fsync_fails_the_new_journals_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new journal's directory is fsync'd by a thread of its own beside the data: its failure
+    fails the append (what reached the disk is unknown) as the file's own fsync's would."""
+    dir_fsyncs: list[int] = []
+    file_fsyncs: list[int] = []
+
+    def failing_fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            dir_fsyncs.append(threading.get_ident())
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        file_fsyncs.append(threading.get_ident())
+        REAL_FSYNC(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    store = OffloadStore(tmp_path)
+    with pytest.raises(OffloadError, match="fsync failed: Input/output error"):
+        await store.append("a", users(3))
+    monkeypatch.undo()
+    assert len(dir_fsyncs) == len(file_fsyncs) == 1 and dir_fsyncs != file_fsyncs  # beside it, in its own thread
+    with pytest.raises(OffloadError, match="refused"):
+        await store.append("a", users(1, "c"))
+    fresh = OffloadStore(tmp_path)  # a restarted process writes again: the entry is fsync'd again
+    await fresh.append("a", users(1, "d"))
+    assert [m.content for m in await fresh.read("a")][-1] == users(1, "d")[0].content

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ...message import Message
-from ..fs import joined, write_all
+from ..fs import JOIN_MAX, joined, write_all, writev_all
 
 _HEAD = b'{"message":'
 _CRC_KEY = b',"crc":"'
@@ -227,7 +227,10 @@ def _write_records(
         part = messages[start : start + _LINES_AT_ONCE]  # (a message not encoded yet is encoded here, not kept)
         pieces, checksums, longest = _record_lines(first_seq + start, compaction, ts, part, attempt, journal)
         crcs.extend(checksums)
-        for chunk in joined(pieces, _JOIN, longest):
+        if longest <= JOIN_MAX:  # (the common case) handed to the kernel as they are: no copy joins them
+            written += writev_all(fd, pieces)
+            continue
+        for chunk in joined(pieces, _JOIN, longest):  # a huge piece on its own
             write_all(fd, chunk)
             written += len(chunk)
     start = len(pieces) - 1  # the last line's pieces: those after the last one ending with a head

@@ -21,6 +21,7 @@ link: a hard link planted at the name would make a write land outside the store.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import errno
 import fcntl
@@ -30,12 +31,13 @@ import os
 import re
 import sqlite3
 import stat
+import threading
 import time
 import zlib
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,7 @@ _MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
 _JOURNAL_KEYS = frozenset({"journal", "follows", "agent", "seq", "ts", "crc"})
 _COMMIT_KEYS = frozenset({"commit", "journal", "seq", "ts", "crc"})
 _WORD = re.compile(r"\w+")
+_MESSAGE_ID = attrgetter("id")
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 @attrs.frozen
@@ -821,6 +824,10 @@ def _write_synced(
     call wakes up (a summary in trio's thread, a ledger in a worker) had its turns on the GIL
     (each turn up to the switch interval, 5 ms: measured, the fsync started 16 ms late)."""
     size = os.fstat(fd).st_size
+    # A new (empty) file: its directory entry is made durable beside the data, by a thread
+    # started now, so that it overlaps the encoding and the file's own fsync (docs/journal.md,
+    # "Why a new journal's directory fsync runs beside its data").
+    entry = _DirSync(path.parent) if size == 0 else None
     try:
         last = write()
         end = os.fstat(fd).st_size
@@ -830,21 +837,56 @@ def _write_synced(
         except OSError as exc2:
             journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
         journal.forget_file()
+        if entry is not None:
+            entry.wait()  # (its own failure is moot: the write's is raised)
         if isinstance(exc, OSError):
             raise _offload_error(path, exc, "write") from exc
         raise
     if written is not None:
         written()
     try:
-        os.fsync(fd)
-        if archive and end - size > len(last):  # (a length of 0 would mean: to the end of the file)
-            os.posix_fadvise(fd, size, end - size - len(last), os.POSIX_FADV_DONTNEED)
-        if size == 0:
-            fsync_dir(path.parent)
+        try:
+            os.fsync(fd)
+            if archive and end - size > len(last):  # (a length of 0 would mean: to the end of the file)
+                os.posix_fadvise(fd, size, end - size - len(last), os.POSIX_FADV_DONTNEED)
+        finally:
+            failed = None if entry is None else entry.wait()  # waited for whatever the fsync did
+        if failed is not None:
+            raise failed
     except OSError as exc:
         journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
         raise _offload_error(path, exc, "fsync") from exc
     journal.size, journal.last = end, last
+
+
+class _DirSync:
+    """`fsync_dir(directory)` in a thread of its own, started at once (without the handshake of
+    `threading.Thread.start`, which would wait until the new thread holds the GIL); `wait()`
+    waits for it and returns the `OSError` it met, or None."""
+
+    __slots__ = ("_directory", "_done", "_error")
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._error: OSError | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+        try:
+            _thread.start_new_thread(self._run, ())
+        except RuntimeError:  # no thread to be had: done here instead
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            fsync_dir(self._directory)
+        except OSError as exc:
+            self._error = exc
+        finally:
+            self._done.release()
+
+    def wait(self) -> OSError | None:
+        with self._done:
+            return self._error
 
 
 class OffloadStore:
@@ -1256,11 +1298,11 @@ class OffloadStore:
         if not batch:
             first = self._peek_next_seq(path, journal)
             return AppendResult(path, first, first - 1, 0, journal.journal, attempt)
-        ids = [m.id for m in batch]
+        ids = list(map(_MESSAGE_ID, batch))  # (a C loop: no Python step per record)
         in_batch = set(ids)
         if len(in_batch) != len(ids):  # a message repeated within the batch: written once
             batch = tuple(dict(zip(ids, batch, strict=True)).values())
-            ids = [m.id for m in batch]
+            ids = list(map(_MESSAGE_ID, batch))
         doing = "open"
         try:
             fd = self._open_locked(path)
