@@ -373,8 +373,9 @@ def test_find_head_across_chunk_boundaries(tmp_path: Path, chunk: int, monkeypat
     """The search for a journal's link line finds it wherever the reads cut the file, at its
     start too, and not inside a record that merely mentions it."""
     import cmdc.offload as offload
+    import cmdc.store.file.scan as scan
 
-    monkeypatch.setattr(offload, "_CHUNK", chunk)
+    monkeypatch.setattr(scan, "_CHUNK", chunk)
     a, b = "j" + "a" * 16, "j" + "b" * 16
     decoy = Message.user(f'{{"journal":"{b}","follows":null}}', metadata={"journal": b})
     lines = [

@@ -334,7 +334,7 @@ def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
 
 def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, Any], mark: int, end: int) -> None:
     from ...errors import OffloadCorrupted
-    from .journal import _decode_at, _fused_cuts, _lines, _summary_attempts
+    from .scan import _decode_at, _fused_cuts, _lines, _summary_attempts
 
     data, stop = _read_lines(fd, mark, end)
     last_seq, damaged = int(meta["last_seq"]), int(meta["damaged"])
@@ -513,7 +513,7 @@ token: `src/billing/mod_7.py` is one token of the `ids` column (its parts are in
 
 @functools.cache
 def _offload() -> Any:
-    from . import journal as offload  # imported late: it imports this module
+    from . import scan as offload  # imported late, as before the split (the line decoding is there)
 
     return offload
 

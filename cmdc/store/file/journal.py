@@ -3,9 +3,10 @@ commits (`OffloadStore`).
 
 The protocol it keeps (exactly-once attempts and commits, stable record numbers and journal
 identity, damage contained) and the line format are stated once, in docs/journal.md. Here: the
-line codec (`_record_lines`, `_decode_at`, the checksums), the scan and recovery of a file
-(`_scan`, `_lines_back`, `_find_head`, `_move_aside`) and the writer (`OffloadStore`: a lock per
-journal, `flock` across processes, the end of the file checked before every append).
+store (`OffloadStore`: a lock per journal, `flock` across processes, the end of the file checked
+before every append). Beside it: the line encoding (codec.py), the decoding and scan of a file
+(scan.py: `_decode_at`, the checksums, `_scan`, `_find_head`), the read of its end (tail.py) and
+the writer's plan and write step (writer.py).
 
 Implementation notes the page does not need: every line starts with a fixed head and ends with
 the fixed suffix `,"crc":"xxxxxxxx"}`, the CRC-32 of the bytes between them (a message's
@@ -18,10 +19,8 @@ file (and the file store's lease files) are refused when they are not a regular 
 link: a hard link planted at the name would make a write land outside the store.
 """
 
-
 from __future__ import annotations
 
-import _thread
 import contextlib
 import errno
 import fcntl
@@ -31,18 +30,14 @@ import os
 import re
 import sqlite3
 import stat
-import threading
 import time
-import zlib
 from array import array
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from operator import attrgetter, itemgetter
+from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import attrs
-import orjson
 import trio
 
 from ..._check import integer, seconds
@@ -81,40 +76,44 @@ from ..records import (
     new_attempt_id,
     new_journal_id,
 )
-from ..search import MAX_QUERY_CHARS, count_call_words, query_words, rank
+from ..search import MAX_QUERY_CHARS, query_words, rank
 from ..transcript import md_code, md_fenced, transcript_pieces
 from . import index as _index
 from .codec import _HEAD, _write_records
 from .codec import _encode_records as _encode_records  # (importable from here, as before the split)
 from .codec import _record_pieces as _record_pieces
+from .scan import (
+    _HEADS,
+    _ID_HEAD,
+    Damage,
+    Known,
+    _decode_at,
+    _decode_line,
+    _decode_record,
+    _find_head,
+    _fused_cuts,
+    _fused_lines,
+    _Line,
+    _newline_flipped,
+    _remember,
+    _Scan,
+    _scan,
+    _search_spans,
+    _twin,
+    _valid_id,
+)
 from .tail import _BLOCK as _BLOCK  # (importable from here, as before the split)
 from .tail import _last_newline, _lines_back, _move_aside, _pread_exact
+from .writer import _commit_line, _Journal, _Known, _link, _offload_error, _plan_append, _write_synced
 
 _SCAN_LIMIT = 32 * 1024 * 1024  # how far back a writer reads to learn the latest attempts
 _KNOWN = 65_536  # records a writer remembers (message id, number, checksum) for idempotent appends
 _JOURNALS_KEPT = 4096  # journals a store keeps what it learned of while nobody uses them (see _hold)
 _RECENT = 1024 * 1024  # past the latest commit, how far back it goes on learning committed ones
-_SUFFIX_LEN = 18  # len(',"crc":"xxxxxxxx"}')
-_SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
-_HEADS = (_HEAD, b'{"journal":', b'{"commit":')
-_ID_HEAD = b'{"message":{"id":"'  # how a message line starts (cmdc writes the id first)
-_ID = re.compile(r"[jk][0-9a-f]{16}")
-_LEGACY_KEYS = frozenset({"seq", "compaction", "ts", "message", "crc"})
-_MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
-_JOURNAL_KEYS = frozenset({"journal", "follows", "agent", "seq", "ts", "crc"})
-_COMMIT_KEYS = frozenset({"commit", "journal", "seq", "ts", "crc"})
 _WORD = re.compile(r"\w+")
 _MESSAGE_ID = attrgetter("id")
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _JOURNAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-@attrs.frozen
-class Damage:
-    """A damaged line: its number (1-based), byte offset and length, and what is wrong."""
-
-    line: int
-    offset: int
-    length: int
-    reason: str
 
 
 @attrs.frozen
@@ -155,165 +154,6 @@ class IndexReport:
     """Why there was nothing to check (the index is off, or cannot be used in this directory)."""
 
 
-@attrs.frozen
-class _Line:
-    kind: str  # "message" | "journal" | "commit"
-    seq: int
-    journal: str | None
-    record: JournalRecord | None = None
-    follows: str | None = None
-    attempts: tuple[str, ...] = ()
-
-
-Known = tuple[int, int, "str | None", int]  # a remembered record: seq, crc, attempt, compaction
-
-
-class _Known:
-    """The records a writer remembers, by message id: (seq, crc, attempt, compaction). Kept as
-    an index into a flat array of checksums, and runs: records numbered one after another in
-    the order they were remembered (a batch's new records always are), with the attempt,
-    compaction and first number once per run. Remembering a batch of n messages allocates no
-    object per record but its index entry (n tuples would feed the garbage collector, which
-    then walks every live object: tens of ms for a 50k-message batch)."""
-
-    __slots__ = ("_index", "_pending", "crcs", "run_of", "runs", "settled")
-
-    def __init__(self) -> None:
-        self._index: dict[str, int] = {}  # message id -> position in the arrays
-        self._pending: list[tuple[Sequence[str], int]] = []  # batches not indexed yet: (ids, first position)
-        self.crcs: array[int] = array("I")
-        self.run_of: array[int] = array("l")  # position -> index in `runs`
-        # (attempt, compaction, first position, its record number) of each run
-        self.runs: list[tuple[str | None, int, int, int]] = []
-        self.settled = 0  # the leading runs known to be committed (see `uncommitted`)
-
-    @property
-    def index(self) -> dict[str, int]:
-        """Message id -> position in the arrays. A batch is indexed when a lookup first needs
-        it, not when it is remembered: the append that writes 50k records does not also build
-        a 50k-entry dict that only a later append of the same journal may read."""
-        if self._pending:
-            index = self._index
-            for ids, base in self._pending:
-                index.update(zip(ids, range(base, base + len(ids)), strict=True))
-            self._pending.clear()
-        return self._index
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __contains__(self, message_id: object) -> bool:
-        return message_id in self.index
-
-    @property
-    def positions(self) -> int:
-        """Array entries, an upper bound of `len(self)` that indexes nothing."""
-        return len(self.crcs)
-
-    @property
-    def garbage(self) -> int:
-        """Array entries no id points to any more (records remembered again at another number)."""
-        return len(self.crcs) - len(self.index)
-
-    def get(self, message_id: str) -> Known | None:
-        i = self.index.get(message_id)
-        if i is None:
-            return None
-        attempt, compaction, start, seq = self.runs[self.run_of[i]]
-        return seq + i - start, self.crcs[i], attempt, compaction
-
-    def add(
-        self, ids: Sequence[str], first_seq: int, crcs: Iterable[int], attempt: str | None, compaction: int
-    ) -> None:
-        """Remember the records of one batch, numbered `first_seq`, `first_seq + 1`, ... in the
-        order of `ids` (replacing what was remembered for those ids). `ids` is kept as it is
-        until indexed: the caller does not change it."""
-        base, n = len(self.crcs), len(ids)
-        self.crcs.extend(crcs)
-        if len(self.crcs) != base + n:
-            del self.crcs[base:]
-            raise AssertionError("a remembered batch needs one checksum per message")
-        self.run_of.extend(array("l", (len(self.runs),)) * n)
-        self.runs.append((attempt, compaction, base, first_seq))
-        if n:
-            self._pending.append((ids, base))
-
-    def add_records(self, records: dict[str, Known], only_new: bool = False) -> None:
-        """Remember records learned one by one: a run per stretch of consecutive numbers of
-        one attempt and compaction."""
-        rows = sorted(
-            ((seq, attempt, compaction, mid, crc) for mid, (seq, crc, attempt, compaction) in records.items()),
-            key=itemgetter(0),
-        )
-        if only_new:
-            rows = [r for r in rows if r[3] not in self.index]
-        start = 0
-        for k in range(1, len(rows) + 1):
-            if k == len(rows) or rows[k][0] != rows[k - 1][0] + 1 or rows[k][1:3] != rows[k - 1][1:3]:
-                seq, attempt, compaction = rows[start][:3]
-                self.add([r[3] for r in rows[start:k]], seq, [r[4] for r in rows[start:k]], attempt, compaction)
-                start = k
-
-    def uncommitted(self, committed: set[str]) -> bool:
-        """Whether a remembered record belongs to an attempt not in `committed` (the journal's
-        committed attempts, a set that only grows while this object is in use): the runs found
-        committed are not looked at again, so a writer's check costs O(1), not O(batches)."""
-        runs, k = self.runs, self.settled
-        while k < len(runs) and (runs[k][0] is None or runs[k][0] in committed):
-            k += 1
-        self.settled = k
-        return k < len(runs)
-
-    def items(self) -> Iterator[tuple[str, str | None]]:
-        """(message id, attempt) of every remembered record."""
-        runs, run_of = self.runs, self.run_of
-        for mid, i in self.index.items():
-            yield mid, runs[run_of[i]][0]
-
-    def kept(self, keep: Any) -> _Known:
-        """A copy holding only the records whose attempt `keep(attempt)` accepts."""
-        out = _Known()
-        rows: dict[str, Known] = {}
-        for mid in self.index:
-            known = self.get(mid)
-            assert known is not None
-            if keep(known[2]):
-                rows[mid] = known
-        out.add_records(rows)
-        return out
-
-
-@attrs.define
-class _Journal:
-    """What a store knows about one agent's journal; guarded by `lock`."""
-
-    lock: trio.Lock = attrs.field(factory=trio.Lock)
-    failed: str | None = None
-    transcribed: int = 0  # last seq written to the Markdown transcript by this store
-    # the file as this store last left it: (dev, ino), size and last line, for the quick check
-    inode: tuple[int, int] | None = None
-    size: int = 0
-    last: bytes = b""
-    journal: str | None = None  # the journal's id
-    seq: int = 0  # the highest record number given out in it
-    parents: dict[str, str | None] = attrs.field(factory=dict)  # journal -> the one it follows (link lines)
-    known: _Known = attrs.field(factory=_Known)  # records this writer remembers
-    committed: set[str] = attrs.field(factory=set)
-    # uncommitted attempts never to be committed: a message of theirs has a later record (a
-    # retry wrote it again), and committing them would show it at their older number
-    superseded: set[str] = attrs.field(factory=set)
-    expected: tuple[str, int] | None = None  # (journal, highest record number) this store last wrote
-    users: int = 0  # tasks between `_hold` and its end: while any, the store keeps this object
-
-    def forget_file(self) -> None:
-        self.inode, self.size, self.last = None, 0, b""
-
-
-def _offload_error(path: Path, exc: OSError, doing: str) -> OffloadError:
-    text = os.strerror(exc.errno) if exc.errno else str(exc)
-    return OffloadError(f"offload journal {path}: {doing} failed: {text}")
-
-
 def _in_trio(callback: Callable[[AppendResult], object], agent_id: str) -> Callable[[AppendResult], None]:
     """`callback`, callable from a worker thread: it runs soon in trio's thread, and what it
     raises is logged (trio would otherwise end the whole run)."""
@@ -330,563 +170,6 @@ def _in_trio(callback: Callable[[AppendResult], object], agent_id: str) -> Calla
             token.run_sync_soon(safe, result)
 
     return soon
-
-
-def _control(obj: dict[str, Any]) -> bytes:
-    """A control line (`journal` or `commit`): its first key is the head; the CRC covers the
-    bytes between the head and the suffix, as on message lines."""
-    body = orjson.dumps(obj)[:-1]
-    head = len(next(iter(obj))) + 4  # {"key":
-    return body + b',"crc":"%08x"}\n' % zlib.crc32(body[head:])
-
-
-def _link(journal: str, follows: str | None, agent: str, seq: int) -> bytes:
-    return _control({"journal": journal, "follows": follows, "agent": agent, "seq": seq, "ts": time.time()})
-
-
-def _commit_line(attempts: Sequence[str], journal: str, seq: int) -> bytes:
-    """A commit, as two identical lines: one damaged copy (a flipped bit, a bad sector's worth
-    of it) costs nothing, the other commits the attempts; a damaged newline between them is
-    recovered by `_fused`. Readers and writers treat a repeated commit as one."""
-    line = _control({"commit": list(attempts), "journal": journal, "seq": seq, "ts": time.time()})
-    return line + line
-
-
-# -- decoding ---------------------------------------------------------------------------------
-
-
-def _valid_id(value: object) -> bool:
-    return isinstance(value, str) and _ID.fullmatch(value) is not None
-
-
-def _decode_line(line: bytes, where: str) -> _Line:
-    """Parse one complete line (without its newline); any damage raises `OffloadCorrupted`."""
-    return _decode_at(line, 0, len(line), where)[0]
-
-
-def _check_sum(data: bytes, start: int, end: int, where: str) -> bytes:
-    """The head of the line `data[start:end]`, once its checksum is checked."""
-    m = _SUFFIX.fullmatch(data, end - _SUFFIX_LEN, end) if end - start > _SUFFIX_LEN else None
-    if m is None:
-        raise OffloadCorrupted(f"{where}: no checksum at the end of the line")
-    head = next((h for h in _HEADS if data.startswith(h, start)), None)
-    if head is None or int(m[1], 16) != _bigjson.crc32(data, start + len(head), end - _SUFFIX_LEN):
-        raise OffloadCorrupted(f"{where}: checksum mismatch")
-    return head
-
-
-def _decode_at(
-    data: bytes, start: int, end: int, where: str, max_chars: int | None = None, words: Sequence[str] | None = None
-) -> tuple[_Line, Counter[str] | None]:
-    """Parse the complete line `data[start:end]` (without its newline); any damage raises
-    `OffloadCorrupted`. With `max_chars`, a message's text comes cut to that many characters
-    (the record's `clipped` says how many are left out). A message line past `_bigjson.BIG`
-    bytes is read in short steps (its text never in one call); with `words`, the word counts
-    of such a message are returned too (its record may hold only the head of its text)."""
-    head = _check_sum(data, start, end, where)
-    text: str | None = None
-    total = 0
-    counts: Counter[str] | None = None
-    line: bytes | None = None
-    if head is _HEAD and end - start > _bigjson.BIG:
-        try:
-            span = _bigjson.content_span(data, start + len(_HEAD), end)
-            if span is not None:
-                text, total, counts = _bigjson.read_text(data, span[0], span[1], max_chars, words)
-                line = data[start : span[0]] + data[span[1] : end]  # the line with an empty text
-        except _bigjson._BadJSON as exc:
-            raise OffloadCorrupted(f"{where}: not valid JSON ({exc})") from None
-    if line is None:
-        line = data if start == 0 and end == len(data) else data[start:end]
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise OffloadCorrupted(f"{where}: not valid JSON ({exc})") from None
-    if not isinstance(obj, dict):
-        raise OffloadCorrupted(f"{where}: not a journal record")
-    seq, ts = obj.get("seq"), obj.get("ts")
-    if type(seq) is not int or seq < 0 or type(ts) not in (int, float):
-        raise OffloadCorrupted(f"{where}: bad seq or timestamp")
-    if head is _HEAD:
-        keys = set(obj)
-        if keys != _LEGACY_KEYS and keys != _MESSAGE_KEYS:
-            raise OffloadCorrupted(f"{where}: not a journal record")
-        compaction, attempt, journal = obj["compaction"], obj.get("attempt"), obj.get("journal")
-        if seq < 1 or type(compaction) is not int or compaction < 0:
-            raise OffloadCorrupted(f"{where}: bad seq or compaction number")
-        if keys == _MESSAGE_KEYS and not (_valid_id(attempt) and _valid_id(journal)):
-            raise OffloadCorrupted(f"{where}: bad attempt or journal id")
-        fields = obj["message"]
-        if text is not None and isinstance(fields, dict):
-            fields["content"] = text
-        try:
-            message = Message.from_dict(fields)
-        except (InvalidMessage, TypeError, ValueError) as exc:
-            raise OffloadCorrupted(f"{where}: bad message ({exc})") from None
-        if text is None and max_chars is not None and isinstance(message.content, str):
-            total = len(message.content)
-            if total > max_chars:
-                message = message.evolve(content=message.content[:max_chars])
-        if counts is not None:
-            count_call_words(message, counts)
-        clipped = total - len(message.content) if max_chars is not None and isinstance(message.content, str) else 0
-        record = JournalRecord(seq, compaction, float(ts), message, attempt, journal, clipped)  # type: ignore[arg-type]
-        return _Line("message", seq, journal, record=record), counts
-    if head == _HEADS[1]:
-        follows = obj.get("follows")
-        if set(obj) != _JOURNAL_KEYS or not _valid_id(obj["journal"]) or not isinstance(obj["agent"], str):
-            raise OffloadCorrupted(f"{where}: not a journal line")
-        if follows is not None and not _valid_id(follows):
-            raise OffloadCorrupted(f"{where}: bad journal id it follows")
-        return _Line("journal", seq, obj["journal"], follows=follows), None
-    attempts = obj.get("commit")
-    if (
-        set(obj) != _COMMIT_KEYS
-        or not _valid_id(obj["journal"])
-        or not isinstance(attempts, list)
-        or not attempts
-        or not all(_valid_id(a) for a in attempts)
-    ):
-        raise OffloadCorrupted(f"{where}: not a commit line")
-    return _Line("commit", seq, obj["journal"], attempts=tuple(attempts)), None
-
-
-_NEWLINE_FLIPS = bytes(0x0A ^ (1 << k) for k in range(8))  # a newline with one bit flipped
-_FUSED = re.compile(rb'"\}[' + re.escape(_NEWLINE_FLIPS) + rb']\{"')  # where such a newline joins two lines
-
-
-def _fused(
-    data: bytes, start: int, end: int, where: str, max_chars: int | None = None, words: Sequence[str] | None = None
-) -> list[tuple[int, _Line, Counter[str] | None]]:
-    """A damaged line `data[start:end]` that is two whole lines joined where a flipped bit
-    changed the newline between them: both lines, decoded, as (start, line, counts); else [].
-    Only a damaged line is looked at, and both halves must pass their checksums (a line's
-    valid JSON never holds `"}`, a control byte or `*`/`J`, then `{"`)."""
-    for cut in _fused_cuts(data, start, end):
-        try:
-            first = _decode_at(data, start, cut, where, max_chars, words)
-            second = _decode_at(data, cut + 1, end, where, max_chars, words)
-        except OffloadCorrupted:
-            continue
-        return [(start, *first), (cut + 1, *second)]
-    return []
-
-
-def _newline_flipped(tail: bytes) -> bool:
-    """Whether `tail` (the end of a file, past its last newline) is a whole line whose newline
-    a flipped bit changed (a torn write never ends so: after a line's end comes its newline)."""
-    if not tail or tail[-1] not in _NEWLINE_FLIPS:
-        return False
-    try:
-        _decode_at(tail, 0, len(tail) - 1, "tail")
-    except OffloadCorrupted:
-        return False
-    return True
-
-
-def _twin(data: bytes, start: int, end: int, size: int) -> bytes:
-    """For the damaged line `data[start:end]` (newline included) of a journal of `size`
-    bytes: the intact commit line beside it when the damaged one is its copy (as long, a few
-    bits apart: see `_commit_line`), to be written in its place so the commit has two copies
-    again; else b"" (the line is dropped)."""
-    line = data[start:end]
-    before = data.rfind(b"\n", 0, start - 1) + 1 if start else start
-    after = data.find(b"\n", end, size) + 1 if end < size else end
-    for other in (data[before:start], data[end:after]):
-        if len(other) != len(line) or not other.startswith(_HEADS[2]):
-            continue
-        if (int.from_bytes(other, "big") ^ int.from_bytes(line, "big")).bit_count() > 8:
-            continue
-        try:
-            _decode_line(other[:-1], "twin")
-        except OffloadCorrupted:
-            continue
-        return other
-    return b""
-
-
-def _in_order(parts: Sequence[tuple[int, _Line, Any]], last_seq: int) -> bool:
-    """Whether `parts` (from `_fused`) are lines, their records numbered on past `last_seq`."""
-    for _, decoded, _ in parts:
-        if decoded.kind == "message" and decoded.seq <= last_seq:
-            return False
-        last_seq = max(last_seq, decoded.seq)
-    return bool(parts)
-
-
-def _fused_cuts(data: bytes, start: int, end: int) -> Iterator[int]:
-    """Where, in `data[start:end]`, a damaged newline may join two lines: the offsets of the
-    changed byte, searched `_bigjson.PIECE` bytes per call (a huge line is many short calls)."""
-    pos = start
-    while pos < end:
-        stop = min(end, pos + _bigjson.PIECE)
-        for m in _FUSED.finditer(data, pos, min(end, stop + 4)):  # a match may run past the piece
-            if m.start() < stop:
-                yield m.start() + 2
-        pos = stop
-
-
-def _fused_lines(line: bytes, where: str) -> list[_Line]:
-    """`_fused` of a line on its own: the two lines, or []."""
-    return [decoded for _, decoded, _ in _fused(line, 0, len(line), where)]
-
-
-def _decode_record(line: bytes, where: str) -> JournalRecord:
-    """A message line's record; any other line or any damage raises `OffloadCorrupted`."""
-    decoded = _decode_line(line, where)
-    if decoded.record is None:
-        raise OffloadCorrupted(f"{where}: a {decoded.kind} line, not a message record")
-    return decoded.record
-
-
-def _remember(known: dict[str, Known], committed: set[str], r: JournalRecord, superseded: set[str]) -> None:
-    """Reading a journal back from its end: keep, for each message, the record readers show
-    (its earliest record of a committed attempt; `committed` holds the attempts of the
-    commit lines read so far, which follow their records), else its latest record (the one a
-    retry repeats). Never an older record of an attempt nobody committed: a retry would then
-    write the message again while reusing its other records, and committing those would show
-    the message at a number the retry did not report. Such an attempt goes to `superseded`:
-    none of its records is reused, so it is never committed."""
-    prior = known.get(r.message.id)
-    if prior is None or r.attempt in committed:
-        known[r.message.id] = (r.seq, r.message.json_crc(), r.attempt, r.compaction)
-    elif r.attempt is not None and r.attempt != prior[2]:
-        superseded.add(r.attempt)
-
-
-def _summary_attempts(message: Message) -> tuple[str, ...]:
-    if not message.is_summary:
-        return ()
-    value = message.metadata.get(ATTEMPTS_KEY)
-    if not isinstance(value, (list, tuple)):
-        return ()
-    return tuple(a for a in value if _valid_id(a))
-
-
-@attrs.frozen
-class _Scan:
-    records: list[JournalRecord]
-    journal: str | None
-    compactions: int
-    uncommitted: int
-    duplicates: int
-    damaged: tuple[Damage, ...]
-    torn: int
-    size: int
-    counts: dict[int, Counter[str]] = attrs.field(factory=dict)  # seq -> words of a huge message
-    fused: dict[int, int] = attrs.field(factory=dict)  # a line that is two (`_fused`): its offset -> the cut
-
-
-_ATTEMPTS_BYTES = b'"cmdc.attempts"'
-_CONTROL_HEADS = (b'{"journal":', b'{"commit":', _ATTEMPTS_BYTES)  # lines a search always decodes
-_CHUNK = 1024 * 1024  # bytes a search filters at a time
-_LONG_LINE = 64 * 1024  # a non-ASCII line this long is decoded rather than casefolded whole
-
-
-def _line_starts(data: bytes, start: int, needle: bytes, out: set[int]) -> None:
-    """Add to `out` the start (offset in the journal: `start` + ...) of each line of the
-    chunk `data` holding `needle`."""
-    i = data.find(needle)
-    while i >= 0:
-        out.add(start + data.rfind(b"\n", 0, i) + 1)
-        nl = data.find(b"\n", i)
-        i = data.find(needle, nl + 1) if nl >= 0 else -1
-
-
-def _search_spans(data: bytes, words: Sequence[str]) -> list[tuple[int, int]]:
-    """The complete lines of a journal a search must decode, in order, as (start, end without
-    the newline): each line that holds one of `words` (casefolded) as a substring, every
-    control line and summary (they decide which attempts are committed), and every line
-    longer than a chunk (read in short steps, its words counted as it is read). Filtered a
-    chunk at a time with a few C calls each: an ASCII chunk is lowered once and searched; a
-    chunk with other text is casefolded line by line."""
-    starts: set[int] = set()
-    spans: list[tuple[int, int]] = []
-    ascii_words = [w.encode() for w in words if w.isascii()]
-    end = data.rfind(b"\n") + 1  # a torn last line is not a record
-    start = 0
-    while start < end:
-        stop = data.rfind(b"\n", start, min(end, start + _CHUNK)) + 1
-        if stop <= start:  # one line longer than a chunk: decoded in short steps, not filtered
-            nl = _bigjson.find(data, b"\n", start, end)
-            spans.append((start, nl))
-            start = nl + 1
-            continue
-        chunk = data[start:stop]
-        if chunk.isascii():  # bytes.lower() is casefold for ASCII text
-            low = chunk.lower()
-            for w in ascii_words:
-                _line_starts(low, start, w, starts)
-        else:
-            offset = start
-            for line in chunk.split(b"\n")[:-1]:
-                if len(line) > _LONG_LINE or any(w in line.decode("utf-8", "replace").casefold() for w in words):
-                    starts.add(offset)
-                offset += len(line) + 1
-        for head in _CONTROL_HEADS:
-            _line_starts(chunk, start, head, starts)
-        start = stop
-    spans += ((i, data.index(b"\n", i)) for i in starts)  # short lines: within their chunk
-    spans.sort()
-    return spans
-
-
-def _lines(data: bytes, end: int) -> Iterator[tuple[int, int]]:
-    """Every complete line before `end` (just past a newline) as (start, end without the
-    newline); a long line's end is found in short steps."""
-    offset = 0
-    while offset < end:
-        nl = _bigjson.find(data, b"\n", offset, end)
-        yield offset, nl
-        offset = nl + 1
-
-
-def _scan(
-    data: bytes,
-    path: Path,
-    spans: Sequence[tuple[int, int]] | None = None,
-    *,
-    max_chars: int | None = None,
-    words: Sequence[str] | None = None,
-) -> _Scan:
-    """Every line of a journal (or the lines `spans` names): the visible records (committed,
-    each message id once, at its first committed record, in seq order) and what was skipped.
-    `max_chars`: messages' texts cut to that (see `JournalRecord.clipped`); `words`: a huge
-    message's word counts are kept (`_Scan.counts`)."""
-    lines: list[tuple[int, _Line]] = []
-    damaged: list[Damage] = []
-    counted: dict[int, Counter[str]] = {}
-    last_seq, journal = 0, None
-    end = data.rfind(b"\n") + 1
-    fused: dict[int, int] = {}
-    for number, (offset, nl) in enumerate(_lines(data, end) if spans is None else spans, 1):
-        try:
-            decoded, counts = _decode_at(data, offset, nl, f"{path}: line {number}", max_chars, words)
-            if decoded.kind == "message" and decoded.seq <= last_seq:
-                raise OffloadCorrupted(f"seq {decoded.seq} does not follow {last_seq}")
-        except OffloadCorrupted as exc:
-            parts = _fused(data, offset, nl, f"{path}: line {number}", max_chars, words)
-            if not _in_order(parts, last_seq):
-                damaged.append(Damage(number, offset, nl + 1 - offset, str(exc).rsplit(": ", 1)[-1]))
-                continue
-            # two whole lines joined by a damaged newline: both read; a repair puts it back
-            fused[offset] = parts[1][0] - 1
-            damaged.append(Damage(number, offset, nl + 1 - offset, "two lines joined by a damaged newline"))
-            for start, part, part_counts in parts:
-                last_seq = max(last_seq, part.seq)
-                journal = part.journal or journal
-                lines.append((start, part))
-                if part_counts is not None:
-                    counted[part.seq] = part_counts
-        else:
-            last_seq = max(last_seq, decoded.seq)
-            journal = decoded.journal or journal
-            lines.append((offset, decoded))
-            if counts is not None:
-                counted[decoded.seq] = counts
-    # Each attempt's compaction: the first commit line naming it (attempts committed together
-    # are one compaction), or, for one a later summary commits, the attempt itself.
-    group: dict[str | None, object] = {None: None}
-    for n, (_, decoded) in enumerate(lines):
-        for a in decoded.attempts:
-            group.setdefault(a, n)
-    for _, decoded in reversed(lines):  # a committed batch holding a summary commits its attempts
-        r = decoded.record
-        if r is not None and r.attempt in group:
-            for a in _summary_attempts(r.message):
-                group.setdefault(a, a)
-    committed = group.keys()
-    seen: set[str] = set()
-    records: list[JournalRecord] = []
-    uncommitted = duplicates = 0
-    compactions, last_number = 0, 0
-    last_batch: object = None
-    for _, decoded in lines:
-        r = decoded.record
-        if r is None:
-            continue
-        if r.attempt not in committed:
-            uncommitted += 1
-        elif r.message.id in seen:
-            duplicates += 1
-        else:
-            seen.add(r.message.id)
-            records.append(r)
-            batch = group[r.attempt] if r.attempt is not None else ("legacy", r.compaction)
-            if batch != last_batch:  # caps, masks and clips are batches numbered with the current
-                # count: a compaction's batch is the one whose number moves (a new run's too)
-                if r.compaction > 0 and r.compaction != last_number:
-                    compactions += 1
-                last_batch, last_number = batch, r.compaction
-    return _Scan(
-        records,
-        journal,
-        compactions,
-        uncommitted,
-        duplicates,
-        tuple(damaged),
-        len(data) - end,
-        len(data),
-        counted,
-        fused,
-    )
-
-
-
-
-def _find_head(fd: int, end: int, journal: str) -> _Line | None:
-    """The link line that starts `journal` (searched back from `end`, a chunk at a time; a
-    line starts after a newline, and no newline is ever inside one), or None."""
-    needle = b'\n{"journal":"%s"' % journal.encode()
-    pos, carry = end, b""
-    while pos > 0:
-        n = min(_CHUNK, pos)
-        pos -= n
-        buf = (b"\n" if pos == 0 else b"") + _pread_exact(fd, n, pos) + carry
-        base = pos - (1 if pos == 0 else 0)  # the file offset of buf[0]
-        i = buf.rfind(needle)
-        while i >= 0:
-            start = base + i + 1
-            line = os.pread(fd, 4096, start).split(b"\n", 1)[0]
-            try:
-                decoded = _decode_line(line, f"byte {start}")
-            except OffloadCorrupted:
-                decoded = None
-            if decoded is not None and decoded.kind == "journal" and decoded.journal == journal:
-                return decoded
-            i = buf.rfind(needle, 0, i)
-        carry = buf[: len(needle) - 1]
-    return None
-
-
-@attrs.frozen
-class _AppendPlan:
-    """What an append writes, decided before any byte is: the messages that get new records
-    (`fresh`, numbered `first`, `first + 1`, ... in the batch's order), each batch message's
-    record number (`seqs`), the number after the last new one (`next_seq`), the attempts its
-    commit names (`ordered`, the append's own first), the journal's highest number after it
-    (`high`), and the uncommitted attempts it supersedes."""
-
-    fresh: Sequence[Message]
-    seqs: Sequence[int]
-    first: int
-    next_seq: int
-    ordered: tuple[str, ...]
-    high: int
-    superseded: frozenset[str]
-
-
-def _plan_append(
-    journal: _Journal, batch: tuple[Message, ...], in_batch: set[str], compaction: int, attempt: str
-) -> _AppendPlan:
-    """The append of `batch` as attempt `attempt`, planned from what the writer knows of the
-    journal (its end, the records it remembers): pure, no I/O, nothing changed."""
-    pending = {attempt}
-    superseded: set[str] = set()
-    first = journal.seq + 1
-    # the common case: every message is new (checked over the smaller of the two)
-    if journal.known.index.keys().isdisjoint(in_batch):
-        fresh: Sequence[Message] = batch
-        next_seq = first + len(batch)
-        seqs: Sequence[int] = range(first, next_seq)
-    else:
-        fresh, numbers = OffloadStore._reused(journal, batch, in_batch, compaction, pending, superseded)
-        next_seq = first
-        for i, s in enumerate(numbers):
-            if s < 0:
-                numbers[i] = next_seq
-                next_seq += 1
-        seqs = numbers
-    if not fresh:
-        pending.discard(attempt)
-    ordered = tuple(a for a in (attempt, *sorted(pending - {attempt})) if a in pending)
-    high = max(journal.seq, next_seq - 1)
-    return _AppendPlan(fresh, seqs, first, next_seq, ordered, high, frozenset(superseded))
-
-
-def _write_synced(
-    fd: int,
-    path: Path,
-    journal: _Journal,
-    write: Callable[[], bytes],
-    *,
-    archive: bool,
-    written: Callable[[], None] | None = None,
-) -> None:
-    """The one write-and-fsync step of every journal change (appends and commits), run with the
-    file locked: `write()` appends the lines and returns the last one. A failed write leaves the
-    file where it ended (truncated back) and is raised as `OffloadError`; a failed fsync marks the
-    journal failed (later appends are refused: what reached the disk is unknown). Then the file's
-    new end is remembered. `archive`: the written pages go back to the system but for the last
-    line's (a journal is rarely read; the next change reads its last line). `written()`, when
-    given, is called once every byte is written, immediately before the fsync: nothing that
-    releases the GIL runs between the two, so the fsync starts at once, not after the work the
-    call wakes up (a summary in trio's thread, a ledger in a worker) had its turns on the GIL
-    (each turn up to the switch interval, 5 ms: measured, the fsync started 16 ms late)."""
-    size = os.fstat(fd).st_size
-    # A new (empty) file: its directory entry is made durable beside the data, by a thread
-    # started now, so that it overlaps the encoding and the file's own fsync (docs/journal.md,
-    # "Why a new journal's directory fsync runs beside its data").
-    entry = _DirSync(path.parent) if size == 0 else None
-    try:
-        last = write()
-        end = os.fstat(fd).st_size
-    except BaseException as exc:  # nothing of the change stays: the file ends where it did
-        try:
-            os.ftruncate(fd, size)
-        except OSError as exc2:
-            journal.failed = f"{_offload_error(path, exc2, 'truncate after a failed write')}"
-        journal.forget_file()
-        if entry is not None:
-            entry.wait()  # (its own failure is moot: the write's is raised)
-        if isinstance(exc, OSError):
-            raise _offload_error(path, exc, "write") from exc
-        raise
-    if written is not None:
-        written()
-    try:
-        try:
-            os.fsync(fd)
-            if archive and end - size > len(last):  # (a length of 0 would mean: to the end of the file)
-                os.posix_fadvise(fd, size, end - size - len(last), os.POSIX_FADV_DONTNEED)
-        finally:
-            failed = None if entry is None else entry.wait()  # waited for whatever the fsync did
-        if failed is not None:
-            raise failed
-    except OSError as exc:
-        journal.failed = f"{_offload_error(path, exc, 'fsync')}; later appends are refused"
-        raise _offload_error(path, exc, "fsync") from exc
-    journal.size, journal.last = end, last
-
-
-class _DirSync:
-    """`fsync_dir(directory)` in a thread of its own, started at once (without the handshake of
-    `threading.Thread.start`, which would wait until the new thread holds the GIL); `wait()`
-    waits for it and returns the `OSError` it met, or None."""
-
-    __slots__ = ("_directory", "_done", "_error")
-
-    def __init__(self, directory: Path) -> None:
-        self._directory = directory
-        self._error: OSError | None = None
-        self._done = threading.Lock()
-        self._done.acquire()
-        try:
-            _thread.start_new_thread(self._run, ())
-        except RuntimeError:  # no thread to be had: done here instead
-            self._run()
-
-    def _run(self) -> None:
-        try:
-            fsync_dir(self._directory)
-        except OSError as exc:
-            self._error = exc
-        finally:
-            self._done.release()
-
-    def wait(self) -> OSError | None:
-        with self._done:
-            return self._error
 
 
 class OffloadStore:
