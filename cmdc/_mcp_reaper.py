@@ -1,6 +1,6 @@
 """Runs one MCP server and, when it ends or is told to stop, ends everything it started.
 
-    python -I -S _mcp_reaper.py PARENT_PID GRACE COMMAND [ARG...]
+    python -I -S _mcp_reaper.py PARENT_PID GRACE LIFELINE_FD COMMAND [ARG...]
 
 `cmdc.mcp.stdio` starts this script (standard library only, no imports from cmdc: it runs
 isolated, `-I -S`) in a new session, and it starts the server in a session of its own (its own
@@ -9,10 +9,15 @@ calls `setsid` or double-forks, is reparented to this script when its parent die
 init. The server's stdin, stdout and stderr are this script's; this script keeps no copy.
 
 It waits for the server, reaping orphans as they come. When the server exits, or this script
-gets SIGTERM (from cmdc, or from the kernel when cmdc itself dies: `PR_SET_PDEATHSIG`), it
+gets SIGTERM (from cmdc), or its lifeline ends (LIFELINE_FD is the read end of a pipe whose only
+write end cmdc holds: the kernel closes it when cmdc's process ends, however it ends), it
 sends SIGTERM to the server's process group and to every descendant it can find, waits up to
 GRACE seconds for them to exit, sends SIGKILL to those left, reaps them all, and exits with the
 server's status. Without a subreaper (not Linux) only the server's process group is ended.
+
+Not `PR_SET_PDEATHSIG` on this script: the kernel sends that signal when the *thread* that
+started the process ends, and trio starts processes from a worker thread that ends after ten
+idle seconds, which would end a healthy server ten seconds after its start.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 
 _PR_SET_PDEATHSIG = 1
@@ -107,16 +113,24 @@ def _end_all(group: int, grace: float) -> None:
             _signal_all(group, signal.SIGKILL)
 
 
+def _watch(lifeline: int) -> None:
+    """Block until the lifeline's write end is closed (cmdc stopped or died), then SIGTERM self."""
+    with contextlib.suppress(OSError):
+        while os.read(lifeline, 1):
+            pass
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str]) -> int:
-    parent, grace, command = int(argv[0]), float(argv[1]), argv[2:]
+    parent, grace, lifeline, command = int(argv[0]), float(argv[1]), int(argv[2]), argv[3:]
+    os.set_inheritable(lifeline, False)  # the server does not get it
 
     def stop(_signum: int, _frame: object) -> None:
         raise _Stop
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, stop)
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # cmdc died before the line above
+    if os.getppid() != parent:  # cmdc died already
         return 1
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     try:
@@ -138,6 +152,7 @@ def main(argv: list[str]) -> int:
         os.dup2(null, fd)
     status = 0
     try:
+        threading.Thread(target=_watch, args=(lifeline,), daemon=True).start()
         while True:
             pid, got = os.waitpid(-1, 0)
             if pid == server:

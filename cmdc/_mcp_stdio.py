@@ -236,16 +236,30 @@ async def stdio_transport(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """An MCP transport (the streams a `mcp.Client` takes) to a server run as a child process."""
     env = get_default_environment() | (params.env or {})
-    argv = [sys.executable, "-I", "-S", _REAPER, str(os.getpid()), str(stop_grace), params.command, *params.args]
-    process = await trio.lowlevel.open_process(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=errlog if errlog is not None else subprocess.DEVNULL,
-        env=env,
-        cwd=params.cwd,
-        start_new_session=True,
-    )
+    # The lifeline: the reaper holds the read end, only this process the write end (pipes are
+    # not inherited; `pass_fds` hands the read end to the reaper alone). When this process ends,
+    # however it ends, the kernel closes the write end and the reaper ends the server.
+    lifeline, keep = os.pipe()
+    argv = [
+        *(sys.executable, "-I", "-S", _REAPER, str(os.getpid()), str(stop_grace), str(lifeline)),
+        *(params.command, *params.args),
+    ]
+    try:
+        process = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errlog if errlog is not None else subprocess.DEVNULL,
+            env=env,
+            cwd=params.cwd,
+            start_new_session=True,
+            pass_fds=(lifeline,),
+        )
+    except BaseException:
+        os.close(keep)
+        raise
+    finally:
+        os.close(lifeline)
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
     pending: dict[int | str, str] = {}  # request id -> method, for an oversized reply
@@ -315,7 +329,10 @@ async def stdio_transport(
             yield read_receive, write_send
         finally:
             with trio.CancelScope(shield=True):
-                await _stop(process, stop_grace)
+                try:
+                    await _stop(process, stop_grace)
+                finally:
+                    os.close(keep)
                 link.returncode = process.returncode
                 for stream in (read_receive, write_send):
                     await stream.aclose()

@@ -262,10 +262,10 @@ trio.run(main)
 
 
 async def test_a_killed_runtime_takes_its_servers_processes_with_it(tmp_path: Path) -> None:
-    """The runtime's process is SIGKILLed (no clean-up of its own runs): the reaper is told by
-    the kernel (PR_SET_PDEATHSIG) and ends the server, its child and its setsid grandchild."""
+    """The runtime's process is SIGKILLed (no clean-up of its own runs): the kernel closes the
+    lifeline's write end, and the reaper ends the server, its child and its setsid grandchild."""
     if not sys.platform.startswith("linux"):
-        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+        pytest.skip("the subreaper (PR_SET_CHILD_SUBREAPER) is Linux's")
     pids_file = tmp_path / "pids"
     env = {**os.environ, "PYTHONPATH": ROOT}
     process = await trio.lowlevel.open_process(
@@ -280,6 +280,31 @@ async def test_a_killed_runtime_takes_its_servers_processes_with_it(tmp_path: Pa
     finally:
         process.kill()
         await process.wait()
+    with trio.fail_after(20):
+        while any(alive(p) for p in pids):  # noqa: ASYNC110  # polled: other processes
+            await trio.sleep(0.01)
+
+
+async def test_a_server_outlives_the_worker_thread_that_started_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """trio starts a process from a worker thread, and an idle worker thread ends (after ten
+    seconds; here a fifth of one). The server must not end with it: before the lifeline, the
+    reaper asked the kernel for a signal when its parent *thread* ended (PR_SET_PDEATHSIG), and
+    every stdio server died ten seconds after its start."""
+    import trio._core._thread_cache as thread_cache
+
+    monkeypatch.setattr(thread_cache, "IDLE_TIMEOUT", 0.2)
+    pids_file = tmp_path / "pids"
+    provider = ScriptedProvider([call("echo", {"text": "still here"}), "done"])
+    async with cmdc.open_runtime(log_events=False) as rt:
+        agent = await rt.spawn("a1", provider, tools=[hostile("--pids", str(pids_file))])
+        pids = [int(p) for p in pids_file.read_text().split()]
+        await trio.sleep(1.5)  # every worker thread idle since the start has ended
+        assert all(alive(p) for p in pids)
+        await agent.prompt("go")
+        [result] = [m for m in (await agent.state()).messages if m.role == "tool"]
+    assert not result.is_error and "still here" in result.content
     with trio.fail_after(20):
         while any(alive(p) for p in pids):  # noqa: ASYNC110  # polled: other processes
             await trio.sleep(0.01)
