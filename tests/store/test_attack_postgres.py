@@ -23,13 +23,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import cmdc
 import cmdc.otel
 import cmdc.runtime
-from cmdc import Message, open_runtime, postgres
+from cmdc import Message, open_runtime
 from cmdc._redact import journal_label, redact_url
 from cmdc.compaction import ExtractiveSummarizer
 from cmdc.errors import StoreRefused, StoreUnavailable
 from cmdc.postgres import PostgresStore, connection_lost, retryable
 from cmdc.providers import ScriptedProvider
 from cmdc.recall import recall_tool
+from cmdc.store.postgres import indexer
 from tests.cli.test_cli import conversation, write_jsonl
 from tests.conftest import with_database
 
@@ -214,7 +215,7 @@ async def test_a_record_journaled_whole_by_an_older_version_is_searched_by_its_p
 ) -> None:
     """Rows written before the body was bounded hold the whole text: the vector's own bound
     (the SQL side) keeps them searchable too."""
-    monkeypatch.setattr(postgres, "_searchable", lambda text: text)
+    monkeypatch.setattr(indexer, "_searchable", lambda text: text)
     async with PostgresStore(postgres_url, retries=3, timeout=60, background_index=False) as store:
         await store.append("a1", oversized())
         monkeypatch.undo()
@@ -311,7 +312,7 @@ async def test_the_indexer_retries_after_losing_its_connection(postgres_url: str
                     break
                 await trio.sleep(0.02)
         with psycopg.connect(postgres_url, autocommit=True) as holder:
-            holder.execute("SELECT pg_advisory_lock(%s, hashtext('a1'))", (postgres._INDEX_LOCK_CLASS,))
+            holder.execute("SELECT pg_advisory_lock(%s, hashtext('a1'))", (indexer._INDEX_LOCK_CLASS,))
             await store.append("a1", [Message.user(f"late {i}") for i in range(3)])
             waiting = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
             with trio.fail_after(30):  # the indexer waits for the lock the test holds
@@ -327,7 +328,7 @@ async def test_the_indexer_retries_after_losing_its_connection(postgres_url: str
                     if any(e.kind == "index_retry" for e in events):
                         break
                     await trio.sleep(0.02)
-            holder.execute("SELECT pg_advisory_unlock(%s, hashtext('a1'))", (postgres._INDEX_LOCK_CLASS,))
+            holder.execute("SELECT pg_advisory_unlock(%s, hashtext('a1'))", (indexer._INDEX_LOCK_CLASS,))
         with trio.fail_after(30):  # no commit, no index() call: the indexer catches up alone
             while True:
                 if store_row(postgres_url, "a1") == (4, 4):
@@ -339,8 +340,8 @@ async def test_the_indexer_retries_after_losing_its_connection(postgres_url: str
 
 
 async def test_the_indexer_gives_up_after_its_bound(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(postgres, "INDEX_RETRIES", 2)
-    monkeypatch.setattr(postgres, "INDEX_RETRY_DELAY", 0.01)
+    monkeypatch.setattr(indexer, "INDEX_RETRIES", 2)
+    monkeypatch.setattr(indexer, "INDEX_RETRY_DELAY", 0.01)
     events: list[cmdc.Event] = []
     async with PostgresStore(postgres_url, retries=3, timeout=30, on_event=events.append) as store:
 
@@ -423,7 +424,7 @@ def test_the_indexed_prefix_always_fits_a_search_vector(postgres_url: str) -> No
     """The worst texts for a vector's size per character (distinct one-character words of 4-byte
     characters, hyphenated compounds, short distinct tokens...), far past the prefix: the
     vector of what is indexed stays well under PostgreSQL's 1 MB."""
-    n = postgres.SEARCH_PREFIX_CHARS * 3
+    n = indexer.SEARCH_PREFIX_CHARS * 3
     alnum = "abcdefghijklmnopqrstuvwxyz0123456789"
     texts = {
         "4-byte words": " ".join(chr(0x20000 + i) for i in range(n)),
@@ -434,7 +435,7 @@ def test_the_indexed_prefix_always_fits_a_search_vector(postgres_url: str) -> No
     }
     with psycopg.connect(postgres_url) as conn:
         for name, text in texts.items():
-            body = postgres._searchable(text)
-            assert len(body) <= postgres.SEARCH_PREFIX_CHARS
+            body = indexer._searchable(text)
+            assert len(body) <= indexer.SEARCH_PREFIX_CHARS
             row = conn.execute("SELECT pg_column_size(to_tsvector('simple', %s))", (body,)).fetchone()
             assert row is not None and row[0] < 1_048_575 // 2, (name, row[0])

@@ -16,10 +16,12 @@ import psycopg
 import pytest
 import trio
 
-from cmdc import ConfigError, Message, State, postgres
+from cmdc import ConfigError, Message, State
 from cmdc.errors import CmdcError, InvalidMessage, JournalLost, StoreUnavailable
 from cmdc.offload import JournalRef
 from cmdc.postgres import _MIGRATIONS, ATTEMPTS_KEY, SCHEMA_VERSION, PostgresStore, migrate
+from cmdc.store.postgres import indexer
+from cmdc.store.postgres import search as pg_search
 
 
 @pytest.fixture
@@ -172,7 +174,7 @@ async def test_a_search_finds_committed_records_the_indexer_has_not_reached(post
 
 
 async def test_a_search_indexes_a_large_backlog_first(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(postgres, "SEARCH_UNINDEXED_MAX", 10)
+    monkeypatch.setattr(pg_search, "SEARCH_UNINDEXED_MAX", 10)
     async with PostgresStore(postgres_url, background_index=False) as store:
         await store.append("a1", [Message.user(f"word {i}") for i in range(10)])
         assert [r.seq for r in await store.search("a1", "word 3")][:1] == [4]
@@ -185,8 +187,8 @@ async def test_a_search_indexes_a_large_backlog_first(postgres_url: str, monkeyp
 async def test_a_writer_that_outruns_the_indexer_indexes_its_share(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(postgres, "INDEX_LAG_MAX", 10)
-    monkeypatch.setattr(postgres, "INDEX_BATCH", 4)
+    monkeypatch.setattr(indexer, "INDEX_LAG_MAX", 10)
+    monkeypatch.setattr(indexer, "INDEX_BATCH", 4)
     async with PostgresStore(postgres_url, background_index=False) as store:
         await store.append("a1", [Message.user(f"a {i}") for i in range(8)])
         assert marks(postgres_url) == {"a1": (8, 0)}
@@ -253,7 +255,7 @@ async def test_indexing_many_records_gives_the_planner_statistics(
     or more later), and the planner then reads a large journal's rows by primary key instead of
     the GIN index: the store analyzes the tables itself past `ANALYZE_MIN` records, then each
     time the table has doubled since."""
-    monkeypatch.setattr(postgres, "ANALYZE_MIN", 300)
+    monkeypatch.setattr(indexer, "ANALYZE_MIN", 300)
     async with PostgresStore(postgres_url, background_index=False) as store:
         await store.append("a1", [Message.user(f"first {i}") for i in range(250)])
         assert await store.index() == 250
@@ -274,7 +276,7 @@ async def test_indexing_many_records_gives_the_planner_statistics(
 async def test_the_background_indexer_analyzes_and_a_store_opened_later_finishes_the_count(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(postgres, "ANALYZE_MIN", 300)
+    monkeypatch.setattr(indexer, "ANALYZE_MIN", 300)
     async with PostgresStore(postgres_url) as store:  # the indexer thread analyzes, unasked
         await store.append("a1", [Message.user(f"word {i}") for i in range(400)])
         with trio.fail_after(30):
@@ -285,7 +287,7 @@ async def test_the_background_indexer_analyzes_and_a_store_opened_later_finishes
         assert has_statistics(postgres_url)
     # a process that indexed many records and ended before analyzing: the next store to open
     # counts them (the server's count of rows changed since the last analysis) and analyzes
-    monkeypatch.setattr(postgres, "ANALYZE_MIN", 10**9)
+    monkeypatch.setattr(indexer, "ANALYZE_MIN", 10**9)
     async with PostgresStore(postgres_url, background_index=False) as quiet:
         await quiet.append("b2", [Message.user(f"later {i}") for i in range(500)])
         assert await quiet.index() == 500
@@ -295,7 +297,7 @@ async def test_the_background_indexer_analyzes_and_a_store_opened_later_finishes
             if int(sql(postgres_url, changed)[0][0]) >= 500:  # type: ignore[call-overload]
                 break
             await trio.sleep(0.05)
-    monkeypatch.setattr(postgres, "ANALYZE_MIN", 300)
+    monkeypatch.setattr(indexer, "ANALYZE_MIN", 300)
     async with PostgresStore(postgres_url, background_index=False) as store:
         assert await store.index() == 0
         assert analyses(postgres_url) == {"cmdc_search": 2, "cmdc_records": 2}
@@ -306,7 +308,7 @@ async def test_an_analysis_that_cannot_get_its_lock_is_skipped_and_retried(
 ) -> None:
     """Another session analyzing (or holding) the tables does not fail indexing: the store's
     analysis gives up after its lock timeout and the next indexing tries again."""
-    monkeypatch.setattr(postgres, "ANALYZE_MIN", 100)
+    monkeypatch.setattr(indexer, "ANALYZE_MIN", 100)
     async with PostgresStore(postgres_url, background_index=False) as store:
         await store.append("a1", [Message.user(f"word {i}") for i in range(150)])
         with psycopg.connect(postgres_url) as other:  # holds the lock ANALYZE needs
@@ -680,7 +682,6 @@ async def test_candidates_read_best_bound_first_rank_as_all_read(
     (ties by number, summaries, identifiers, words repeated, records of every length)."""
     import random
 
-    from cmdc import postgres
     from tests.store.test_search_rank import QUERIES, corpus
 
     rnd = random.Random(4)
@@ -693,7 +694,7 @@ async def test_candidates_read_best_bound_first_rank_as_all_read(
     await pg.index("a1")
     queries = [*QUERIES, "alpha", "alpha beta", "gamma port alpha", "delta svc129", "beta beta gamma"]
     found = {(q, n): [r.seq for r in await pg.search("a1", q, limit=n)] for q in queries for n in (1, 3, 10, 40)}
-    monkeypatch.setattr(postgres._Bound, "__call__", lambda self, tfs, length: float("inf"))  # every one read
+    monkeypatch.setattr(pg_search._Bound, "__call__", lambda self, tfs, length: float("inf"))  # every one read
     for (q, n), seqs in found.items():
         assert [r.seq for r in await pg.search("a1", q, limit=n)] == seqs, (q, n)
     assert all(found[(q, 40)] for q in queries if q != "mod_7")

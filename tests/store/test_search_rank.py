@@ -185,10 +185,10 @@ async def test_postgres_candidates_hold_every_word_in_some_form(
     """PostgreSQL takes its bounded candidates first among the records holding every word of
     the query in some form (a word's forms are one group): with more records holding one word
     than candidates, the one holding both is still found."""
-    import cmdc.postgres
+    from cmdc.store.postgres import search as pg_search
 
-    monkeypatch.setattr(cmdc.postgres, "SEARCH_CANDIDATES", 5)
-    monkeypatch.setattr(cmdc.postgres, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
+    monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
+    monkeypatch.setattr(pg_search, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
     store = open_store(postgres_url)
     await store.start()
     try:
