@@ -366,7 +366,7 @@ async def test_two_indexers_at_once_write_each_vector_once(postgres_url: str) ->
         assert sum(counts) >= 12_000
         assert sql(postgres_url, "SELECT count(*), count(DISTINCT seq) FROM cmdc_search") == [(12_000, 12_000)]
         assert marks(postgres_url) == {"a1": (12_000, 12_000)}
-        assert len(await one.search("a1", "word", limit=20_000)) == 500  # SEARCH_CANDIDATES
+        assert len(await one.search("a1", "word", limit=20_000)) == pg_search.SEARCH_CANDIDATES
 
 
 async def test_a_hostile_gap_in_record_numbers_does_not_stall_the_indexer(postgres_url: str) -> None:

