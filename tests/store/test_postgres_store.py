@@ -173,6 +173,21 @@ async def test_a_search_finds_committed_records_the_indexer_has_not_reached(post
         assert sql(postgres_url, "SELECT count(*), count(DISTINCT seq) FROM cmdc_search") == [(31, 31)]
 
 
+async def test_a_words_forms_are_searched_as_the_records_tell_indexed_or_not(postgres_url: str) -> None:
+    """Whether some record holds a word as typed (then its forms are not searched) is read from
+    the words' counts for indexed records and from the records themselves past the mark: the
+    same answers before and after indexing."""
+    async with PostgresStore(postgres_url, background_index=False) as store:
+        await store.append("a1", [Message.user("the build failed"), Message.user("it fails often")])
+        for _ in range(2):  # past the mark, then indexed
+            assert [r.seq for r in await store.search("a1", "fails")] == [2]  # held: as typed
+            assert sorted(r.seq for r in await store.search("a1", "fail")) == [1, 2]  # not held: its forms
+            assert sorted(r.seq for r in await store.search("a1", "builds failing")) == [1, 2]
+            assert await store.search("a1", "nowhere") == []
+            await store.index("a1")
+        assert marks(postgres_url) == {"a1": (2, 2)}
+
+
 async def test_a_search_indexes_a_large_backlog_first(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pg_search, "SEARCH_UNINDEXED_MAX", 10)
     async with PostgresStore(postgres_url, background_index=False) as store:

@@ -229,24 +229,51 @@ class SearchRows:
     def _search_terms(
         self, conn: psycopg.Connection[Any], agent_id: str, text: str, limit: int, max_chars: int | None
     ) -> list[JournalRecord] | None:
-        """The query's terms, grouped by their forms, then the search (`_search_snapshot`)."""
-        narrow: list[bool] = []  # the journal's size, asked only when a word's forms are
+        """The query's terms, grouped by their forms, then the search (`_search_snapshot`). The
+        journal's mark and the counts of every term the query may have (each word's forms
+        too) come in one round trip, and tell which words some record holds (`query_terms`'
+        `held`) without asking the index for each."""
+        mark = self._mark(conn, agent_id, _ranking.query_terms(text)[0])
+        if mark is None:
+            return []
+        top, indexed, known = mark
+        if top - indexed > SEARCH_UNINDEXED_MAX:
+            return None  # a backlog (left by a process that died): the caller indexes it first
 
         def holds(word: str) -> bool:
-            if not narrow:
-                size = conn.execute("SELECT seq FROM cmdc_journals WHERE agent_id = %s", (agent_id,)).fetchone()
-                narrow.append(size is None or int(size[0]) <= SEARCH_NARROW_BELOW)
-            return self._holds_word(conn, agent_id, word, narrow[0])
+            n = known.get(word)
+            if n is not None and (n > 0 or top == indexed):  # one lexeme, and none past the mark
+                return n > 0
+            return self._holds_word(conn, agent_id, word, top <= SEARCH_NARROW_BELOW)
 
         terms, phrase = _ranking.query_terms(text, holds)
         terms = terms[:MAX_QUERY_WORDS]
+        missing = [t for t in terms if t not in known]
+        if missing:  # a form the first guess left out (past its cut)
+            more = self._mark(conn, agent_id, missing)
+            known.update(more[2] if more is not None else {})
         # a word's forms are one group (they share its stem): the records holding every word in
         # some form come first, then those holding any; a phrase term only ranks (its words find it)
         groups: dict[str, list[str]] = {}
         for term in terms:
             if " " not in term:
                 groups.setdefault(_ranking.stem(term), []).append(term)
-        return self._search_snapshot(conn, agent_id, list(groups.values()), terms, phrase, limit, max_chars)
+        counted = {t: min(n, SEARCH_DF_MAX) for t in terms if (n := known.get(t)) is not None}
+        args = (list(groups.values()), terms, phrase, top, indexed, counted, limit, max_chars)
+        return self._search_snapshot(conn, agent_id, *args)
+
+    def _mark(
+        self, conn: psycopg.Connection[Any], agent_id: str, terms: list[str]
+    ) -> tuple[int, int, dict[str, int | None]] | None:
+        """The agent's journal mark (its highest record number, its indexed one) and each term's
+        count of indexed records holding it (None: not one lexeme, see `_MARK_AND_COUNTS`);
+        None when the agent has no journal."""
+        args = {"agent": agent_id, "terms": terms, "quoted": [_lexeme(t) for t in terms]}
+        row = conn.execute(self._MARK_AND_COUNTS, args).fetchone()
+        if row is None:
+            return None
+        counts = {t: (None if c is None else int(c)) for t, c in zip(terms, row[3], strict=True)}
+        return int(row[0]), int(row[1]), counts
 
     def _search_snapshot(
         self,
@@ -255,18 +282,12 @@ class SearchRows:
         groups: list[list[str]],
         terms: list[str],
         phrase: str | None,
+        top: int,
+        indexed: int,
+        counted: dict[str, int],
         limit: int,
         max_chars: int | None,
-    ) -> list[JournalRecord] | None:
-        quoted = [_lexeme(t) for t in terms]
-        args = {"agent": agent_id, "terms": terms, "quoted": quoted}
-        total = conn.execute(self._MARK_AND_COUNTS, args).fetchone()
-        if total is None:
-            return []
-        top, indexed = int(total[0]), int(total[1])
-        if top - indexed > SEARCH_UNINDEXED_MAX:
-            return None  # a backlog (left by a process that died): the caller indexes it first
-        counted = {t: min(int(c), SEARCH_DF_MAX) for t, c in zip(terms, total[3], strict=True) if c is not None}
+    ) -> list[JournalRecord]:
         single = set(counted)  # the words the configuration keeps as one lexeme each
         average = self._average_length(conn, agent_id, top)
 
