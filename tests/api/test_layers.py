@@ -59,7 +59,7 @@ LAYERS = {
     1: "store offload _index postgres checkpoint _fs _search _bigjson"
     " plugins compaction providers tools recall tracing otel mcp _compact_tool _rehydrate",
     2: "agent runtime bus ray cluster",
-    3: "cli _demo _chatfile __init__ __main__ ui testing",
+    3: "cli __init__ __main__ ui testing",
 }
 LAYER = {name: layer for layer, names in LAYERS.items() for name in names.split()}
 
