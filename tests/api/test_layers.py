@@ -57,7 +57,7 @@ LAYERS = {
     0: "message state errors tokens events _groups _report _synthetic _check _clip _frozen _trio _version _redact",
     # store: the package; offload _index postgres checkpoint _fs _search _bigjson: its old paths
     1: "store offload _index postgres checkpoint _fs _search _bigjson"
-    " plugins compaction providers tools recall tracing otel mcp _compact_tool _rehydrate",
+    " plugins compaction providers tools recall tracing otel mcp",
     2: "agent runtime bus ray cluster",
     3: "cli __init__ __main__ ui testing",
 }
