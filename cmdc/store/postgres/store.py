@@ -44,7 +44,7 @@ import secrets
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import psycopg
@@ -137,7 +137,7 @@ class PostgresStore(IndexRows, SearchRows, CheckpointRows, LeaseRows):
     A store shared by several runtimes is `shared` (its runtimes lease every agent name by
     default: see `open_runtime`)."""
 
-    shared: ClassVar[bool] = True  # one database, many processes: runtimes lease names on it by default
+    shared: bool = True  # one database, many processes: runtimes lease names on it by default
 
     def __init__(
         self,
