@@ -217,11 +217,13 @@ async def test_postgres_candidates_keep_every_record_of_a_rare_word(
     await store.start()
     try:
         msgs = [Message.user(f"port {8000 + i} is open") for i in range(60)]
-        msgs += [Message.user("svc129 listens there"), Message.user("gamma svc7 delta")]
+        msgs += [Message.user("svc129 listens there"), Message.user("gamma svc7 delta kappa lambda mu")]
         await store.append("a1", msgs, compaction=1)
         await store.index("a1")  # type: ignore[attr-defined]
         assert (await top(store, "svc129 port"))[0] == 61
         assert (await top(store, "port svc7 svc129"))[:2] in ([61, 62], [62, 61])  # both rare words' records
+        # ten words: the commonest share one index lookup; the rare ones' records still rank first
+        assert (await top(store, "port open gamma delta svc7 svc129 listens kappa lambda mu"))[:2] == [62, 61]
         hits = await store.search("a1", "svc129 port", limit=5)
         assert len(hits) == 5 and sum("port" in r.message.text for r in hits) == 4
     finally:

@@ -36,6 +36,7 @@ SEARCH_CANDIDATES = 200
 read and its vector's bound, so this bounds a search's time at a million records (p99 16 ms
 against 25 ms at 500, side by side on a loaded machine), and the ranks hardly move (97% of the
 top 5 the same as with 500, on two-word queries matching ~2,400 of 1M records)."""
+_SOME_LOOKUPS = 8  # index lookups at most for the candidates holding some words (one per word, rarest first)
 SEARCH_DF_MAX = 100_000
 """Records a search counts at most for a word's rarity (a word in more is common anyway)."""
 _AVERAGE_SAMPLE = 256  # latest records whose mean length in words BM25 uses
@@ -97,8 +98,8 @@ class _Bound:
     """The most a candidate can score, from its search vector: each word's occurrences and the
     vector's length are those the file store's index counts for plain words (the sum is
     `cmdc.store.search.bm25`'s, term by term in the same order, so a bound equals the score when they
-    are); a word the configuration splits counts as if it held it without end, and the phrase
-    as often as its rarest word. A summary only scores less."""
+    are); a word the configuration splits counts as if it held it without end, and the phrase (or
+    two words in a row) as often as its rarest word. A summary only scores less."""
 
     def __init__(
         self,
@@ -118,7 +119,7 @@ class _Bound:
         # per query: its weight and which counts bound its hits (None: no bound, hits without end)
         self._parts: list[tuple[float, list[int] | None]] = []
         for q, weight in zip(queries, weights, strict=True):
-            words = q.split() if q is phrase else [q]
+            words = q.split()  # a phrase or words in a row: hits at most its rarest word's
             known = [index[w] for w in words if w in single and w in index]
             self._parts.append((weight, known if len(known) == len(words) else None))
         self._average = max(average, 1e-9)
@@ -291,15 +292,16 @@ class SearchRows:
         single = set(counted)  # the words the configuration keeps as one lexeme each
         average = self._average_length(conn, agent_id, top)
 
-        def indexed_count(term: str) -> int:
-            """The indexed records holding `term` (a word or words in a row), through the index."""
-            tsq = " <-> ".join(_lexeme(w) for w in term.split())
-            row = conn.execute(self._FREQUENCY, {"agent": agent_id, "q": tsq, "cap": SEARCH_DF_MAX}).fetchone()
-            return int(row[0]) if row else 0
+        def indexed_counts(wanted: list[str]) -> list[int]:
+            """The indexed records holding each term (a word or words in a row), through the
+            index, all in one round trip."""
+            tsqs = [" <-> ".join(_lexeme(w) for w in term.split()) for term in wanted]
+            rows = conn.execute(self._FREQUENCY, {"agent": agent_id, "qs": tsqs, "cap": SEARCH_DF_MAX}).fetchall()
+            return [int(n) for (n,) in rows]
 
-        for term in terms:
-            if term not in counted:
-                counted[term] = indexed_count(term)
+        uncounted = [t for t in terms if t not in counted]  # words in a row, words the configuration splits
+        if uncounted:
+            counted.update(zip(uncounted, indexed_counts(uncounted), strict=True))
         late, bounds = self._candidates(conn, agent_id, groups, counted, terms, indexed, top)
         docs = [(row, _ranked_words(bytes(row[3]))) for row in late]  # past the mark: read whole
         kept = [(row, doc) for row, doc in docs if doc is not None]
@@ -316,7 +318,7 @@ class SearchRows:
 
         def frequency(term: str) -> int:
             if term not in counted:  # the phrase: counted once some candidate holds it
-                counted[term] = indexed_count(term) + late_count(term)
+                counted[term] = indexed_counts([term])[0] + late_count(term)
             return counted[term]
 
         def scored(pairs: list[tuple[Any, tuple[list[str], bool]]]) -> list[tuple[float, int, Any]]:
@@ -359,8 +361,9 @@ class SearchRows:
     (`_FREQUENCY`)."""
 
     _FREQUENCY = (
-        "SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s "
-        "AND words @@ to_tsquery('simple', %(q)s) LIMIT %(cap)s) f"
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM cmdc_search WHERE agent_id = %(agent)s "
+        "AND words @@ to_tsquery('simple', u.q) LIMIT %(cap)s) f) "
+        "FROM unnest(%(qs)s::text[]) WITH ORDINALITY AS u(q, i) ORDER BY u.i"
     )
 
     def _average_length(self, conn: psycopg.Connection[Any], agent_id: str, seq: int) -> float:
@@ -441,16 +444,21 @@ class SearchRows:
         parts = ["(" + self._INDEXED.format(match=match.format(q="every"), extra="", stage=0) + ")"]
         if len(groups) > 1:  # then those holding some words, rarest first (one statement: one round trip)
             rarity = sorted(
-                (sum(counted.get(t, 0) for t in g), i) for i, g in enumerate(groups) if any(counted.get(t) for t in g)
+                (sum(counted.get(t, 0) for t in g), tsqueries[i])
+                for i, g in enumerate(groups)
+                if any(counted.get(t) for t in g)
             )
+            if len(rarity) > _SOME_LOOKUPS:  # the commonest words share one lookup (a long query)
+                rest = rarity[_SOME_LOOKUPS - 1 :]
+                rarity[_SOME_LOOKUPS - 1 :] = [(sum(h for h, _ in rest), " | ".join(q for _, q in rest))]
             left = cap
-            for k, (held, i) in enumerate(rarity):
+            for k, (held, tsq) in enumerate(rarity):
                 share = min(held, left // (len(rarity) - k))
                 left -= share
                 if share:
-                    args[f"q{i}"], args[f"cap{i}"] = tsqueries[i], share
-                    some = self._INDEXED.format(match=match.format(q=f"q{i}"), extra=self._NOT_EVERY, stage=1)
-                    parts.append("(" + some.replace("%(cap)s", f"%(cap{i})s") + ")")
+                    args[f"q{k}"], args[f"cap{k}"] = tsq, share
+                    some = self._INDEXED.format(match=match.format(q=f"q{k}"), extra=self._NOT_EVERY, stage=1)
+                    parts.append("(" + some.replace("%(cap)s", f"%(cap{k})s") + ")")
         found: dict[int, str] = {}
         for seq, words, _ in conn.execute(" UNION ALL ".join(parts), args).fetchall():
             found.setdefault(int(seq), str(words))
