@@ -351,3 +351,69 @@ async def test_a_build_that_dies_midway_is_finished_by_the_next_reader(tmp_path:
     assert [r.message.text for r in await reader.search("a", "item119")] == ["record 119 says word19 and item119"]
     report = await reader.check_index("a")
     assert report.ok and not report.rebuilt, report
+
+
+def _index_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "cmdc-index"]
+
+
+async def test_closing_a_store_ends_its_index_thread_and_a_later_write_starts_one(tmp_path: Path) -> None:
+    """The background indexer waits for the store to be quiet; a store closed meanwhile ends
+    its thread (no thread per store left behind), and the index is still caught up by the next
+    reader. A store used after `aclose` indexes again."""
+    before = set(_index_threads())
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(10), compaction=1)
+    thread = store._indexer._thread
+    assert thread is not None and thread.is_alive()  # waiting for the store to be quiet
+    await store.aclose()
+    await trio.to_thread.run_sync(thread.join, 10.0)
+    assert not thread.is_alive()
+    assert set(_index_threads()) <= before
+    assert [r.seq for r in await store.search("a", "item7", 3)] == [8]  # the reader caught up
+    await store.append("a", batch(5, 10), compaction=2)
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
+    assert [r.seq for r in await OffloadStore(tmp_path).search("a", "item12", 3)] == [13]
+    await store.aclose()
+
+
+async def test_a_store_dropped_unclosed_ends_its_index_thread(tmp_path: Path) -> None:
+    """The thread holds its store weakly: a store nobody refers to is collected and its thread
+    ends, without waiting for the quiet period."""
+    import gc
+
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(10), compaction=1)
+    thread = store._indexer._thread
+    assert thread is not None and thread.is_alive()
+    del store
+    gc.collect()
+    await trio.to_thread.run_sync(thread.join, 10.0)
+    assert not thread.is_alive()
+
+
+async def test_closing_stops_a_build_between_two_transactions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close during a long build ends the thread after the chunk in progress; what it
+    committed is kept, and the next reader finishes the index."""
+    monkeypatch.setattr(_index, "_QUIET", 0.0)
+    monkeypatch.setattr(_index, "_CHUNK", 600)
+    store = OffloadStore(tmp_path)
+    chunks: list[int] = []
+    real = _index._index_chunk
+
+    def one_chunk(*args: object, **kwargs: object) -> object:
+        chunks.append(1)
+        if len(chunks) == 2:
+            store._indexer.close()  # as `aclose` does, from another thread, mid-build
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_index, "_index_chunk", one_chunk)
+    await store.append("a", batch(200), compaction=1)
+    thread = store._indexer._thread
+    if thread is not None:
+        await trio.to_thread.run_sync(thread.join, 30.0)
+        assert not thread.is_alive()
+    assert len(chunks) == 2  # stopped after the chunk in progress
+    reader = OffloadStore(tmp_path)
+    assert [r.seq for r in await reader.read_range("a", 0, 1_000)] == list(range(1, 201))
+    assert (await reader.check_index("a")).ok

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import re
 import sqlite3
 import stat
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -114,6 +116,10 @@ _SCHEMA = (
     "CREATE VIRTUAL TABLE fts USING fts5(body, ids, content='', "
     "tokenize=\"unicode61 remove_diacritics 0 tokenchars '_'\")",
 )
+_FTS_HASH = 64 * 1024 * 1024
+"""Bytes of new terms FTS5 keeps in memory before it writes them out as a segment (its default,
+1 MB, made a 8 MB chunk of the journal dozens of small segments, each merged again later: the
+build took twice as long). A chunk's terms fit: one segment per transaction."""
 _META_DEFAULTS = {"version": VERSION, "mark": 0, "last_seq": 0, "damaged": 0, "tail": 0, "inode": "", "count": 0}
 
 
@@ -163,6 +169,7 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool
                 if "meta" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
                     for sql in _SCHEMA:
                         conn.execute(sql)
+                    conn.execute("INSERT INTO fts (fts, rank) VALUES ('hashsize', ?)", (_FTS_HASH,))
                     conn.executemany("INSERT INTO meta VALUES (?, ?)", _META_DEFAULTS.items())
                     if not created or why or known:
                         events.append(("rebuild", {"reason": why or "the index was missing or empty"}))
@@ -286,10 +293,17 @@ def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
     return None
 
 
-def catch_up(conn: sqlite3.Connection, fd: int, path: Path, end: int, events: list[tuple[str, dict[str, Any]]]) -> None:
+def catch_up(
+    conn: sqlite3.Connection,
+    fd: int,
+    path: Path,
+    end: int,
+    events: list[tuple[str, dict[str, Any]]],
+    stopped: Callable[[], bool] | None = None,
+) -> None:
     """Index the journal open at `fd` up to `end` (just past a newline), a transaction per chunk;
     a stale index is emptied first (event). Another process may do the same at once: each
-    transaction starts from the mark it finds.
+    transaction starts from the mark it finds. `stopped()` true after a chunk: it returns early.
 
     An index already at `end` is found so by plain reads (SQLite's shared lock), without a
     write transaction: a search never waits for the background indexer's chunk in progress,
@@ -316,6 +330,8 @@ def catch_up(conn: sqlite3.Connection, fd: int, path: Path, end: int, events: li
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             raise
+        if stopped is not None and stopped():
+            return
 
 
 def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
@@ -715,17 +731,19 @@ def check(conn: sqlite3.Connection) -> list[str]:
 class Indexer:
     """One daemon thread per store (at a lower CPU priority) that brings poked journals' indexes
     up to date once the store has been quiet `_QUIET` seconds (at most `_LATEST` after a poke):
-    indexing never competes with a burst of compactions; it ends when idle. `work`
-    is called with each journal path; what it raises is logged and dropped (a reader catches up
-    itself)."""
+    indexing never competes with a burst of compactions; it ends when idle, and when `close`d
+    (the store closed, or collected: the thread holds the store weakly). `work(path, stopped)`
+    is called with each journal path and a check that tells it to stop early (between two
+    transactions); what it raises is logged and dropped (a reader catches up itself)."""
 
-    def __init__(self, work: Callable[[Path], None]) -> None:
-        self._work = work
+    def __init__(self, work: Callable[[Path, Callable[[], bool]], None]) -> None:
+        self._work = weakref.WeakMethod(work) if inspect.ismethod(work) else (lambda: work)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: dict[Path, float] = {}
         self._last = 0.0
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def poke(self, path: Path) -> None:
         with self._lock:
@@ -733,13 +751,27 @@ class Indexer:
             self._pending.setdefault(path, now)
             self._last = now
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="cmdc-index", daemon=True)
+                self._stop = threading.Event()  # each thread its own: a closed one stays stopped
+                self._thread = threading.Thread(target=self._run, args=(self._stop,), name="cmdc-index", daemon=True)
                 self._thread.start()
             self._wake.notify()
 
-    def _next(self) -> Path | None:
+    def close(self) -> threading.Thread | None:
+        """Drop the work not started and tell the thread to end (after the transaction in
+        progress, if any); returns it (for a test to join). Quick: it never waits. A later
+        `poke` starts a new thread. What is dropped is caught up by the next reader."""
+        with self._lock:
+            self._pending.clear()
+            thread, self._thread = self._thread, None
+            self._stop.set()
+            self._wake.notify_all()
+        return thread
+
+    def _next(self, stop: threading.Event) -> Path | None:
         with self._lock:
             while True:
+                if stop.is_set():  # closed: `close` let go of this thread already
+                    return None
                 if not self._pending:
                     self._thread = None
                     return None
@@ -752,18 +784,23 @@ class Indexer:
                     return path
                 self._wake.wait(due - now)
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         from ...events import logger
 
         with contextlib.suppress(OSError, AttributeError):  # Linux: this thread alone yields to the others
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         _BACKGROUND.active = True
 
-        while (path := self._next()) is not None:
+        while (path := self._next(stop)) is not None:
+            work = self._work()
+            if work is None:  # the store was collected
+                return
             try:
-                self._work(path)
+                work(path, stop.is_set)
             except Exception:
                 logger.debug("offload: indexing %s failed", path, exc_info=True)
+            finally:
+                del work
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """For tests: whether the thread finished its work within `timeout`."""
