@@ -69,6 +69,7 @@ from .state import ENCODE_EAGERLY, State, validate_agent_id
 from .store import JournalReader, Store, open_store
 from .store.file.journal import JournalRecord, JournalReport, OffloadStore
 from .store.fs import os_cause, probe_dir, stricter_mode
+from .store.transcript import transcript_pieces
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
 
@@ -248,8 +249,8 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         const="",
         metavar="OUT",
-        help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, also copy it "
-        "there (- prints it)",
+        help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, write it to OUT "
+        "instead (- prints it): nothing is then written beside the journal",
     )
     ui = sub.add_parser(
         "ui",
@@ -696,19 +697,20 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
         _print_journal_report(report, repaired=True)
         return 0
     if args.markdown is not None:
-        md = await store.write_transcript(agent)
+        if not args.markdown:  # the transcript beside the journal, written or refreshed
+            print(await store.write_transcript(agent))
+            return 0
+        # to stdout or OUT only: nothing is written beside the journal
+        data = _transcript(await store.records(agent))
         if args.markdown == "-":
-            data = await trio.to_thread.run_sync(md.read_bytes)
             sys.stdout.flush()
-            sys.stdout.buffer.write(data)
+            for piece in data:
+                sys.stdout.buffer.write(piece)
             sys.stdout.buffer.flush()
-        elif args.markdown:
-            data = await trio.to_thread.run_sync(md.read_bytes)
-            target = Path(args.markdown)
-            await trio.to_thread.run_sync(write_atomic, target, data, stricter_mode(target))
-            print(args.markdown)
         else:
-            print(md)
+            target = Path(args.markdown)
+            await trio.to_thread.run_sync(write_atomic, target, b"".join(data), stricter_mode(target))
+            print(args.markdown)
         return 0
     if args.search:
         return await _print_search(store, agent, args)
@@ -729,6 +731,16 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
         print(_line(record, _first_line(record.message)))
     print(f"{extent.records} records from {extent.compactions} compaction(s) in {journal}")
     return 0
+
+
+def _transcript(records: Sequence[JournalRecord]) -> list[bytes]:
+    """The Markdown transcript of `records` (as `OffloadStore.write_transcript` writes it), in pieces."""
+    batches: list[list[JournalRecord]] = []
+    for r in records:
+        if not batches or batches[-1][-1].compaction != r.compaction:
+            batches.append([])
+        batches[-1].append(r)
+    return [p for b in batches for p in transcript_pieces(b[0].compaction, [(r.seq, r.message) for r in b])]
 
 
 def _history_store(args: argparse.Namespace) -> int:
