@@ -225,7 +225,9 @@ def _parser() -> argparse.ArgumentParser:
     history = sub.add_parser(
         "history",
         help="list, search, show or render an agent's offload journal",
-        description="Read DIR/AGENT.jsonl: without options, list every record (seq, compaction, role, first line).",
+        description="Read DIR/AGENT.jsonl: without options, list every record (seq, compaction, role, first line). "
+        "Where DIR is writable, the journal's index DIR/AGENT.jsonl.index (a cache, mode 0600 as the journal) is "
+        "built or brought up to date (see --no-index); nothing else is written but by --repair and --markdown.",
     )
     history.add_argument(
         "dir", type=_dir_or_url, metavar="DIR", help="the offload directory, or a store URL (postgresql://...)"
@@ -268,6 +270,12 @@ def _parser() -> argparse.ArgumentParser:
 
     history.add_argument(
         "--limit", type=_positive, help="at most N records (the listing: the last N; --search: default 10)"
+    )
+    history.add_argument(
+        "--no-index",
+        action="store_true",
+        help="read the whole journal; never build or update its index DIR/AGENT.jsonl.index (a cache that "
+        "makes --search, --limit and --range fast, built by any reader where DIR is writable)",
     )
     return parser
 
@@ -598,7 +606,9 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"{directory}: not a directory")
     if not os.access(directory, os.R_OK | os.X_OK):
         raise UsageError(f"{directory}: cannot read the directory (permission denied)")
-    store = OffloadStore(directory)
+    # the journal's index (DIR/AGENT.jsonl.index, a cache) is built or brought up to date only
+    # where the directory can be written (and not with --no-index): otherwise nothing is written
+    store = OffloadStore(directory, index=not args.no_index and _writable(directory))
     journal = store.path_for(agent)
     if journal.exists() and not journal.is_file():
         raise UsageError(f"{journal}: not a regular file, so not a journal")
@@ -636,6 +646,11 @@ def _history(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return code
+
+
+def _writable(directory: Path) -> bool:
+    """Whether this process may create files in `directory`."""
+    return os.access(directory, os.W_OK | os.X_OK)
 
 
 def _ends_mid_line(path: Path) -> bool:

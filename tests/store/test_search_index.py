@@ -191,6 +191,40 @@ def test_history_limit_and_range_read_only_what_they_print(tmp_path: Path, capsy
     assert _index.READS["records"] == 5 and _index.READS["bytes"] < 2_000
 
 
+@pytest.mark.parametrize("why", ["--no-index", "read-only directory"])
+def test_history_writes_no_index_unless_asked_and_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """`cmdc history` reads the journal; the one file it may write beside it is the journal's
+    index (a documented cache), and only where the directory is writable: with --no-index, or
+    in a directory it cannot write in, it writes nothing there and prints the same."""
+    import cmdc.cli
+
+    store = OffloadStore(tmp_path, index=False)
+    trio.run(functools.partial(store.append, "a", batch(40), compaction=1))
+    listing = sorted(os.listdir(tmp_path))
+    views = [["--limit", "3"], ["--range", "2", "4"], ["--search", "item7", "word9"], []]
+    flag = ["--no-index"] if why == "--no-index" else []
+    if why != "--no-index":
+        if os.geteuid() == 0:  # root writes anywhere: the check the command makes is what is tested
+            monkeypatch.setattr(cmdc.cli, "_writable", lambda directory: False)
+        else:
+            os.chmod(tmp_path, 0o555)
+    try:
+        printed = []
+        for view in views:
+            assert main(["history", str(tmp_path), "a", *flag, *view]) == 0
+            printed.append(capsys.readouterr().out)
+        assert sorted(os.listdir(tmp_path)) == listing  # no AGENT.jsonl.index (nor its -journal)
+    finally:
+        os.chmod(tmp_path, 0o700)
+        monkeypatch.undo()
+    for view, out in zip(views, printed, strict=True):  # with the index, where it may be written
+        assert main(["history", str(tmp_path), "a", *view]) == 0
+        assert capsys.readouterr().out == out
+    assert stat.S_IMODE(os.stat(index_of(store)).st_mode) == 0o600
+
+
 def test_history_verify_checks_the_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = OffloadStore(tmp_path)
     trio.run(store.append, "a", batch(50))
