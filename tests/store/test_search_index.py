@@ -148,6 +148,39 @@ async def test_a_damaged_journal_line_is_skipped_and_reported(tmp_path: Path) ->
     assert any(e.kind == JOURNAL_DAMAGED for e in events)
 
 
+async def test_a_build_read_ahead_counts_damage_and_shows_what_a_scan_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build decodes the next chunk in a thread while SQLite writes the one before: damaged
+    lines (a bad checksum, a line of junk, a record whose number goes back), a NUL, an
+    identifier and a summary in chunks read ahead are indexed as a scan reads them, and the
+    damaged lines counted once each."""
+    monkeypatch.setattr(_index, "_CHUNK", 900)  # a few lines per chunk: many chunks read ahead
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(30), compaction=1)
+    await store.append("a", [Message.user("nul\x00here and src/billing/mod_7.py")], compaction=2)
+    await store.append("a", batch(30, 30), compaction=3)
+    journal = store.path_for("a")
+    data = journal.read_bytes()
+    data = data.replace(b"record 12 says", b"record 12 SAYS").replace(b"record 44 says", b"record 44 SAYS")
+    lines = data.split(b"\n")
+    lines.insert(20, b"not json at all")
+    journal.write_bytes(b"\n".join(lines))
+    scanned = await store.records("a")
+    report = await store.verify("a")
+    events: list[Event] = []
+    indexed = OffloadStore(tmp_path, on_event=events.append)
+    assert [r.seq for r in await indexed.read_range("a", 0, 10_000)] == [r.seq for r in scanned]
+    damaged = [e.data["damaged"] for e in events if e.kind == JOURNAL_DAMAGED]
+    assert damaged and damaged[-1] == len(report.damaged) == 3
+    assert [r.message.text for r in await indexed.search("a", "here")] == ["nul\x00here and src/billing/mod_7.py"]
+    assert len(await indexed.search("a", "src/billing/mod_7.py", 1)) == 1
+    assert {r.seq for r in await indexed.search("a", "word7", 100)} == {
+        r.seq for r in scanned if "word7" in r.message.text.split()
+    }
+    assert (await indexed.check_index("a")).ok
+
+
 async def test_reads_of_a_few_records_do_not_grow_with_the_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
