@@ -565,8 +565,13 @@ def _insert(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[Any, ...]])
         return
     m = _VALUES.search(sql)
     assert m is not None, sql
-    columns = ", ".join(f"value->>{i}" for i in range(m[1].count("?")))
-    conn.execute(sql[: m.start()] + f"SELECT {columns} FROM json_each(?)", (blob,))
+    columns = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(m[1].count("?")))
+    try:  # as text: SQLite 3.45 and later read a BLOB argument as its binary JSONB
+        conn.execute(sql[: m.start()] + f"SELECT {columns} FROM json_each(?)", (blob.decode(),))
+    except sqlite3.OperationalError as exc:
+        if "no such" not in str(exc):  # an SQLite built without its JSON functions: row by row
+            raise
+        conn.executemany(sql, rows)
 
 
 _REST_WORDS = 500_000  # distinct words of a huge text's rest that are indexed at most
