@@ -484,3 +484,49 @@ async def test_closing_stops_a_build_between_two_transactions(tmp_path: Path, mo
     reader = OffloadStore(tmp_path)
     assert [r.seq for r in await reader.read_range("a", 0, 1_000)] == list(range(1, 201))
     assert (await reader.check_index("a")).ok
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_compactions_counted_as_the_journal_grows_are_the_journals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The index counts compactions from where its last count ended while nothing before it
+    changed; a late commit, a summary committing an earlier attempt, or a message written
+    again by a later attempt makes it count again. After every step: what a whole read says."""
+    import random
+
+    from cmdc.message import KIND_KEY, SUMMARY_KIND
+    from cmdc.store.records import ATTEMPTS_KEY
+
+    monkeypatch.setattr(_index, "_CHUNK", 1_500)  # a step's records over several chunks
+    rnd = random.Random(seed)
+    writer = OffloadStore(tmp_path, index=False)
+    reader = OffloadStore(tmp_path)
+    pending: list[str] = []
+    number, n = 0, 0
+    for _ in range(40):
+        step = rnd.random()
+        if step < 0.15 and pending:  # a late commit of earlier batches
+            await writer.commit("a", pending)
+            pending = []
+        elif step < 0.3 and pending:  # a summary that commits the batches it names
+            meta = {KIND_KEY: SUMMARY_KIND, ATTEMPTS_KEY: pending}
+            await writer.append("a", [Message.user(f"summary of {n}", metadata=meta)], compaction=number)
+            pending = []
+        elif step < 0.45:  # written, not committed yet
+            number += rnd.choice([0, 1])
+            some = batch(rnd.randrange(1, 6), n)
+            got = await writer.append("a", some, attempt=new_attempt_id(), commit=False, compaction=number)
+            pending += got.pending
+            n += 6
+        elif step < 0.55 and n:  # a message written again by a later batch
+            again = batch(1, rnd.randrange(n))
+            await writer.append("a", again, compaction=number)
+        else:
+            number += rnd.choice([0, 1, 1])
+            await writer.append("a", batch(rnd.randrange(1, 8), n), compaction=number)
+            n += 8
+        ext = await reader.extent("a")
+        report = await writer.verify("a")
+        assert (ext.records, ext.compactions) == (report.records, report.compactions)
+    assert (await reader.check_index("a")).ok

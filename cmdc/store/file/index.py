@@ -272,6 +272,11 @@ def _reset(conn: sqlite3.Connection) -> None:
     conn.execute("DELETE FROM deps")
     conn.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
     _set_meta(conn, {k: v for k, v in _META_DEFAULTS.items() if k != "version"})
+    _forget_groups(conn)
+
+
+def _forget_groups(conn: sqlite3.Connection) -> None:
+    conn.execute(f"DELETE FROM meta WHERE k IN ({','.join('?' * len(_GROUPS))})", _GROUPS)
 
 
 def _tail_crc(fd: int, mark: int) -> int:
@@ -494,6 +499,7 @@ def _index_chunk(
     # committed summary naming them), those of attempts committed before, and legacy ones. This
     # chunk's records are inserted after that is known, visible or not (no update of each).
     fresh: list[str] = []
+    regrouped = False  # records indexed before changed their batch
     for attempts, grp in commits:
         for a in attempts:
             row = conn.execute("SELECT grp FROM done WHERE attempt = ?", (a,)).fetchone()
@@ -503,6 +509,7 @@ def _index_chunk(
             elif row[0] == a:  # committed by a summary until now: a commit line names its batch
                 conn.execute("UPDATE done SET grp = ? WHERE attempt = ?", (grp, a))
                 conn.execute("UPDATE recs SET grp = ? WHERE attempt = ?", (grp, a))
+                regrouped = True
     new_attempts = {r[4] for r in recs if r[4] is not None}
     old = _done_among(conn, new_attempts - set(fresh))
     queue = [*fresh, *old, *([""] if any(r[4] is None and r[5] for r in recs) else [])]  # "": legacy summaries
@@ -523,6 +530,11 @@ def _index_chunk(
             part,
         )
         rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks})", part).fetchall()
+    # records indexed before this chunk whose batch or visibility changes (a hidden one comes
+    # after the one shown instead): the compactions counted up to there are counted again
+    changed_from = min((seq for seq, _ in rows), default=None) if not regrouped else 0
+    if changed_from is not None and changed_from <= int(meta.get("groups_seq") or 0):
+        _forget_groups(conn)
     done_now = set(changed) & new_attempts
     group = _done_groups(conn, done_now)
     rows += [(r[0], r[3]) for r in recs if r[4] is None or r[4] in done_now]
@@ -826,7 +838,10 @@ def span_last(conn: sqlite3.Connection, n: int) -> list[Span]:
 
 
 def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
-    """(visible records, their first and last numbers, compactions, damaged lines)."""
+    """(visible records, their first and last numbers, compactions, damaged lines). The
+    compactions are counted once per change of the index, and from where the last count ended
+    (`groups_seq`) while nothing before it changed: a journal that grew is not counted again
+    from its start."""
     row = conn.execute(
         "SELECT (SELECT seq FROM recs WHERE vis = 1 ORDER BY seq LIMIT 1), "
         "(SELECT seq FROM recs WHERE vis = 1 ORDER BY seq DESC LIMIT 1)"
@@ -835,22 +850,45 @@ def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
     if meta.get("groups_mark") == meta["mark"]:  # counted since the last change
         groups = int(meta["groups"])
     else:
-        groups = _compactions(conn.execute("SELECT grp, comp FROM recs WHERE vis = 1 ORDER BY seq"))
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?), ('groups_mark', ?)", (groups, meta["mark"]))
+        conn.execute("BEGIN IMMEDIATE")  # the count and where it ended, written as one
+        try:
+            meta = _meta(conn)
+            start = int(meta.get("groups_seq") or 0)
+            state = (int(meta["groups"]), meta["groups_last"], int(meta["groups_num"])) if start else None
+            rows = conn.execute("SELECT seq, grp, comp FROM recs WHERE vis = 1 AND seq > ? ORDER BY seq", (start,))
+            groups, last, number, seq = _compactions(rows, state, start)
+            values = {"groups": groups, "groups_mark": meta["mark"], "groups_seq": seq}
+            values |= {"groups_last": last, "groups_num": number}
+            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
     return int(meta["count"]), int(row[0] or 0), int(row[1] or 0), int(groups), int(meta["damaged"])
 
 
-def _compactions(rows: Iterable[tuple[str | None, int]]) -> int:
-    """How many compactions the visible records (in order) show, counted as the journal's scan
-    counts them: a committed batch whose compaction number moves (capped, masked and clipped
-    results are batches numbered with the current count, not compactions)."""
-    count, last_group, last_number = 0, object(), 0
-    for group, number in rows:
-        if group != last_group:
+_GROUPS = ("groups", "groups_mark", "groups_seq", "groups_last", "groups_num")
+"""The meta keys of the compactions counted (see `extent`)."""
+
+
+def _compactions(
+    rows: Iterable[tuple[int, str | None, int]], state: tuple[int, str | None, int] | None = None, seq: int = 0
+) -> tuple[int, str | None, int, int]:
+    """How many compactions the visible records (in order: seq, group, number) show, counted as
+    the journal's scan counts them: a committed batch whose compaction number moves (capped,
+    masked and clipped results are batches numbered with the current count, not compactions).
+    `state`: (count, last group, its number) after the records up to `seq`, to go on from.
+    Returns the count, the last group and number, and the last record's number."""
+    count, last_group, last_number = state if state is not None else (0, None, 0)
+    first = state is None
+    for at, group, number in rows:
+        if first or group != last_group:
             if number > 0 and number != last_number:
                 count += 1
-            last_group, last_number = group, number
-    return count
+            last_group, last_number, first = group, number, False
+        seq = at
+    return count, last_group, last_number, seq
 
 
 def check(conn: sqlite3.Connection) -> list[str]:
