@@ -187,6 +187,39 @@ DECISIONS: tuple[tuple[str, ...], ...] = (
     ("Went back and forth on this one. Final answer: {a}, because {r}.", "fresh"),
     ("Keep it boring: {a}. {b} is nice, but {r}.", "fresh"),
 )
+UNSEEN_DECISIONS: tuple[str, ...] = (
+    # Written for the retention work of issue 27 before the decision reading was changed, and
+    # never used to design it: the honest figure for phrasings the ledger has not seen. Not used
+    # by `generate` (its draws, and so every seed's session, stay as they were); scored by
+    # `benchmarks.retention.unseen_decisions` over every choice in `CHOICES`.
+    "We'll standardise on {a} going forward; {r}.",
+    "{a} is what we're shipping with. {b} lost out because {r}.",
+    "I compared {a} and {b}; {a} came out ahead since {r}.",
+    "Decision: {a}. Why: {r}.",
+    "Let's settle this \u2014 {a}. {r}.",
+    "For this project {a} makes more sense than {b}, given that {r}.",
+    "I'm switching us over to {a}, because {r}.",
+    "Not {b}. {a}, since {r}.",
+    "Ended up picking {a}: {r}.",
+    "{a} gets the nod over {b} \u2014 {r}.",
+    "Rather than {b}, we're going to rely on {a} as {r}.",
+    "I've landed on {a}; {r}, and {b} doesn't give us that.",
+    "Let's default to {a} \u2014 {b} can come later if needed, but right now {r}.",
+    "Ok here's the plan: {a} instead of {b}, {r}.",
+    "Choosing {a}. Main reason is that {r}.",
+    "{r}, so I'm going with {a}.",
+)
+UNSEEN_NON_DECISIONS: tuple[str, ...] = (
+    # ... and sentences about the same choices that decide nothing (written with the above).
+    "Should we go with {a} or {b}?",
+    "I'm not sure yet whether {a} or {b} fits better.",
+    "{a} and {b} both have trade-offs; let me read up first.",
+    "Running the {a} benchmark now.",
+    "Can you compare {a} and {b} for me?",
+    "I looked at {a} yesterday.",
+    "Both {a} and {b} are installed in the venv.",
+    "The {a} docs are open in the other tab.",
+)
 CHOICES = (
     ("SQLite", "PostgreSQL", "the CLI must work offline", "offline"),
     ("orjson", "the stdlib json module", "the export path is CPU-bound", "CPU-bound"),
@@ -503,4 +536,14 @@ def render_call(call: ToolCall) -> str:
     return "\n".join(lines) + ")"
 
 
-__all__ = ["CATEGORIES", "HELD_OUT", "PHRASINGS", "Probe", "Session", "generate", "render_call"]
+__all__ = [
+    "CATEGORIES",
+    "HELD_OUT",
+    "PHRASINGS",
+    "UNSEEN_DECISIONS",
+    "UNSEEN_NON_DECISIONS",
+    "Probe",
+    "Session",
+    "generate",
+    "render_call",
+]
