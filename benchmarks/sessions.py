@@ -157,6 +157,15 @@ REQUIREMENT_VALUES = (
     "raw card numbers", "the X-Request-Id header", "timestamps in UTC", "personal email addresses", "the tenant id",
     "plaintext passwords", "the Idempotency-Key", "amounts in integer cents",
 )  # fmt: skip
+MORE_REQUIREMENT_VALUES = (
+    "session tokens", "the raw request body", "the customer's IP address", "stack traces", "the API key",
+    "the X-Tenant-Id header", "the build number", "amounts with their currency", "the user's locale",
+    "unsigned URLs", "the Retry-After header", "full names", "dates as ISO 8601", "the trace id",
+    "phone numbers", "free-text notes", "the schema version", "the upload checksum", "the webhook signature",
+    "birth dates", "the region code", "card expiry dates", "the ETag", "the audit actor",
+)  # fmt: skip
+"""Drawn only once every one of `REQUIREMENT_VALUES` is used (past about 450 turns): a shorter
+session's draws, and so the session, are what they were."""
 DECISIONS: tuple[tuple[str, ...], ...] = (
     ("Let's go with {a} rather than {b}, because {r}.", "train"),
     ("I'll use {a} instead of {b} since {r}.", "train"),
@@ -244,6 +253,37 @@ CHOICES = (
     ("soft deletes", "hard deletes", "support restores accounts every week", "restores accounts"),
     ("uv", "pip-tools", "the lock step dropped from minutes to seconds", "minutes to seconds"),
 )
+MORE_CHOICES = (
+    ("Kafka", "SQS", "we need to replay a week of events", "replay a week"),
+    ("Terraform", "clicking in the console", "staging must be rebuilt from scratch", "rebuilt from scratch"),
+    ("mypy strict", "pyright", "the CI image already ships it", "CI image"),
+    ("Jinja", "f-strings", "the templates are edited by support", "edited by support"),
+    ("a bloom filter", "a full set lookup", "the dedup table no longer fits in memory", "fits in memory"),
+    ("ClickHouse", "TimescaleDB", "the dashboards scan billions of rows", "billions of rows"),
+    ("Docker Compose", "Kubernetes", "the team is three people", "three people"),
+    ("protobuf", "JSON payloads", "the payloads cross four services", "four services"),
+    ("hypothesis", "hand-written cases", "the parser's edge cases keep surprising us", "edge cases"),
+    ("systemd timers", "cron", "we want the runs in the journal", "runs in the journal"),
+    ("WebSockets", "long polling", "the proxy idles connections out at 30 seconds", "idles connections"),
+    ("Celery", "a hand-rolled queue", "retries with backoff come for free", "backoff"),
+    ("zstd", "gzip", "the archives are read far more than written", "read far more"),
+    ("OpenTelemetry", "StatsD", "the traces must cross the queue", "cross the queue"),
+    ("Poetry", "setuptools", "the plugin needs lock files", "lock files"),
+    ("FastAPI", "Flask", "the schema is generated from the types", "generated from the types"),
+    ("DuckDB", "pandas", "the exports are larger than memory", "larger than memory"),
+    ("Vault", "environment variables", "the secrets rotate every day", "rotate every day"),
+    ("blue-green deploys", "rolling deploys", "a failed release must roll back in seconds", "roll back in seconds"),
+    ("a circuit breaker", "more retries", "the vendor falls over under retry storms", "retry storms"),
+    ("Sentry", "plain log scraping", "errors need the request context", "request context"),
+    ("an outbox table", "dual writes", "a crash between the two writes lost events", "lost events"),
+    ("mkdocs", "Sphinx", "the docs are all Markdown already", "all Markdown"),
+    ("S3 lifecycle rules", "a cleanup job", "nobody owns the cron host", "nobody owns"),
+    ("Playwright", "Selenium", "the UI tests flaked on every run", "flaked"),
+    ("Pydantic settings", "configparser", "the settings need validation at start", "validation at start"),
+    ("pgbouncer", "a bigger connection pool", "the database caps connections at 100", "caps connections"),
+    ("ripgrep", "grep", "the monorepo search took a minute", "took a minute"),
+)
+"""Drawn only once every one of `CHOICES` is used (past about 440 turns)."""
 FILLER = (
     "ok, go on.",
     "Looks fine so far, continue.",
@@ -365,6 +405,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
     pending_at = min(20, turns // 4)
     choices = list(CHOICES)
     rng.shuffle(choices)
+    more_drawn = False
     phrasing_turn = 0
     failed: set[str] = set()  # modules whose tests failed with an error code
 
@@ -421,6 +462,10 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             w.probe(RECALL, vk, needles, query, user.id, t, held_out=held)
             t += 1
             continue
+        if kind == "decision" and not choices and not more_drawn:  # a long session: more choices
+            more_drawn = True
+            choices = list(MORE_CHOICES)
+            rng.shuffle(choices)
         if kind == "decision" and choices:
             a, b, reason, key = choices.pop()
             template, which = rng.choice(DECISIONS)
@@ -478,7 +523,10 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             asking = w.step(f"Adding the tenant id to {path}.", call, f"Edited {path}: 1 replacement.")
             w.probe(ARTIFACT, "edited", (path, "edit"), f"changes to {path}", asking.id, t)
         elif r < 0.68:
-            path = w.unique(lambda module=module: f"src/app/{module}_{rng.choice(WORDS)}.py")
+            if all(f"src/app/{module}_{word}.py" in w.used for word in WORDS):  # a long session
+                path = w.unique(lambda module=module: f"src/app/{module}_{rng.choice(WORDS)}_{rng.randint(2, 99)}.py")
+            else:
+                path = w.unique(lambda module=module: f"src/app/{module}_{rng.choice(WORDS)}.py")
             call = w.call("write_file", path=path, content=_code(rng, module, rng.randint(20, 60)))
             asking = w.step(f"Creating {path} for the tenant helpers.", call, f"Created {path}.")
             w.probe(ARTIFACT, "created", (path,), f"new file {path}", asking.id, t)
@@ -521,7 +569,8 @@ def _value(w: _Writer, kind: str, modules: Sequence[str]) -> tuple[str, str, tup
         value = w.unique(lambda: rng.randint(3, 4000))
         return subject, value, (value, subject), f"what is the limit for {subject}"
     subject = rng.choice(modules)
-    value = w.unique(lambda: rng.choice(REQUIREMENT_VALUES))
+    pool = REQUIREMENT_VALUES if any(v not in w.used for v in REQUIREMENT_VALUES) else MORE_REQUIREMENT_VALUES
+    value = w.unique(lambda: rng.choice(pool))
     return subject, value, (value,), f"what rule did the user set for {subject} {value}"
 
 
