@@ -140,10 +140,28 @@ def test_the_ledger_reads_what_structure_gives() -> None:
     assert (VALUE, 10) in kinds and (VALUE, 11) not in kinds  # a stated value; chit-chat is not one
     assert (DECISION, 12) in kinds
     text = render(merge(Ledger(), entries))
-    assert "- edited: src/pay.py" in text and "`pytest -q tests/test_pay.py` -> failed" in text
-    assert "[PAY-17]" in text and any(e.kind == ERROR for e in entries)
+    assert "- edited: src/pay.py" in text
+    # a command's failure is on its own line, without the test runner's "FAILED x::y - "
+    assert "`pytest -q tests/test_pay.py` -> failed: ValueError: [PAY-17] bad total (record 12)" in text
+    assert not any(e.kind == ERROR for e in entries)  # said once, not again under Errors seen
     assert "## Open tasks" not in text  # no tasks: that section is left out
-    assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT, ERROR))
+    assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT))
+
+
+def test_a_command_run_again_keeps_its_earlier_failure_as_an_error_seen() -> None:
+    """The command's line says its newest outcome; the failure before it stays, under Errors seen
+    (an error code said once is a value the model may be asked for)."""
+    run = ToolCall(id="b", name="bash", arguments={"command": "pytest -q tests/test_pay.py"})
+    again = ToolCall(id="c", name="bash", arguments={"command": "pytest -q tests/test_pay.py"})
+    failed = [Message.assistant("", tool_calls=(run,)), res("b", "FAILED t.py::test_x - KeyError: [PAY-9] gone")]
+    passed = [Message.assistant("", tool_calls=(again,)), res("c", "===== 4 passed in 0.2s =====")]
+    ledger = merge(merge(Ledger(), observe(failed, [1, 2])), observe(passed, [3, 4]))
+    text = render(ledger)
+    assert "- ran `pytest -q tests/test_pay.py` -> 4 passed in 0.2s (record 3)" in text
+    [error] = [e for e in ledger.entries if e.kind == ERROR]
+    assert error.text == "`pytest -q tests/test_pay.py` failed: KeyError: [PAY-9] gone" and error.seq == 1
+    # run a third time with the same outcome: nothing new
+    assert merge(ledger, observe(passed, [5, 6])).entries.count(error) == 1
 
 
 # Decisions as people write them (the extractor's own examples: in-sample; the benchmark's
