@@ -159,8 +159,8 @@ _IDENT = re.compile(
     r"\b(?:[a-z]+_[a-z0-9_]+|[A-Z][A-Z0-9]*_[A-Z0-9_]+|[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*|[A-Z]{2,}\d*"
     r"|[a-z][a-z0-9]*(?:-[a-z0-9]+){2,})\b"
 )
-_MODAL = re.compile(
-    r"(?i)\b(?:must(?:n't| not)?|never|always|should(?:n't| not)?|shall|need(?:s|ed)? to|ha(?:ve|s) to|"
+_MODAL = re.compile(  # on lower-cased text (a case-insensitive pattern is three times slower)
+    r"\b(?:must(?:n't| not)?|never|always|should(?:n't| not)?|shall|need(?:s|ed)? to|ha(?:ve|s) to|"
     r"required?|requirements?|mandatory|make sure|ensure|don't|do not|doesn't|cannot|can't|may|"
     r"at (?:most|least)|no (?:more|less|later|earlier) than|only|exactly|limit(?:ed)?|keep|avoid)\b"
 )
@@ -415,9 +415,9 @@ def _may_decide(low: str) -> bool:
     """Whether lower-cased `low` may state a decision (a choice word, and a reason word or a
     clause after a colon, semicolon or dash), by word sets: no regex runs on most messages."""
     words = set(low.translate(_SPACES).split())
-    if not (words & _CHOICE_WORDS or _CHOICE_PREFIXES.search(low)):
+    if not (words & _REASON_WORDS or any(c in low for c in ":;\u2014\u2013") or " - " in low):
         return False
-    return bool(words & _REASON_WORDS) or any(c in low for c in ":;\u2014\u2013") or " - " in low
+    return bool(words & _CHOICE_WORDS or _CHOICE_PREFIXES.search(low))
 
 
 _EXPLAINED = re.compile(r"[:;\u2014\u2013]\s*\S+(?:\s+\S+){2,}|\s[-\u2013]{1,2}\s+\S+(?:\s+\S+){2,}")
@@ -488,20 +488,65 @@ def _sentences(text: str) -> list[str]:
     return [s.strip(" -*>\t") for s in pieces if s.strip(" -*>\t")]
 
 
-_GO_ON = re.compile(r"(?i)\b(?:keep|carry) (?:going|on|it up|at it)\b")
+_MODAL_WORDS = frozenset(
+    [
+        "must",
+        "mustn't",
+        "never",
+        "always",
+        "should",
+        "shouldn't",
+        "shall",
+        "need",
+        "needs",
+        "needed",
+        "have",
+        "has",
+        "required",
+        "require",
+        "requirement",
+        "requirements",
+        "mandatory",
+        "make",
+        "ensure",
+        "don't",
+        "do",
+        "doesn't",
+        "cannot",
+        "can't",
+        "may",
+        "at",
+        "no",
+        "only",
+        "exactly",
+        "limit",
+        "limited",
+        "keep",
+        "avoid",
+    ]
+)
+"""A word each of `_MODAL`'s alternatives starts with (a sentence without one is not searched)."""
+_GO_ON = re.compile(r"\b(?:keep|carry) (?:going|on|it up|at it)\b")  # on lower-cased text
 """"keep going", "carry on": a modal word that states nothing."""
 
 
 def states_something(sentence: str) -> tuple[bool, int]:
     """Whether a user's sentence states a concrete value or a requirement, and its rank (2: a
     number, a quoted string or a modal verb; 1: only an identifier or a path)."""
-    modal = _MODAL.search(sentence)
-    if modal is not None and _GO_ON.search(sentence):  # "Sure, keep going with the plan."
-        modal = _MODAL.search(_GO_ON.sub(" ", sentence))
-    strong = bool(_NUMBER.search(sentence) or _QUOTED.search(sentence) or modal)
-    if strong:
+    if _NUMBER.search(sentence) or (
+        ("`" in sentence or '"' in sentence or "'" in sentence or "\u201c" in sentence) and _QUOTED.search(sentence)
+    ):
         return True, 2
-    if _PATHLIKE.search(sentence) or _IDENT.search(sentence):
+    low = sentence.lower()
+    # cheap tests first: a long sentence of plain words is not run through every pattern
+    if not _MODAL_WORDS.isdisjoint(low.translate(_SPACES).split()) and (
+        _MODAL.search(low) and (not _GO_ON.search(low) or _MODAL.search(_GO_ON.sub(" ", low)))
+    ):  # ("Sure, keep going with the plan." states nothing)
+        return True, 2
+    pathlike = "/" in sentence or "." in sentence.rstrip(".!? ")
+    if (pathlike and _PATHLIKE.search(sentence)) or (
+        ("_" in sentence or "-" in sentence or low != sentence) and _IDENT.search(sentence)
+    ):
         return True, 1
     return False, 0
 
