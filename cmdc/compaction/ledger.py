@@ -49,7 +49,7 @@ SECTIONS: dict[str, str] = {
 }
 """Each kind's heading in the summary, in the order they are rendered."""
 
-LEDGER_SHARE = 0.6
+LEDGER_SHARE = 0.7
 """The most of the summary budget the ledger may take (the rest: the preserved user messages
 and the summarizer's answer)."""
 
@@ -1069,6 +1069,11 @@ def _size(ledger: Ledger) -> int:
     return size + 2 * (blocks - 1) if blocks else 0
 
 
+def rendered_size(ledger: Ledger) -> int:
+    """The UTF-8 size of `render(ledger)`, without building it."""
+    return _size(ledger)
+
+
 def _cost(entry: Entry) -> int:
     """About what `entry` adds to the rendered ledger (a file: its path in its group's line)."""
     path, sep, _ = entry.text.partition(_PATH_SEP)
@@ -1137,13 +1142,15 @@ outranks what was done to files, but the newest files stay listed)."""
 
 
 def _floors(entries: Sequence[Entry], sizes: Sequence[int], max_bytes: int) -> set[int]:
-    """The entries within their section's floor (`_FLOOR`), newest first, skipping none: the
-    positions in `entries`."""
+    """The entries within their section's floor (`_FLOOR`), newest first, skipping none but
+    those of rank 0 (a file only read, a task done): the positions in `entries`."""
     left = {kind: share * max_bytes for kind, share in _FLOOR.items()}
     kept: set[int] = set()
     for i in sorted(range(len(entries)), key=lambda j: -entries[j].seq):
         kind = entries[i].kind
-        if entries[i].rank > 0 and sizes[i] <= left[kind]:
+        if entries[i].rank == 0:
+            continue
+        if sizes[i] <= left[kind]:
             left[kind] -= sizes[i]
             kept.add(i)
         else:
@@ -1201,6 +1208,7 @@ __all__ = [
     "pointer_line",
     "record_numbers",
     "render",
+    "rendered_size",
     "states_something",
     "without_ledger",
 ]
