@@ -14,9 +14,10 @@ categories (the probes a compaction is scored on):
 Each value kind has training phrasings and held-out phrasings (`HELD_OUT`): the ledger's
 heuristics were tuned on the first only, and a probe says which it used, so results are
 reported for both. The decisions (`DECISIONS`) come in four sets: training, a first held-out
-set (never read while designing), a set written later and then tuned on (in-sample now), and a
-fresh held-out set never tuned on; a probe's kind and `held_out` say which. Importable by the
-benchmarks and the tests.
+set (never read while designing), and two sets written later as held-out ones and then tuned
+on (in-sample now); a probe's kind and `held_out` say which. `UNSEEN_DECISIONS` are phrasings
+never used to design the reading, scored apart (`benchmarks.retention.unseen_decisions`): they
+are not drawn by `generate`. Importable by the benchmarks and the tests.
 """
 
 from __future__ import annotations
@@ -186,7 +187,10 @@ DECISIONS: tuple[tuple[str, ...], ...] = (
     ("We're doing {a} and not {b} \u2014 {r}.", "late"),
     ("After looking at both I'm leaning {a}, mostly because {r}.", "late"),
     ("OK so {a} over {b}, {r} after all.", "late"),
-    # Held-out, written after the extension above and never tuned on (kind "decision_fresh").
+    # Written after the extension above as held-out ones (kind "decision_fresh"); the reading
+    # missed five of the eight and was extended on them in the retention work of issue 27, so
+    # they are in-sample now too (counted with the training phrasings). `UNSEEN_DECISIONS` are
+    # the held-out ones since.
     ("Between {a} and {b} I'd take {a}: {r}.", "fresh"),
     ("{b} looked tempting, but {r}, so {a} it is.", "fresh"),
     ("Let's not overthink it \u2014 {a}, since {r}.", "fresh"),
@@ -478,7 +482,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
                 msg = Message.assistant(text)
                 w.turns.append((msg,))
             kind_name = {"late": "decision_late", "fresh": "decision_fresh"}.get(which, "decision")
-            held = which in ("held", "fresh")
+            held = which == "held"
             w.probe(DECISION, kind_name, (a, key), f"why did we choose {a}", msg.id, t, held_out=held)
             t += 1
             continue
