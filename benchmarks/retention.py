@@ -212,7 +212,7 @@ PHRASING_SETS = {
     "decision": "training",
     "decision/held-out": "held-out (first set)",
     "decision_late": "written later, then tuned on",
-    "decision_fresh/held-out": "fresh set (tuned on since)",
+    "decision_fresh": "fresh set (tuned on since)",
 }
 """The decision probes' phrasing sets (`benchmarks.sessions.DECISIONS`), as the table names them."""
 

@@ -322,11 +322,14 @@ _CHOICE_WORDS = frozenset(
         "agreed",
     ]
 )
-_CHOICE_PREFIXES = re.compile(
-    r"choos|decid|settl|switch|mov|migrat|standardi|adopt|prefer|favo|replac|swap|ditch|abandon|"
-    r"answer|call|verdict|beat|outperform|trump|edge|clear of|away from|tempting|nice|appealing|cover|"
-    r"does the|enough|suffice|starter|breaker|no-go|winner|go-to|sweet spot"
-)
+_CHOICE_STEMS = (
+    "choos", "decid", "settl", "switch", "mov", "migrat", "standardi", "adopt", "prefer", "favo", "replac", "swap",
+    "ditch", "abandon", "answer", "call", "verdict", "beat", "outperform", "trump", "edge", "tempting", "nice",
+    "appealing", "cover", "enough", "suffice", "winner", "go-to", "no-go", "non-starter", "deal-breaker",
+    "dealbreaker",
+)  # fmt: skip
+_CHOICE_PHRASES = ("clear of", "away from", "does the", "sweet spot", "final word")
+"""What a word or the text must hold for `_CHOICE`'s alternatives not in `_CHOICE_WORDS`."""
 _REASON_WORDS = frozenset(
     [
         "because",
@@ -417,7 +420,9 @@ def _may_decide(low: str) -> bool:
     words = set(low.translate(_SPACES).split())
     if not (words & _REASON_WORDS or any(c in low for c in ":;\u2014\u2013") or " - " in low):
         return False
-    return bool(words & _CHOICE_WORDS or _CHOICE_PREFIXES.search(low))
+    if not words.isdisjoint(_CHOICE_WORDS):
+        return True
+    return any(w.startswith(_CHOICE_STEMS) for w in words) or any(p in low for p in _CHOICE_PHRASES)
 
 
 _EXPLAINED = re.compile(r"[:;\u2014\u2013]\s*\S+(?:\s+\S+){2,}|\s[-\u2013]{1,2}\s+\S+(?:\s+\S+){2,}")
@@ -917,6 +922,7 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
     """The ledger after a compaction: the previous summaries' ledgers (from their metadata),
     merged with what the evicted `messages` (journal records `seqs`) give."""
     ledger = Ledger()
+    summaries = list(summaries)
     for summary in summaries:
         earlier = Ledger.from_metadata(summary.metadata.get(LEDGER_KEY))
         ledger = merge(ledger, earlier.entries)
@@ -929,7 +935,7 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
         # the records of the messages not read, but summaries', and numbered (> 0): C passes,
         # only messages with metadata looked at one by one (a 50k-message batch has a few)
         unread = list(seqs[:start])
-        for i in summary_positions(messages[: len(unread)]):
+        for i in summary_positions(messages[: len(unread)]) if summaries else ():  # none: no scan
             unread[i] = 0
         unread = list(filter((0).__lt__, unread))
         if unread:
