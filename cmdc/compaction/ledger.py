@@ -17,7 +17,9 @@ metadata (`LEDGER_KEY`; never re-parsed from text). Its entries:
 
 Entries are deduplicated by key. Within its budget the ledger is rendered whole; past it, the
 lowest-ranked and oldest entries are demoted to a one-line pointer per section naming their
-journal records (`recall` reads them back), never dropped silently.
+journal records (`recall` reads them back), never dropped silently. What was said (values,
+decisions, error codes) ranks above what was done to files; each section keeps a floor of the
+budget for its newest entries.
 """
 
 from __future__ import annotations
@@ -1109,8 +1111,9 @@ files themselves keep it), then what was said, the open tasks last."""
 def fit(ledger: Ledger, max_bytes: int) -> Ledger:
     """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries, within a rank the
     oldest (by journal record, whatever their kind; then `_WEIGHT`), are demoted to their
-    section's pointer line (their journal records) until it fits. (Files first within a rank,
-    as before, emptied the files' section of a small budget while older values stayed.)"""
+    section's pointer line (their journal records) until it fits; each section's newest entries
+    within its floor (`_FLOOR`) go last. (Files first within a rank, as before, emptied the
+    files' section of a small budget while older values stayed.)"""
     if _size(ledger) <= max_bytes:
         return ledger
     entries = ledger.entries
