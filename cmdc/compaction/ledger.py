@@ -660,6 +660,8 @@ def _todo_items(call: ToolCall) -> list[tuple[str, str]]:
 
 
 def _command(call: ToolCall) -> str | None:
+    if call.arguments.keys().isdisjoint(_COMMAND_KEYS):
+        return None
     for key in _COMMAND_KEYS:
         value = call.arguments.get(key)
         if isinstance(value, str) and value.strip():
@@ -672,10 +674,11 @@ def _command(call: ToolCall) -> str | None:
 def _paths(call: ToolCall) -> list[str]:
     found: list[str] = []
     for key, value in call.arguments.items():
-        values = value if isinstance(value, (list, tuple)) else (value,)
-        for v in values:
-            named = key.lower() in _PATH_KEYS or key.lower().endswith(("path", "file", "paths", "files"))
-            if named and isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v:
+        name = key.lower()
+        if not (name in _PATH_KEYS or name.endswith(("path", "file", "paths", "files"))):
+            continue
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v:
                 found.append(v.strip())
     return list(dict.fromkeys(found))
 
@@ -946,10 +949,41 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
             for kind in SECTIONS:
                 demoted[kind] = _coalesce([*demoted.get(kind, ()), (lo, hi)])
             ledger = Ledger(ledger.entries, demoted)
+        ledger = merge(ledger, _older_calls(messages[:start], seqs[:start]))
     return merge(ledger, observe(messages[start:], seqs[start:]))
 
 
 _METADATA = operator.attrgetter("metadata")
+_TOOL_CALLS = operator.attrgetter("tool_calls")
+
+OLDER_CALLS = 100
+"""Of the evicted messages too many to read whole (before the newest `READ_TOKENS`), the newest
+this many that make tool calls are read for their calls alone: the to-do list, the files
+touched and the commands run (with the outcome of their results) of a huge eviction (a 170k
+trigger evicts far more than is read) are cheap to read and would otherwise be pointer-only."""
+
+
+def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
+    """The entries the tool calls among `messages` give (the newest `OLDER_CALLS` messages that
+    make calls; a call's result looked for among the few records after it), oldest first."""
+    found = list(itertools.compress(range(len(messages)), map(_TOOL_CALLS, messages)))[-OLDER_CALLS:]
+    newest: dict[tuple[str, str, str], Entry] = {}  # read newest first: an older same entry adds nothing
+    for i in reversed(found):
+        m = messages[i]
+        if m.role != "assistant":
+            continue
+        near = messages[i + 1 : i + 1 + 2 * len(m.tool_calls)]
+        results = {r.tool_call_id: r for r in near if r.role == "tool"}
+        for call in m.tool_calls:
+            for e in _from_call(call, results.get(call.id), seqs[i]):
+                # a file keeps each of its actions, a command each failure (an error seen once it
+                # ran again), a task its newest state
+                if e.key.startswith("path:"):
+                    what = e.text.partition(_PATH_SEP)[2]
+                else:
+                    what = e.text if _FAILED_MARK in e.text else ""
+                newest.setdefault((e.kind, e.key, what), e)
+    return sorted(newest.values(), key=operator.attrgetter("seq"))
 
 
 def summary_positions(messages: Sequence[Message]) -> list[int]:

@@ -259,6 +259,29 @@ def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:
     assert "records 1-50" in render(ledger)
 
 
+def test_a_huge_compaction_still_reads_the_tool_calls_it_does_not_read_whole() -> None:
+    """A compaction at a large trigger evicts far more than the ledger reads whole: the to-do
+    list, the files and the commands of the older part are read from its tool calls (the
+    newest `OLDER_CALLS` messages that make calls), so the task stays open, the file and the
+    failure stay listed; the rest of the older part is named by the pointers."""
+    edit = ToolCall(id="e", name="edit_file", arguments={"path": "src/pay.py", "old": "a", "new": "b"})
+    run = ToolCall(id="b", name="bash", arguments={"command": "pytest -q tests/test_pay.py"})
+    old = [
+        _todo("t1", "pending"),
+        res("t1", "ok"),
+        Message.assistant("", tool_calls=(edit, run)),
+        res("e", "edited"),
+        res("b", "FAILED tests/test_pay.py::test_total - ValueError: [PAY-17] bad total"),
+    ]
+    filler = [Message.user(f"note {i}: " + "word " * 60) for i in range(READ_MESSAGES + 50)]
+    msgs = [*old, *filler]
+    ledger = carry([], msgs, list(range(1, len(msgs) + 1)))
+    text = render(ledger)
+    assert "- [ ] ship the docs (record 1)" in text and "- edited: src/pay.py" in text
+    assert "`pytest -q tests/test_pay.py` -> failed: ValueError: [PAY-17] bad total (record 3)" in text
+    assert any(lo <= 1 and hi >= 50 for lo, hi in ledger.demoted[VALUE])  # the notes not read: pointed to
+
+
 _entry = st.builds(
     Entry,
     kind=st.sampled_from(sorted(SECTIONS)),
