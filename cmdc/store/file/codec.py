@@ -246,7 +246,8 @@ def _write_records(
             parts.append(b"".join(pieces))
             if len(parts) >= _PARTS_PER_WRITE:
                 flush()
-                _write_back(fd, base, written)
+                if start + _LINES_AT_ONCE < len(messages):  # (the last line's pages stay: the next change reads it)
+                    _write_back(fd, base, written)
             continue
         flush()
         for chunk in joined(pieces, _JOIN, longest):  # a huge piece on its own
