@@ -539,7 +539,7 @@ async def open_runtime(
     bus = EventBus(log=log_events)
     chosen = None if store is None else open_store(store)
     checkpoints: Checkpoints | None = None if checkpoint_dir is None else FileCheckpoints(checkpoint_dir)
-    if lease_ttl is None and getattr(type(chosen), "shared", False) is True and isinstance(chosen, Leases):
+    if lease_ttl is None and chosen is not None and chosen.shared:
         lease_ttl = DEFAULT_LEASE_TTL  # a database many processes share: one activation per name, by default
     if lease_ttl is not None and not isinstance(chosen, Leases):
         raise ConfigError(f"name leases (lease_ttl) need a store with leases; {chosen!r:.80} has none")

@@ -103,10 +103,22 @@ class Store(JournalReader, Leases, Protocol):
     """Everything durable: journal, checkpoints, leases. Each method's rules: docs/journal.md.
 
     A store belongs to whoever opened it: that owner calls `start` before the first use and
-    `aclose` when done."""
+    `aclose` when done.
+
+    `shared`: whether several processes share the store (a database does, a directory does not):
+    a runtime on a shared store leases every agent name by default (`open_runtime`).
+    `agents()`: every agent the store holds a journal or a checkpoint for. `written_at(ids)`:
+    when each agent's journal or checkpoint last changed (seconds since the epoch; None when
+    unknown): readers such as the web page cache what they read by it."""
+
+    shared: bool
 
     @property
     def checkpoints(self) -> Checkpoints: ...
+
+    async def agents(self) -> list[str]: ...
+
+    async def written_at(self, agent_ids: Sequence[str]) -> list[float | None]: ...
 
     async def start(self) -> None: ...
 

@@ -10,12 +10,10 @@ what changed (`Watcher`), so a slow page never holds an event, and never an agen
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections import deque
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
@@ -48,7 +46,7 @@ from ..message import Message
 from ..runtime import Runtime
 from ..runtime.bus import Subscription
 from ..state import State, validate_agent_id
-from ..store import FileStore, JournalReader, Store
+from ..store import JournalReader, Store
 from ..store.records import JournalRecord
 
 POINTS = 400  # timeline entries kept per agent
@@ -628,32 +626,13 @@ class StoreSource:
         self._cache: dict[str, tuple[float, AgentRow, State | None]] = {}
 
     async def names(self) -> list[str]:
-        names = set(await self.store.checkpoints.agents())
-        if isinstance(self.store, FileStore):
-            names.update(await trio.to_thread.run_sync(_journal_names, self.store.root))
-        return sorted(names)
-
-    def _stamps(self, names: list[str]) -> list[float | None]:
-        """When the file store last wrote each agent (None: not the file store, or nothing)."""
-        if not isinstance(self.store, FileStore):
-            return [None] * len(names)
-        out: list[float | None] = []
-        for name in names:
-            best = None
-            for suffix in (".state.json", ".jsonl"):
-                try:
-                    m = os.stat(self.store.root / f"{name}{suffix}").st_mtime
-                except OSError:
-                    continue
-                best = m if best is None else max(best, m)
-            out.append(best)
-        return out
+        return await self.store.agents()
 
     async def _load(
         self, name: str, stamp: float | None = None, stamped: bool = False
     ) -> tuple[AgentRow, State | None]:
         if not stamped:
-            stamp = (await trio.to_thread.run_sync(self._stamps, [name]))[0]
+            stamp = (await self.store.written_at([name]))[0]
         cached = self._cache.get(name)
         if cached is not None and stamp is not None and cached[0] == stamp:
             return cached[1], cached[2]
@@ -674,7 +653,7 @@ class StoreSource:
 
     async def rows(self) -> list[AgentRow]:
         names = await self.names()
-        stamps = await trio.to_thread.run_sync(self._stamps, names)  # one thread hop for all
+        stamps = await self.store.written_at(names)  # one call for all
         rows: list[AgentRow | None] = [None] * len(names)
         limit = trio.Semaphore(8)  # checkpoints not cached yet are read 8 at a time
 
@@ -707,21 +686,6 @@ class StoreSource:
 
     async def compact(self, name: str) -> str:
         return "a store is shown read-only"
-
-
-def _journal_names(root: Path) -> list[str]:
-    try:
-        entries = os.listdir(root)
-    except OSError:
-        return []
-    out = []
-    for entry in entries:
-        if entry.endswith(".jsonl") and not entry.startswith("."):
-            try:
-                out.append(validate_agent_id(entry[: -len(".jsonl")]))
-            except CmdcError:
-                continue
-    return out
 
 
 async def journal_points(journal: Journal, name: str) -> list[dict[str, Any]]:

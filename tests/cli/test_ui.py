@@ -370,7 +370,7 @@ def test_demo_ui_prints_its_url_and_ends_at_ctrl_c(tmp_path: Path) -> None:
     ends it cleanly (130, no traceback), also in the middle of its turns."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "cmdc", "demo", "--ui", "--plain", "--agents", "2", "--turns", "400"],
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,  # never read while the page is fetched: a full pipe would block the demo
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,

@@ -5,6 +5,7 @@ The PostgreSQL cases need a server (see tests/conftest.py); the file cases alway
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -298,6 +299,24 @@ async def test_checkpoints_save_load_delete_list(store: Store) -> None:
     assert await cps.load("a1") is None and await cps.agents() == ["b2"]
     with pytest.raises(TypeError):
         await cps.save("not a state")  # type: ignore[arg-type]
+
+
+async def test_agents_lists_journals_and_checkpoints_and_written_at_says_when(store: Store) -> None:
+    assert await store.agents() == []
+    await store.append("j1", batch(2), compaction=1)
+    before = time.time()
+    await store.checkpoints.save(State(agent_id="c1"))
+    assert await store.agents() == ["c1", "j1"]
+    saved, nobody = await store.written_at(["c1", "nobody"])
+    assert nobody is None and saved is not None and before - 5 <= saved <= time.time() + 5
+    await store.checkpoints.save(State(agent_id="c1").append(Message.user("later")))
+    [again] = await store.written_at(["c1"])
+    assert again is not None and again >= saved
+    assert await store.written_at([]) == []
+    for bad in BAD_IDS:
+        with pytest.raises(ConfigError):
+            await store.written_at(["c1", bad])
+    assert store.shared is (not isinstance(store, FileStore))  # a database is shared, a directory is not
 
 
 async def test_unsafe_agent_ids_are_refused_before_anything(store: Store) -> None:

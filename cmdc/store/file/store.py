@@ -5,6 +5,7 @@ one directory. The journal's rules: docs/journal.md."""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import fcntl
 import itertools
 import os
@@ -41,8 +42,20 @@ class FileStore:
         self._leases: dict[str, tuple[str, int, int]] = {}  # agent -> (owner, token, locked fd)
         self._tokens = itertools.count(1)
 
+    shared: bool = False
+    """One process at a time per journal (its flock); a runtime leases names only when asked."""
+
     def __repr__(self) -> str:
         return f"FileStore({str(self.root)!r})"
+
+    async def agents(self) -> list[str]:
+        """Every agent with a journal (`<agent>.jsonl`) or a checkpoint in the directory."""
+        return await trio.to_thread.run_sync(_agent_names, self.root)
+
+    async def written_at(self, agent_ids: Sequence[str]) -> list[float | None]:
+        """Each agent's latest modification time of its journal and checkpoint files."""
+        ids = [validate_agent_id(a) for a in agent_ids]
+        return await trio.to_thread.run_sync(_modified, self.root, ids)
 
     @property
     def checkpoints(self) -> FileCheckpoints:
@@ -119,7 +132,6 @@ class FileStore:
     async def transcript(self, agent_id: str) -> str:
         path = await self.journal.write_transcript(agent_id)
         return await trio.to_thread.run_sync(_read_text, path)
-
 
     # -- leases: an exclusive flock on <dir>/<agent>.lease, held while the lease is -------------
     # The kernel drops the lock when the holding process dies, so a lease cannot outlive its
@@ -235,5 +247,34 @@ class FileCheckpoints(CheckpointStore):
 if TYPE_CHECKING:  # mypy checks that the file store and its bare journal satisfy the protocols
     _FILE_STORE: type[Store] = FileStore
     _JOURNAL: type[JournalReader] = OffloadStore
+
+
+def _agent_names(root: Path) -> list[str]:
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return []
+    names = set()
+    for entry in entries:
+        for suffix in (".jsonl", ".state.json"):
+            if entry.endswith(suffix) and not entry.startswith("."):
+                with contextlib.suppress(ConfigError):
+                    names.add(validate_agent_id(entry[: -len(suffix)]))
+    return sorted(names)
+
+
+def _modified(root: Path, agent_ids: list[str]) -> list[float | None]:
+    out: list[float | None] = []
+    for agent_id in agent_ids:
+        best: float | None = None
+        for suffix in (".state.json", ".jsonl"):
+            try:
+                stamp = os.stat(root / f"{agent_id}{suffix}").st_mtime
+            except (OSError, ValueError):
+                continue
+            best = stamp if best is None else max(best, stamp)
+        out.append(best)
+    return out
+
 
 __all__ = ["FileCheckpoints", "FileStore"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -17,6 +18,8 @@ from ..records import ATTEMPTS_KEY
 
 if TYPE_CHECKING:
     from .store import PostgresStore
+
+T = TypeVar("T")
 
 
 def _summary_attempts(state: State) -> list[str]:
@@ -84,6 +87,33 @@ class CheckpointRows:
     if TYPE_CHECKING:  # given by `PostgresStore` (`LeaseRows`)
 
         def _fence(self, conn: psycopg.Connection[Any], agent_id: str) -> None: ...
+
+        async def _run(self, fn: Callable[..., T], *args: Any, write: bool = False) -> T: ...
+
+    async def agents(self) -> list[str]:
+        """Every agent with a journal or a checkpoint here, sorted."""
+        return await self._run(self._agents_sync)
+
+    async def written_at(self, agent_ids: Sequence[str]) -> list[float | None]:
+        """When each agent's checkpoint was last saved (None: it has none; a compaction's batch
+        becomes visible with the checkpoint that names it, so this covers the journal too)."""
+        ids = [validate_agent_id(a) for a in agent_ids]
+        saved = await self._run(self._saved_sync, ids)
+        return [saved.get(a) for a in ids]
+
+    @staticmethod
+    def _agents_sync(conn: psycopg.Connection[Any]) -> list[str]:
+        with conn.transaction():
+            rows = conn.execute(
+                "SELECT agent_id FROM cmdc_journals UNION SELECT agent_id FROM cmdc_checkpoints ORDER BY 1"
+            )
+            return [str(a) for (a,) in rows]
+
+    @staticmethod
+    def _saved_sync(conn: psycopg.Connection[Any], ids: list[str]) -> dict[str, float]:
+        with conn.transaction():
+            rows = conn.execute("SELECT agent_id, saved_at FROM cmdc_checkpoints WHERE agent_id = ANY(%s)", (ids,))
+            return {str(a): float(t) for a, t in rows}
 
     def _save_sync(self, conn: psycopg.Connection[Any], agent_id: str, state: State, attempts: list[str]) -> None:
         data = state.to_json()  # in the worker: a state holding megabytes is a long call

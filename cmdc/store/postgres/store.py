@@ -52,7 +52,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import orjson
@@ -393,7 +393,7 @@ class PostgresStore(CheckpointRows, LeaseRows):
     A store shared by several runtimes is `shared` (its runtimes lease every agent name by
     default: see `open_runtime`)."""
 
-    shared: ClassVar[bool] = True  # one database, many processes: runtimes lease names on it by default
+    shared: bool = True  # one database, many processes: runtimes lease names on it by default
 
     def __init__(
         self,
