@@ -285,7 +285,7 @@ async def run_bounded(fn: Callable[..., T], *args: Any, limit: float) -> T:
     stalled = trio.CancelScope()
 
     async def watch() -> None:
-        if not await trio.to_thread.run_sync(finished.wait, timeout, limiter=watchers, abandon_on_cancel=True):
+        if not await trio.to_thread.run_sync(finished.wait, timeout, limiter=watchers):
             stalled.cancel()
 
     failure: Exception | None = None
@@ -297,10 +297,7 @@ async def run_bounded(fn: Callable[..., T], *args: Any, limit: float) -> T:
                     result = await trio.to_thread.run_sync(work, abandon_on_cancel=True)
             except Exception as exc:  # raised below as itself, not inside the nursery's group
                 failure = exc
-            # The work is done (or abandoned): the watcher's thread returns on its own at once,
-            # and is not waited for (that was a second wake-up of this thread, each append's
-            # and commit's, after the work's own: milliseconds on a loaded machine).
-            nursery.cancel_scope.cancel()
+            # the watcher returns as soon as the work is done: no thread is left behind
     if failure is not None:
         raise failure
     if stalled.cancelled_caught:
