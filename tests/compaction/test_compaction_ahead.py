@@ -142,8 +142,9 @@ async def test_a_cancel_while_the_ledger_is_made_waits_for_the_append(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cancelled while the ledger is made beside the append: `trio.Cancelled` comes out once the
-    append's write and fsync are done (never half done), the state is unchanged, the batch is an
-    uncommitted attempt; the next compaction reuses its records and commits each message once."""
+    append's write and fsync and the ledger's thread are done (nothing half done, nothing left
+    running), the state is unchanged, the batch is an uncommitted attempt; the next compaction
+    reuses its records and commits each message once."""
     state = state_in(tmp_path, conversation(N, seed=6))
     before = state.to_json()
     release = threading.Event()
@@ -151,10 +152,15 @@ async def test_a_cancel_while_the_ledger_is_made_waits_for_the_append(
     synced: list[bool] = []
     real = compactor_mod._ledger
 
+    done: list[bool] = []
+
     def slow_ledger(split: Any, written: AppendResult, budget: int) -> Ledger:
         making.set()
         release.wait(10)
-        return real(split, written, budget)
+        try:
+            return real(split, written, budget)
+        finally:
+            done.append(True)
 
     def fsync(fd: int) -> None:
         REAL_FSYNC(fd)
@@ -175,6 +181,7 @@ async def test_a_cancel_while_the_ledger_is_made_waits_for_the_append(
             await Compactor(instant).force_compact(state)
     monkeypatch.undo()
     assert scope.cancelled_caught and synced == [True] and state.to_json() == before
+    assert done == [True]  # the ledger's thread was waited for too: nothing left running
     store = OffloadStore(tmp_path / "offload")
     assert await store.read("a1") == [] and (await store.verify("a1")).uncommitted > 0
     result = await Compactor(instant).force_compact(state)
