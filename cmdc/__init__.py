@@ -2,8 +2,6 @@
 
 from typing import TYPE_CHECKING
 
-from ._compact_tool import compact_context_tool
-from ._rehydrate import RehydrateReads
 from ._version import __version__
 from .compaction import (
     DEFAULT_SUMMARY_PROMPT,
@@ -16,6 +14,8 @@ from .compaction import (
     SummaryAttempt,
     split_messages,
 )
+from .compaction.rehydrate import RehydrateReads
+from .compaction.tool import compact_context_tool
 from .errors import (
     AgentNotFound,
     AgentStopped,

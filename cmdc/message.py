@@ -413,7 +413,7 @@ class Message:
                 return self._json_in_slices(content)
             # copied to a bytes object of its own size: orjson's result keeps the
             # buffer it wrote into, 4 KB and up to about 10x the JSON, and this one is kept
-            return bytes(memoryview(orjson.dumps(self._plain(), default=_encode_default)))
+            return bytes(memoryview(orjson.dumps(self._plain(), default=encode_default)))
         except orjson.JSONEncodeError as exc:
             raise InvalidMessage(f"message {self.id} cannot be stored as JSON: {exc}") from None
 
@@ -433,7 +433,7 @@ class Message:
     def _json_in_slices(self, content: str) -> bytes:
         plain = self._plain()
         plain["content"] = ""
-        empty = orjson.dumps(plain, default=_encode_default)
+        empty = orjson.dumps(plain, default=encode_default)
         head = b'{"id":%s,"role":%s,"content":"' % (orjson.dumps(self.id), orjson.dumps(self.role))
         assert empty.startswith(head + b'"')  # the order _plain writes
         parts = [head]
@@ -468,7 +468,8 @@ _FIELDS = ("role", "content", "tool_calls", "tool_call_id", "is_error", "usage",
 """Every field of `Message` but its id (`_with_id` copies them)."""
 
 
-def _encode_default(value: object) -> object:
+def encode_default(value: object) -> object:
+    """orjson's `default=` for message data: a frozen mapping encodes as a dict."""
     if isinstance(value, MappingProxyType):
         return dict(value)
     raise TypeError(f"cannot encode {type(value).__name__}")

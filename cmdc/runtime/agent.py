@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import attrs
 import trio
 
-from .._compact_tool import CompactionDesk, current_desk
 from .._report import Compacted
 from ..compaction import Compactor
 from ..compaction.tiers import apply_mask, cap_results, diagnose, evictable_gain, plan_mask
+from ..compaction.tool import CompactionDesk, current_desk
 from ..compaction.warm import AgentContext, set_agent_context
 from ..errors import (
     AgentStopped,

@@ -55,8 +55,8 @@ def test_every_error_derives_from_cmdc_error() -> None:
     [
         ("cmdc.tools", "ToolArgumentsError"),
         ("cmdc.plugins", "PluginReturnError"),
-        ("cmdc._chatfile", "ChatFileError"),
-        ("cmdc._demo", "DemoError"),
+        ("cmdc.cli._chatfile", "ChatFileError"),
+        ("cmdc.cli._demo", "DemoError"),
         ("cmdc.cli", "UsageError"),
     ],
 )

@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from cmdc import JournalRecord, OffloadStore
-from cmdc._demo import AgentStats, DemoOptions, LiveTable, Retention, live_lines, run_demo
 from cmdc.cli import main
+from cmdc.cli._demo import AgentStats, DemoOptions, LiveTable, Retention, live_lines, run_demo
 
 HISTORY = Path(".cmdc") / "conversation_history"
 
@@ -523,9 +523,9 @@ def test_compact_pins_and_developer_messages(tmp_path: Path, capsys: pytest.Capt
 def test_demo_exits_1_when_a_retention_check_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import cmdc._demo
+    import cmdc.cli._demo
 
-    monkeypatch.setattr(cmdc._demo, "check_retention", lambda *a: Retention(task=False, users=(1, 2), pins=(0, 0)))
+    monkeypatch.setattr(cmdc.cli._demo, "check_retention", lambda *a: Retention(task=False, users=(1, 2), pins=(0, 0)))
     code = main(["demo", "--agents", "1", "--turns", "3", "--latency", "0", "--offload-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1

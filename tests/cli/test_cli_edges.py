@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cmdc import _chatfile
-from cmdc.cli import EXIT_CODES, main
+from cmdc.cli import EXIT_CODES, _chatfile, main
 
 
 def chat(n: int = 30) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from cmdc import Message, OffloadStore, State, _chatfile
-from cmdc._chatfile import read_chat
-from cmdc.cli import main
+from cmdc import Message, OffloadStore, State
+from cmdc.cli import _chatfile, main
+from cmdc.cli._chatfile import read_chat
 from cmdc.compaction.clip import reduced
 from cmdc.errors import ChatFileError
 from cmdc.state import ENCODE_EAGERLY

@@ -14,10 +14,10 @@ import pytest
 import trio
 
 import cmdc
-import cmdc._demo
+import cmdc.cli._demo
 from cmdc import Message, OffloadStore
-from cmdc._demo import AgentStats, DemoOptions, Retention, final_table, run_demo
 from cmdc.cli import main
+from cmdc.cli._demo import AgentStats, DemoOptions, Retention, final_table, run_demo
 from cmdc.providers import ModelRequest, SimulatedModel, ToolSchema
 from cmdc.providers._arguments import arguments_for
 from cmdc.recall import recall_tool
@@ -186,7 +186,7 @@ def test_the_final_table_fits_80_columns() -> None:
 def test_demo_fails_when_most_tool_calls_fail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real = cmdc._demo.make_tools
+    real = cmdc.cli._demo.make_tools
 
     def broken(window: int) -> list[cmdc.Tool]:
         async def read_file(path: str) -> str:
@@ -200,7 +200,7 @@ def test_demo_fails_when_most_tool_calls_fail(
         assert real(window)  # the real ones exist; these replace them
         return [cmdc.tool(read_file), cmdc.tool(run_tests)]
 
-    monkeypatch.setattr(cmdc._demo, "make_tools", broken)
+    monkeypatch.setattr(cmdc.cli._demo, "make_tools", broken)
     code = main(["demo", "--agents", "1", "--turns", "8", "--latency", "0", "--offload-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1
@@ -216,7 +216,7 @@ async def test_unreachable_endpoint_is_reported_as_such(monkeypatch: pytest.Monk
         raise httpx.ConnectError("connection refused", request=request)
 
     monkeypatch.setattr(
-        cmdc._demo,
+        cmdc.cli._demo,
         "real_provider",
         lambda kind, model: OpenAIProvider(
             model or "m", api_key="k", max_retries=0, client=httpx.AsyncClient(transport=httpx.MockTransport(refuse))

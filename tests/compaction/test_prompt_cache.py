@@ -413,7 +413,7 @@ async def test_cache_figures_reach_events_and_spans(tmp_path: Path) -> None:
 async def test_the_demo_table_shows_the_prompt_cache() -> None:
     import io
 
-    from cmdc._demo import DemoOptions, run_demo
+    from cmdc.cli._demo import DemoOptions, run_demo
 
     out = io.StringIO()
     options = DemoOptions(agents=1, turns=30, latency=0.0, summarizer="model", display="plain")

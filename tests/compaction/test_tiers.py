@@ -442,7 +442,7 @@ def test_the_diagnosis_names_the_summary_budget() -> None:
 
 
 async def test_the_thrash_guard_never_fires_on_the_demo(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cmdc._demo import DemoOptions, run_demo
+    from cmdc.cli._demo import DemoOptions, run_demo
 
     fired: list[object] = []
 

@@ -15,8 +15,8 @@ import trio
 
 import cmdc
 import cmdc.mcp
-from cmdc._mcp_stdio import LineReader, Oversized, Pieces, clipped_reply, head_text, reply_id
 from cmdc.events import MCP_MESSAGE_CLIPPED, MCP_SERVER_GAVE_UP, MCP_SERVER_RESTART, TOOL_START
+from cmdc.mcp._transport import LineReader, Oversized, Pieces, clipped_reply, head_text, reply_id
 from cmdc.providers import ScriptedProvider
 
 call = ScriptedProvider.tool_call

@@ -17,8 +17,8 @@ import pytest
 
 from benchmarks.compact_file import write_chat
 from cmdc import Compactor, Message, OffloadStore, ToolCall, _fs, offload, open_runtime
-from cmdc._chatfile import read_chat
 from cmdc.cli import _stable_ids
+from cmdc.cli._chatfile import read_chat
 from cmdc.compaction import Compacted
 from cmdc.errors import CheckpointError, OffloadError
 from cmdc.providers import ExtractiveSummarizer
@@ -210,7 +210,7 @@ def test_a_cached_message_json_takes_its_own_size() -> None:
 READ_CHAT_PEAK = """
 import sys, tracemalloc
 from pathlib import Path
-from cmdc._chatfile import read_chat
+from cmdc.cli._chatfile import read_chat
 
 tracemalloc.start()
 chat = read_chat(Path(sys.argv[1]))

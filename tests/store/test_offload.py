@@ -564,7 +564,7 @@ def test_a_huge_message_is_encoded_in_slices_as_whole(text: str, slice_: int, me
         data = m.to_json()
     finally:
         message_module._CHECK_SLICE = old
-    assert data == orjson.dumps(m._plain(), default=message_module._encode_default)
+    assert data == orjson.dumps(m._plain(), default=message_module.encode_default)
     assert Message.from_json(data) == m
 
 

@@ -40,22 +40,22 @@ from typing import Any, Literal, TextIO
 import attrs
 import trio
 
-from ._version import install_hint
-from .compaction import CompactionReport, Compactor, ExtractiveSummarizer
-from .compaction.finalize import USER_MESSAGES_KEY
-from .compaction.summary import Summarizer
-from .errors import CmdcError, DemoError, ProviderError
-from .events import COMPACTION_END, OVERFLOW, REQUEST, RESPONSE, TOOL_END, TOOL_RESULTS_CLIPPED, Event
-from .message import PINNED_KEY, Message, TokenUsage, ToolCall
-from .providers.base import ModelRequest, Provider
-from .providers.simulated import SimulatedModel
-from .runtime import open_runtime
-from .runtime.agent import AgentRef
-from .state import State
-from .store.file.journal import OffloadStore
-from .tokens import estimate_message_tokens
-from .tools import Tool, tool
-from .tracing import UNTRACED, Span, Tracer
+from .._version import install_hint
+from ..compaction import CompactionReport, Compactor, ExtractiveSummarizer
+from ..compaction.finalize import USER_MESSAGES_KEY
+from ..compaction.summary import Summarizer
+from ..errors import CmdcError, DemoError, ProviderError
+from ..events import COMPACTION_END, OVERFLOW, REQUEST, RESPONSE, TOOL_END, TOOL_RESULTS_CLIPPED, Event
+from ..message import PINNED_KEY, Message, TokenUsage, ToolCall
+from ..providers.base import ModelRequest, Provider
+from ..providers.simulated import SimulatedModel
+from ..runtime import open_runtime
+from ..runtime.agent import AgentRef
+from ..state import State
+from ..store.file.journal import OffloadStore
+from ..tokens import estimate_message_tokens
+from ..tools import Tool, tool
+from ..tracing import UNTRACED, Span, Tracer
 
 ProviderName = Literal["simulated", "openai", "anthropic"]
 DisplayMode = Literal["auto", "live", "plain"]
@@ -242,7 +242,7 @@ def real_provider(kind: str, model: str | None) -> Provider:
             f"--provider {kind} needs the environment variable {prefix}_API_KEY "
             f"(or {prefix}_BASE_URL for a server that takes no key)"
         )
-    from . import providers
+    from .. import providers
 
     name = "OpenAIProvider" if kind == "openai" else "AnthropicProvider"
     try:
@@ -538,7 +538,7 @@ class _Traced:
             from opentelemetry.sdk.trace.export import SimpleSpanProcessor
             from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-            from .otel import Tracing
+            from ..otel import Tracing
         except ImportError:
             hint = install_hint("otel")
             raise DemoError(f"--trace needs OpenTelemetry's SDK: {hint}, and opentelemetry-sdk") from None
@@ -569,7 +569,7 @@ class _Traced:
             self.tracing.event(event)
 
     def lines(self) -> list[str]:
-        from .otel import span_tree
+        from ..otel import span_tree
 
         spans = self.exporter.get_finished_spans()
         self.provider.shutdown()

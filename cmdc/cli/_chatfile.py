@@ -37,11 +37,11 @@ from typing import Any, BinaryIO, Literal
 import attrs
 import orjson
 
-from ._frozen import thaw
-from .compaction.finalize import USER_MESSAGES_HEADING, USER_MESSAGES_KEY
-from .errors import ChatFileError, InvalidMessage
-from .message import KIND_KEY, PINNED_KEY, SUMMARY_KIND, ImagePart, Message, Part, TextPart, ToolCall
-from .store.fs import atomic_write
+from .._frozen import thaw
+from ..compaction.finalize import USER_MESSAGES_HEADING, USER_MESSAGES_KEY
+from ..errors import ChatFileError, InvalidMessage
+from ..message import KIND_KEY, PINNED_KEY, SUMMARY_KIND, ImagePart, Message, Part, TextPart, ToolCall
+from ..store.fs import atomic_write
 
 Format = Literal["jsonl", "json"]
 

@@ -33,6 +33,30 @@ import attrs
 import orjson
 import trio
 
+from .._check import is_int
+from .._redact import redact_url
+from .._trio import one_of, reraise
+from .._version import __version__, install_hint
+from ..compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
+from ..compaction.summary import Summarizer
+from ..errors import (
+    ChatFileError,
+    CmdcError,
+    CompactionIncomplete,
+    ConfigError,
+    DemoError,
+    OffloadCorrupted,
+    OffloadError,
+    StoreUnavailable,
+    UsageError,
+)
+from ..events import JOURNAL_DAMAGED, Event
+from ..message import Message, encode_default
+from ..state import ENCODE_EAGERLY, State, validate_agent_id
+from ..store import JournalReader, Store, open_store
+from ..store.file.journal import JournalRecord, JournalReport, OffloadStore
+from ..store.fs import os_cause, probe_dir, stricter_mode
+from ..store.transcript import transcript_pieces
 from ._chatfile import (
     STDIN,
     ChatFile,
@@ -44,32 +68,7 @@ from ._chatfile import (
     to_openai,
     write_atomic,
 )
-from ._check import is_int
 from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
-from ._redact import redact_url
-from ._trio import one_of, reraise
-from ._version import __version__, install_hint
-from .compaction import Compacted, CompactionReport, Compactor, ExtractiveSummarizer, Skipped
-from .compaction.summary import Summarizer
-from .errors import (
-    ChatFileError,
-    CmdcError,
-    CompactionIncomplete,
-    ConfigError,
-    DemoError,
-    OffloadCorrupted,
-    OffloadError,
-    StoreUnavailable,
-    UsageError,
-)
-from .events import JOURNAL_DAMAGED, Event
-from .message import Message
-from .message import _encode_default as encode_default
-from .state import ENCODE_EAGERLY, State, validate_agent_id
-from .store import JournalReader, Store, open_store
-from .store.file.journal import JournalRecord, JournalReport, OffloadStore
-from .store.fs import os_cause, probe_dir, stricter_mode
-from .store.transcript import transcript_pieces
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
 
@@ -337,7 +336,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     try:
         if args.command == "demo":
-            return _demo(args)
+            return _demo_command(args)
         if args.command == "compact":
             return _compact(args)
         if args.command == "ui":
@@ -387,7 +386,7 @@ def _usable_dir(directory: Path, what: str) -> None:
 # -- demo ---------------------------------------------------------------------------------------
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _demo_command(args: argparse.Namespace) -> int:
     if args.provider == "simulated" and args.model:
         raise UsageError("--model goes with --provider openai|anthropic")
     options = DemoOptions(
@@ -423,7 +422,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     if isinstance(args.store, Path) and not args.store.is_dir():
         raise UsageError(f"{args.store} is not a directory (give a store directory or a postgresql:// URL)")
-    from .ui import serve_store
+    from ..ui import serve_store
 
     def ready(server: Any) -> None:
         print(f"cmdc ui: serving {args.store} read-only; open {server.url}", flush=True)

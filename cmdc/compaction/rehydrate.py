@@ -14,15 +14,15 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Sequence
 
-from ._check import integer
-from ._clip import clip
-from .compaction.caches import parse_config
-from .compaction.tiers import MASKED_KEY, gist
-from .errors import ConfigError
-from .message import KIND_KEY, Message, ToolCall
-from .plugins import AfterCompact, BeforeCompact, Plugin
-from .state import State
-from .tokens import estimate_message_tokens, estimate_text_tokens
+from .._check import integer
+from .._clip import clip
+from ..errors import ConfigError
+from ..message import KIND_KEY, Message, ToolCall
+from ..plugins import AfterCompact, BeforeCompact, Plugin
+from ..state import State
+from ..tokens import estimate_message_tokens, estimate_text_tokens
+from .caches import parse_config
+from .tiers import MASKED_KEY, gist
 
 REHYDRATED_KIND = "rehydrated"
 INTRO = "[Files as last read before the conversation was summarized (they may have changed since):]"

@@ -1,6 +1,6 @@
 """Runs one MCP server and, when it ends or is told to stop, ends everything it started.
 
-    python -I -S _mcp_reaper.py PARENT_PID GRACE LIFELINE_FD COMMAND [ARG...]
+    python -I -S _reaper.py PARENT_PID GRACE LIFELINE_FD COMMAND [ARG...]
 
 `cmdc.mcp.stdio` starts this script (standard library only, no imports from cmdc: it runs
 isolated, `-I -S`) in a new session, and it starts the server in a session of its own (its own

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 
-from .tools import Tool, tool
+from ..tools import Tool, tool
 
 MAX_REASON_CHARS = 500
 

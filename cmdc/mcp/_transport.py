@@ -9,7 +9,7 @@ JSON-RPC over its stdin and stdout, with bounds the SDK's own transport lacks.
   request past the cap becomes a JSON-RPC error saying so; anything else past it is dropped.
 - Lines past `OFF_THREAD_BYTES` are parsed in a worker thread (pydantic's parser lets the trio
   thread run meanwhile).
-- The server runs under `_mcp_reaper.py` (see there): in its own session and process group and,
+- The server runs under `_reaper.py` (see there): in its own session and process group and,
   on Linux, below a child subreaper, so every process it starts ends with it, also one that
   left its process group. Closing: stdin closed, then SIGTERM, then SIGKILL, each wait bounded
   and shielded from cancellation.
@@ -42,7 +42,7 @@ TAIL_BYTES = 4096
 CHUNK_BYTES = 65536
 STOP_GRACE = 2.0
 """Seconds for each step of the shutdown: stdin closed, then SIGTERM, then SIGKILL."""
-_REAPER = str(Path(__file__).with_name("_mcp_reaper.py"))
+_REAPER = str(Path(__file__).with_name("_reaper.py"))
 _PENDING_MAX = 4096  # requests remembered by id (for an oversized reply's method)
 _CLIPPED_KEY = "cmdc.clipped"
 

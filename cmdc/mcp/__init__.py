@@ -11,9 +11,9 @@ in its own nursery at the first spawn that names it (the server's tools are list
 `spawn` returns; a server that cannot start fails the spawn), shares it between the agents
 given it, and stops it when the runtime closes: a child process is ended (stdin closed, then
 SIGTERM, then SIGKILL, each wait bounded) with every process it started (it runs in its own
-process group, on Linux below a child subreaper: `cmdc/_mcp_reaper.py`), never orphaned. A
+process group, on Linux below a child subreaper: `cmdc/mcp/_reaper.py`), never orphaned. A
 stdio server that died is restarted (`Restarts`), and its messages are read by a bounded reader
-(`cmdc/_mcp_stdio.py`: `max_message_bytes`, a tool result past it clipped with a note).
+(`cmdc/mcp/_transport.py`: `max_message_bytes`, a tool result past it clipped with a note).
 
 The server's tools become cmdc `Tool` values: their JSON schemas are the parameters the model
 sees and the arguments are checked against them, and a call runs under the agent's tool timeout
@@ -40,7 +40,7 @@ import attrs
 import orjson
 import trio
 
-from ._version import install_hint
+from .._version import install_hint
 
 try:
     import mcp_types
@@ -53,11 +53,10 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(f"cmdc.mcp needs the mcp extra: {install_hint('mcp')} ({exc})") from exc
 
-from ._check import integer, optional_seconds, seconds, validator
-from ._clip import clip
-from ._mcp_stdio import Link, stdio_transport
-from .errors import ConfigError, MCPServerError, MCPToolError
-from .events import (
+from .._check import integer, optional_seconds, seconds, validator
+from .._clip import clip
+from ..errors import ConfigError, MCPServerError, MCPToolError
+from ..events import (
     MCP_MESSAGE_CLIPPED,
     MCP_SERVER_FAILED,
     MCP_SERVER_GAVE_UP,
@@ -69,7 +68,8 @@ from .events import (
     log_event,
     logging_enabled,
 )
-from .tools import Tool, ToolSet
+from ..tools import Tool, ToolSet
+from ._transport import Link, stdio_transport
 
 __all__ = ["MCPServerError", "MCPToolError", "MCPTools", "Restarts", "http", "in_process", "stdio"]
 
