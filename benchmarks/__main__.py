@@ -259,6 +259,14 @@ def retention_rows(p: Preset) -> list[Row]:
     rows.append(
         Row(b, "decisions by phrasing set (default)", retention.summary_rows(first)["decision by phrasing set"])
     )
+    read, sentences, wrong, plain = retention.unseen_decisions()
+    rows.append(
+        Row(
+            b,
+            "decision sentences in phrasings never designed on, read with choice and reason",
+            f"{read}/{sentences} ({read / sentences:.0%}); non-decisions read as one {wrong}/{plain}",
+        )
+    )
     for (name, config_name), table in tables.items():
         rows.append(Row(b, f"context mean (worst): {name}; {config_name}", retention.levels(table)))
     if p.retention_model_turns and retention.llama_missing() is None:

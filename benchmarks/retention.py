@@ -212,7 +212,7 @@ PHRASING_SETS = {
     "decision": "training",
     "decision/held-out": "held-out (first set)",
     "decision_late": "written later, then tuned on",
-    "decision_fresh/held-out": "held-out (fresh set)",
+    "decision_fresh": "fresh set (tuned on since)",
 }
 """The decision probes' phrasing sets (`benchmarks.sessions.DECISIONS`), as the table names them."""
 
@@ -220,6 +220,28 @@ PHRASING_SETS = {
 def _sum_kind(scores: Sequence[Score], kind: str) -> tuple[int, int]:
     pairs = [s.decision_kinds.get(kind, (0, 0)) for s in scores]
     return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+
+def unseen_decisions() -> tuple[int, int, int, int]:
+    """The ledger's decision reading on phrasings it was never designed on
+    (`benchmarks.sessions.UNSEEN_DECISIONS`, every choice of `CHOICES` and `MORE_CHOICES`):
+    (read with the choice and its reason in one entry, sentences; non-decisions read as one,
+    non-decision sentences)."""
+    from benchmarks.sessions import CHOICES, MORE_CHOICES, UNSEEN_DECISIONS, UNSEEN_NON_DECISIONS
+    from cmdc.compaction.ledger import decisions
+
+    found = wrong = 0
+    choices = CHOICES + MORE_CHOICES
+    for template in UNSEEN_DECISIONS:
+        for a, b, reason, key in choices:
+            text = template.format(a=a, b=b, r=reason)
+            read = decisions(text[0].upper() + text[1:])
+            found += any(a.lower() in d.lower() and key.lower() in d.lower() for d in read)
+    for template in UNSEEN_NON_DECISIONS:
+        for a, b, reason, _ in choices:
+            text = template.format(a=a, b=b, r=reason)
+            wrong += bool(decisions(text[0].upper() + text[1:]))
+    return found, len(UNSEEN_DECISIONS) * len(choices), wrong, len(UNSEEN_NON_DECISIONS) * len(choices)
 
 
 def worst(scores: Sequence[Score], category: str, level: str = "context") -> float | None:
@@ -497,6 +519,12 @@ async def run_all(
                 main = scores
             out("")
             out(table(f"{name}; {config_name}", scores))
+    found, asked, wrong, plain = unseen_decisions()
+    out(
+        f"\ndecisions in phrasings never designed on (benchmarks.sessions.UNSEEN_DECISIONS): {found}/{asked} "
+        f"({found / asked:.0%}) read with the choice and its reason; sentences that decide nothing read as a "
+        f"decision: {wrong}/{plain}"
+    )
     why = llama_missing()
     if why is not None:
         out(f"\nmodel summarizer (llama.cpp e2e server): skipped: {why}")

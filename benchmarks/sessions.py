@@ -14,9 +14,10 @@ categories (the probes a compaction is scored on):
 Each value kind has training phrasings and held-out phrasings (`HELD_OUT`): the ledger's
 heuristics were tuned on the first only, and a probe says which it used, so results are
 reported for both. The decisions (`DECISIONS`) come in four sets: training, a first held-out
-set (never read while designing), a set written later and then tuned on (in-sample now), and a
-fresh held-out set never tuned on; a probe's kind and `held_out` say which. Importable by the
-benchmarks and the tests.
+set (never read while designing), and two sets written later as held-out ones and then tuned
+on (in-sample now); a probe's kind and `held_out` say which. `UNSEEN_DECISIONS` are phrasings
+never used to design the reading, scored apart (`benchmarks.retention.unseen_decisions`): they
+are not drawn by `generate`. Importable by the benchmarks and the tests.
 """
 
 from __future__ import annotations
@@ -157,6 +158,15 @@ REQUIREMENT_VALUES = (
     "raw card numbers", "the X-Request-Id header", "timestamps in UTC", "personal email addresses", "the tenant id",
     "plaintext passwords", "the Idempotency-Key", "amounts in integer cents",
 )  # fmt: skip
+MORE_REQUIREMENT_VALUES = (
+    "session tokens", "the raw request body", "the customer's IP address", "stack traces", "the API key",
+    "the X-Tenant-Id header", "the build number", "amounts with their currency", "the user's locale",
+    "unsigned URLs", "the Retry-After header", "full names", "dates as ISO 8601", "the trace id",
+    "phone numbers", "free-text notes", "the schema version", "the upload checksum", "the webhook signature",
+    "birth dates", "the region code", "card expiry dates", "the ETag", "the audit actor",
+)  # fmt: skip
+"""Drawn only once every one of `REQUIREMENT_VALUES` is used (past about 450 turns): a shorter
+session's draws, and so the session, are what they were."""
 DECISIONS: tuple[tuple[str, ...], ...] = (
     ("Let's go with {a} rather than {b}, because {r}.", "train"),
     ("I'll use {a} instead of {b} since {r}.", "train"),
@@ -177,7 +187,10 @@ DECISIONS: tuple[tuple[str, ...], ...] = (
     ("We're doing {a} and not {b} \u2014 {r}.", "late"),
     ("After looking at both I'm leaning {a}, mostly because {r}.", "late"),
     ("OK so {a} over {b}, {r} after all.", "late"),
-    # Held-out, written after the extension above and never tuned on (kind "decision_fresh").
+    # Written after the extension above as held-out ones (kind "decision_fresh"); the reading
+    # missed five of the eight and was extended on them in the retention work of issue 27, so
+    # they are in-sample now too (counted with the training phrasings). `UNSEEN_DECISIONS` are
+    # the held-out ones since.
     ("Between {a} and {b} I'd take {a}: {r}.", "fresh"),
     ("{b} looked tempting, but {r}, so {a} it is.", "fresh"),
     ("Let's not overthink it \u2014 {a}, since {r}.", "fresh"),
@@ -186,6 +199,39 @@ DECISIONS: tuple[tuple[str, ...], ...] = (
     ("If we're being practical, {a} beats {b} here because {r}.", "fresh"),
     ("Went back and forth on this one. Final answer: {a}, because {r}.", "fresh"),
     ("Keep it boring: {a}. {b} is nice, but {r}.", "fresh"),
+)
+UNSEEN_DECISIONS: tuple[str, ...] = (
+    # Written for the retention work of issue 27 before the decision reading was changed, and
+    # never used to design it: the honest figure for phrasings the ledger has not seen. Not used
+    # by `generate` (its draws, and so every seed's session, stay as they were); scored by
+    # `benchmarks.retention.unseen_decisions` over every choice in `CHOICES`.
+    "We'll standardise on {a} going forward; {r}.",
+    "{a} is what we're shipping with. {b} lost out because {r}.",
+    "I compared {a} and {b}; {a} came out ahead since {r}.",
+    "Decision: {a}. Why: {r}.",
+    "Let's settle this \u2014 {a}. {r}.",
+    "For this project {a} makes more sense than {b}, given that {r}.",
+    "I'm switching us over to {a}, because {r}.",
+    "Not {b}. {a}, since {r}.",
+    "Ended up picking {a}: {r}.",
+    "{a} gets the nod over {b} \u2014 {r}.",
+    "Rather than {b}, we're going to rely on {a} as {r}.",
+    "I've landed on {a}; {r}, and {b} doesn't give us that.",
+    "Let's default to {a} \u2014 {b} can come later if needed, but right now {r}.",
+    "Ok here's the plan: {a} instead of {b}, {r}.",
+    "Choosing {a}. Main reason is that {r}.",
+    "{r}, so I'm going with {a}.",
+)
+UNSEEN_NON_DECISIONS: tuple[str, ...] = (
+    # ... and sentences about the same choices that decide nothing (written with the above).
+    "Should we go with {a} or {b}?",
+    "I'm not sure yet whether {a} or {b} fits better.",
+    "{a} and {b} both have trade-offs; let me read up first.",
+    "Running the {a} benchmark now.",
+    "Can you compare {a} and {b} for me?",
+    "I looked at {a} yesterday.",
+    "Both {a} and {b} are installed in the venv.",
+    "The {a} docs are open in the other tab.",
 )
 CHOICES = (
     ("SQLite", "PostgreSQL", "the CLI must work offline", "offline"),
@@ -211,6 +257,37 @@ CHOICES = (
     ("soft deletes", "hard deletes", "support restores accounts every week", "restores accounts"),
     ("uv", "pip-tools", "the lock step dropped from minutes to seconds", "minutes to seconds"),
 )
+MORE_CHOICES = (
+    ("Kafka", "SQS", "we need to replay a week of events", "replay a week"),
+    ("Terraform", "clicking in the console", "staging must be rebuilt from scratch", "rebuilt from scratch"),
+    ("mypy strict", "pyright", "the CI image already ships it", "CI image"),
+    ("Jinja", "f-strings", "the templates are edited by support", "edited by support"),
+    ("a bloom filter", "a full set lookup", "the dedup table no longer fits in memory", "fits in memory"),
+    ("ClickHouse", "TimescaleDB", "the dashboards scan billions of rows", "billions of rows"),
+    ("Docker Compose", "Kubernetes", "the team is three people", "three people"),
+    ("protobuf", "JSON payloads", "the payloads cross four services", "four services"),
+    ("hypothesis", "hand-written cases", "the parser's edge cases keep surprising us", "edge cases"),
+    ("systemd timers", "cron", "we want the runs in the journal", "runs in the journal"),
+    ("WebSockets", "long polling", "the proxy idles connections out at 30 seconds", "idles connections"),
+    ("Celery", "a hand-rolled queue", "retries with backoff come for free", "backoff"),
+    ("zstd", "gzip", "the archives are read far more than written", "read far more"),
+    ("OpenTelemetry", "StatsD", "the traces must cross the queue", "cross the queue"),
+    ("Poetry", "setuptools", "the plugin needs lock files", "lock files"),
+    ("FastAPI", "Flask", "the schema is generated from the types", "generated from the types"),
+    ("DuckDB", "pandas", "the exports are larger than memory", "larger than memory"),
+    ("Vault", "environment variables", "the secrets rotate every day", "rotate every day"),
+    ("blue-green deploys", "rolling deploys", "a failed release must roll back in seconds", "roll back in seconds"),
+    ("a circuit breaker", "more retries", "the vendor falls over under retry storms", "retry storms"),
+    ("Sentry", "plain log scraping", "errors need the request context", "request context"),
+    ("an outbox table", "dual writes", "a crash between the two writes lost events", "lost events"),
+    ("mkdocs", "Sphinx", "the docs are all Markdown already", "all Markdown"),
+    ("S3 lifecycle rules", "a cleanup job", "nobody owns the cron host", "nobody owns"),
+    ("Playwright", "Selenium", "the UI tests flaked on every run", "flaked"),
+    ("Pydantic settings", "configparser", "the settings need validation at start", "validation at start"),
+    ("pgbouncer", "a bigger connection pool", "the database caps connections at 100", "caps connections"),
+    ("ripgrep", "grep", "the monorepo search took a minute", "took a minute"),
+)
+"""Drawn only once every one of `CHOICES` is used (past about 440 turns)."""
 FILLER = (
     "ok, go on.",
     "Looks fine so far, continue.",
@@ -332,6 +409,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
     pending_at = min(20, turns // 4)
     choices = list(CHOICES)
     rng.shuffle(choices)
+    more_drawn = False
     phrasing_turn = 0
     failed: set[str] = set()  # modules whose tests failed with an error code
 
@@ -388,6 +466,10 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             w.probe(RECALL, vk, needles, query, user.id, t, held_out=held)
             t += 1
             continue
+        if kind == "decision" and not choices and not more_drawn:  # a long session: more choices
+            more_drawn = True
+            choices = list(MORE_CHOICES)
+            rng.shuffle(choices)
         if kind == "decision" and choices:
             a, b, reason, key = choices.pop()
             template, which = rng.choice(DECISIONS)
@@ -400,7 +482,7 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
                 msg = Message.assistant(text)
                 w.turns.append((msg,))
             kind_name = {"late": "decision_late", "fresh": "decision_fresh"}.get(which, "decision")
-            held = which in ("held", "fresh")
+            held = which == "held"
             w.probe(DECISION, kind_name, (a, key), f"why did we choose {a}", msg.id, t, held_out=held)
             t += 1
             continue
@@ -445,7 +527,10 @@ def generate(seed: int = 0, turns: int = 400) -> Session:
             asking = w.step(f"Adding the tenant id to {path}.", call, f"Edited {path}: 1 replacement.")
             w.probe(ARTIFACT, "edited", (path, "edit"), f"changes to {path}", asking.id, t)
         elif r < 0.68:
-            path = w.unique(lambda module=module: f"src/app/{module}_{rng.choice(WORDS)}.py")
+            if all(f"src/app/{module}_{word}.py" in w.used for word in WORDS):  # a long session
+                path = w.unique(lambda module=module: f"src/app/{module}_{rng.choice(WORDS)}_{rng.randint(2, 99)}.py")
+            else:
+                path = w.unique(lambda module=module: f"src/app/{module}_{rng.choice(WORDS)}.py")
             call = w.call("write_file", path=path, content=_code(rng, module, rng.randint(20, 60)))
             asking = w.step(f"Creating {path} for the tenant helpers.", call, f"Created {path}.")
             w.probe(ARTIFACT, "created", (path,), f"new file {path}", asking.id, t)
@@ -488,7 +573,8 @@ def _value(w: _Writer, kind: str, modules: Sequence[str]) -> tuple[str, str, tup
         value = w.unique(lambda: rng.randint(3, 4000))
         return subject, value, (value, subject), f"what is the limit for {subject}"
     subject = rng.choice(modules)
-    value = w.unique(lambda: rng.choice(REQUIREMENT_VALUES))
+    pool = REQUIREMENT_VALUES if any(v not in w.used for v in REQUIREMENT_VALUES) else MORE_REQUIREMENT_VALUES
+    value = w.unique(lambda: rng.choice(pool))
     return subject, value, (value,), f"what rule did the user set for {subject} {value}"
 
 
@@ -503,4 +589,14 @@ def render_call(call: ToolCall) -> str:
     return "\n".join(lines) + ")"
 
 
-__all__ = ["CATEGORIES", "HELD_OUT", "PHRASINGS", "Probe", "Session", "generate", "render_call"]
+__all__ = [
+    "CATEGORIES",
+    "HELD_OUT",
+    "PHRASINGS",
+    "UNSEEN_DECISIONS",
+    "UNSEEN_NON_DECISIONS",
+    "Probe",
+    "Session",
+    "generate",
+    "render_call",
+]

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from functools import partial
 
+import attrs
 import orjson
 import trio
 
@@ -75,7 +76,15 @@ def _body(message: Message) -> str:
     for call in message.tool_calls:
         args = orjson.dumps(call.to_dict()["arguments"]).decode()
         lines.append(f"-> call {call.name} (id {call.id}) {args}")
+    outcomes = message.metadata.get(_OUTCOMES_KEY)
+    if isinstance(outcomes, (tuple, list)):
+        lines.extend(str(line) for line in outcomes)
     return "\n".join(lines) if lines else "(no text)"
+
+
+_OUTCOMES_KEY = "cmdc.recall.outcomes"
+"""Where a search hit that is a tool call carries its results' outcome lines, for showing (set
+by `with_results` on the copy it shows; never journaled)."""
 
 
 def _size(text: str, cap: int | None = None) -> int:
@@ -127,8 +136,72 @@ def _span(records: Sequence[JournalRecord]) -> str:
 def _originals_first(hits: list[JournalRecord]) -> list[JournalRecord]:
     """The search's order, except that earlier summaries come after every original message:
     a summary repeats many words but only paraphrases records that are themselves in the
-    journal, and the original holds the exact details."""
-    return [r for r in hits if not r.message.is_summary] + [r for r in hits if r.message.is_summary]
+    journal, and the original holds the exact details. Of records that say the same thing (one
+    command run ten times, one question asked again), the newest takes the place of the best
+    ranked and the others come after every other original: copies of one call would fill the
+    top five, and the newest is the one asked about."""
+    originals = [r for r in hits if not r.message.is_summary]
+    newest: dict[tuple[object, ...], JournalRecord] = {}
+    for r in originals:
+        key = _same(r.message)
+        if key not in newest or r.seq > newest[key].seq:
+            newest[key] = r
+    first = [newest[k] for k in dict.fromkeys(_same(r.message) for r in originals)]
+    chosen = {r.seq for r in first}
+    repeats = [r for r in originals if r.seq not in chosen]
+    return first + repeats + [r for r in hits if r.message.is_summary]
+
+
+def _same(message: Message) -> tuple[object, ...]:
+    """What makes two records say the same thing: role, text, the calls' names and arguments
+    (a tool result never repeats another: it answers its own call)."""
+    if message.role == "tool":
+        return (message.role, message.tool_call_id, message.text)
+    calls = tuple(
+        (c.name, orjson.dumps(c.to_dict()["arguments"], option=orjson.OPT_SORT_KEYS)) for c in message.tool_calls
+    )
+    return (message.role, message.text, calls)
+
+
+_FRAME = " \t=-_*#~"
+"""What a tool output's last line is framed with ("===== 3 passed in 1.2s =====")."""
+RESULT_LINE_CHARS = 200
+"""Characters of a call's result shown with the call (its outcome line)."""
+
+
+def outcome_line(result: Message) -> str:
+    """A tool result in one line: its first line when it is an error, else its last line that
+    says something (a test run's tally, "Created x.py"), without the framing."""
+    if result.is_error:
+        lines = [ln.strip(_FRAME) for ln in result.text[:4096].splitlines()]
+    else:
+        lines = [ln.strip(_FRAME) for ln in reversed(result.text[-4096:].splitlines())]
+    said = next((ln for ln in lines if ln), "(no text)")
+    return clip(said, RESULT_LINE_CHARS, keep="head", marker="…")
+
+
+async def with_results(store: JournalReader, agent_id: str, hits: list[JournalRecord]) -> list[JournalRecord]:
+    """`hits` with each tool call's outcome shown under it (`<- name result, record N: line`):
+    a call found by its command or path says what came of it (the result follows it in the
+    journal). One read per call hit, of the records right after it."""
+    out: list[JournalRecord] = []
+    for hit in hits:
+        calls = {c.id: c.name for c in hit.message.tool_calls}
+        if not calls or hit.message.role != "assistant":
+            out.append(hit)
+            continue
+        after = await store.read_range(agent_id, hit.seq + 1, hit.seq + len(calls), max_chars=8192)
+        lines = [
+            f"<- {calls[r.message.tool_call_id]} result{' (error)' if r.message.is_error else ''}, "
+            f"record {r.seq}: {outcome_line(r.message)}"
+            for r in after
+            if r.message.role == "tool" and r.message.tool_call_id in calls
+        ]
+        if lines:
+            shown = hit.message.evolve(metadata={**hit.message.metadata, _OUTCOMES_KEY: tuple(lines)})
+            hit = attrs.evolve(hit, message=shown)
+        out.append(hit)
+    return out
 
 
 EXCERPT_SCAN_CHARS = 64 * 1024
@@ -272,9 +345,7 @@ def record_part(
     return f"{header} {where}\n{''.join(out)}{more}"
 
 
-def recall_tool(
-    store: JournalReader, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall"
-) -> Tool:
+def recall_tool(store: JournalReader, agent_id: str, *, budget_tokens: int = 2_000, name: str = "recall") -> Tool:
     """A tool that reads `agent_id`'s offload journal in `store` (any store of `cmdc.store`, or
     an `OffloadStore`): search by words, or read a range of records; its output is plain text
     within `budget_tokens` (estimated) tokens.
@@ -318,6 +389,7 @@ def recall_tool(
                 if r.clipped:
                     again = await store.read_range(agent_id, r.seq, r.seq, **wider)
                     candidates[i] = again[0] if again else r
+        candidates = await with_results(store, agent_id, candidates)
         more = "+" if len(hits) >= most else ""
         intro = f"{len(hits)}{more} records match {_quote(query)}, best match first"
         intro += f" (showing at most limit={limit}):" if beyond else ":"

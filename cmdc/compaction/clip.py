@@ -47,11 +47,16 @@ def reduced(messages: Sequence[Message], limit: int | None, written: AppendResul
     large: list[int] = []
     cap = limit if limit is not None else 1 << 62
     tokens_of = list(map(_CACHED_TOKENS, messages))
-    if None in tokens_of:
+    try:
+        top = max(tokens_of, default=0)  # (one C pass of int comparisons; a None raises)
+    except TypeError:  # an estimate not cached yet
         tokens_of = [m._tokens or estimate_message_tokens(m) for m in messages]
+        top = max(tokens_of, default=0)
     # Smaller ones cannot hold an image part or a base64 run, nor pass the limit (picked out
     # in C: no loop here). A limit below the media floor lowers the floor of the size check.
     floor = min(_MEDIA_MIN_TOKENS, cap + 1)
+    if top < floor:  # (the common case) none of them: nothing to look at
+        return messages
     for i in compress(range(len(tokens_of)), map(floor.__le__, tokens_of)):
         m, tokens = messages[i], tokens_of[i]
         if tokens < _MEDIA_MIN_TOKENS:

@@ -65,6 +65,8 @@ _LEDGER_MARGIN = 64  # tokens of what is evicted the summary's header and headin
 
 Reason = Literal["auto", "forced", "manual", "requested"]
 T = TypeVar("T")
+E = TypeVar("E")
+_Early = tuple[Ledger, "Sequence[Message] | None"]  # (see `Compactor._early`)
 _OPTION_NAMES = frozenset(f.name for f in attrs.fields(CompactorOptions))
 
 
@@ -387,21 +389,36 @@ class Compactor:
                 f"smallest summary that could replace them ({smallest} tokens)",
             )
 
-        async def summarized(written: AppendResult) -> tuple[Summary, list[Message]]:
+        cap = min(budget, evicted_tokens - _LEDGER_MARGIN)
+        estimated = evicted_tokens if self.options.token_counter is None else None
+        # The records' numbers, predicted: the journal's next ones, as far as this state knows it.
+        # The work that needs them and not the fsync starts beside the append, with these; once
+        # the append has numbered the records they are checked, and the work is done again
+        # with the real ones when they differ (a retry's reused records, a journal written since).
+        predicted = _predicted(state, split, self._journal(state, config))
+        early: Callable[[], Awaitable[_Early]] | None = None
+        if len(split.evicted) > _LEDGER_INLINE:
+
+            async def early() -> _Early:  # beside the append (its writes and fsync), in a worker thread
+                return await trio.to_thread.run_sync(self._early, state, split, predicted, cap, estimated)
+
+        async def summarized(written: AppendResult, ahead: _Early | None) -> tuple[Summary, list[Message]]:
             task = evict.kept_task(state, split)
-            estimated = evicted_tokens if self.options.token_counter is None else None
-            cap = min(budget, evicted_tokens - _LEDGER_MARGIN)
-            if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
-                ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
-            else:
-                ledger = _ledger(split, written, cap)
+            ledger, ordered = ahead if ahead is not None and _numbered_as(written, predicted) else (None, None)
+            if ledger is None:
+                if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
+                    ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
+                else:
+                    ledger = _ledger(split, written, cap)
             users, answer = ledger_shares(budget, user_budget, answer_budget, ledger, cap)
-            summary = await self._summarize(state, config, split, written, instruction, task, answer, window, estimated)
+            summary = await self._summarize(
+                state, config, split, written, instruction, task, answer, window, estimated, ordered
+            )
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
             return summary, list(tag_summaries(inserted, written))  # here, while the fsync runs
 
         try:
-            written, (summary, inserted) = await self._offload_then(state, config, split, compaction, summarized)
+            written, (summary, inserted) = await self._offload_then(state, config, split, compaction, summarized, early)
         except (OffloadError, CompactionError) as exc:  # one event, whichever failed
             self._emit(COMPACTION_FAILED, state, reason=reason, error=str(exc))
             raise
@@ -438,19 +455,35 @@ class Compactor:
         config: CompactConfig,
         split: Split,
         compaction: int,
-        then: Callable[[AppendResult], Awaitable[T]],
+        then: Callable[[AppendResult, E | None], Awaitable[T]],
+        beside: Callable[[], Awaitable[E]] | None = None,
     ) -> tuple[AppendResult, T]:
-        """`_offload`, then `then(written)`. With the journal store, `then` starts as soon as
-        the records are written and numbered, while the append's fsync runs in its thread; this
-        returns only when both are done, so the evicted messages are durable before the
-        compacted state exists. A failed append cancels `then` (its work is moot) and is
-        raised; else what `then` raised; a cancel as itself, never inside an exception group."""
+        """`_offload`, then `then(written, early)`. With the journal store, `then` starts as
+        soon as the records are written and numbered, while the append's fsync runs in its
+        thread; `beside()`, when given, starts with the append (work that needs no record
+        number, or predicted ones) and `then` gets what it returned (None without it). This
+        returns only when all are done, so the evicted messages are durable before the
+        compacted state exists. A failed append cancels `then` and `beside` (their work is
+        moot) and is raised; else what `then` or `beside` raised; a cancel as itself, never
+        inside an exception group."""
         numbered = trio.Event()
         results: list[AppendResult] = []  # the append's result, from on_numbered or once it returns
         failed: list[Exception] = []
         broke: list[Exception] = []
         outcome: list[T] = []
-        moot = trio.CancelScope()
+        moot, moot_early = trio.CancelScope(), trio.CancelScope()
+        early: list[E] = []
+        early_done = trio.Event()
+
+        async def ahead() -> None:
+            try:
+                with moot_early:
+                    if beside is not None:
+                        early.append(await beside())
+            except Exception as exc:  # raised after the nursery, as itself (unless the append failed)
+                broke.append(exc)
+            finally:
+                early_done.set()
 
         def on_numbered(result: AppendResult) -> None:
             results.append(result)
@@ -464,17 +497,21 @@ class Compactor:
             except Exception as exc:  # raised after the nursery, as itself
                 failed.append(exc)
                 moot.cancel()
+                moot_early.cancel()
             finally:
                 numbered.set()
 
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(offload)
+                if beside is not None:
+                    nursery.start_soon(ahead)
+                    await early_done.wait()
                 await numbered.wait()
                 with moot:
-                    if not failed:
+                    if not failed and not broke:
                         try:
-                            outcome.append(await then(results[0]))
+                            outcome.append(await then(results[0], early[0] if early else None))
                         except Exception as exc:  # the append is waited for first: nothing is left half done
                             broke.append(exc)
         except BaseExceptionGroup as group:  # a cancel or an interrupt: the tasks catch the rest
@@ -501,24 +538,20 @@ class Compactor:
         answer_budget: int,
         window: int | None,
         estimated: int | None = None,
+        ordered: Sequence[Message] | None = None,
     ) -> Summary:
         """The previous summary first, then every other evicted message, media as placeholders
         and large parts clipped; retries, fallbacks, failover (see `attempts`). The pinned task
         stays in the context verbatim, so the summarizer is told not to restate it. `estimated`:
-        the evicted messages' default token estimate, when the caller has it."""
-        evicted = _summaries_first(state, split.evicted)
-        lead = next((i for i, m in enumerate(evicted) if not m.is_summary), len(evicted))
-        if any(LEDGER_KEY in m.metadata for m in evicted[:lead]):  # the summaries come first
-            # The ledger is carried in the metadata: the summarizer need not restate it.
-            evicted = [m.evolve(content=without_ledger(m.text)) for m in evicted[:lead]] + list(evicted[lead:])
-        if estimated is None:
-            estimated = _estimated(evicted)
-        if estimated > _REDUCE_INLINE_TOKENS:
-            # Scanning megabytes for media and clipping them is many short calls: a worker
-            # thread does it, so the trio thread runs other agents meanwhile.
-            ordered = await trio.to_thread.run_sync(reduced, evicted, self.options.reduce_tokens, written)
-        else:
-            ordered = reduced(evicted, self.options.reduce_tokens, written)
+        the evicted messages' default token estimate, when the caller has it; `ordered`: what the
+        summarizer reads (`_reader_input`), when the caller made it already."""
+        if ordered is None:
+            if (estimated if estimated is not None else _estimated(split.evicted)) > _REDUCE_INLINE_TOKENS:
+                # Scanning megabytes for media and clipping them is many short calls: a worker
+                # thread does it, so the trio thread runs other agents meanwhile.
+                ordered = await trio.to_thread.run_sync(self._reader_input, state, split, written)
+            else:
+                ordered = self._reader_input(state, split, written)
         prompt = config.summary_prompt
         if task is not None:
             where = "before" if any(m.id == task for m in split.kept[: _held_before_evicted(state, split)]) else "after"
@@ -537,6 +570,25 @@ class Compactor:
             warm = self._warm_request(state, split, prompt, answer_budget, model_window)
             summary = await summarize(self.options, ordered, prompt, event, answer_budget, model_window, warm)
         return attrs.evolve(summary, usage=total(usages) if usages else None)
+
+    def _reader_input(self, state: State, split: Split, written: AppendResult) -> Sequence[Message]:
+        """What the summarizer reads of the evicted messages (earlier summaries first, without
+        the ledger they carry), media as placeholders and large parts clipped with a pointer to
+        `written`'s records."""
+        evicted = _summaries_first(state, split.evicted)
+        lead = next((i for i, m in enumerate(evicted) if not m.is_summary), len(evicted))
+        if any(LEDGER_KEY in m.metadata for m in evicted[:lead]):  # the summaries come first
+            # The ledger is carried in the metadata: the summarizer need not restate it.
+            evicted = [m.evolve(content=without_ledger(m.text)) for m in evicted[:lead]] + list(evicted[lead:])
+        return reduced(evicted, self.options.reduce_tokens, written)
+
+    def _early(self, state: State, split: Split, predicted: AppendResult, cap: int, estimated: int | None) -> _Early:
+        """The work of a pass that needs the records' numbers but not their fsync, done with the
+        `predicted` ones beside the append: the ledger, and (for a large batch) what the
+        summarizer reads."""
+        ledger = _ledger(split, predicted, cap)
+        large = (estimated if estimated is not None else _estimated(split.evicted)) > _REDUCE_INLINE_TOKENS
+        return ledger, self._reader_input(state, split, predicted) if large else None
 
     def _warm(self) -> AgentContext | None:
         """The agent's context when the summary is asked on its cached prefix: the summarizer
@@ -614,6 +666,24 @@ def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
     seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
     ledger = carry(summaries_in(split.evicted), split.evicted, seqs)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
+
+
+def _predicted(state: State, split: Split, location: str) -> AppendResult:
+    """The append of `split.evicted` as `state` expects it: every message a new record, numbered
+    on from the last record the state names, in order."""
+    first, n = state.journal_seq + 1, len(split.evicted)
+    return AppendResult(Path(location), first, first + n - 1, n)  # (no seqs: `record_numbers` counts them)
+
+
+def _numbered_as(written: AppendResult, predicted: AppendResult) -> bool:
+    """Whether the work done with `predicted` (`_early`) holds for `written`: the same journal
+    and the same record number for every message, in order. Exact: one C comparison of the
+    numbers (~0.3 ms for 10k)."""
+    first, last = predicted.first_seq, predicted.last_seq
+    if (written.first_seq, written.last_seq) != (first, last) or str(written.path) != str(predicted.path):
+        return False
+    seqs = written.seqs  # (none given: counted from first_seq, as the prediction's)
+    return not seqs or (seqs[0] == first and seqs[-1] == last and seqs == tuple(range(first, last + 1)))
 
 
 def _halved(keep: Threshold) -> Threshold:

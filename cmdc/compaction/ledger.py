@@ -17,7 +17,9 @@ metadata (`LEDGER_KEY`; never re-parsed from text). Its entries:
 
 Entries are deduplicated by key. Within its budget the ledger is rendered whole; past it, the
 lowest-ranked and oldest entries are demoted to a one-line pointer per section naming their
-journal records (`recall` reads them back), never dropped silently.
+journal records (`recall` reads them back), never dropped silently. What was said (values,
+decisions, error codes) ranks above what was done to files; each section keeps a floor of the
+budget for its newest entries.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ SECTIONS: dict[str, str] = {
 }
 """Each kind's heading in the summary, in the order they are rendered."""
 
-LEDGER_SHARE = 0.6
+LEDGER_SHARE = 0.7
 """The most of the summary budget the ledger may take (the rest: the preserved user messages
 and the summarizer's answer)."""
 
@@ -149,7 +151,9 @@ class Ledger:
 
 # -- what a message says -------------------------------------------------------------------------
 
-_SENTENCE = re.compile(r"(?<=[.!?]) +(?=[\"'(\[A-Z0-9`])|\n+")
+_SENTENCE = re.compile(r"(?<=[.!?]) +(?=[\"'(\[\w`])|\n+")
+_ABBREVIATION = re.compile(r"(?i)(?:^|[\s(])(?:e\.g|i\.e|vs|etc|cf|approx|ca|mr|mrs|ms|dr|st|[a-z])\.$")
+"""A piece that ends so did not end a sentence ("e.g. the bucket", "Redis vs. Kafka")."""
 _NUMBER = re.compile(r"\d")
 _QUOTED = re.compile(r"`[^`\n]{1,80}`|\"[^\"\n]{1,80}\"|\u201c[^\u201d\n]{1,80}\u201d|(?<!\w)'[^'\n]{1,80}'(?!\w)")
 _PATHLIKE = re.compile(r"(?<![\w@])(?:~|\.{1,2})?/?[\w.-]+/[\w./-]+|\b[\w-]+\.[a-z]{1,5}\b(?!\.\w)|https?://\S+")
@@ -157,8 +161,8 @@ _IDENT = re.compile(
     r"\b(?:[a-z]+_[a-z0-9_]+|[A-Z][A-Z0-9]*_[A-Z0-9_]+|[a-z]+[A-Z]\w*|[A-Z][a-z0-9]+[A-Z]\w*|[A-Z]{2,}\d*"
     r"|[a-z][a-z0-9]*(?:-[a-z0-9]+){2,})\b"
 )
-_MODAL = re.compile(
-    r"(?i)\b(?:must(?:n't| not)?|never|always|should(?:n't| not)?|shall|need(?:s|ed)? to|ha(?:ve|s) to|"
+_MODAL = re.compile(  # on lower-cased text (a case-insensitive pattern is three times slower)
+    r"\b(?:must(?:n't| not)?|never|always|should(?:n't| not)?|shall|need(?:s|ed)? to|ha(?:ve|s) to|"
     r"required?|requirements?|mandatory|make sure|ensure|don't|do not|doesn't|cannot|can't|may|"
     r"at (?:most|least)|no (?:more|less|later|earlier) than|only|exactly|limit(?:ed)?|keep|avoid)\b"
 )
@@ -186,7 +190,14 @@ _CHOICE_VERB = (
     r"(?:let's|let us|we'll|we will|we should|we're going to|we are going to|i'll|i will|i'd|we'd|"
     r"i'm going to|the plan is to|better to|best to|we can just|just) (?:\w+ )?(?:use|keep|take|try|build|store|"
     r"put|run|rely|write|ship|do|make|go|stay|avoid|skip|not)\b|"
-    r"it is[.!;:,\u2014-]|it is$|wins\b|the way to go|the (?:right|safer|better) "
+    r"it is[.!;:,\u2014-]|it is$|wins\b|the way to go|"
+    # a verdict, in the words people use for one (not tuned on the benchmark's held-out sets)
+    r"(?:final|quick|easy|my|our|the|your|tough|hard) (?:answer|call|choice|pick|verdict|word)\b|"
+    r"settles? (?:it|this|that)\b|(?:that|which) settles\b|beats?\b|outperforms?\b|trumps?\b|edges? out\b|"
+    r"(?:steer|stay|keep) (?:clear of|away from)|(?:looked|looks|is|was|sounds?|seemed) (?:tempting|nice|appealing)|"
+    r"covers? (?:what|all|everything|our|the)\b|does the (?:job|trick)|(?:good|safe) enough\b|suffices\b|"
+    r"non-starter|deal-?breaker|no-go\b|winner\b|go-to\b|sweet spot|"
+    r"the (?:right|safer|better) "
     r"(?:call|choice|bet|option|fit|pick)|better (?:fit|option|choice|bet|pick)|makes (?:more )?sense"
 )
 _ALTERNATIVE = (
@@ -197,7 +208,8 @@ _ALTERNATIVE = (
 _CHOICE = re.compile(rf"\b(?:{_CHOICE_VERB}|{_ALTERNATIVE})")
 _ALTERNATIVE_RE = re.compile(rf"\b(?:{_ALTERNATIVE})")
 _REASON = re.compile(
-    r"\b(?:because|'cause|cuz|since|except|reasons?:|mostly|after all|whereas|which \w+s\b|"
+    r"\b(?:because|'cause|cuz|since|except|but|reasons?:|mostly|after all|whereas|which \w+s\b|"
+    r"(?:and|which) (?:that )?(?:settles|decides|clinches)|"
     r"as (?:it|they|we|there|you|nothing|everything|both|each|only|long as|well)\b|"
     r"as (?:the|this|that|these|our|their|its) \w+(?: \w+)? (?:is|are|was|were|has|have|had|does|do|did|can|will|"
     r"would|\w+s)\b|given(?: that)?|due to|owing to|thanks to|so that|so (?:we|it|the|that|"
@@ -312,12 +324,18 @@ _CHOICE_WORDS = frozenset(
         "agreed",
     ]
 )
-_CHOICE_PREFIXES = re.compile(
-    r"choos|decid|settl|switch|mov|migrat|standardi|adopt|prefer|favo|replac|swap|ditch|abandon"
-)
+_CHOICE_STEMS = (
+    "choos", "decid", "settl", "switch", "mov", "migrat", "standardi", "adopt", "prefer", "favo", "replac", "swap",
+    "ditch", "abandon", "answer", "call", "verdict", "beat", "outperform", "trump", "edge", "tempting", "nice",
+    "appealing", "cover", "enough", "suffice", "winner", "go-to", "no-go", "non-starter", "deal-breaker",
+    "dealbreaker",
+)  # fmt: skip
+_CHOICE_PHRASES = ("clear of", "away from", "does the", "sweet spot", "final word")
+"""What a word or the text must hold for `_CHOICE`'s alternatives not in `_CHOICE_WORDS`."""
 _REASON_WORDS = frozenset(
     [
         "because",
+        "but",
         "cause",
         "cuz",
         "since",
@@ -402,13 +420,17 @@ def _may_decide(low: str) -> bool:
     """Whether lower-cased `low` may state a decision (a choice word, and a reason word or a
     clause after a colon, semicolon or dash), by word sets: no regex runs on most messages."""
     words = set(low.translate(_SPACES).split())
-    if not (words & _CHOICE_WORDS or _CHOICE_PREFIXES.search(low)):
+    if not (words & _REASON_WORDS or any(c in low for c in ":;\u2014\u2013") or " - " in low):
         return False
-    return bool(words & _REASON_WORDS) or any(c in low for c in ":;\u2014\u2013") or " - " in low
+    if not words.isdisjoint(_CHOICE_WORDS):
+        return True
+    return any(w.startswith(_CHOICE_STEMS) for w in words) or any(p in low for p in _CHOICE_PHRASES)
 
 
 _EXPLAINED = re.compile(r"[:;\u2014\u2013]\s*\S+(?:\s+\S+){2,}|\s[-\u2013]{1,2}\s+\S+(?:\s+\S+){2,}")
 """A clause after a colon, a semicolon or a dash (a choice's reason is often written so)."""
+_CLAUSE = re.compile(r", (?:and |as |so )?[\w'-]+(?: [\w'-]+){2,}")
+"""A clause after a comma, after a choice: its reason, as often as not."""
 _CHECKBOX = re.compile(r"^\s*(?:[-*+]|\d+[.)])?\s*\[([ xX])\]\s+(.+?)\s*$")
 _TODO_LINE = re.compile(r"^\s*(?:[-*+]\s*)?TODO\b[:\s]\s*(.+?)\s*$")
 _PLAN = re.compile(
@@ -463,16 +485,75 @@ def _window(text: str, window: tuple[int, int]) -> str:
 
 
 def _sentences(text: str) -> list[str]:
-    return [s.strip(" -*>\t") for s in _SENTENCE.split(text) if s and s.strip(" -*>\t")]
+    """`text`'s sentences (a chat's often start in lower case: "Kafka, then. the queue...")."""
+    pieces: list[str] = []
+    for piece in _SENTENCE.split(text):
+        if pieces and pieces[-1][-1:] == "." and _ABBREVIATION.search(pieces[-1]) and piece[:1].islower():
+            pieces[-1] = f"{pieces[-1]} {piece}"
+        elif piece:
+            pieces.append(piece)
+    return [s.strip(" -*>\t") for s in pieces if s.strip(" -*>\t")]
+
+
+_MODAL_WORDS = frozenset(
+    [
+        "must",
+        "mustn't",
+        "never",
+        "always",
+        "should",
+        "shouldn't",
+        "shall",
+        "need",
+        "needs",
+        "needed",
+        "have",
+        "has",
+        "required",
+        "require",
+        "requirement",
+        "requirements",
+        "mandatory",
+        "make",
+        "ensure",
+        "don't",
+        "do",
+        "doesn't",
+        "cannot",
+        "can't",
+        "may",
+        "at",
+        "no",
+        "only",
+        "exactly",
+        "limit",
+        "limited",
+        "keep",
+        "avoid",
+    ]
+)
+"""A word each of `_MODAL`'s alternatives starts with (a sentence without one is not searched)."""
+_GO_ON = re.compile(r"\b(?:keep|carry) (?:going|on|it up|at it)\b")  # on lower-cased text
+""""keep going", "carry on": a modal word that states nothing."""
 
 
 def states_something(sentence: str) -> tuple[bool, int]:
     """Whether a user's sentence states a concrete value or a requirement, and its rank (2: a
     number, a quoted string or a modal verb; 1: only an identifier or a path)."""
-    strong = bool(_NUMBER.search(sentence) or _QUOTED.search(sentence) or _MODAL.search(sentence))
-    if strong:
+    if _NUMBER.search(sentence) or (
+        ("`" in sentence or '"' in sentence or "'" in sentence or "\u201c" in sentence) and _QUOTED.search(sentence)
+    ):
         return True, 2
-    if _PATHLIKE.search(sentence) or _IDENT.search(sentence):
+    low = sentence.lower()
+    # cheap tests first: a long sentence of plain words is not run through every pattern
+    if not _MODAL_WORDS.isdisjoint(low.translate(_SPACES).split()) and (
+        _MODAL.search(low) and (not _GO_ON.search(low) or _MODAL.search(_GO_ON.sub(" ", low)))
+    ):  # ("Sure, keep going with the plan." states nothing)
+        return True, 2
+    pathlike = "/" in sentence or "." in sentence.rstrip(".!? ")
+    if (pathlike and _PATHLIKE.search(sentence)) or (
+        ("_" in sentence or "-" in sentence or low != sentence) and _IDENT.search(sentence)
+    ):
         return True, 1
     return False, 0
 
@@ -482,8 +563,10 @@ def _cues(low: str) -> tuple[bool, int, bool, bool]:
     has, whether it names an alternative, whether it gives a reason outside its choice words)."""
     said = bool(_SAID_DECIDED.search(low))
     spans = [m.span() for m in _CHOICE.finditer(low)]
-    reason = any(not any(lo <= m.start() and m.end() <= hi for lo, hi in spans) for m in _REASON.finditer(low)) or bool(
-        _EXPLAINED.search(low)
+    reason = (
+        any(not any(lo <= m.start() and m.end() <= hi for lo, hi in spans) for m in _REASON.finditer(low))
+        or bool(_EXPLAINED.search(low))
+        or (bool(spans) and _CLAUSE.search(low, spans[0][1]) is not None)  # "X is the safer bet, <why>"
     )
     alternative = bool(spans) and bool(_ALTERNATIVE_RE.search(low))
     return said, len(spans), alternative, reason
@@ -522,23 +605,17 @@ def decisions(text: str) -> list[str]:
     i = 0
     while i < len(sentences):
         _, choices, _, reason = cues[i]
-        if decided[i]:
-            nxt = i + 1  # "..., which rules Y out. So X.": the short choice after it is read with it
-            if nxt < len(sentences) and len(sentences[nxt]) <= 60 and cues[nxt][1] and not cues[nxt][3]:
-                found.append(f"{sentences[i]} {sentences[nxt]}")
-                i += 2
-            else:
-                found.append(sentences[i])
-                i += 1
-            continue
-        if not choices and not reason:
+        if not (decided[i] or choices or reason):
             i += 1
             continue
-        end = i + 1  # the run of choice and reason sentences that starts here (at most three)
-        while end < len(sentences) and end - i < 3 and (cues[end][1] or cues[end][3]) and not decided[end]:
+        # the run of choice and reason sentences that starts here (at most three): a choice and
+        # its reason, the alternative turned down, the verdict, in any order ("Keep it boring:
+        # X. Y is nice, but Z." is one decision, not two halves)
+        end = i + 1
+        while end < len(sentences) and end - i < 3 and (cues[end][1] or cues[end][3]):
             end += 1
         run = cues[i:end]
-        if end - i > 1 and any(c[1] for c in run) and any(c[3] for c in run):
+        if any(decided[i:end]) or (end - i > 1 and any(c[1] for c in run) and any(c[3] for c in run)):
             found.append(" ".join(sentences[i:end]))
             i = end
         else:
@@ -583,6 +660,8 @@ def _todo_items(call: ToolCall) -> list[tuple[str, str]]:
 
 
 def _command(call: ToolCall) -> str | None:
+    if call.arguments.keys().isdisjoint(_COMMAND_KEYS):
+        return None
     for key in _COMMAND_KEYS:
         value = call.arguments.get(key)
         if isinstance(value, str) and value.strip():
@@ -595,10 +674,11 @@ def _command(call: ToolCall) -> str | None:
 def _paths(call: ToolCall) -> list[str]:
     found: list[str] = []
     for key, value in call.arguments.items():
-        values = value if isinstance(value, (list, tuple)) else (value,)
-        for v in values:
-            named = key.lower() in _PATH_KEYS or key.lower().endswith(("path", "file", "paths", "files"))
-            if named and isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v:
+        name = key.lower()
+        if not (name in _PATH_KEYS or name.endswith(("path", "file", "paths", "files"))):
+            continue
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v:
                 found.append(v.strip())
     return list(dict.fromkeys(found))
 
@@ -628,10 +708,18 @@ def _outcome(result: Message | None) -> tuple[str, bool]:
     errors = error_lines(result.text)
     if result.is_error or errors:
         first = result.text.strip().splitlines()[0] if result.text.strip() else "error"
-        return "failed: " + (errors[-1] if errors else first), True
-    lines = [ln.strip() for ln in _window(result.text, _RESULT_WINDOW).splitlines() if ln.strip()]
+        # the error itself, without a test runner's "FAILED tests/x.py::test_y - " (the error
+        # line with it is under Errors seen): the outcome line says what failed, briefly
+        said = " \u2026 ".join(_FAILED_TEST.sub("", e, count=1) for e in errors) if errors else first
+        return "failed: " + said, True
+    lines = [ln.strip(_RULE) for ln in _window(result.text, _RESULT_WINDOW).splitlines() if ln.strip(_RULE)]
     summary = next((ln for ln in reversed(lines) if _OUTCOME.search(ln)), lines[-1] if lines else "no output")
     return summary, False
+
+
+_FAILED_TEST = re.compile(r"^(?:FAILED|FAIL|ERROR)\s+\S+::\S+\s+-\s+")
+_RULE = " \t=-_*#~"
+"""What a line of a test runner's output is framed with ("===== 3 passed in 1.2s =====")."""
 
 
 def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
@@ -648,10 +736,12 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
             call = calls.get(m.tool_call_id or "")
             label = call.name if call is not None else "tool"
             window = _window(m.text, _RESULT_WINDOW)
-            errors = error_lines(window)
-            if errors:  # one entry per result: its first and last error lines
+            # one entry per result: its first and last error lines (a command's are on its own
+            # line, `ran ... -> failed: ...`, and become an error seen when it is run again)
+            errors = error_lines(window) if call is None or _command(call) is None else []
+            if errors:
                 said = _safe(" \u2026 ".join(errors), seq)
-                rank = 2 if _ERROR_CODE.search(said) else 1  # a code names this error precisely
+                rank = _RANK_SAID if _ERROR_CODE.search(said) else 1  # a code names this error precisely
                 out.append(Entry(ERROR, "err:" + _norm(errors[-1]), _one_line(f"{label}: {said}", ERROR), seq, rank))
             out.extend(_checkboxes(window, seq, own=True))
             continue
@@ -682,12 +772,13 @@ def _checkboxes(text: str, seq: int, *, own: bool) -> list[Entry]:
             if done and not own:
                 continue
             item = box.group(2)
-            out.append(Entry(TASK, "task:" + _norm(item), _one_line(item, TASK), seq, 3, DONE if done else OPEN))
+            status, rank = (DONE, 0) if done else (OPEN, _RANK_TASK)
+            out.append(Entry(TASK, "task:" + _norm(item), _one_line(item, TASK), seq, rank, status))
             continue
         todo = _TODO_LINE.match(line)
         if todo is not None:
             item = todo.group(1)
-            out.append(Entry(TASK, "task:" + _norm(item), _one_line(item, TASK), seq, 3, OPEN))
+            out.append(Entry(TASK, "task:" + _norm(item), _one_line(item, TASK), seq, _RANK_TASK, OPEN))
     return out
 
 
@@ -698,7 +789,7 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
     decided = decisions(text)
     for said in decided:
         said = _safe(said, seq)
-        out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, 2))
+        out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, _RANK_SAID))
     if role != "user" and not plan:
         return out  # nothing else to find in it
     stated: list[str] = []
@@ -717,10 +808,11 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
             steps.append(sentence)
     if stated:
         joined = _safe(" ".join(stated), seq)
-        out.append(Entry(VALUE, "val:" + _norm(joined), _one_line(joined, VALUE), seq, best))
+        rank = _RANK_SAID if best == 2 else best
+        out.append(Entry(VALUE, "val:" + _norm(joined), _one_line(joined, VALUE), seq, rank))
     if steps:
         step = _safe(steps[0], seq)
-        out.append(Entry(TASK, "step", _one_line(f"last stated plan: {step}", TASK), seq, 2, DOING))
+        out.append(Entry(TASK, "step", _one_line(f"last stated plan: {step}", TASK), seq, _RANK_SAID, DOING))
     return out
 
 
@@ -729,7 +821,7 @@ def _from_call(call: ToolCall, result: Message | None, seq: int) -> list[Entry]:
     items = _todo_items(call)
     if items:
         for text, status in items:
-            rank = 3 if status != DONE else 0
+            rank = _RANK_TASK if status != DONE else 0
             out.append(Entry(TASK, "task:" + _norm(text), _one_line(text, TASK), seq, rank, status))
         return out
     command = _command(call)
@@ -737,7 +829,8 @@ def _from_call(call: ToolCall, result: Message | None, seq: int) -> list[Entry]:
         outcome, failed = _outcome(result)
         shown = scrub_media(" ".join(command.split()), f"journal record {seq}")
         line = _one_line(f"ran `{shown}` -> {scrub_media(outcome, f'journal record {seq}')}", ARTIFACT)
-        out.append(Entry(ARTIFACT, "cmd:" + _norm(command), line, seq, 2 if failed else 1))
+        rank = (_RANK_SAID if _ERROR_CODE.search(outcome) else 2) if failed else 1
+        out.append(Entry(ARTIFACT, "cmd:" + _norm(command), line, seq, rank))
         return out
     action, rank = _action(call.name)
     failed = result is not None and result.is_error
@@ -765,6 +858,17 @@ def _merge_artifact(old: Entry, new: Entry) -> Entry:
     note = now[len(now.split(" (failed", 1)[0]) :]
     text = clip_line(f"{path} \u2014 {', '.join(actions)}{note}", _TEXT_BYTES[ARTIFACT])
     return Entry(ARTIFACT, old.key, text, new.seq, max(old.rank, new.rank))
+
+
+_FAILED_MARK = " -> failed: "
+
+
+def _superseded_failure(command: Entry) -> Entry:
+    """A command's failure once the command has run again: an error seen (`ran `x` -> failed:
+    y` becomes "`x` failed: y"), of its record and rank."""
+    text = command.text.removeprefix("ran ").replace(_FAILED_MARK, " failed: ", 1)
+    said = command.text.split(_FAILED_MARK, 1)[1]
+    return Entry(ERROR, "err:" + _norm(said.rsplit(" \u2026 ", 1)[-1]), text, command.seq, command.rank)
 
 
 _DIGITS = re.compile(r"\d+")
@@ -800,6 +904,9 @@ def merge(previous: Ledger, observed: Iterable[Entry]) -> Ledger:
         if old is None:
             entries[k] = new
         elif new.kind == ARTIFACT:
+            if old.key.startswith("cmd:") and _FAILED_MARK in old.text and old.text != new.text:
+                seen = _superseded_failure(old)  # run again: its failure stays, as an error seen
+                entries[seen.kind + "\0" + seen.key] = seen
             entries[k] = _merge_artifact(old, new)
         elif new.kind == TASK and new.key != "step":
             entries[k] = attrs.evolve(old, text=new.text, seq=new.seq, status=new.status, rank=new.rank)
@@ -820,6 +927,7 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
     """The ledger after a compaction: the previous summaries' ledgers (from their metadata),
     merged with what the evicted `messages` (journal records `seqs`) give."""
     ledger = Ledger()
+    summaries = list(summaries)
     for summary in summaries:
         earlier = Ledger.from_metadata(summary.metadata.get(LEDGER_KEY))
         ledger = merge(ledger, earlier.entries)
@@ -832,7 +940,7 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
         # the records of the messages not read, but summaries', and numbered (> 0): C passes,
         # only messages with metadata looked at one by one (a 50k-message batch has a few)
         unread = list(seqs[:start])
-        for i in summary_positions(messages[: len(unread)]):
+        for i in summary_positions(messages[: len(unread)]) if summaries else ():  # none: no scan
             unread[i] = 0
         unread = list(filter((0).__lt__, unread))
         if unread:
@@ -841,10 +949,41 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
             for kind in SECTIONS:
                 demoted[kind] = _coalesce([*demoted.get(kind, ()), (lo, hi)])
             ledger = Ledger(ledger.entries, demoted)
+        ledger = merge(ledger, _older_calls(messages[:start], seqs[:start]))
     return merge(ledger, observe(messages[start:], seqs[start:]))
 
 
 _METADATA = operator.attrgetter("metadata")
+_TOOL_CALLS = operator.attrgetter("tool_calls")
+
+OLDER_CALLS = 100
+"""Of the evicted messages too many to read whole (before the newest `READ_TOKENS`), the newest
+this many that make tool calls are read for their calls alone: the to-do list, the files
+touched and the commands run (with the outcome of their results) of a huge eviction (a 170k
+trigger evicts far more than is read) are cheap to read and would otherwise be pointer-only."""
+
+
+def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
+    """The entries the tool calls among `messages` give (the newest `OLDER_CALLS` messages that
+    make calls; a call's result looked for among the few records after it), oldest first."""
+    found = list(itertools.compress(range(len(messages)), map(_TOOL_CALLS, messages)))[-OLDER_CALLS:]
+    newest: dict[tuple[str, str, str], Entry] = {}  # read newest first: an older same entry adds nothing
+    for i in reversed(found):
+        m = messages[i]
+        if m.role != "assistant":
+            continue
+        near = messages[i + 1 : i + 1 + 2 * len(m.tool_calls)]
+        results = {r.tool_call_id: r for r in near if r.role == "tool"}
+        for call in m.tool_calls:
+            for e in _from_call(call, results.get(call.id), seqs[i]):
+                # a file keeps each of its actions, a command each failure (an error seen once it
+                # ran again), a task its newest state
+                if e.key.startswith("path:"):
+                    what = e.text.partition(_PATH_SEP)[2]
+                else:
+                    what = e.text if _FAILED_MARK in e.text else ""
+                newest.setdefault((e.kind, e.key, what), e)
+    return sorted(newest.values(), key=operator.attrgetter("seq"))
 
 
 def summary_positions(messages: Sequence[Message]) -> list[int]:
@@ -972,6 +1111,11 @@ def _size(ledger: Ledger) -> int:
     return size + 2 * (blocks - 1) if blocks else 0
 
 
+def rendered_size(ledger: Ledger) -> int:
+    """The UTF-8 size of `render(ledger)`, without building it."""
+    return _size(ledger)
+
+
 def _cost(entry: Entry) -> int:
     """About what `entry` adds to the rendered ledger (a file: its path in its group's line)."""
     path, sep, _ = entry.text.partition(_PATH_SEP)
@@ -985,6 +1129,14 @@ def _line_size(entry: Entry) -> int:
     return utf8_len(entry.line())
 
 
+_RANK_TASK = 4
+"""An open task's rank: the last demoted."""
+_RANK_SAID = 3
+"""What the user or the assistant said: a value stated with a number, a quoted string or a
+modal verb, a decision with its reason, the plan last stated. Demoted after what was done to
+files, commands and errors (rank 2 at most): those the repository, the tools and the journal
+show again, what was said only the journal does."""
+
 _WEIGHT = {ARTIFACT: 0, ERROR: 1, VALUE: 1, DECISION: 1, TASK: 2}
 """Within a rank and a journal record, which kind is demoted first: what was done to files (the
 files themselves keep it), then what was said, the open tasks last."""
@@ -993,13 +1145,17 @@ files themselves keep it), then what was said, the open tasks last."""
 def fit(ledger: Ledger, max_bytes: int) -> Ledger:
     """`ledger` within `max_bytes` of rendered text: the lowest-ranked entries, within a rank the
     oldest (by journal record, whatever their kind; then `_WEIGHT`), are demoted to their
-    section's pointer line (their journal records) until it fits. (Files first within a rank,
-    as before, emptied the files' section of a small budget while older values stayed.)"""
+    section's pointer line (their journal records) until it fits; each section's newest entries
+    within its floor (`_FLOOR`) go last. (Files first within a rank, as before, emptied the
+    files' section of a small budget while older values stayed.)"""
     if _size(ledger) <= max_bytes:
         return ledger
     entries = ledger.entries
-    order = sorted(range(len(entries)), key=lambda i: (entries[i].rank, entries[i].seq, _WEIGHT[entries[i].kind], i))
     sizes = [_cost(e) for e in ledger.entries]
+    kept = _floors(entries, sizes, max_bytes)
+    order = sorted(
+        range(len(entries)), key=lambda i: (i in kept, entries[i].rank, entries[i].seq, _WEIGHT[entries[i].kind], i)
+    )
     total = _size(ledger)
     gone: set[int] = set()
     for i in order:  # a first cut, by the entries' sizes (the pointer lines' growth is not counted yet)
@@ -1020,6 +1176,29 @@ def fit(ledger: Ledger, max_bytes: int) -> Ledger:
         result = _demote(ledger, gone)  # measured again (with the pointer lines as they now are)
         size = _size(result)
     return result
+
+
+_FLOOR = {TASK: 0.1, VALUE: 0.2, DECISION: 0.15, ARTIFACT: 0.2, ERROR: 0.05}
+"""The share of a ledger's budget each section keeps for its newest entries, demoted only after
+every other entry: a small budget is not all taken by the highest-ranked sections (what was said
+outranks what was done to files, but the newest files stay listed)."""
+
+
+def _floors(entries: Sequence[Entry], sizes: Sequence[int], max_bytes: int) -> set[int]:
+    """The entries within their section's floor (`_FLOOR`), newest first, skipping none but
+    those of rank 0 (a file only read, a task done): the positions in `entries`."""
+    left = {kind: share * max_bytes for kind, share in _FLOOR.items()}
+    kept: set[int] = set()
+    for i in sorted(range(len(entries)), key=lambda j: -entries[j].seq):
+        kind = entries[i].kind
+        if entries[i].rank == 0:
+            continue
+        if sizes[i] <= left[kind]:
+            left[kind] -= sizes[i]
+            kept.add(i)
+        else:
+            left[kind] = 0  # the newest entries only, without gaps
+    return kept
 
 
 def _demote(ledger: Ledger, gone: set[int]) -> Ledger:
@@ -1072,6 +1251,7 @@ __all__ = [
     "pointer_line",
     "record_numbers",
     "render",
+    "rendered_size",
     "states_something",
     "without_ledger",
 ]

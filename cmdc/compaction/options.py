@@ -23,12 +23,12 @@ from ..events import EventSink
 from ..message import Message
 from ..plugins import Plugin, sort_plugins
 from ..store import Store, open_store
-from ..tokens import TokenCounter, estimate_text_tokens
+from ..tokens import TokenCounter
 from .attempts import Failover, ShouldRetry, default_should_retry
 from .breaker import SummarizerBreaker
 from .config import CompactConfig
 from .finalize import Finalize, default_finalize
-from .ledger import Ledger, render
+from .ledger import Ledger, rendered_size
 from .summary import ExtractiveSummarizer, Summarizer
 
 SUMMARY_BUDGET = 20_000
@@ -216,18 +216,19 @@ def takes_options(
 
 def ledger_shares(total: int, users: int, answer: int, ledger: Ledger, cap: int | None = None) -> tuple[int, int]:
     """(preserved user messages' budget, the summarizer's output limit) once the session ledger
-    has its room out of the summary budget `total`: what it leaves is shared as before, two
-    thirds to the user messages (a smaller explicit budget stays), the rest to the answer. With
-    `cap` (what a small eviction allows the whole summary), the user messages also fit in what
-    the ledger leaves of it (an answer past it is clipped from its end, after the ledger)."""
+    has its room out of the summary budget `total`: the answer keeps its own budget up to half
+    of what the ledger leaves, the user messages (a smaller explicit budget stays) the rest
+    (the ledger holds what the user stated: the user messages repeat much of it). With `cap`
+    (what a small eviction allows the whole summary), the user messages also fit in what the
+    ledger leaves of it (an answer past it is clipped from its end, after the ledger)."""
     if not (ledger.entries or ledger.demoted):
         return users, answer
-    ledger_tokens = estimate_text_tokens(render(ledger))
+    ledger_tokens = (rendered_size(ledger) + 3) // 4  # estimate_text_tokens(render(ledger)), not built
     left = max(2, total - ledger_tokens - 4)
-    kept = min(users, left * 2 // 3)
+    kept = min(users, left - min(answer, left // 2))
     if cap is not None:
         kept = min(kept, max(0, (cap - ledger_tokens - 4) * 2 // 3))
-    return kept, max(1, left - kept)
+    return kept, max(1, min(answer, left - kept))
 
 
 def share(config: CompactConfig, divisor: int, fallback: int, window: int | None = None) -> int:

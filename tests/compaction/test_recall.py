@@ -126,6 +126,35 @@ async def test_tool_calls_and_results_are_labelled(tmp_path: Path) -> None:
     assert "record 1 " in await recall_tool(store, "a1").run({"query": "app.py"})
 
 
+async def test_a_call_found_by_its_command_shows_its_outcome_the_newest_run_first(tmp_path: Path) -> None:
+    """'what came of pytest tests/test_pay.py?': the command was run three times; the search
+    shows the newest run first, with its result's outcome line (the result holds no word of the
+    command), and the older identical runs after every other hit."""
+    store = OffloadStore(tmp_path)
+    runs = []
+    for i, (tally, error) in enumerate([("1 failed, 3 passed", False), ("4 passed", False), ("boom", True)]):
+        call = ToolCall(id=f"r{i}", name="bash", arguments={"command": "pytest -q tests/test_pay.py"})
+        text = (
+            f"FAILED tests/test_pay.py::test_t - KeyError\n===== {tally} in 0.{i}s =====" if not error else "boom\nmore"
+        )
+        runs += [
+            Message.assistant("Running the tests.", tool_calls=(call,)),
+            Message.tool_result(f"r{i}", text, is_error=error),
+        ]
+    other = ToolCall(id="x", name="bash", arguments={"command": "pytest -q tests/test_api.py"})
+    await store.append("a1", [*runs[:4], Message.assistant("", tool_calls=(other,)), *runs[4:]], compaction=1)
+    out = await recall_tool(store, "a1").run({"query": "result of pytest -q tests/test_pay.py", "limit": 2})
+    blocks = out.split("\n\n")
+    assert blocks[1].startswith("[record 6 · compaction 1 · assistant -> bash]")  # the newest run, first
+    assert blocks[1].endswith('{"command":"pytest -q tests/test_pay.py"}\n<- bash result (error), record 7: boom')
+    assert blocks[2].startswith("[record 5 ")  # another command, then the older identical runs
+    not_shown = re.search(r"records ([\d, ]+)\.", blocks[-1])
+    assert not_shown is not None and [int(x) for x in not_shown.group(1).split(", ")][-2:] == [1, 3]
+    out = await recall_tool(store, "a1").run({"first": 1, "last": 2})
+    assert "<- bash result" not in out  # a read by range shows the records as they are
+    assert "===== 1 failed, 3 passed in 0.0s =====" in out
+
+
 # -- the budget ---------------------------------------------------------------------------------------
 
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.retention import TARGETS, claims_all_done, met, replay, table, worst
-from benchmarks.sessions import CATEGORIES, generate
+from benchmarks.retention import TARGETS, claims_all_done, met, replay, table, unseen_decisions, worst
+from benchmarks.sessions import CATEGORIES, RECALL, generate
 from cmdc import (
     Compacted,
     CompactionError,
@@ -70,23 +70,39 @@ CI_TURNS = 160
 
 async def test_retention_probes_ci_seed(tmp_path: Path) -> None:
     """The seeded session through the default Compactor: every category's context level after
-    every compaction is at its target, the summary stays within its budget, the pending task
-    stays pending, and (after the last compaction) the recall tool finds most evicted facts in
-    its top 5."""
+    every compaction is at its target (decisions too), the summary stays within its budget, the
+    pending task stays pending, and (after the last compaction) the recall tool finds the
+    evicted facts in its top 5."""
     scores = await replay(generate(7, CI_TURNS), Compactor(), str(tmp_path), recall_every=CI_TURNS)
     report = table("ci seed", scores)
     assert len(scores) >= 15, report
-    verdict = met(scores)
-    assert verdict == dict.fromkeys([*TARGETS, "budget", "pending"], True) | {DECISION: verdict[DECISION]}, report
-    # Decisions (measured on this seed: worst 62%, in-sample phrasings 55/57, the fresh held-out
-    # ones 2/16): every compaction's worst above what was measured less a margin, the in-sample
-    # phrasings above 90%. The held-out ones are reported (benchmarks.retention), not gated.
-    assert (worst(scores, DECISION) or 0) >= 0.5, report
-    trained = sum(s.trained[DECISION][0] for s in scores), sum(s.trained[DECISION][1] for s in scores)
-    assert trained[1] and trained[0] / trained[1] >= 0.9, report
+    assert met(scores) == dict.fromkeys([*TARGETS, "budget", "pending"], True), report
+    # Measured on this seed: every category 100% at every compaction, the recall level 68/68;
+    # the recall level depends on the search's ranking too (another part of cmdc): a margin.
     found = sum(s.recall[c][0] for s in scores for c in CATEGORIES)
     asked = sum(s.recall[c][1] for s in scores for c in CATEGORIES)
-    assert asked and found / asked >= 0.5, report  # the recall level goes through the real recall tool
+    assert asked and found / asked >= 0.9, report  # the recall level goes through the real recall tool
+
+
+def test_decisions_in_phrasings_never_designed_on() -> None:
+    """The decision reading on `UNSEEN_DECISIONS` (phrasings written before it was last changed,
+    never used to design it): measured 479 of 800 sentences read with the choice and its reason
+    (main's reading before: 424); no sentence of `UNSEEN_NON_DECISIONS` read as a decision. A
+    floor below what was measured, so that the figure is watched, not tuned for."""
+    found, asked, wrong, plain = unseen_decisions()
+    assert asked == 800 and found >= asked // 2, (found, asked)
+    assert plain == 400 and wrong == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_session_of_a_thousand_turns_is_generated(seed: int) -> None:
+    """`generate` past 500 turns (it raised 'no unique value' once the 8 requirement values, a
+    module's 22 file names or the 22 choices were used up): every recall and decision probe's
+    answer is stated once."""
+    session = generate(seed, 1_000)
+    assert len(session.turns) == 1_000
+    values = [p.needles[0] for p in session.probes if p.category in (RECALL, DECISION)]
+    assert len(values) == len(set(values)) and sum(p.category == DECISION for p in session.probes) == 50
 
 
 async def test_a_pending_task_stays_pending_whatever_the_summary_claims(tmp_path: Path) -> None:
@@ -140,10 +156,28 @@ def test_the_ledger_reads_what_structure_gives() -> None:
     assert (VALUE, 10) in kinds and (VALUE, 11) not in kinds  # a stated value; chit-chat is not one
     assert (DECISION, 12) in kinds
     text = render(merge(Ledger(), entries))
-    assert "- edited: src/pay.py" in text and "`pytest -q tests/test_pay.py` -> failed" in text
-    assert "[PAY-17]" in text and any(e.kind == ERROR for e in entries)
+    assert "- edited: src/pay.py" in text
+    # a command's failure is on its own line, without the test runner's "FAILED x::y - "
+    assert "`pytest -q tests/test_pay.py` -> failed: ValueError: [PAY-17] bad total (record 12)" in text
+    assert not any(e.kind == ERROR for e in entries)  # said once, not again under Errors seen
     assert "## Open tasks" not in text  # no tasks: that section is left out
-    assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT, ERROR))
+    assert all(f"## {SECTIONS[k]}" in text for k in (VALUE, DECISION, ARTIFACT))
+
+
+def test_a_command_run_again_keeps_its_earlier_failure_as_an_error_seen() -> None:
+    """The command's line says its newest outcome; the failure before it stays, under Errors seen
+    (an error code said once is a value the model may be asked for)."""
+    run = ToolCall(id="b", name="bash", arguments={"command": "pytest -q tests/test_pay.py"})
+    again = ToolCall(id="c", name="bash", arguments={"command": "pytest -q tests/test_pay.py"})
+    failed = [Message.assistant("", tool_calls=(run,)), res("b", "FAILED t.py::test_x - KeyError: [PAY-9] gone")]
+    passed = [Message.assistant("", tool_calls=(again,)), res("c", "===== 4 passed in 0.2s =====")]
+    ledger = merge(merge(Ledger(), observe(failed, [1, 2])), observe(passed, [3, 4]))
+    text = render(ledger)
+    assert "- ran `pytest -q tests/test_pay.py` -> 4 passed in 0.2s (record 3)" in text
+    [error] = [e for e in ledger.entries if e.kind == ERROR]
+    assert error.text == "`pytest -q tests/test_pay.py` failed: KeyError: [PAY-9] gone" and error.seq == 1
+    # run a third time with the same outcome: nothing new
+    assert merge(ledger, observe(passed, [5, 6])).entries.count(error) == 1
 
 
 # Decisions as people write them (the extractor's own examples: in-sample; the benchmark's
@@ -225,6 +259,29 @@ def test_a_huge_compaction_names_what_the_ledger_did_not_read() -> None:
     assert "records 1-50" in render(ledger)
 
 
+def test_a_huge_compaction_still_reads_the_tool_calls_it_does_not_read_whole() -> None:
+    """A compaction at a large trigger evicts far more than the ledger reads whole: the to-do
+    list, the files and the commands of the older part are read from its tool calls (the
+    newest `OLDER_CALLS` messages that make calls), so the task stays open, the file and the
+    failure stay listed; the rest of the older part is named by the pointers."""
+    edit = ToolCall(id="e", name="edit_file", arguments={"path": "src/pay.py", "old": "a", "new": "b"})
+    run = ToolCall(id="b", name="bash", arguments={"command": "pytest -q tests/test_pay.py"})
+    old = [
+        _todo("t1", "pending"),
+        res("t1", "ok"),
+        Message.assistant("", tool_calls=(edit, run)),
+        res("e", "edited"),
+        res("b", "FAILED tests/test_pay.py::test_total - ValueError: [PAY-17] bad total"),
+    ]
+    filler = [Message.user(f"note {i}: " + "word " * 60) for i in range(READ_MESSAGES + 50)]
+    msgs = [*old, *filler]
+    ledger = carry([], msgs, list(range(1, len(msgs) + 1)))
+    text = render(ledger)
+    assert "- [ ] ship the docs (record 1)" in text and "- edited: src/pay.py" in text
+    assert "`pytest -q tests/test_pay.py` -> failed: ValueError: [PAY-17] bad total (record 3)" in text
+    assert any(lo <= 1 and hi >= 50 for lo, hi in ledger.demoted[VALUE])  # the notes not read: pointed to
+
+
 _entry = st.builds(
     Entry,
     kind=st.sampled_from(sorted(SECTIONS)),
@@ -266,6 +323,25 @@ def test_a_ledger_entry_never_leaves_the_summary_without_a_journal_pointer(
             latest = [x.seq for x in seen if (x.kind, x.key) == (e.kind, e.key)][-1]
             assert any(lo <= latest <= hi for lo, hi in ranges), (e, ranges)
             assert "records" in text and f"## {SECTIONS[e.kind]}" in text
+
+
+def test_over_budget_what_was_said_stays_longer_and_every_section_keeps_its_newest() -> None:
+    """Past the budget, files go to the journal before what the user said (values rank above
+    what was done to files), but the files' section keeps its newest entries within its floor
+    (a small budget is not all taken by the values)."""
+    names = [f"{a}{b}" for a in "bcdfghjklm" for b in "aeiou"]  # not one statement restated (that ranks 0)
+    said = [Entry(VALUE, f"val:{i}", f"The {names[i]} job times out at {i * 7} s.", i, 3) for i in range(1, 41)]
+    files = [Entry(ARTIFACT, f"path:src/m{i}.py", f"src/m{i}.py \u2014 edited", 100 + i, 2) for i in range(1, 41)]
+    ledger = merge(Ledger(), [*said, *files])
+    fitted = fit(ledger, 1_600)
+    shown = {e.key for e in fitted.entries}
+    assert utf8_len(render(fitted)) <= 1_600
+    kept_files = [i for i in range(1, 41) if f"path:src/m{i}.py" in shown]
+    kept_values = [i for i in range(1, 41) if f"val:{i}" in shown]
+    assert kept_files and kept_files == list(range(41 - len(kept_files), 41))  # the newest files
+    assert kept_values == list(range(41 - len(kept_values), 41)) and len(kept_values) > len(kept_files) / 2
+    # without its floor the files' section would be empty: the values alone fill the budget
+    assert sum(utf8_len(e.line()) + 1 for e in said) > 1_600
 
 
 async def test_the_ledger_is_carried_forward_in_the_summary_metadata(tmp_path: Path) -> None:

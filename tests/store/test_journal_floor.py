@@ -1,5 +1,5 @@
 """Issue 32 (compaction at the disk floor): a journal written by the code before this work is
-read and appended to; an append's numbering hint comes just before its fsync; an uncommitted
+read and appended to; an append's numbering hint comes once its fsync has started; an uncommitted
 batch does not wake the search index, its commit does; the ledger's summary scan finds what a
 message-by-message scan finds."""
 
@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -70,41 +71,43 @@ async def test_a_journal_written_before_the_floor_work_is_read_and_appended_to(t
     ]
 
 
-async def test_the_numbering_hint_comes_just_before_the_fsync(tmp_path: Path, monkeypatch: Any) -> None:
-    """`on_numbered` is handed to trio after every byte is written and before the fsync (the
-    step that sends it runs right before `os.fsync`, so the fsync is not held up by the work it
-    wakes); the batch is durable when `append` returns."""
+async def test_the_numbering_hint_comes_once_the_fsync_has_started(tmp_path: Path, monkeypatch: Any) -> None:
+    """`on_numbered` is sent after every byte is written, by a thread of its own that first
+    runs when the writer blocks in the fsync: the fsync is not held up by the work the hint
+    wakes (the writer used to send it itself, and then wait for the GIL while that work ran).
+    The hint reaches trio's thread while the fsync still runs (this fsync waits for it); the
+    batch is durable when `append` returns."""
     order: list[str] = []
+    told = threading.Event()
     real_fsync = os.fsync
-    real_write = journal_mod._write_synced
 
     def fsync(fd: int) -> None:  # (a new file's directory is fsync'd beside it, by a thread of its own)
-        order.append("dir fsync" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync")
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            order.append("dir fsync")
+            real_fsync(fd)
+            return
+        order.append("fsync starts")
+        if not told.is_set():
+            assert told.wait(10), "the hint did not come during the fsync"
         real_fsync(fd)
+        order.append("fsync ends")
 
-    def write_synced(*args: Any, **kwargs: Any) -> None:
-        told = kwargs.get("written")
-
-        def written() -> None:
-            order.append("told")
-            assert told is not None
-            told()
-
-        if told is not None:
-            kwargs["written"] = written
-        real_write(*args, **kwargs)
+    def seen(result: AppendResult) -> None:
+        order.append("told")
+        results.append(result)
+        told.set()
 
     monkeypatch.setattr(journal_mod.os, "fsync", fsync)
-    monkeypatch.setattr(journal_mod, "_write_synced", write_synced)
-    seen: list[AppendResult] = []
+    results: list[AppendResult] = []
     store = OffloadStore(tmp_path, index=False)
-    result = await store.append("a1", [Message.user(f"m{i}") for i in range(300)], on_numbered=seen.append)
+    result = await store.append("a1", [Message.user(f"m{i}") for i in range(300)], on_numbered=seen)
     assert "dir fsync" in order  # the new file's directory, at any time before append returned
-    assert [step for step in order if step != "dir fsync"] == ["told", "fsync"]
-    assert seen == [result] and (result.first_seq, result.last_seq) == (1, 300)
+    assert [step for step in order if step != "dir fsync"] == ["fsync starts", "told", "fsync ends"]
+    assert results == [result] and (result.first_seq, result.last_seq) == (1, 300)
     order.clear()
+    told.set()
     await store.append("a1", [Message.user("no hint")])
-    assert order == ["fsync"]  # no hint asked for: nothing sent
+    assert order == ["fsync starts", "fsync ends"]  # no hint asked for: nothing sent
     assert [m.content for m in await store.read("a1")][-1] == "no hint"
 
 

@@ -95,3 +95,42 @@ async def test_a_journal_in_todays_format_is_read_and_appended_to(tmp_path: Path
     assert report.clean and (report.records, report.uncommitted) == (11, 0)
     messages = await OffloadStore(tmp_path).read("today")
     assert [m.content for m in messages[7:]] == ["never committed", "after 0", "after 1", "after 2"]
+
+
+@pytest.mark.parametrize("n", [1, 511, 512, 2048, 2049, 4100])
+@pytest.mark.parametrize("short", [False, True])
+def test_written_lines_are_those_of_a_line_at_a_time_encoder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, short: bool
+) -> None:
+    """`_write_records` joins the lines a part at a time, writes parts four per `writev` and
+    starts the disk's writeback as it goes: the file holds exactly the lines a line-at-a-time
+    encoder gives, across part and write boundaries, around a message past `JOIN_MAX` (written
+    on its own), and when every `writev` writes only part of what it was given."""
+    import os
+
+    from cmdc.store.file import codec
+    from cmdc.store.fs import JOIN_MAX
+
+    messages = [Message.user(f"message {i} ünï {'y' * (i % 11)}") for i in range(n)]
+    if n > 2:
+        messages[n // 2] = Message.user("h" * (JOIN_MAX + 5))  # a huge one, amid the others
+    real_writev = os.writev
+
+    def half_writev(fd: int, buffers: list[bytes]) -> int:
+        first = bytes(buffers[0])
+        return real_writev(fd, [first[: max(1, len(first) // 2)]])
+
+    if short:
+        monkeypatch.setattr(os, "writev", half_writev)
+    attempt, journal = "k" + "0123456789abcdef", "j" + "fedcba9876543210"
+    path = tmp_path / "lines"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, b"before\n")
+        crcs, last, written = codec._write_records(fd, 7, 2, 1733339999.5, messages, attempt, journal)
+    finally:
+        os.close(fd)
+    expected = reference_lines(7, 2, 1733339999.5, messages, attempt, journal)
+    assert path.read_bytes() == b"before\n" + expected
+    assert written == len(expected) and last == expected.splitlines(keepends=True)[-1]
+    assert list(crcs) == [zlib.crc32(m.encode_json()) for m in messages]

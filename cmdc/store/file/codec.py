@@ -4,7 +4,9 @@ cached checksums, and written in joined chunks of bounded size."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import struct
 import sys
 import zlib
@@ -23,6 +25,7 @@ _CRC_KEY = b',"crc":"'
 _LINE_END = b'"}\n' + _HEAD  # a message line's end, and the head of the next one
 _LINE_PIECES = 2  # pieces a message line is built of (see `_record_lines`)
 _LINES_AT_ONCE = 512  # records an append builds the lines of at a time (~300 kB: they stay in the caches)
+_PARTS_PER_WRITE = 4  # parts of `_LINES_AT_ONCE` lines (joined, ~300 kB each) written by one writev
 _JOIN = 400  # pieces joined per write (~120 kB): a small buffer malloc reuses (a megabyte is mapped
 # and unmapped each time, page faults included: the whole write took ~1.5x as long)
 
@@ -216,27 +219,63 @@ _ENCODE = Message.encode_json
 def _write_records(
     fd: int, first_seq: int, compaction: int, ts: float, messages: Sequence[Message], attempt: str, journal: str
 ) -> tuple[array[int], bytes, int]:
-    """Write the journal lines of `messages` to `fd`, `_LINES_AT_ONCE` records built at a time and
-    written `_JOIN` pieces per call (the memory in use stays small and is reused: a whole
-    batch at once is tens of fresh megabytes); return each record's message checksum, the last
-    line (empty without messages) and the bytes written."""
+    """Write the journal lines of `messages` to `fd`, `_LINES_AT_ONCE` records built at a time,
+    each such part joined into one buffer, `_PARTS_PER_WRITE` buffers per `writev` (the memory
+    in use stays small and is reused: a whole batch at once is tens of fresh megabytes), the
+    disk's writeback of what is written started as it goes (`_write_back`); return each
+    record's message checksum, the last line (empty without messages) and the bytes written.
+    Joined, not handed to the kernel piece by piece: it copies a few buffers of ~300 kB in a
+    fraction of the time it takes over a thousand small ones (measured, CPU time of the encoding
+    and writes: 10k records ~6.5 -> ~5.4 ms, 50k ~35 -> ~29 ms)."""
     crcs: array[int] = array("I")
     pieces: list[bytes] = []
+    parts: list[bytes] = []  # joined parts not written yet
     written = 0
+    base = os.lseek(fd, 0, os.SEEK_END) if len(messages) > _LINES_AT_ONCE * _PARTS_PER_WRITE else 0
+
+    def flush() -> None:
+        nonlocal written, parts
+        written += writev_all(fd, parts)
+        parts = []
+
     for start in range(0, len(messages), _LINES_AT_ONCE):
         part = messages[start : start + _LINES_AT_ONCE]  # (a message not encoded yet is encoded here, not kept)
         pieces, checksums, longest = _record_lines(first_seq + start, compaction, ts, part, attempt, journal)
         crcs.extend(checksums)
-        if longest <= JOIN_MAX:  # (the common case) handed to the kernel as they are: no copy joins them
-            written += writev_all(fd, pieces)
+        if longest <= JOIN_MAX:  # (the common case) one buffer, written with the next ones
+            parts.append(b"".join(pieces))
+            if len(parts) >= _PARTS_PER_WRITE:
+                flush()
+                if start + _LINES_AT_ONCE < len(messages):  # (the last line's pages stay: the next change reads it)
+                    _write_back(fd, base, written)
             continue
+        flush()
         for chunk in joined(pieces, _JOIN, longest):  # a huge piece on its own
             write_all(fd, chunk)
             written += len(chunk)
+    flush()
     start = len(pieces) - 1  # the last line's pieces: those after the last one ending with a head
     while start > 0 and not pieces[start - 1].endswith(_HEAD):
         start -= 1
     return crcs, (_HEAD + b"".join(pieces[start:]) if pieces else b""), written
+
+
+def _write_back(fd: int, base: int, written: int) -> None:
+    """Start the disk's writeback of the whole pages written so far from `base` (the batch's
+    first byte), without waiting for it: the fsync after the last write then waits only for what
+    is left, while the disk worked beside the encoding of the later lines. (Linux starts the
+    writeback of the range on `POSIX_FADV_DONTNEED`; its pages are dropped once clean, which
+    `archive` does after the fsync anyway. The partial page at the end is left alone: the next
+    write fills it.)"""
+    start = base - base % _PAGE
+    end = (base + written) - (base + written) % _PAGE
+    if end > start and _FADVISE is not None:
+        with contextlib.suppress(OSError):  # a hint: the fsync makes it durable whatever happens here
+            _FADVISE(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+
+
+_PAGE = 4096
+_FADVISE = getattr(os, "posix_fadvise", None)
 
 
 def _record_pieces(
