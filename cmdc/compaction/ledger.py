@@ -151,7 +151,9 @@ class Ledger:
 
 # -- what a message says -------------------------------------------------------------------------
 
-_SENTENCE = re.compile(r"(?<=[.!?]) +(?=[\"'(\[\w`])|\n+")
+_SENTENCE_END = re.compile(r"([.!?]) +(?=[\"'(\[\w`])")
+"""Where a sentence ends within a line (the mark kept by the split; a lookbehind and a newline
+alternative made every position a regex step, three times slower)."""
 _ABBREVIATION = re.compile(r"(?i)(?:^|[\s(])(?:e\.g|i\.e|vs|etc|cf|approx|ca|mr|mrs|ms|dr|st|[a-z])\.$")
 """A piece that ends so did not end a sentence ("e.g. the bucket", "Redis vs. Kafka")."""
 _NUMBER = re.compile(r"\d")
@@ -330,6 +332,7 @@ _CHOICE_STEMS = (
     "appealing", "cover", "enough", "suffice", "winner", "go-to", "no-go", "non-starter", "deal-breaker",
     "dealbreaker",
 )  # fmt: skip
+_STEM_HEADS = frozenset(s[:3] for s in _CHOICE_STEMS)
 _CHOICE_PHRASES = ("clear of", "away from", "does the", "sweet spot", "final word")
 """What a word or the text must hold for `_CHOICE`'s alternatives not in `_CHOICE_WORDS`."""
 _REASON_WORDS = frozenset(
@@ -420,11 +423,13 @@ def _may_decide(low: str) -> bool:
     """Whether lower-cased `low` may state a decision (a choice word, and a reason word or a
     clause after a colon, semicolon or dash), by word sets: no regex runs on most messages."""
     words = set(low.translate(_SPACES).split())
-    if not (words & _REASON_WORDS or any(c in low for c in ":;\u2014\u2013") or " - " in low):
+    if words.isdisjoint(_REASON_WORDS) and not any(c in low for c in ":;\u2014\u2013") and " - " not in low:
         return False
     if not words.isdisjoint(_CHOICE_WORDS):
         return True
-    return any(w.startswith(_CHOICE_STEMS) for w in words) or any(p in low for p in _CHOICE_PHRASES)
+    # a word's first three letters looked up first: few words of a message reach `startswith`
+    stemmed = any(w[:3] in _STEM_HEADS and w.startswith(_CHOICE_STEMS) for w in words)
+    return stemmed or any(p in low for p in _CHOICE_PHRASES)
 
 
 _EXPLAINED = re.compile(r"[:;\u2014\u2013]\s*\S+(?:\s+\S+){2,}|\s[-\u2013]{1,2}\s+\S+(?:\s+\S+){2,}")
@@ -484,10 +489,19 @@ def _window(text: str, window: tuple[int, int]) -> str:
     return text if len(text) <= head + tail else f"{text[:head]}\n{text[len(text) - tail :]}"
 
 
+def _split_sentences(text: str) -> list[str]:
+    """`text` split at line breaks and after a sentence's end mark (empty pieces included)."""
+    out: list[str] = []
+    for line in text.split("\n") if "\n" in text else (text,):
+        parts = _SENTENCE_END.split(line)
+        out.extend(map(operator.add, parts[::2], [*parts[1::2], ""]))
+    return out
+
+
 def _sentences(text: str) -> list[str]:
     """`text`'s sentences (a chat's often start in lower case: "Kafka, then. the queue...")."""
     pieces: list[str] = []
-    for piece in _SENTENCE.split(text):
+    for piece in _split_sentences(text):
         if pieces and pieces[-1][-1:] == "." and _ABBREVIATION.search(pieces[-1]) and piece[:1].islower():
             pieces[-1] = f"{pieces[-1]} {piece}"
         elif piece:
@@ -591,14 +605,15 @@ def _decides(cues: tuple[bool, int, bool, bool], following: tuple[bool, int, boo
     return following is not None and following[3]
 
 
-def decisions(text: str) -> list[str]:
+def decisions(text: str, split: Sequence[str] | None = None) -> list[str]:
     """The decisions `text` states: a sentence holding a choice and its reason (or saying a
     decision was made), or a run of at most three sentences that each make a choice or give a
     reason, holding both in either order. Only a message with a choice word and a reason word in
-    it is split into sentences."""
+    it is split into sentences (`split`: `_sentences(text)`, when the caller has them)."""
     if not _may_decide(text.lower()):
         return []
-    sentences = [s for s in _sentences(text) if not s.rstrip().endswith("?")]  # a question decides nothing
+    split = _sentences(text) if split is None else split
+    sentences = [s for s in split if not s.rstrip().endswith("?")]  # a question decides nothing
     cues = [_cues(s.lower()) for s in sentences]
     decided = [len(s) >= 8 and _decides(c) for s, c in zip(sentences, cues, strict=True)]
     found: list[str] = []
@@ -671,16 +686,21 @@ def _command(call: ToolCall) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _is_path_key(key: str) -> bool:
+    name = key.lower()
+    return name in _PATH_KEYS or name.endswith(("path", "file", "paths", "files"))
+
+
 def _paths(call: ToolCall) -> list[str]:
     found: list[str] = []
     for key, value in call.arguments.items():
-        name = key.lower()
-        if not (name in _PATH_KEYS or name.endswith(("path", "file", "paths", "files"))):
+        if not _is_path_key(key):
             continue
         for v in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v:
                 found.append(v.strip())
-    return list(dict.fromkeys(found))
+    return found if len(found) < 2 else list(dict.fromkeys(found))
 
 
 def error_lines(text: str) -> list[str]:
@@ -786,7 +806,8 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
     """Decisions (any role), stated values (the user's), the to-do lines, and with `plan` the
     plan an assistant message states (the newest one's is the last step before the summary)."""
     out = _checkboxes(text, seq, own=role == "assistant")
-    decided = decisions(text)
+    split = _sentences(text) if role == "user" or plan else None
+    decided = decisions(text, split)
     for said in decided:
         said = _safe(said, seq)
         out.append(Entry(DECISION, "dec:" + _norm(said), _one_line(said, DECISION), seq, _RANK_SAID))
@@ -796,7 +817,7 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
     best = 0
     steps: list[str] = []
     within = " ".join(decided)
-    for sentence in _sentences(text):
+    for sentence in split or ():
         if len(sentence) < 8 or (decided and sentence in within):
             continue
         if role == "user":
@@ -966,9 +987,11 @@ trigger evicts far more than is read) are cheap to read and would otherwise be p
 def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
     """The entries the tool calls among `messages` give (the newest `OLDER_CALLS` messages that
     make calls; a call's result looked for among the few records after it), oldest first."""
-    found = list(itertools.compress(range(len(messages)), map(_TOOL_CALLS, messages)))[-OLDER_CALLS:]
+    # newest first, lazily: a C pass that stops at the `OLDER_CALLS`th message making calls (not
+    # one over every message of a 10k batch)
+    found = itertools.compress(range(len(messages) - 1, -1, -1), map(_TOOL_CALLS, reversed(messages)))
     newest: dict[tuple[str, str, str], Entry] = {}  # read newest first: an older same entry adds nothing
-    for i in reversed(found):
+    for i in itertools.islice(found, OLDER_CALLS):
         m = messages[i]
         if m.role != "assistant":
             continue
