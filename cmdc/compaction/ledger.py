@@ -230,6 +230,17 @@ _REASON = re.compile(
 # alternative of `_SAID_DECIDED` and `_CHOICE` holds one of these words or prefixes, and of
 # `_REASON` one of these words or a colon, semicolon or dash).
 _SPACES = str.maketrans(dict.fromkeys('.,;:!?()[]{}"`*<>=/\\|#~^_+\u2014\u2013', " "))
+_ASCII_SPACES = bytes(ord(_SPACES[b]) if b in _SPACES else b for b in range(256))  # the same for ASCII text, as bytes
+
+
+def _spaced(low: str) -> str:
+    """`low` with the punctuation words are split at (`_SPACES`) as spaces: ASCII text (nearly
+    all) by a bytes table, ten times faster than `str.translate` with a dict."""
+    if low.isascii():
+        return low.encode("ascii").translate(_ASCII_SPACES).decode("ascii")
+    return low.translate(_SPACES)
+
+
 _CHOICE_WORDS = frozenset(
     [
         "vote",
@@ -422,7 +433,7 @@ _REASON_WORDS = frozenset(
 def _may_decide(low: str) -> bool:
     """Whether lower-cased `low` may state a decision (a choice word, and a reason word or a
     clause after a colon, semicolon or dash), by word sets: no regex runs on most messages."""
-    words = set(low.translate(_SPACES).split())
+    words = set(_spaced(low).split())
     if words.isdisjoint(_REASON_WORDS) and not any(c in low for c in ":;\u2014\u2013") and " - " not in low:
         return False
     if not words.isdisjoint(_CHOICE_WORDS):
@@ -560,7 +571,7 @@ def states_something(sentence: str) -> tuple[bool, int]:
         return True, 2
     low = sentence.lower()
     # cheap tests first: a long sentence of plain words is not run through every pattern
-    if not _MODAL_WORDS.isdisjoint(low.translate(_SPACES).split()) and (
+    if not _MODAL_WORDS.isdisjoint(_spaced(low).split()) and (
         _MODAL.search(low) and (not _GO_ON.search(low) or _MODAL.search(_GO_ON.sub(" ", low)))
     ):  # ("Sure, keep going with the plan." states nothing)
         return True, 2
@@ -748,7 +759,8 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
     results = {m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id}
     calls: dict[str, ToolCall] = {}
     out: list[Entry] = []
-    last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant" and m.text.strip()), default=-1)
+    replies = (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant")
+    last_reply = next((i for i in replies if messages[i].text.strip()), -1)  # the newest, found from the end
     for i, (m, seq) in enumerate(zip(messages, seqs, strict=False)):
         if m.is_summary or m.role == "system":
             continue
