@@ -970,14 +970,17 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
         ledger = Ledger(ledger.entries, demoted)
     start = _first_read(messages)
     if start > 0:  # too many to read in one compaction: the older ones are named by their records
-        # the records of the messages not read, but summaries', and numbered (> 0): C passes,
-        # only messages with metadata looked at one by one (a 50k-message batch has a few)
-        unread = list(seqs[:start])
-        for i in summary_positions(messages[: len(unread)]) if summaries else ():  # none: no scan
-            unread[i] = 0
-        unread = list(filter((0).__lt__, unread))
-        if unread:
-            lo, hi = min(unread), max(unread)
+        # the records of the messages not read, but summaries', and numbered (> 0): C passes
+        # (max, min), the positions looked for only when there are summaries
+        unread: Sequence[int] = seqs[:start]
+        if summaries:  # none: no scan, no copy
+            zeroed = list(unread)
+            for i in summary_positions(messages[: len(zeroed)]):
+                zeroed[i] = 0
+            unread = zeroed
+        hi = max(unread, default=0)
+        if hi > 0:  # (a record number is positive: 0 and below are not journal records)
+            lo = min(filter((0).__lt__, unread))
             demoted = dict(ledger.demoted)
             for kind in SECTIONS:
                 demoted[kind] = _coalesce([*demoted.get(kind, ()), (lo, hi)])
@@ -986,7 +989,6 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
     return merge(ledger, observe(messages[start:], seqs[start:]))
 
 
-_METADATA = operator.attrgetter("metadata")
 _TOOL_CALLS = operator.attrgetter("tool_calls")
 
 OLDER_CALLS = 100
@@ -1022,14 +1024,15 @@ def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry
 
 
 def summary_positions(messages: Sequence[Message]) -> list[int]:
-    """Where the summaries are among `messages`: one C pass skips every message without
-    metadata (nearly all), so no Python step is taken per message of a large batch."""
-    return [i for i in itertools.compress(range(len(messages)), map(_METADATA, messages)) if messages[i].is_summary]
+    """Where the summaries are among `messages` (a message without metadata, nearly all, is
+    passed over by one attribute test)."""
+    return [i for i, m in enumerate(messages) if m.metadata and m.is_summary]
 
 
 def summaries_in(messages: Sequence[Message]) -> list[Message]:
-    """The summaries among `messages`, in order (see `summary_positions`)."""
-    return [messages[i] for i in summary_positions(messages)]
+    """The summaries among `messages`, in order (a comprehension over the messages themselves:
+    twice as fast as a `compress` over their positions)."""
+    return [m for m in messages if m.metadata and m.is_summary]
 
 
 def _first_read(messages: Sequence[Message]) -> int:
