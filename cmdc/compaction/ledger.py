@@ -485,14 +485,20 @@ _DOING_WORDS = frozenset({"in_progress", "in progress", "doing", "active", "star
 
 
 def _one_line(text: str, kind: str) -> str:
-    return clip_line(" ".join(text.split()), _TEXT_BYTES[kind])
+    return clip_line(text, _TEXT_BYTES[kind])  # (which collapses the whitespace first)
 
 
 _NOT_KEY = re.compile(r"[^\w./:@-]+")
+_ASCII_NOT_KEY = bytes(b if chr(b).isalnum() or chr(b) in "_./:@-" else 0x20 for b in range(256))
+"""`_NOT_KEY` as a bytes table for ASCII text (a space for each character it matches)."""
 
 
 def _norm(text: str) -> str:
-    return " ".join(_NOT_KEY.sub(" ", text[:400].lower()).split())[:160]
+    """An entry's key from its text: lower-cased, the characters of `_NOT_KEY` as spaces (for
+    ASCII text by a bytes table: the regex takes a step per character), whitespace collapsed."""
+    low = text[:400].lower()
+    spaced = low.encode("ascii").translate(_ASCII_NOT_KEY).decode("ascii") if low.isascii() else _NOT_KEY.sub(" ", low)
+    return " ".join(spaced.split())[:160]
 
 
 def _window(text: str, window: tuple[int, int]) -> str:
