@@ -710,13 +710,13 @@ def _is_path_key(key: str) -> bool:
 
 
 def _paths(call: ToolCall) -> list[str]:
-    found: list[str] = []
-    for key, value in call.arguments.items():
-        if not _is_path_key(key):
-            continue
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v:
-                found.append(v.strip())
+    found = [
+        v.strip()
+        for key, value in call.arguments.items()
+        if _is_path_key(key)
+        for v in (value if isinstance(value, (list, tuple)) else (value,))
+        if isinstance(v, str) and 0 < len(v) <= 300 and "\n" not in v and "base64," not in v
+    ]
     return found if len(found) < 2 else list(dict.fromkeys(found))
 
 
