@@ -56,6 +56,7 @@ from ..state import ENCODE_EAGERLY, State, validate_agent_id
 from ..store import JournalReader, Store, open_store
 from ..store.file.journal import JournalRecord, JournalReport, OffloadStore
 from ..store.fs import os_cause, probe_dir, stricter_mode
+from ..store.transcript import transcript_pieces
 from ._chatfile import (
     STDIN,
     ChatFile,
@@ -223,7 +224,9 @@ def _parser() -> argparse.ArgumentParser:
     history = sub.add_parser(
         "history",
         help="list, search, show or render an agent's offload journal",
-        description="Read DIR/AGENT.jsonl: without options, list every record (seq, compaction, role, first line).",
+        description="Read DIR/AGENT.jsonl: without options, list every record (seq, compaction, role, first line). "
+        "Where DIR is writable, the journal's index DIR/AGENT.jsonl.index (a cache, mode 0600 as the journal) is "
+        "built or brought up to date (see --no-index); nothing else is written but by --repair and --markdown.",
     )
     history.add_argument(
         "dir", type=_dir_or_url, metavar="DIR", help="the offload directory, or a store URL (postgresql://...)"
@@ -247,8 +250,8 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         const="",
         metavar="OUT",
-        help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, also copy it "
-        "there (- prints it)",
+        help="write (refresh) the Markdown transcript DIR/AGENT.md and print its path; with OUT, write it to OUT "
+        "instead (- prints it): nothing is then written beside the journal",
     )
     ui = sub.add_parser(
         "ui",
@@ -266,6 +269,12 @@ def _parser() -> argparse.ArgumentParser:
 
     history.add_argument(
         "--limit", type=_positive, help="at most N records (the listing: the last N; --search: default 10)"
+    )
+    history.add_argument(
+        "--no-index",
+        action="store_true",
+        help="read the whole journal; never build or update its index DIR/AGENT.jsonl.index (a cache that "
+        "makes --search, --limit and --range fast, built by any reader where DIR is writable)",
     )
     return parser
 
@@ -596,7 +605,9 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(f"{directory}: not a directory")
     if not os.access(directory, os.R_OK | os.X_OK):
         raise UsageError(f"{directory}: cannot read the directory (permission denied)")
-    store = OffloadStore(directory)
+    # the journal's index (DIR/AGENT.jsonl.index, a cache) is built or brought up to date only
+    # where the directory can be written (and not with --no-index): otherwise nothing is written
+    store = OffloadStore(directory, index=not args.no_index and _writable(directory))
     journal = store.path_for(agent)
     if journal.exists() and not journal.is_file():
         raise UsageError(f"{journal}: not a regular file, so not a journal")
@@ -634,6 +645,11 @@ def _history(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return code
+
+
+def _writable(directory: Path) -> bool:
+    """Whether this process may create files in `directory`."""
+    return os.access(directory, os.W_OK | os.X_OK)
 
 
 def _ends_mid_line(path: Path) -> bool:
@@ -695,19 +711,20 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
         _print_journal_report(report, repaired=True)
         return 0
     if args.markdown is not None:
-        md = await store.write_transcript(agent)
+        if not args.markdown:  # the transcript beside the journal, written or refreshed
+            print(await store.write_transcript(agent))
+            return 0
+        # to stdout or OUT only: nothing is written beside the journal
+        data = _transcript(await store.records(agent))
         if args.markdown == "-":
-            data = await trio.to_thread.run_sync(md.read_bytes)
             sys.stdout.flush()
-            sys.stdout.buffer.write(data)
+            for piece in data:
+                sys.stdout.buffer.write(piece)
             sys.stdout.buffer.flush()
-        elif args.markdown:
-            data = await trio.to_thread.run_sync(md.read_bytes)
-            target = Path(args.markdown)
-            await trio.to_thread.run_sync(write_atomic, target, data, stricter_mode(target))
-            print(args.markdown)
         else:
-            print(md)
+            target = Path(args.markdown)
+            await trio.to_thread.run_sync(write_atomic, target, b"".join(data), stricter_mode(target))
+            print(args.markdown)
         return 0
     if args.search:
         return await _print_search(store, agent, args)
@@ -728,6 +745,16 @@ async def _show_history(args: argparse.Namespace, store: OffloadStore, agent: st
         print(_line(record, _first_line(record.message)))
     print(f"{extent.records} records from {extent.compactions} compaction(s) in {journal}")
     return 0
+
+
+def _transcript(records: Sequence[JournalRecord]) -> list[bytes]:
+    """The Markdown transcript of `records` (as `OffloadStore.write_transcript` writes it), in pieces."""
+    batches: list[list[JournalRecord]] = []
+    for r in records:
+        if not batches or batches[-1][-1].compaction != r.compaction:
+            batches.append([])
+        batches[-1].append(r)
+    return [p for b in batches for p in transcript_pieces(b[0].compaction, [(r.seq, r.message) for r in b])]
 
 
 def _history_store(args: argparse.Namespace) -> int:

@@ -118,6 +118,27 @@ def test_history_markdown_dash_prints_the_transcript(tmp_path: Path, capsys: pyt
     assert "step 0: details" in out and out.lstrip().startswith("#")
 
 
+def test_history_markdown_to_stdout_or_a_file_writes_nothing_beside_the_journal(
+    tmp_path: Path, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """Before: `--markdown -` and `--markdown OUT` wrote (or refreshed) DIR/AGENT.md as well."""
+    conversation = tmp_path / "c.jsonl"
+    conversation.write_text(chat())
+    assert main(["compact", str(conversation), "--offload-dir", str(tmp_path / "j")]) == 0
+    before = sorted(os.listdir(tmp_path / "j"))
+    capsysbinary.readouterr()
+    assert main(["history", str(tmp_path / "j"), "c", "--markdown", "-"]) == 0
+    printed = capsysbinary.readouterr().out
+    out = tmp_path / "out.md"
+    assert main(["history", str(tmp_path / "j"), "c", "--markdown", str(out)]) == 0
+    assert capsysbinary.readouterr().out.decode().strip() == str(out)
+    assert sorted(os.listdir(tmp_path / "j")) == before  # no c.md
+    assert main(["history", str(tmp_path / "j"), "c", "--markdown"]) == 0  # the one that writes DIR/AGENT.md
+    written = Path(capsysbinary.readouterr().out.decode().strip())
+    assert written == tmp_path / "j" / "c.md"
+    assert printed == out.read_bytes() == written.read_bytes() and b"step 0: details" in printed
+
+
 @pytest.mark.parametrize("kind", ["fifo", "zero", "directory"])
 def test_compact_refuses_a_non_regular_file_at_once(tmp_path: Path, kind: str) -> None:
     if kind == "directory":

@@ -178,6 +178,33 @@ async def test_a_failing_on_numbered_is_logged_and_the_append_goes_on(
     assert "on_numbered callback failed (agent a)" in caplog.text and "callback bug" in caplog.text
 
 
+async def test_on_numbered_has_run_when_the_append_returns_however_late_its_thread_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The numbering is told by a thread started before the fsync (cmdc.store.file.writer); a
+    loaded machine may run that thread late. The callback still runs before the append returns."""
+    import time
+
+    import cmdc.store.file.journal as journal
+
+    in_trio = journal._in_trio
+
+    def late(callback: Any, agent_id: str) -> Any:
+        soon = in_trio(callback, agent_id)
+
+        def slow(result: Any) -> None:  # in the thread that tells: it runs late
+            time.sleep(0.2)
+            soon(result)
+
+        return slow
+
+    monkeypatch.setattr(journal, "_in_trio", late)
+    store = OffloadStore(tmp_path)
+    seen: list[Any] = []
+    result = await store.append("a", users(3), on_numbered=seen.append)
+    assert seen == [result]
+
+
 @pytest.mark.parametrize("callback", [42, "print", "async"])
 async def test_an_on_numbered_that_is_no_plain_function_is_refused(tmp_path: Path, callback: Any) -> None:
     """A non-callable, or an async function (its coroutine would never be awaited), is refused

@@ -148,6 +148,39 @@ async def test_a_damaged_journal_line_is_skipped_and_reported(tmp_path: Path) ->
     assert any(e.kind == JOURNAL_DAMAGED for e in events)
 
 
+async def test_a_build_read_ahead_counts_damage_and_shows_what_a_scan_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build decodes the next chunk in a thread while SQLite writes the one before: damaged
+    lines (a bad checksum, a line of junk, a record whose number goes back), a NUL, an
+    identifier and a summary in chunks read ahead are indexed as a scan reads them, and the
+    damaged lines counted once each."""
+    monkeypatch.setattr(_index, "_CHUNK", 900)  # a few lines per chunk: many chunks read ahead
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(30), compaction=1)
+    await store.append("a", [Message.user("nul\x00here and src/billing/mod_7.py")], compaction=2)
+    await store.append("a", batch(30, 30), compaction=3)
+    journal = store.path_for("a")
+    data = journal.read_bytes()
+    data = data.replace(b"record 12 says", b"record 12 SAYS").replace(b"record 44 says", b"record 44 SAYS")
+    lines = data.split(b"\n")
+    lines.insert(20, b"not json at all")
+    journal.write_bytes(b"\n".join(lines))
+    scanned = await store.records("a")
+    report = await store.verify("a")
+    events: list[Event] = []
+    indexed = OffloadStore(tmp_path, on_event=events.append)
+    assert [r.seq for r in await indexed.read_range("a", 0, 10_000)] == [r.seq for r in scanned]
+    damaged = [e.data["damaged"] for e in events if e.kind == JOURNAL_DAMAGED]
+    assert damaged and damaged[-1] == len(report.damaged) == 3
+    assert [r.message.text for r in await indexed.search("a", "here")] == ["nul\x00here and src/billing/mod_7.py"]
+    assert len(await indexed.search("a", "src/billing/mod_7.py", 1)) == 1
+    assert {r.seq for r in await indexed.search("a", "word7", 100)} == {
+        r.seq for r in scanned if "word7" in r.message.text.split()
+    }
+    assert (await indexed.check_index("a")).ok
+
+
 async def test_reads_of_a_few_records_do_not_grow_with_the_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,6 +222,40 @@ def test_history_limit_and_range_read_only_what_they_print(tmp_path: Path, capsy
     assert main(["history", str(tmp_path), "a", "--range", "2500", "2501"]) == 0
     assert "item2499" in capsys.readouterr().out
     assert _index.READS["records"] == 5 and _index.READS["bytes"] < 2_000
+
+
+@pytest.mark.parametrize("why", ["--no-index", "read-only directory"])
+def test_history_writes_no_index_unless_asked_and_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """`cmdc history` reads the journal; the one file it may write beside it is the journal's
+    index (a documented cache), and only where the directory is writable: with --no-index, or
+    in a directory it cannot write in, it writes nothing there and prints the same."""
+    import cmdc.cli
+
+    store = OffloadStore(tmp_path, index=False)
+    trio.run(functools.partial(store.append, "a", batch(40), compaction=1))
+    listing = sorted(os.listdir(tmp_path))
+    views = [["--limit", "3"], ["--range", "2", "4"], ["--search", "item7", "word9"], []]
+    flag = ["--no-index"] if why == "--no-index" else []
+    if why != "--no-index":
+        if os.geteuid() == 0:  # root writes anywhere: the check the command makes is what is tested
+            monkeypatch.setattr(cmdc.cli, "_writable", lambda directory: False)
+        else:
+            os.chmod(tmp_path, 0o555)
+    try:
+        printed = []
+        for view in views:
+            assert main(["history", str(tmp_path), "a", *flag, *view]) == 0
+            printed.append(capsys.readouterr().out)
+        assert sorted(os.listdir(tmp_path)) == listing  # no AGENT.jsonl.index (nor its -journal)
+    finally:
+        os.chmod(tmp_path, 0o700)
+        monkeypatch.undo()
+    for view, out in zip(views, printed, strict=True):  # with the index, where it may be written
+        assert main(["history", str(tmp_path), "a", *view]) == 0
+        assert capsys.readouterr().out == out
+    assert stat.S_IMODE(os.stat(index_of(store)).st_mode) == 0o600
 
 
 def test_history_verify_checks_the_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -351,3 +418,115 @@ async def test_a_build_that_dies_midway_is_finished_by_the_next_reader(tmp_path:
     assert [r.message.text for r in await reader.search("a", "item119")] == ["record 119 says word19 and item119"]
     report = await reader.check_index("a")
     assert report.ok and not report.rebuilt, report
+
+
+def _index_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "cmdc-index"]
+
+
+async def test_closing_a_store_ends_its_index_thread_and_a_later_write_starts_one(tmp_path: Path) -> None:
+    """The background indexer waits for the store to be quiet; a store closed meanwhile ends
+    its thread (no thread per store left behind), and the index is still caught up by the next
+    reader. A store used after `aclose` indexes again."""
+    before = set(_index_threads())
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(10), compaction=1)
+    thread = store._indexer._thread
+    assert thread is not None and thread.is_alive()  # waiting for the store to be quiet
+    await store.aclose()
+    await trio.to_thread.run_sync(thread.join, 10.0)
+    assert not thread.is_alive()
+    assert set(_index_threads()) <= before
+    assert [r.seq for r in await store.search("a", "item7", 3)] == [8]  # the reader caught up
+    await store.append("a", batch(5, 10), compaction=2)
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
+    assert [r.seq for r in await OffloadStore(tmp_path).search("a", "item12", 3)] == [13]
+    await store.aclose()
+
+
+async def test_a_store_dropped_unclosed_ends_its_index_thread(tmp_path: Path) -> None:
+    """The thread holds its store weakly: a store nobody refers to is collected and its thread
+    ends, without waiting for the quiet period."""
+    import gc
+
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(10), compaction=1)
+    thread = store._indexer._thread
+    assert thread is not None and thread.is_alive()
+    del store
+    gc.collect()
+    await trio.to_thread.run_sync(thread.join, 10.0)
+    assert not thread.is_alive()
+
+
+async def test_closing_stops_a_build_between_two_transactions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close during a long build ends the thread after the chunk in progress; what it
+    committed is kept, and the next reader finishes the index."""
+    monkeypatch.setattr(_index, "_QUIET", 0.0)
+    monkeypatch.setattr(_index, "_CHUNK", 600)
+    store = OffloadStore(tmp_path)
+    chunks: list[int] = []
+    real = _index._index_chunk
+
+    def one_chunk(*args: object, **kwargs: object) -> object:
+        chunks.append(1)
+        if len(chunks) == 2:
+            store._indexer.close()  # as `aclose` does, from another thread, mid-build
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_index, "_index_chunk", one_chunk)
+    await store.append("a", batch(200), compaction=1)
+    thread = store._indexer._thread
+    if thread is not None:
+        await trio.to_thread.run_sync(thread.join, 30.0)
+        assert not thread.is_alive()
+    assert len(chunks) == 2  # stopped after the chunk in progress
+    reader = OffloadStore(tmp_path)
+    assert [r.seq for r in await reader.read_range("a", 0, 1_000)] == list(range(1, 201))
+    assert (await reader.check_index("a")).ok
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_compactions_counted_as_the_journal_grows_are_the_journals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The index counts compactions from where its last count ended while nothing before it
+    changed; a late commit, a summary committing an earlier attempt, or a message written
+    again by a later attempt makes it count again. After every step: what a whole read says."""
+    import random
+
+    from cmdc.message import KIND_KEY, SUMMARY_KIND
+    from cmdc.store.records import ATTEMPTS_KEY
+
+    monkeypatch.setattr(_index, "_CHUNK", 1_500)  # a step's records over several chunks
+    rnd = random.Random(seed)
+    writer = OffloadStore(tmp_path, index=False)
+    reader = OffloadStore(tmp_path)
+    pending: list[str] = []
+    number, n = 0, 0
+    for _ in range(40):
+        step = rnd.random()
+        if step < 0.15 and pending:  # a late commit of earlier batches
+            await writer.commit("a", pending)
+            pending = []
+        elif step < 0.3 and pending:  # a summary that commits the batches it names
+            meta = {KIND_KEY: SUMMARY_KIND, ATTEMPTS_KEY: pending}
+            await writer.append("a", [Message.user(f"summary of {n}", metadata=meta)], compaction=number)
+            pending = []
+        elif step < 0.45:  # written, not committed yet
+            number += rnd.choice([0, 1])
+            some = batch(rnd.randrange(1, 6), n)
+            got = await writer.append("a", some, attempt=new_attempt_id(), commit=False, compaction=number)
+            pending += got.pending
+            n += 6
+        elif step < 0.55 and n:  # a message written again by a later batch
+            again = batch(1, rnd.randrange(n))
+            await writer.append("a", again, compaction=number)
+        else:
+            number += rnd.choice([0, 1, 1])
+            await writer.append("a", batch(rnd.randrange(1, 8), n), compaction=number)
+            n += 8
+        ext = await reader.extent("a")
+        report = await writer.verify("a")
+        assert (ext.records, ext.compactions) == (report.records, report.compactions)
+    assert (await reader.check_index("a")).ok

@@ -23,18 +23,21 @@ call here is blocking: the store runs them in worker threads.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
+import inspect
 import os
 import re
 import sqlite3
 import stat
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -59,7 +62,10 @@ if TYPE_CHECKING:
 
 SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
-VERSION = 2  # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves)
+VERSION = 3
+# 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves);
+# 3: FTS5 hashsize 64 MB, no index on recs.vis (the first and last visible records are found
+# walking the record numbers from either end)
 _CHUNK = 8 * 1024 * 1024  # journal bytes indexed per transaction
 LOCKED_CATCH_UP = 1024 * 1024
 """Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
@@ -107,13 +113,16 @@ _SCHEMA = (
     "comp INTEGER NOT NULL DEFAULT 0)",
     "CREATE INDEX recs_mid ON recs (mid, vis)",
     "CREATE INDEX recs_attempt ON recs (attempt)",
-    "CREATE INDEX recs_vis ON recs (vis, seq)",
     "CREATE TABLE done (attempt TEXT PRIMARY KEY, grp TEXT NOT NULL)",
     "CREATE TABLE deps (attempt TEXT NOT NULL, dep TEXT NOT NULL)",
     "CREATE INDEX deps_attempt ON deps (attempt)",
     "CREATE VIRTUAL TABLE fts USING fts5(body, ids, content='', "
     "tokenize=\"unicode61 remove_diacritics 0 tokenchars '_'\")",
 )
+_FTS_HASH = 64 * 1024 * 1024
+"""Bytes of new terms FTS5 keeps in memory before it writes them out as a segment (its default,
+1 MB, made a 8 MB chunk of the journal dozens of small segments, each merged again later: the
+build took twice as long). A chunk's terms fit: one segment per transaction."""
 _META_DEFAULTS = {"version": VERSION, "mark": 0, "last_seq": 0, "damaged": 0, "tail": 0, "inode": "", "count": 0}
 
 
@@ -163,6 +172,7 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool
                 if "meta" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
                     for sql in _SCHEMA:
                         conn.execute(sql)
+                    conn.execute("INSERT INTO fts (fts, rank) VALUES ('hashsize', ?)", (_FTS_HASH,))
                     conn.executemany("INSERT INTO meta VALUES (?, ?)", _META_DEFAULTS.items())
                     if not created or why or known:
                         events.append(("rebuild", {"reason": why or "the index was missing or empty"}))
@@ -262,6 +272,11 @@ def _reset(conn: sqlite3.Connection) -> None:
     conn.execute("DELETE FROM deps")
     conn.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
     _set_meta(conn, {k: v for k, v in _META_DEFAULTS.items() if k != "version"})
+    _forget_groups(conn)
+
+
+def _forget_groups(conn: sqlite3.Connection) -> None:
+    conn.execute(f"DELETE FROM meta WHERE k IN ({','.join('?' * len(_GROUPS))})", _GROUPS)
 
 
 def _tail_crc(fd: int, mark: int) -> int:
@@ -286,10 +301,17 @@ def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
     return None
 
 
-def catch_up(conn: sqlite3.Connection, fd: int, path: Path, end: int, events: list[tuple[str, dict[str, Any]]]) -> None:
+def catch_up(
+    conn: sqlite3.Connection,
+    fd: int,
+    path: Path,
+    end: int,
+    events: list[tuple[str, dict[str, Any]]],
+    stopped: Callable[[], bool] | None = None,
+) -> None:
     """Index the journal open at `fd` up to `end` (just past a newline), a transaction per chunk;
     a stale index is emptied first (event). Another process may do the same at once: each
-    transaction starts from the mark it finds.
+    transaction starts from the mark it finds. `stopped()` true after a chunk: it returns early.
 
     An index already at `end` is found so by plain reads (SQLite's shared lock), without a
     write transaction: a search never waits for the background indexer's chunk in progress,
@@ -297,25 +319,44 @@ def catch_up(conn: sqlite3.Connection, fd: int, path: Path, end: int, events: li
     meta = _meta(conn)
     if int(meta["mark"]) >= end and _stale(meta, fd, end) is None:
         return
-    while True:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            meta = _meta(conn)
-            why = _stale(meta, fd, end)
-            if why is not None:
-                _reset(conn)
-                events.append(("rebuild", {"reason": why}))
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cmdc-index-read") as pool:
+        ahead: concurrent.futures.Future[_Parsed] | None = None
+        background = getattr(_BACKGROUND, "active", False)
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
                 meta = _meta(conn)
-            mark = int(meta["mark"])
-            if mark >= end:
+                why = _stale(meta, fd, end)
+                if why is not None:
+                    _reset(conn)
+                    events.append(("rebuild", {"reason": why}))
+                    meta = _meta(conn)
+                mark = int(meta["mark"])
+                if mark >= end:
+                    conn.execute("COMMIT")
+                    return
+                parsed = ahead.result() if ahead is not None else None
+                if parsed is None or (parsed.mark, parsed.after) != (mark, int(meta["last_seq"])):
+                    parsed = _parse_chunk(fd, path, mark, end, int(meta["last_seq"]))  # none, or another's
+                # the next chunk is read and decoded while SQLite writes this one (without Python's lock)
+                ahead = (
+                    pool.submit(_parse_ahead, background, fd, path, parsed.stop, end, parsed.last_seq)
+                    if parsed.stop < end
+                    else None
+                )
+                _index_chunk(conn, fd, path, meta, mark, end, parsed)
                 conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            if stopped is not None and stopped():
                 return
-            _index_chunk(conn, fd, path, meta, mark, end)
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            raise
+
+
+def _parse_ahead(background: bool, fd: int, path: Path, mark: int, end: int, after: int) -> _Parsed:
+    _BACKGROUND.active = background  # its reads are counted as its caller's are
+    return _parse_chunk(fd, path, mark, end, after)
 
 
 def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
@@ -332,24 +373,42 @@ def _read_lines(fd: int, mark: int, end: int) -> tuple[bytes, int]:
         size = min(end - mark, size * 4)
 
 
-def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, Any], mark: int, end: int) -> None:
+class _Parsed(NamedTuple):
+    """A chunk of the journal read and decoded, not yet in the index."""
+
+    mark: int  # where it starts
+    after: int  # the last record number before it (its records must follow)
+    stop: int  # where it ends (just past a newline)
+    last_seq: int
+    damaged: int  # its damaged lines
+    recs: list[tuple[int, int, int, str, str | None, int, str | None, int]]
+    words: list[tuple[int, str, str]]
+    deps: list[tuple[str, str]]
+    commits: list[tuple[tuple[str, ...], str]]  # (attempts, group) in order
+
+
+def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parsed:
+    """The journal's lines from `mark` (about `_CHUNK` bytes of them, before `end`), decoded:
+    no SQLite here (it runs in a thread of its own while the chunk before is written)."""
     from ...errors import OffloadCorrupted
     from .scan import _decode_at, _fused_cuts, _lines, _summary_attempts
 
     data, stop = _read_lines(fd, mark, end)
-    last_seq, damaged = int(meta["last_seq"]), int(meta["damaged"])
+    last_seq, damaged = after, 0
     recs: list[tuple[int, int, int, str, str | None, int, str | None, int]] = []
     words: list[tuple[int, str, str]] = []
     deps: list[tuple[str, str]] = []
     commits: list[tuple[tuple[str, ...], str]] = []  # (attempts, group) in order
-    legacy: list[int] = []
+
+    view = memoryview(data)
+    valid: dict[str, bool] = {}  # ids checked in this chunk (a batch's records share theirs)
 
     def decode(offset: int, nl: int, after: int) -> tuple[Any, ...]:
         where = f"{path}: byte {mark + offset}"
-        fast = _fast_record(data, offset, nl, where)
+        fast = _fast_record(data, view, offset, nl, valid)
         fields: tuple[Any, ...] = ()
         deps_of: tuple[str, ...] = ()
-        if fast is None:  # a control line, a huge or unusual record: the journal's own decoder
+        if fast is None:  # a control line, a huge, unusual or damaged record: the journal's own decoder
             decoded, _ = _decode_at(data, offset, nl, where, TEXT_CHARS)
             r = decoded.record
             kind, seq, attempts = decoded.kind, decoded.seq, decoded.attempts
@@ -366,6 +425,22 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
 
     lines: list[tuple[Any, ...]] = []
     for offset, nl in _lines(data, len(data)):
+        fast = _fast_record(data, view, offset, nl, valid)
+        if fast is not None and fast[0] > last_seq:  # the common line, added here at once
+            seq, mid, attempt, compaction, summary, text, _, deps_of = fast
+            last_seq = seq
+            recs.append((seq, mark + offset, nl - offset, mid, attempt, int(summary), None, compaction))
+            folded = text.casefold()
+            if ("/" in folded or "." in folded or "-" in folded) and _JOINED.search(folded):  # most hold none
+                ids = [m[0] for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
+                words.append((seq, folded, " ".join(ids).translate(_SEPARATORS)))
+            else:
+                words.append((seq, folded, ""))
+            if attempt is None:
+                recs[-1] = (*recs[-1][:6], f"legacy{compaction}", compaction)
+            if deps_of:
+                deps += ((attempt or "", a) for a in deps_of)
+            continue
         try:
             lines = [decode(offset, nl, last_seq)]
         except OffloadCorrupted:
@@ -398,18 +473,33 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
             if clipped:  # a huge text: its head indexed as it is, every other word once
                 ids += [w.translate(_SEPARATORS) for w in _rest_words(data, offset, nl)]
             words.append((seq, folded, " ".join(ids)))
-            if attempt is None:
-                legacy.append(seq)
             deps += ((attempt or "", a) for a in deps_of)
     counted("records", len(recs))
-    conn.executemany(
-        "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp) VALUES (?,?,?,?,?,?,?,?)", recs
-    )
-    conn.executemany("INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)", words)
+    return _Parsed(mark, after, stop, last_seq, damaged, recs, words, deps, commits)
+
+
+def _index_chunk(
+    conn: sqlite3.Connection,
+    fd: int,
+    path: Path,
+    meta: dict[str, Any],
+    mark: int,
+    end: int,
+    parsed: _Parsed | None = None,
+) -> None:
+    """Add the chunk of the journal at `mark` to the index (in the caller's transaction):
+    `parsed`, when it was read ahead, else read now."""
+    if parsed is None:
+        parsed = _parse_chunk(fd, path, mark, end, int(meta["last_seq"]))
+    recs, words, deps, commits = parsed.recs, parsed.words, parsed.deps, parsed.commits
+    # first the words, one statement without Python's lock: the next chunk is decoded meanwhile
+    _insert(conn, "INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)", words)
     conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
     # which records become visible: those of attempts committed now (by a commit line, or by a
-    # committed summary naming them), those of attempts committed before, and legacy ones
+    # committed summary naming them), those of attempts committed before, and legacy ones. This
+    # chunk's records are inserted after that is known, visible or not (no update of each).
     fresh: list[str] = []
+    regrouped = False  # records indexed before changed their batch
     for attempts, grp in commits:
         for a in attempts:
             row = conn.execute("SELECT grp FROM done WHERE attempt = ?", (a,)).fetchone()
@@ -419,6 +509,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
             elif row[0] == a:  # committed by a summary until now: a commit line names its batch
                 conn.execute("UPDATE done SET grp = ? WHERE attempt = ?", (grp, a))
                 conn.execute("UPDATE recs SET grp = ? WHERE attempt = ?", (grp, a))
+                regrouped = True
     new_attempts = {r[4] for r in recs if r[4] is not None}
     old = _done_among(conn, new_attempts - set(fresh))
     queue = [*fresh, *old, *([""] if any(r[4] is None and r[5] for r in recs) else [])]  # "": legacy summaries
@@ -430,7 +521,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
                 fresh.append(dep)
                 queue.append(dep)
     changed = [*fresh, *old]
-    rows: list[tuple[int, str]] = []
+    rows: list[tuple[int, str]] = []  # committed records: those of earlier chunks, then this one's
     for k in range(0, len(changed), 500):
         part = changed[k : k + 500]
         marks = ",".join("?" * len(part))
@@ -439,19 +530,60 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, path: Path, meta: dict[str, 
             part,
         )
         rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks})", part).fetchall()
-    rows += [(r[0], r[3]) for r in recs if r[4] is None]
-    count = int(meta["count"]) + _show(conn, rows)
+    # records indexed before this chunk whose batch or visibility changes (a hidden one comes
+    # after the one shown instead): the compactions counted up to there are counted again
+    changed_from = min((seq for seq, _ in rows), default=None) if not regrouped else 0
+    if changed_from is not None and changed_from <= int(meta.get("groups_seq") or 0):
+        _forget_groups(conn)
+    done_now = set(changed) & new_attempts
+    group = _done_groups(conn, done_now)
+    rows += [(r[0], r[3]) for r in recs if r[4] is None or r[4] in done_now]
+    here: set[int] = set()
+    count = int(meta["count"]) + _show(conn, rows, int(meta["last_seq"]), here)
+    conn.executemany(
+        "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) VALUES (?,?,?,?,?,?,?,?,?)",
+        [
+            (r[0], r[1], r[2], r[3], r[4], r[5], r[6] if r[4] is None else group.get(r[4]), r[7], int(r[0] in here))
+            for r in recs
+        ],
+    )
     _set_meta(
         conn,
         {
-            "mark": stop,
-            "last_seq": last_seq,
-            "damaged": damaged,
-            "tail": _tail_crc(fd, stop),
+            "mark": parsed.stop,
+            "last_seq": parsed.last_seq,
+            "damaged": int(meta["damaged"]) + parsed.damaged,
+            "tail": _tail_crc(fd, parsed.stop),
             "inode": "{0.st_dev}:{0.st_ino}".format(os.fstat(fd)),
             "count": count,
         },
     )
+
+
+_VALUES = re.compile(r"VALUES \(([?, ]+)\)$")
+
+
+def _insert(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """`conn.executemany(sql, rows)` as one statement over the rows sent as JSON (`json_each`):
+    SQLite then inserts them all without Python's lock (`executemany` takes it back for each
+    row, and waits for it while another thread decodes). Rows JSON cannot carry (a text with a
+    lone surrogate, or a NUL) go the usual way."""
+    try:
+        blob = orjson.dumps(rows)
+    except TypeError:
+        blob = b"\\u0000"
+    if b"\\u0000" in blob:  # SQLite's JSON text ends at a NUL: a text holding one is bound whole
+        conn.executemany(sql, rows)
+        return
+    m = _VALUES.search(sql)
+    assert m is not None, sql
+    columns = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(m[1].count("?")))
+    try:  # as text: SQLite 3.45 and later read a BLOB argument as its binary JSONB
+        conn.execute(sql[: m.start()] + f"SELECT {columns} FROM json_each(?)", (blob.decode(),))
+    except sqlite3.OperationalError as exc:
+        if "no such" not in str(exc):  # an SQLite built without its JSON functions: row by row
+            raise
+        conn.executemany(sql, rows)
 
 
 _REST_WORDS = 500_000  # distinct words of a huge text's rest that are indexed at most
@@ -518,21 +650,35 @@ def _offload() -> Any:
     return offload
 
 
-def _fast_record(data: bytes, start: int, end: int, where: str) -> tuple[Any, ...] | None:
-    """A plain message line (text content, at most `TEXT_CHARS`, not huge) read with one
-    `orjson.loads`: (seq, message id, attempt, compaction, is summary, indexed text, 0, the
-    attempts a summary names); None for anything else (the journal's decoder reads it).
-    `OffloadCorrupted` for a line whose checksum fails."""
-    if end - start > 64 * 1024 or not data.startswith(b'{"message":', start):
+_HEX = b"0123456789abcdef"
+
+
+def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dict[str, bool]) -> tuple[Any, ...] | None:
+    """A plain message line (text content, at most `TEXT_CHARS`, not huge) whose checksum is
+    right, read with one `orjson.loads`: (seq, message id, attempt, compaction, is summary,
+    indexed text, 0, the attempts a summary names); None for anything else, a damaged line
+    too (the journal's decoder reads it, and says what is wrong). `valid`: ids checked before."""
+    if (
+        end - start > 64 * 1024
+        or end - start < 40
+        or not data.startswith(b'{"message":', start)
+        or not data.startswith(b',"crc":"', end - 18)
+        or not data.startswith(b'"}', end - 2)
+    ):
         return None
-    offload = _offload()
-    offload._check_sum(data, start, end, where)
+    written = data[end - 10 : end - 2]
+    if written.translate(None, _HEX) or zlib.crc32(view[start + 11 : end - 18]) != int(written, 16):
+        return None
     try:
-        obj = orjson.loads(data[start:end])
+        obj = orjson.loads(view[start:end])
     except orjson.JSONDecodeError:
         return None
-    msg = obj.get("message") if isinstance(obj, dict) else None
-    if not isinstance(msg, dict) or set(obj) not in (offload._MESSAGE_KEYS, offload._LEGACY_KEYS):
+    offload = _offload()
+    if not isinstance(obj, dict):
+        return None
+    keys = obj.keys()
+    msg = obj.get("message")
+    if not isinstance(msg, dict) or not (keys == offload._MESSAGE_KEYS or keys == offload._LEGACY_KEYS):
         return None
     seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
     content, mid, calls, meta = (
@@ -552,9 +698,16 @@ def _fast_record(data: bytes, start: int, end: int, where: str) -> tuple[Any, ..
         or not isinstance(mid, str)
         or not isinstance(meta, dict)
         or not isinstance(calls, list)
-        or (attempt is not None and not (offload._valid_id(attempt) and offload._valid_id(obj["journal"])))
     ):
         return None
+    if attempt is not None:
+        journal = obj["journal"]
+        for value in (attempt, journal):
+            ok = valid.get(value) if isinstance(value, str) else False
+            if ok is None:
+                ok = valid[value] = offload._valid_id(value)
+            if not ok:
+                return None
     parts = [content]
     for call in calls:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -564,7 +717,7 @@ def _fast_record(data: bytes, start: int, end: int, where: str) -> tuple[Any, ..
     summary = meta.get("cmdc.kind") == "summary"
     deps = meta.get(offload.ATTEMPTS_KEY) if summary else None
     named = tuple(a for a in deps if offload._valid_id(a)) if isinstance(deps, list) else ()
-    return seq, mid, attempt, compaction, summary, "\n".join(parts), 0, named
+    return seq, mid, attempt, compaction, summary, "\n".join(parts) if calls else content, 0, named
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
@@ -577,9 +730,21 @@ def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
     return out
 
 
-def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]]) -> int:
+def _done_groups(conn: sqlite3.Connection, attempts: Iterable[str]) -> dict[str, str]:
+    """The batch (`done.grp`) of each of `attempts` that is committed."""
+    wanted = list(attempts)
+    out: dict[str, str] = {}
+    for k in range(0, len(wanted), 500):
+        part = wanted[k : k + 500]
+        sql = f"SELECT attempt, grp FROM done WHERE attempt IN ({','.join('?' * len(part))})"
+        out.update(conn.execute(sql, part).fetchall())
+    return out
+
+
+def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]], indexed: int, here: set[int]) -> int:
     """Make visible, for each message id among `rows` (committed records: seq, message id), its
-    first committed record; returns how many more records are visible."""
+    first committed record; returns how many more records are visible. A record numbered past
+    `indexed` is not in the index yet: its number goes into `here` (it is inserted visible)."""
     first: dict[str, int] = {}
     for seq, mid in rows:
         if mid not in first or seq < first[mid]:
@@ -591,9 +756,10 @@ def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]]) -> int:
         sql = f"SELECT mid, seq FROM recs WHERE vis = 1 AND mid IN ({','.join('?' * len(part))})"
         shown.update(conn.execute(sql, part).fetchall())
     hide = [(shown[m],) for m in mids if m in shown and first[m] < shown[m]]
-    show = [(first[m],) for m in mids if m not in shown or first[m] < shown[m]]
+    show = [first[m] for m in mids if m not in shown or first[m] < shown[m]]
+    here.update(seq for seq in show if seq > indexed)
     conn.executemany("UPDATE recs SET vis = 0 WHERE seq = ?", hide)
-    conn.executemany("UPDATE recs SET vis = 1 WHERE seq = ?", show)
+    conn.executemany("UPDATE recs SET vis = 1 WHERE seq = ?", [(seq,) for seq in show if seq <= indexed])
     return len(show) - len(hide)
 
 
@@ -672,28 +838,57 @@ def span_last(conn: sqlite3.Connection, n: int) -> list[Span]:
 
 
 def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
-    """(visible records, their first and last numbers, compactions, damaged lines)."""
-    row = conn.execute("SELECT min(seq), max(seq) FROM recs WHERE vis = 1").fetchone()
+    """(visible records, their first and last numbers, compactions, damaged lines). The
+    compactions are counted once per change of the index, and from where the last count ended
+    (`groups_seq`) while nothing before it changed: a journal that grew is not counted again
+    from its start."""
+    row = conn.execute(
+        "SELECT (SELECT seq FROM recs WHERE vis = 1 ORDER BY seq LIMIT 1), "
+        "(SELECT seq FROM recs WHERE vis = 1 ORDER BY seq DESC LIMIT 1)"
+    ).fetchone()
     meta = _meta(conn)
     if meta.get("groups_mark") == meta["mark"]:  # counted since the last change
         groups = int(meta["groups"])
     else:
-        groups = _compactions(conn.execute("SELECT grp, comp FROM recs WHERE vis = 1 ORDER BY seq"))
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('groups', ?), ('groups_mark', ?)", (groups, meta["mark"]))
+        conn.execute("BEGIN IMMEDIATE")  # the count and where it ended, written as one
+        try:
+            meta = _meta(conn)
+            start = int(meta.get("groups_seq") or 0)
+            state = (int(meta["groups"]), meta["groups_last"], int(meta["groups_num"])) if start else None
+            rows = conn.execute("SELECT seq, grp, comp FROM recs WHERE vis = 1 AND seq > ? ORDER BY seq", (start,))
+            groups, last, number, seq = _compactions(rows, state, start)
+            values = {"groups": groups, "groups_mark": meta["mark"], "groups_seq": seq}
+            values |= {"groups_last": last, "groups_num": number}
+            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
     return int(meta["count"]), int(row[0] or 0), int(row[1] or 0), int(groups), int(meta["damaged"])
 
 
-def _compactions(rows: Iterable[tuple[str | None, int]]) -> int:
-    """How many compactions the visible records (in order) show, counted as the journal's scan
-    counts them: a committed batch whose compaction number moves (capped, masked and clipped
-    results are batches numbered with the current count, not compactions)."""
-    count, last_group, last_number = 0, object(), 0
-    for group, number in rows:
-        if group != last_group:
+_GROUPS = ("groups", "groups_mark", "groups_seq", "groups_last", "groups_num")
+"""The meta keys of the compactions counted (see `extent`)."""
+
+
+def _compactions(
+    rows: Iterable[tuple[int, str | None, int]], state: tuple[int, str | None, int] | None = None, seq: int = 0
+) -> tuple[int, str | None, int, int]:
+    """How many compactions the visible records (in order: seq, group, number) show, counted as
+    the journal's scan counts them: a committed batch whose compaction number moves (capped,
+    masked and clipped results are batches numbered with the current count, not compactions).
+    `state`: (count, last group, its number) after the records up to `seq`, to go on from.
+    Returns the count, the last group and number, and the last record's number."""
+    count, last_group, last_number = state if state is not None else (0, None, 0)
+    first = state is None
+    for at, group, number in rows:
+        if first or group != last_group:
             if number > 0 and number != last_number:
                 count += 1
-            last_group, last_number = group, number
-    return count
+            last_group, last_number, first = group, number, False
+        seq = at
+    return count, last_group, last_number, seq
 
 
 def check(conn: sqlite3.Connection) -> list[str]:
@@ -715,17 +910,19 @@ def check(conn: sqlite3.Connection) -> list[str]:
 class Indexer:
     """One daemon thread per store (at a lower CPU priority) that brings poked journals' indexes
     up to date once the store has been quiet `_QUIET` seconds (at most `_LATEST` after a poke):
-    indexing never competes with a burst of compactions; it ends when idle. `work`
-    is called with each journal path; what it raises is logged and dropped (a reader catches up
-    itself)."""
+    indexing never competes with a burst of compactions; it ends when idle, and when `close`d
+    (the store closed, or collected: the thread holds the store weakly). `work(path, stopped)`
+    is called with each journal path and a check that tells it to stop early (between two
+    transactions); what it raises is logged and dropped (a reader catches up itself)."""
 
-    def __init__(self, work: Callable[[Path], None]) -> None:
-        self._work = work
+    def __init__(self, work: Callable[[Path, Callable[[], bool]], None]) -> None:
+        self._work = weakref.WeakMethod(work) if inspect.ismethod(work) else (lambda: work)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: dict[Path, float] = {}
         self._last = 0.0
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def poke(self, path: Path) -> None:
         with self._lock:
@@ -733,13 +930,27 @@ class Indexer:
             self._pending.setdefault(path, now)
             self._last = now
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="cmdc-index", daemon=True)
+                self._stop = threading.Event()  # each thread its own: a closed one stays stopped
+                self._thread = threading.Thread(target=self._run, args=(self._stop,), name="cmdc-index", daemon=True)
                 self._thread.start()
             self._wake.notify()
 
-    def _next(self) -> Path | None:
+    def close(self) -> threading.Thread | None:
+        """Drop the work not started and tell the thread to end (after the transaction in
+        progress, if any); returns it (for a test to join). Quick: it never waits. A later
+        `poke` starts a new thread. What is dropped is caught up by the next reader."""
+        with self._lock:
+            self._pending.clear()
+            thread, self._thread = self._thread, None
+            self._stop.set()
+            self._wake.notify_all()
+        return thread
+
+    def _next(self, stop: threading.Event) -> Path | None:
         with self._lock:
             while True:
+                if stop.is_set():  # closed: `close` let go of this thread already
+                    return None
                 if not self._pending:
                     self._thread = None
                     return None
@@ -752,18 +963,23 @@ class Indexer:
                     return path
                 self._wake.wait(due - now)
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         from ...events import logger
 
         with contextlib.suppress(OSError, AttributeError):  # Linux: this thread alone yields to the others
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         _BACKGROUND.active = True
 
-        while (path := self._next()) is not None:
+        while (path := self._next(stop)) is not None:
+            work = self._work()
+            if work is None:  # the store was collected
+                return
             try:
-                self._work(path)
+                work(path, stop.is_set)
             except Exception:
                 logger.debug("offload: indexing %s failed", path, exc_info=True)
+            finally:
+                del work
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """For tests: whether the thread finished its work within `timeout`."""

@@ -31,6 +31,7 @@ import re
 import sqlite3
 import stat
 import time
+import weakref
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
@@ -194,7 +195,8 @@ class OffloadStore:
             raise ConfigError(f"index must be True or False, got {index!r}")
         self.index = index
         """Whether the search and offsets index beside each journal is used (see `cmdc.store.file.index`)."""
-        self._indexer = _index.Indexer(self._index_in_background)
+        self._indexer = _index.Indexer(self._index_in_background)  # holds this store weakly
+        weakref.finalize(self, self._indexer.close)  # a store dropped unclosed ends its thread
         self._tokens: dict[Path, tuple[str, trio.lowlevel.TrioToken | None]] = {}  # who to tell of a rebuild
         self._index_seen: set[Path] = set()  # journals whose index this store opened (one gone is missing)
         self._index_conns = _index.Connections()
@@ -204,7 +206,10 @@ class OffloadStore:
 
     async def aclose(self) -> None:
         """Close the idle open search indexes (they reopen on the next use). Quick, and no
-        checkpoint: an agent's task closes its compactor's store as it ends."""
+        checkpoint: an agent's task closes its compactor's store as it ends. The background
+        indexer's thread ends too, after its transaction in progress (the work it had not started
+        is left to the next reader, which catches the index up itself)."""
+        self._indexer.close()
         self._index_conns.close_all()
 
     async def check_usable(self) -> None:
@@ -1068,9 +1073,9 @@ class OffloadStore:
         self._tokens[path] = (agent_id, token)
         self._indexer.poke(path)
 
-    def _index_in_background(self, path: Path) -> None:
+    def _index_in_background(self, path: Path, stopped: Callable[[], bool]) -> None:
         """The background thread's work: bring the index up to the journal's end (no lock: the
-        journal only grows; a reader catches up the rest under its lock)."""
+        journal only grows; a reader catches up the rest under its lock), unless `stopped()`."""
         events: list[tuple[str, dict[str, Any]]] = []
         try:
             fd = os.open(path, _READ_FLAGS)
@@ -1081,7 +1086,7 @@ class OffloadStore:
             conn = _index.connect(path, events, path in self._index_seen)
             self._saw_index(path)
             try:
-                _index.catch_up(conn, fd, path, end, events)
+                _index.catch_up(conn, fd, path, end, events, stopped)
             finally:
                 conn.close()
         finally:

@@ -278,8 +278,7 @@ def _write_synced(
         if isinstance(exc, OSError):
             raise _offload_error(path, exc, "write") from exc
         raise
-    if written is not None:
-        _tell_beside(written)
+    told = None if written is None else _tell_beside(written)
     try:
         try:
             os.fsync(fd)
@@ -287,6 +286,8 @@ def _write_synced(
                 os.posix_fadvise(fd, size, end - size - len(last), os.POSIX_FADV_DONTNEED)
         finally:
             failed = None if entry is None else entry.wait()  # waited for whatever the fsync did
+            if told is not None:  # told before this returns: the callback runs before the append's caller resumes
+                told.acquire()
         if failed is not None:
             raise failed
     except OSError as exc:
@@ -295,22 +296,32 @@ def _write_synced(
     journal.size, journal.last = end, last
 
 
-def _tell_beside(tell: Callable[[], None]) -> None:
+def _tell_beside(tell: Callable[[], None]) -> threading.Lock:
     """`tell()` in a thread of its own, started now, for a caller about to block in a system
     call (the fsync): the new thread first runs when that call releases the GIL. Called here,
     `tell` (waking trio's thread: a socket write, which releases the GIL) let the woken work (a
     ledger, a summary) take the GIL while this thread waited to get it back and start the fsync,
     up to the switch interval (5 ms) each time: measured, the fsync of a 10k-message batch
-    started 5.5 ms after its last write. What `tell` raises is dropped (it is a hint)."""
+    started 5.5 ms after its last write. What `tell` raises is dropped (it is a hint).
+
+    Returns a lock released once `tell` has returned: the writer acquires it before it returns,
+    so what `tell` scheduled in trio's thread runs before the append's caller resumes (without
+    it, a loaded machine could run the thread after the append had returned)."""
+    done = threading.Lock()
+    done.acquire()
 
     def run() -> None:
-        with contextlib.suppress(Exception):
-            tell()
+        try:
+            with contextlib.suppress(Exception):
+                tell()
+        finally:
+            done.release()
 
     try:
         _thread.start_new_thread(run, ())
     except RuntimeError:  # no thread to be had: told here instead
         run()
+    return done
 
 
 class _DirSync:
