@@ -125,8 +125,11 @@ def main(argv: list[str]) -> int:
     parent, grace, lifeline, command = int(argv[0]), float(argv[1]), int(argv[2]), argv[3:]
     os.set_inheritable(lifeline, False)  # the server does not get it
 
+    ending = False  # set once the loop below is left: a signal after that must not skip the clean-up
+
     def stop(_signum: int, _frame: object) -> None:
-        raise _Stop
+        if not ending:
+            raise _Stop
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, stop)
@@ -157,9 +160,11 @@ def main(argv: list[str]) -> int:
             pid, got = os.waitpid(-1, 0)
             if pid == server:
                 status = got
+                ending = True
                 break
     except (_Stop, ChildProcessError):
         pass
+    ending = True
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the clean-up is itself bounded
     _end_all(server, grace)

@@ -43,6 +43,22 @@ CHUNK_BYTES = 65536
 STOP_GRACE = 2.0
 """Seconds for each step of the shutdown: stdin closed, then SIGTERM, then SIGKILL."""
 _REAPER = str(Path(__file__).with_name("_reaper.py"))
+_LIFELINES: set[int] = set()
+"""The write ends of the lifelines of the servers running now (see `stdio_transport`)."""
+
+
+def _close_lifelines_in_child() -> None:
+    """In a forked child (multiprocessing's fork, `os.fork`): close the lifelines' write ends,
+    which are not its own; held open there, they would keep the servers alive after cmdc died."""
+    for fd in list(_LIFELINES):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LIFELINES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_lifelines_in_child)
+
 _PENDING_MAX = 4096  # requests remembered by id (for an oversized reply's method)
 _CLIPPED_KEY = "cmdc.clipped"
 
@@ -240,6 +256,7 @@ async def stdio_transport(
     # not inherited; `pass_fds` hands the read end to the reaper alone). When this process ends,
     # however it ends, the kernel closes the write end and the reaper ends the server.
     lifeline, keep = os.pipe()
+    _LIFELINES.add(keep)
     argv = [
         *(sys.executable, "-I", "-S", _REAPER, str(os.getpid()), str(stop_grace), str(lifeline)),
         *(params.command, *params.args),
@@ -256,6 +273,7 @@ async def stdio_transport(
             pass_fds=(lifeline,),
         )
     except BaseException:
+        _LIFELINES.discard(keep)
         os.close(keep)
         raise
     finally:
@@ -332,6 +350,7 @@ async def stdio_transport(
                 try:
                     await _stop(process, stop_grace)
                 finally:
+                    _LIFELINES.discard(keep)
                     os.close(keep)
                 link.returncode = process.returncode
                 for stream in (read_receive, write_send):

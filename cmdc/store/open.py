@@ -40,7 +40,18 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
         return FileStore(text)
     if isinstance(spec, Store):
         return spec
+    missing = [name for name in _members() if not hasattr(spec, name)]
+    if len(missing) < len(_members()) // 2:  # a store object of the user's, short of some members
+        raise ConfigError(
+            f"{spec!r:.80} is not a store: it has no {', '.join(missing)} (the Store protocol: docs/storage.md)"
+        )
     raise ConfigError(f"store must be a directory, a postgresql:// URL or a store object, got {spec!r:.80}")
+
+
+def _members() -> list[str]:
+    """The `Store` protocol's public members (methods, properties and attributes)."""
+    names = set(dir(Store)) | {n for klass in Store.__mro__ for n in getattr(klass, "__annotations__", {})}
+    return sorted(n for n in names if not n.startswith("_"))
 
 
 __all__ = ["open_store"]

@@ -310,6 +310,27 @@ async def test_a_server_outlives_the_worker_thread_that_started_it(
             await trio.sleep(0.01)
 
 
+async def test_a_forked_child_does_not_hold_a_servers_lifeline() -> None:
+    """A child forked from cmdc's process (multiprocessing's fork) closes the lifelines' write
+    ends at once: held there, they would keep the servers alive after cmdc itself died."""
+    from cmdc.mcp import _transport
+
+    async with cmdc.open_runtime(log_events=False) as rt:
+        await rt.spawn("a1", ScriptedProvider([]), tools=[hostile()])
+        [keep] = list(_transport._LIFELINES)
+        pid = os.fork()
+        if pid == 0:  # the child: its copy of the write end must be closed
+            try:
+                os.fstat(keep)
+            except OSError:
+                os._exit(0)
+            os._exit(1)
+        _, status = await trio.to_thread.run_sync(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        os.fstat(keep)  # the parent's own is open
+    assert not _transport._LIFELINES
+
+
 def test_the_stall_benchmark_prints_its_figures() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.mcp_stall", "--mb", "1", "--repeat", "1"],

@@ -189,6 +189,7 @@ async def test_postgres_candidates_hold_every_word_in_some_form(
 
     monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
     monkeypatch.setattr(pg_search, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
+    monkeypatch.setattr(pg_search, "SEARCH_ALL_BELOW", 0)  # candidates capped, as in a large journal
     store = open_store(postgres_url)
     await store.start()
     try:
@@ -213,6 +214,7 @@ async def test_postgres_candidates_keep_every_record_of_a_rare_word(
 
     monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
     monkeypatch.setattr(pg_search, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
+    monkeypatch.setattr(pg_search, "SEARCH_ALL_BELOW", 0)  # candidates capped, as in a large journal
     store = open_store(postgres_url)
     await store.start()
     try:
@@ -243,3 +245,38 @@ async def test_a_word_some_record_holds_is_searched_as_typed(store: Store) -> No
     assert await top(store, "foxes") == [3]
     assert sorted(await top(store, "puppy dog")) == [4]  # "dog" is held: "dogs" is not searched for
     assert sorted(await top(store, "cats and dogged")) == [4, 5]  # "dogged": not held, its forms dog, dogs
+
+
+async def test_a_small_journal_ranks_every_record_holding_a_word(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below `SEARCH_ALL_BELOW` records PostgreSQL ranks every record holding a query word, not
+    `SEARCH_CANDIDATES` of them: none of a small journal's matches is left out unranked."""
+    from cmdc.store.postgres import search as pg_search
+
+    monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
+    store = open_store(postgres_url)
+    await store.start()
+    try:
+        msgs = [Message.user(f"port {8000 + i} is open") for i in range(40)]
+        msgs[37] = Message.user("port 8037 is open, port 8037 is the gateway's port")
+        await store.append("a1", msgs, compaction=1)
+        await store.index("a1")  # type: ignore[attr-defined]
+        assert len(await store.search("a1", "port gateway", limit=30)) == 30
+        assert (await top(store, "port gateway"))[0] == 38
+        monkeypatch.setattr(pg_search, "SEARCH_ALL_BELOW", 0)  # capped: at most 5 + 5 ranked
+        assert len(await store.search("a1", "port", limit=30)) <= 10
+    finally:
+        await store.aclose()
+
+
+async def test_a_query_of_characters_the_search_drops_matches_nothing(store: Store) -> None:
+    """`___`, `½` or a 3,000-character word hold no word either store indexes as such: no record
+    is a match (PostgreSQL's empty query once matched every record of the agent)."""
+    msgs = [Message.user(t) for t in ("hello world", "other words", "snake_case_name here", "__init__ file")]
+    await store.append("a1", msgs, compaction=1)
+    index = getattr(store, "index", None)
+    if callable(index):
+        await index("a1")
+    for query in ("___", "½", "x" * 3000):
+        assert await store.search("a1", query) == [], query

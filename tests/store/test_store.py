@@ -313,10 +313,29 @@ async def test_agents_lists_journals_and_checkpoints_and_written_at_says_when(st
     [again] = await store.written_at(["c1"])
     assert again is not None and again >= saved
     assert await store.written_at([]) == []
+    [journal_only] = await store.written_at(["j1"])  # a journal and no checkpoint: its last write
+    assert journal_only is not None and before - 5 <= journal_only <= time.time() + 5
     for bad in BAD_IDS:
         with pytest.raises(ConfigError):
             await store.written_at(["c1", bad])
     assert store.shared is (not isinstance(store, FileStore))  # a database is shared, a directory is not
+
+
+def test_a_store_object_short_of_some_members_is_told_which(tmp_path: Path) -> None:
+    """A store of the user's own that lacks members of the protocol gets a ConfigError naming
+    them (not "store must be a directory...")."""
+    from cmdc.store.open import _members
+
+    class Mine:
+        pass
+
+    for name in _members():
+        if name not in ("shared", "written_at"):
+            setattr(Mine, name, lambda *a: None)
+    with pytest.raises(ConfigError, match="is not a store: it has no shared, written_at"):
+        open_store(Mine())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="store must be a directory"):
+        open_store(object())  # type: ignore[arg-type]
 
 
 async def test_unsafe_agent_ids_are_refused_before_anything(store: Store) -> None:

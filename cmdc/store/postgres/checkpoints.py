@@ -95,8 +95,8 @@ class CheckpointRows:
         return await self._run(self._agents_sync)
 
     async def written_at(self, agent_ids: Sequence[str]) -> list[float | None]:
-        """When each agent's checkpoint was last saved (None: it has none; a compaction's batch
-        becomes visible with the checkpoint that names it, so this covers the journal too)."""
+        """When each agent's checkpoint was last saved or its journal last written, whichever
+        is later (None: neither exists)."""
         ids = [validate_agent_id(a) for a in agent_ids]
         saved = await self._run(self._saved_sync, ids)
         return [saved.get(a) for a in ids]
@@ -112,8 +112,13 @@ class CheckpointRows:
     @staticmethod
     def _saved_sync(conn: psycopg.Connection[Any], ids: list[str]) -> dict[str, float]:
         with conn.transaction():
-            rows = conn.execute("SELECT agent_id, saved_at FROM cmdc_checkpoints WHERE agent_id = ANY(%s)", (ids,))
-            return {str(a): float(t) for a, t in rows}
+            rows = conn.execute(
+                "SELECT u.id, greatest((SELECT c.saved_at FROM cmdc_checkpoints c WHERE c.agent_id = u.id), "
+                "(SELECT r.ts FROM cmdc_records r WHERE r.agent_id = u.id ORDER BY r.seq DESC LIMIT 1)) "
+                "FROM unnest(%s::text[]) AS u(id)",
+                (ids,),
+            )
+            return {str(a): float(t) for a, t in rows if t is not None}
 
     def _save_sync(self, conn: psycopg.Connection[Any], agent_id: str, state: State, attempts: list[str]) -> None:
         data = state.to_json()  # in the worker: a state holding megabytes is a long call

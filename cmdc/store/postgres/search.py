@@ -36,6 +36,10 @@ SEARCH_CANDIDATES = 200
 read and its vector's bound, so this bounds a search's time at a million records (p99 16 ms
 against 25 ms at 500, side by side on a loaded machine), and the ranks hardly move (97% of the
 top 5 the same as with 500, on two-word queries matching ~2,400 of 1M records)."""
+SEARCH_ALL_BELOW = 2_000
+"""Journals with at most this many records rank every record that holds a query word (no
+candidate cap): a small journal's best match is never left out for being a late match of a
+common word, and its results are the file store's."""
 _SOME_LOOKUPS = 8  # index lookups at most for the candidates holding some words (one per word, rarest first)
 SEARCH_DF_MAX = 100_000
 """Records a search counts at most for a word's rarity (a word in more is common anyway)."""
@@ -343,7 +347,9 @@ class SearchRows:
             rows = conn.execute(VISIBLE + " AND r.seq = ANY(%s)", (agent_id, seqs), binary=True).fetchall()
             fetched = [(row, _ranked_words(bytes(row[3]))) for row in rows]
             best += scored([(row, doc) for row, doc in fetched if doc is not None])
-        best.sort(key=lambda s: s[:2])
+        # a record holding none of the words scores 0: not a match (a query of only characters
+        # the search configuration drops matched every record through the agent's lexeme)
+        best = sorted((s for s in best if s[0] < 0), key=lambda s: s[:2])
         return decode([row for _, _, row in best[:want]], max_chars)[0][:limit]
 
     _MARK_AND_COUNTS = (
@@ -423,7 +429,7 @@ class SearchRows:
         lexeme's own entries are few. A large one by its words alone (its lexeme's entries
         would cost more to read than the other agents' matches the filter drops, which its own
         matches outnumber)."""
-        cap = SEARCH_CANDIDATES
+        cap = SEARCH_CANDIDATES if top > SEARCH_ALL_BELOW else max(SEARCH_CANDIDATES, top)
         tsqueries = [" | ".join(_lexeme(t) for t in g) for g in groups]
         every = " & ".join(q if len(g) == 1 else f"({q})" for q, g in zip(tsqueries, groups, strict=True))
         late: list[Any] = []
@@ -465,4 +471,11 @@ class SearchRows:
         return late, [(seq, *_vector_counts(words, terms)) for seq, words in found.items()]
 
 
-__all__ = ["SEARCH_CANDIDATES", "SEARCH_DF_MAX", "SEARCH_NARROW_BELOW", "SEARCH_UNINDEXED_MAX", "SearchRows"]
+__all__ = [
+    "SEARCH_ALL_BELOW",
+    "SEARCH_CANDIDATES",
+    "SEARCH_DF_MAX",
+    "SEARCH_NARROW_BELOW",
+    "SEARCH_UNINDEXED_MAX",
+    "SearchRows",
+]
