@@ -347,9 +347,7 @@ class SearchRows:
             rows = conn.execute(VISIBLE + " AND r.seq = ANY(%s)", (agent_id, seqs), binary=True).fetchall()
             fetched = [(row, _ranked_words(bytes(row[3]))) for row in rows]
             best += scored([(row, doc) for row, doc in fetched if doc is not None])
-        # a record holding none of the words scores 0: not a match (a query of only characters
-        # the search configuration drops matched every record through the agent's lexeme)
-        best = sorted((s for s in best if s[0] < 0), key=lambda s: s[:2])
+        best.sort(key=lambda s: s[:2])
         return decode([row for _, _, row in best[:want]], max_chars)[0][:limit]
 
     _MARK_AND_COUNTS = (
@@ -438,8 +436,8 @@ class SearchRows:
             late = conn.execute(self._LATE, past, binary=True).fetchall()
         narrow = top <= SEARCH_NARROW_BELOW
         match = "to_tsquery('simple', %({q})s)"
-        if narrow:
-            match = f"({match} && %(mine)s::tsquery)"
+        if narrow:  # (a query the configuration keeps no lexeme of stays empty: `'' && mine` would be every record)
+            match = f"(CASE WHEN numnode({match}) = 0 THEN {match} ELSE {match} && %(mine)s::tsquery END)"
         args: dict[str, Any] = {
             "every": every,
             "agent": agent_id,
