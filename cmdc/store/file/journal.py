@@ -591,15 +591,7 @@ class OffloadStore:
         if len(in_batch) != len(ids):  # a message repeated within the batch: written once
             batch = tuple(dict(zip(ids, batch, strict=True)).values())
             ids = list(map(_MESSAGE_ID, batch))
-        doing = "open"
-        try:
-            fd = self._open_locked(path)
-        except OSError as exc:
-            raise _offload_error(path, exc, doing) from exc
-        try:
-            doing = "check the end of"
-            self._check_tail(fd, path, journal, agent_id, events)
-            head, jid = self._expect(fd, path, journal, agent_id, expect, events)
+        with self._at_end(path, journal, agent_id, expect, events) as (fd, head, jid):
             if expect is not None and journal.seq > expect.seq and not head:
                 # The journal holds records the caller's state has not seen (a retry after an
                 # abandoned attempt, a state resumed from an older checkpoint): some messages of
@@ -639,10 +631,6 @@ class OffloadStore:
                 journal.committed.update(ordered)
                 self._prune(journal, ordered)
             return result
-        except OSError as exc:
-            raise _offload_error(path, exc, doing) from exc
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _learn_since(fd: int, path: Path, journal: _Journal, since: int, wanted: set[str]) -> None:
@@ -757,6 +745,26 @@ class OffloadStore:
             return  # every record would be kept: the copy (a second index of them all) would be the same
         journal.known = journal.known.kept(kept_attempt)
 
+    @contextlib.contextmanager
+    def _at_end(
+        self, path: Path, journal: _Journal, agent_id: str, expect: JournalRef | None, events: list[Any]
+    ) -> Iterator[tuple[int, bytes, str]]:
+        """The journal's file opened and locked, its end checked (a torn tail moved aside) and
+        matched to `expect` (`_expect`): `(fd, head, journal id)`, the file closed afterwards.
+        An `OSError` within, the caller's included, becomes an `OffloadError` naming the step."""
+        try:
+            fd = self._open_locked(path)
+        except OSError as exc:
+            raise _offload_error(path, exc, "open") from exc
+        try:
+            self._check_tail(fd, path, journal, agent_id, events)
+            head, jid = self._expect(fd, path, journal, agent_id, expect, events)
+            yield fd, head, jid
+        except OSError as exc:
+            raise _offload_error(path, exc, "check the end of") from exc
+        finally:
+            os.close(fd)
+
     def _commit_sync(
         self,
         journal: _Journal,
@@ -766,15 +774,7 @@ class OffloadStore:
         attempts: tuple[str, ...],
         expect: JournalRef | None,
     ) -> bool:
-        doing = "open"
-        try:
-            fd = self._open_locked(path)
-        except OSError as exc:
-            raise _offload_error(path, exc, doing) from exc
-        try:
-            doing = "check the end of"
-            self._check_tail(fd, path, journal, agent_id, events)
-            head, jid = self._expect(fd, path, journal, agent_id, expect, events)
+        with self._at_end(path, journal, agent_id, expect, events) as (fd, head, jid):
             wanted = [a for a in attempts if a not in journal.committed]
             if head or not wanted:  # a new file holds no attempt to commit
                 return False
@@ -788,10 +788,6 @@ class OffloadStore:
             journal.committed.update(wanted)
             self._prune(journal, wanted)
             return True
-        except OSError as exc:
-            raise _offload_error(path, exc, doing) from exc
-        finally:
-            os.close(fd)
 
     def _peek_next_seq(self, path: Path, journal: _Journal) -> int:
         try:
