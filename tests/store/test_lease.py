@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,23 +18,6 @@ from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.store import Leases, Store, open_store
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(params=["file", "postgres"])
-def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "file":
-        return str(tmp_path / "store")
-    return str(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-async def store(store_spec: str) -> AsyncIterator[Store]:
-    made = open_store(store_spec)
-    await made.start()
-    try:
-        yield made
-    finally:
-        await made.aclose()
 
 
 def leases(store: Store) -> Leases:

@@ -3,7 +3,6 @@ queries that stay plain words."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -11,19 +10,6 @@ import pytest
 from cmdc import Message
 from cmdc.message import KIND_KEY, SUMMARY_KIND
 from cmdc.store import Store, open_store
-
-
-@pytest.fixture(params=["file", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "file":
-        made: Store = open_store(tmp_path / "store")
-    else:
-        made = open_store(request.getfixturevalue("postgres_url"))
-    await made.start()
-    try:
-        yield made
-    finally:
-        await made.aclose()
 
 
 def corpus() -> list[Message]:

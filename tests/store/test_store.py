@@ -6,7 +6,6 @@ The PostgreSQL cases need a server (see tests/conftest.py); the file cases alway
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,19 +19,6 @@ from cmdc.providers import ModelRequest, ScriptedProvider
 from cmdc.store import FileStore, Store, open_store
 
 BAD_IDS = ["", ".hidden", "a/b", "../x", "a\x00b", "x" * 129, "-lead"]
-
-
-@pytest.fixture(params=["file", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "file":
-        made: Store = open_store(tmp_path / "store")
-    else:
-        made = open_store(request.getfixturevalue("postgres_url"))
-    await made.start()
-    try:
-        yield made
-    finally:
-        await made.aclose()
 
 
 def batch(n: int, tag: str = "m") -> list[Message]:
@@ -399,13 +385,6 @@ async def test_file_errors_are_typed(tmp_path: Path) -> None:
         await store.append("a1", batch(1), compaction=1)
     with pytest.raises(CheckpointError):
         await store.checkpoints.save(State(agent_id="a1"))
-
-
-@pytest.fixture(params=["file", "postgres"])
-def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "file":
-        return str(tmp_path / "store")
-    return str(request.getfixturevalue("postgres_url"))
 
 
 def _answer(request: ModelRequest) -> str:
