@@ -530,3 +530,31 @@ async def test_the_compactions_counted_as_the_journal_grows_are_the_journals(
         report = await writer.verify("a")
         assert (ext.records, ext.compactions) == (report.records, report.compactions)
     assert (await reader.check_index("a")).ok
+
+
+@pytest.mark.parametrize("plain_run", [64, 10**9])
+async def test_runs_of_plain_records_and_rows_index_the_same_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plain_run: int
+) -> None:
+    """The build sends a run of consecutive records without identifiers as one array of texts
+    and the rest as rows: runs cut by an identifier, by a batch's commit line, by a NUL (JSON
+    cannot carry it) and by a chunk's end index every word of every record, in order, as rows
+    alone do (`plain_run` 10**9: no run is long enough)."""
+    monkeypatch.setattr(_index, "_PLAIN_RUN", plain_run)
+    monkeypatch.setattr(_index, "_CHUNK", 20_000)
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(150), compaction=1)
+    await store.append("a", [Message.user("see src/billing/mod_7.py now")], compaction=2)
+    texts = [f"plain {i} zz{i % 7}" for i in range(120)]
+    texts[60] = "nul\x00inside zz3"
+    await store.append("a", [Message.user(t) for t in texts], compaction=3)
+    await store.append("a", batch(100, 150), compaction=4)
+    scanned = await store.records("a")
+    indexed = OffloadStore(tmp_path)
+    for word in ("zz3", "word7", "item149", "item150", "inside", "now"):
+        want = {r.seq for r in scanned if word in r.message.text.replace("\x00", " ").split()}
+        assert want, word
+        assert {r.seq for r in await indexed.search("a", word, 1_000)} == want, word
+    assert [r.seq for r in await indexed.search("a", "src/billing/mod_7.py", 1)] == [151]
+    assert (await indexed.check_index("a")).ok
+    assert (await indexed.extent("a")).records == len(scanned) == 371
