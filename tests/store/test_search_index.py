@@ -558,3 +558,41 @@ async def test_runs_of_plain_records_and_rows_index_the_same_words(
     assert [r.seq for r in await indexed.search("a", "src/billing/mod_7.py", 1)] == [151]
     assert (await indexed.check_index("a")).ok
     assert (await indexed.extent("a")).records == len(scanned) == 371
+
+
+@pytest.mark.parametrize("chunk", [300, 1 << 20])
+async def test_batches_committed_by_a_summary_then_by_a_commit_line_read_as_a_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """A batch committed first by a committed summary naming it, later by its own commit line
+    (its records change batch, some already shown), a message written by two batches (the
+    first committed record shown) and a batch never committed: the index shows the records, the
+    search and the compactions a scan shows, built in small chunks or in one."""
+    from cmdc.offload import ATTEMPTS_KEY
+
+    monkeypatch.setattr(_index, "_CHUNK", chunk)
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(4), compaction=1)
+    early = await store.append("a", batch(5, 100), attempt=new_attempt_id(), commit=False, compaction=2)
+    twice = Message.user("twice says word7")
+    hidden = await store.append("a", [twice, *batch(2, 200)], attempt=new_attempt_id(), commit=False, compaction=2)
+    await store.append("a", batch(3, 300), attempt=new_attempt_id(), commit=False, compaction=2)  # never committed
+    summary = Message.user(
+        "summary of the early batch", metadata={"cmdc.kind": "summary", ATTEMPTS_KEY: list(early.pending)}
+    )
+    await store.append("a", [summary, twice], compaction=3)  # commits `early` through the summary
+    await store.commit("a", early.pending)  # and then its own line names it
+    await store.commit("a", hidden.pending)  # `twice` was committed by the batch before: shown there
+    await store.append("a", batch(3, 400), compaction=4)
+    scanned = await store.records("a")
+    indexed = OffloadStore(tmp_path)
+    assert [(r.seq, r.message.id) for r in await indexed.read_range("a", 0, 10_000)] == [
+        (r.seq, r.message.id) for r in scanned
+    ]
+    ext = await indexed.extent("a")
+    assert (ext.records, ext.compactions) == (len(scanned), (await store.verify("a")).compactions)
+    for word in ("word7", "item103", "item201", "item301", "early"):
+        assert {r.seq for r in await indexed.search("a", word, 100)} == {
+            r.seq for r in scanned if word in r.message.text.split()
+        }, word
+    assert (await indexed.check_index("a")).ok

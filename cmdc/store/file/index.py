@@ -62,11 +62,11 @@ if TYPE_CHECKING:
 
 SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
-VERSION = 3
+VERSION = 4
 # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves);
 # 3: FTS5 hashsize 64 MB, no index on recs.vis (the first and last visible records are found
 # walking the record numbers from either end)
-_CHUNK = 8 * 1024 * 1024  # journal bytes indexed per transaction
+_CHUNK = 16 * 1024 * 1024  # journal bytes indexed per transaction
 LOCKED_CATCH_UP = 1024 * 1024
 """Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
 before it takes the lock (writers are not held up by a long catch-up)."""
@@ -112,7 +112,9 @@ _SCHEMA = (
     "attempt TEXT, summary INTEGER NOT NULL, vis INTEGER NOT NULL DEFAULT 0, grp TEXT, "
     "comp INTEGER NOT NULL DEFAULT 0)",
     "CREATE INDEX recs_mid ON recs (mid, vis)",
-    "CREATE INDEX recs_attempt ON recs (attempt)",
+    # hidden records by batch: those of a batch not committed yet are all hidden (a rebuild
+    # inserts most records visible, and so into no index of this)
+    "CREATE INDEX recs_attempt ON recs (attempt) WHERE vis = 0",
     "CREATE TABLE done (attempt TEXT PRIMARY KEY, grp TEXT NOT NULL)",
     "CREATE TABLE deps (attempt TEXT NOT NULL, dep TEXT NOT NULL)",
     "CREATE INDEX deps_attempt ON deps (attempt)",
@@ -386,7 +388,7 @@ class _Parsed(NamedTuple):
     last_seq: int
     damaged: int  # its damaged lines
     recs: list[tuple[int, int, int, str, str | None, int, str | None, int]]
-    words: list[tuple[int, str, str]]
+    words: list[_Insert]  # the inserts of its records' words (`_word_inserts`)
     deps: list[tuple[str, str]]
     commits: list[tuple[tuple[str, ...], str]]  # (attempts, group) in order
 
@@ -479,7 +481,7 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
             words.append((seq, folded, " ".join(ids)))
             deps += ((attempt or "", a) for a in deps_of)
     counted("records", len(recs))
-    return _Parsed(mark, after, stop, last_seq, damaged, recs, words, deps, commits)
+    return _Parsed(mark, after, stop, last_seq, damaged, recs, _word_inserts(words), deps, commits)
 
 
 def _index_chunk(
@@ -497,7 +499,8 @@ def _index_chunk(
         parsed = _parse_chunk(fd, path, mark, end, int(meta["last_seq"]))
     recs, words, deps, commits = parsed.recs, parsed.words, parsed.deps, parsed.commits
     # first the words, one statement without Python's lock: the next chunk is decoded meanwhile
-    _insert_words(conn, words)
+    for insert in words:
+        insert.run(conn)
     conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
     # which records become visible: those of attempts committed now (by a commit line, or by a
     # committed summary naming them), those of attempts committed before, and legacy ones. This
@@ -529,11 +532,9 @@ def _index_chunk(
     for k in range(0, len(changed), 500):
         part = changed[k : k + 500]
         marks = ",".join("?" * len(part))
-        conn.execute(
-            f"UPDATE recs SET grp = (SELECT grp FROM done d WHERE d.attempt = recs.attempt) WHERE attempt IN ({marks})",
-            part,
-        )
-        rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks})", part).fetchall()
+        regroup = "UPDATE recs SET grp = (SELECT grp FROM done d WHERE d.attempt = recs.attempt) WHERE attempt IN"
+        conn.execute(f"{regroup} ({marks}) AND vis = 0", part)
+        rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks}) AND vis = 0", part).fetchall()
     # records indexed before this chunk whose batch or visibility changes (a hidden one comes
     # after the one shown instead): the compactions counted up to there are counted again
     changed_from = min((seq for seq, _ in rows), default=None) if not regrouped else 0
@@ -577,31 +578,36 @@ def _as_json(values: Sequence[Any]) -> str | None:
     return None if b"\\u0000" in blob else blob.decode()  # as text: SQLite 3.45+ reads a BLOB as JSONB
 
 
-def _insert(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+class _Insert(NamedTuple):
+    """An insert prepared off SQLite's thread: `sql` with `args` and then `blob` (JSON of its
+    values, for `json_each`); `plain` with `executemany` over `rows` when JSON cannot carry them
+    (`blob` None) or SQLite has no JSON functions."""
+
+    sql: str
+    args: tuple[Any, ...]
+    blob: str | None
+    plain: str
+    rows: Sequence[tuple[Any, ...]]
+
+    def run(self, conn: sqlite3.Connection) -> None:
+        if self.blob is not None:
+            try:
+                conn.execute(self.sql, (*self.args, self.blob))
+                return
+            except sqlite3.OperationalError as exc:
+                if "no such" not in str(exc):
+                    raise
+        conn.executemany(self.plain, self.rows)
+
+
+def _as_rows(sql: str, rows: Sequence[tuple[Any, ...]]) -> _Insert:
     """`conn.executemany(sql, rows)` as one statement over the rows sent as JSON (`json_each`):
     SQLite then inserts them all without Python's lock (`executemany` takes it back for each
-    row, and waits for it while another thread decodes). Rows JSON cannot carry go the usual
-    way."""
+    row, and waits for it while another thread decodes)."""
     m = _VALUES.search(sql)
     assert m is not None, sql
     columns = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(m[1].count("?")))
-    _insert_json(conn, sql[: m.start()] + f"SELECT {columns} FROM json_each(?)", (), rows, sql, rows)
-
-
-def _insert_json(
-    conn: sqlite3.Connection, sql: str, args: tuple[Any, ...], values: Sequence[Any], plain: str, rows: Sequence[Any]
-) -> None:
-    """`sql` with `args` and then `values` as JSON; `conn.executemany(plain, rows)` instead when
-    JSON cannot carry them or SQLite was built without its JSON functions."""
-    blob = _as_json(values)
-    if blob is not None:
-        try:
-            conn.execute(sql, (*args, blob))
-            return
-        except sqlite3.OperationalError as exc:
-            if "no such" not in str(exc):
-                raise
-    conn.executemany(plain, rows)
+    return _Insert(sql[: m.start()] + f"SELECT {columns} FROM json_each(?)", (), _as_json(rows), sql, rows)
 
 
 _WORDS_SQL = "INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)"
@@ -609,12 +615,14 @@ _TEXTS_SQL = "INSERT INTO fts (rowid, body, ids) SELECT ? + key, value, '' FROM 
 _PLAIN_RUN = 64  # consecutive records without identifiers sent as one array of their texts, at least
 
 
-def _insert_words(conn: sqlite3.Connection, words: Sequence[tuple[int, str, str]]) -> None:
-    """The words of records (number, text, identifiers; numbers rising) into the FTS table, in
-    their order (FTS5 writes out its pending terms when a number does not rise). A run of
-    consecutive numbers without identifiers (most text) is sent as one JSON array of its
-    texts, numbered from the first: SQLite reads each text once, where a row of three values
-    costs it a parse of the row per value; the rest as rows (`_insert`)."""
+def _word_inserts(words: Sequence[tuple[int, str, str]]) -> list[_Insert]:
+    """The inserts of records' words (number, text, identifiers; numbers rising) into the FTS
+    table, in their order (FTS5 writes out its pending terms when a number does not rise),
+    prepared beside SQLite's thread. A run of consecutive numbers without identifiers (most
+    text) is sent as one JSON array of its texts, numbered from the first: SQLite reads each
+    text once, where a row of three values costs it a parse of the row per value; the rest as
+    rows."""
+    inserts: list[_Insert] = []
     start = k = 0
     n = len(words)
     while k < n:
@@ -627,12 +635,13 @@ def _insert_words(conn: sqlite3.Connection, words: Sequence[tuple[int, str, str]
             k = end
             continue
         if start < k:
-            _insert(conn, _WORDS_SQL, words[start:k])
+            inserts.append(_as_rows(_WORDS_SQL, words[start:k]))
         run = words[k:end]
-        _insert_json(conn, _TEXTS_SQL, (run[0][0],), [w[1] for w in run], _WORDS_SQL, run)
+        inserts.append(_Insert(_TEXTS_SQL, (run[0][0],), _as_json([w[1] for w in run]), _WORDS_SQL, run))
         start = k = end
     if start < n:
-        _insert(conn, _WORDS_SQL, words[start:n])
+        inserts.append(_as_rows(_WORDS_SQL, words[start:n]))
+    return inserts
 
 
 _REST_WORDS = 500_000  # distinct words of a huge text's rest that are indexed at most
