@@ -596,3 +596,62 @@ async def test_batches_committed_by_a_summary_then_by_a_commit_line_read_as_a_sc
             r.seq for r in scanned if word in r.message.text.split()
         }, word
     assert (await indexed.check_index("a")).ok
+
+
+async def test_a_batch_committed_by_a_summary_and_later_its_line_is_moved_through_an_index(
+    tmp_path: Path,
+) -> None:
+    """The index brought up to date between each summary naming a batch and the batch's own
+    commit line (a reader or the background indexer may): every such batch is moved to its
+    line's group, by an update that reads an index, not the whole records table; the records
+    and the compactions are those a scan gives."""
+    from cmdc.offload import ATTEMPTS_KEY
+
+    store = OffloadStore(tmp_path, index=False)
+    ends = []
+    for i in range(40):
+        records = [Message.user(f"rec {i} {j}") for j in range(5)]
+        pending = await store.append("a", records, attempt=new_attempt_id(), commit=False, compaction=i + 1)
+        summary = Message.user(f"summary {i}", metadata={"cmdc.kind": "summary", ATTEMPTS_KEY: list(pending.pending)})
+        await store.append("a", [summary], compaction=i + 1)
+        ends.append(store.path_for("a").stat().st_size)
+        await store.commit("a", pending.pending)
+    path = store.path_for("a")
+    ends.append(path.stat().st_size)
+    conn = _index.connect(path, [])
+    fd = os.open(path, os.O_RDONLY)
+    moved: list[str] = []
+    plans: list[str] = []
+    regroup = "UPDATE recs SET grp = ? WHERE attempt = ?"
+
+    def trace(sql: str) -> None:  # (the statement as run: its parameters may be filled in)
+        if sql.startswith("UPDATE recs SET grp = ") and sql.endswith(" AND grp = attempt"):
+            moved.append(sql)
+
+    try:
+        conn.set_trace_callback(trace)
+        for end in ends:
+            _index.catch_up(conn, fd, path, end, [])
+        conn.set_trace_callback(None)
+        plans = [str(r) for r in conn.execute(f"EXPLAIN QUERY PLAN {regroup} AND grp = attempt", ("c1", "k1"))]
+    finally:
+        os.close(fd)
+        conn.close()
+    assert len(moved) == 40
+    assert plans and all("SCAN recs" not in p for p in plans), plans
+    scanned = await store.records("a")
+    indexed = OffloadStore(tmp_path)
+    assert [r.seq for r in await indexed.read_range("a", 0, 10_000)] == [r.seq for r in scanned]
+    assert (await indexed.extent("a")).compactions == (await store.verify("a")).compactions
+
+
+def test_a_run_of_texts_never_takes_a_record_with_identifiers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However short a run may be, a record with identifiers goes as a row (its identifiers
+    with it), and the inserts hold every record once, in order."""
+    monkeypatch.setattr(_index, "_PLAIN_RUN", 1)
+    words = [(1, "see src/a.py", "src\ue000a\ue001py"), (2, "plain", ""), (3, "more", ""), (5, "gap", "")]
+    inserts = _index._word_inserts(words)
+    assert [row for i in inserts for row in i.rows] == words
+    for insert in inserts:
+        if insert.sql == _index._TEXTS_SQL:
+            assert all(not row[2] for row in insert.rows)

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
-VERSION = 4
+VERSION = 5
 # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves);
 # 3: FTS5 hashsize 64 MB, no index on recs.vis (the first and last visible records are found
 # walking the record numbers from either end)
@@ -115,6 +115,9 @@ _SCHEMA = (
     # hidden records by batch: those of a batch not committed yet are all hidden (a rebuild
     # inserts most records visible, and so into no index of this)
     "CREATE INDEX recs_attempt ON recs (attempt) WHERE vis = 0",
+    # the records of batches committed by a summary naming them (their group is their batch):
+    # a commit line for one of them later moves them all, shown or not, to its group
+    "CREATE INDEX recs_own_group ON recs (attempt) WHERE grp = attempt",
     "CREATE TABLE done (attempt TEXT PRIMARY KEY, grp TEXT NOT NULL)",
     "CREATE TABLE deps (attempt TEXT NOT NULL, dep TEXT NOT NULL)",
     "CREATE INDEX deps_attempt ON deps (attempt)",
@@ -515,7 +518,7 @@ def _index_chunk(
                 fresh.append(a)
             elif row[0] == a:  # committed by a summary until now: a commit line names its batch
                 conn.execute("UPDATE done SET grp = ? WHERE attempt = ?", (grp, a))
-                conn.execute("UPDATE recs SET grp = ? WHERE attempt = ?", (grp, a))
+                conn.execute("UPDATE recs SET grp = ? WHERE attempt = ? AND grp = attempt", (grp, a))
                 regrouped = True
     new_attempts = {r[4] for r in recs if r[4] is not None}
     old = _done_among(conn, new_attempts - set(fresh))
@@ -631,7 +634,7 @@ def _word_inserts(words: Sequence[tuple[int, str, str]]) -> list[_Insert]:
             seq = words[k][0]
             while end < n and not words[end][2] and words[end][0] == seq + end - k:
                 end += 1
-        if end - k < _PLAIN_RUN:
+        if words[k][2] or end - k < _PLAIN_RUN:
             k = end
             continue
         if start < k:
