@@ -3,6 +3,7 @@ queries that stay plain words."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -165,57 +166,52 @@ async def test_hostile_queries_are_plain_words(store: Store, query: str) -> None
     assert [r.seq for r in await store.read_range("a1", 1, 200)] == list(range(1, 63))  # nothing dropped
 
 
-async def test_postgres_candidates_hold_every_word_in_some_form(
-    postgres_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+async def capped_postgres(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Store]:
+    """A PostgreSQL store searching as it does a large journal: by the words alone, at most 5
+    candidates; started, and closed after the test."""
+    from cmdc.store.postgres import search as pg_search
+
+    monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
+    monkeypatch.setattr(pg_search, "SEARCH_NARROW_BELOW", 0)
+    monkeypatch.setattr(pg_search, "SEARCH_ALL_BELOW", 0)
+    store = open_store(postgres_url)
+    await store.start()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+async def test_postgres_candidates_hold_every_word_in_some_form(capped_postgres: Store) -> None:
     """PostgreSQL takes its bounded candidates first among the records holding every word of
     the query in some form (a word's forms are one group): with more records holding one word
     than candidates, the one holding both is still found."""
-    from cmdc.store.postgres import search as pg_search
-
-    monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
-    monkeypatch.setattr(pg_search, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
-    monkeypatch.setattr(pg_search, "SEARCH_ALL_BELOW", 0)  # candidates capped, as in a large journal
-    store = open_store(postgres_url)
-    await store.start()
-    try:
-        msgs = [Message.user(f"build {i} finished fine") for i in range(40)]
-        msgs[33] = Message.user("the build failed at step 3")
-        await store.append("a1", msgs, compaction=1)
-        await store.index("a1")  # type: ignore[attr-defined]
-        assert (await top(store, "build fails"))[0] == 34  # "build" is held: as typed; "fails" is not: its forms
-        hits = await store.search("a1", "builds", limit=5)  # "builds" is not held: "build" is searched
-        assert len(hits) == 5 and all("build " in r.message.text for r in hits)
-    finally:
-        await store.aclose()
+    store = capped_postgres
+    msgs = [Message.user(f"build {i} finished fine") for i in range(40)]
+    msgs[33] = Message.user("the build failed at step 3")
+    await store.append("a1", msgs, compaction=1)
+    await store.index("a1")  # type: ignore[attr-defined]
+    assert (await top(store, "build fails"))[0] == 34  # "build" is held: as typed; "fails" is not: its forms
+    hits = await store.search("a1", "builds", limit=5)  # "builds" is not held: "build" is searched
+    assert len(hits) == 5 and all("build " in r.message.text for r in hits)
 
 
-async def test_postgres_candidates_keep_every_record_of_a_rare_word(
-    postgres_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_postgres_candidates_keep_every_record_of_a_rare_word(capped_postgres: Store) -> None:
     """PostgreSQL's candidates holding some of the words are shared among the words rarest
     first: with far more records holding a common word than candidates, the one record holding
     the rare word (written last, after every common one) is still ranked, and first."""
-    from cmdc.store.postgres import search as pg_search
-
-    monkeypatch.setattr(pg_search, "SEARCH_CANDIDATES", 5)
-    monkeypatch.setattr(pg_search, "SEARCH_NARROW_BELOW", 0)  # a large journal's way: by the words alone
-    monkeypatch.setattr(pg_search, "SEARCH_ALL_BELOW", 0)  # candidates capped, as in a large journal
-    store = open_store(postgres_url)
-    await store.start()
-    try:
-        msgs = [Message.user(f"port {8000 + i} is open") for i in range(60)]
-        msgs += [Message.user("svc129 listens there"), Message.user("gamma svc7 delta kappa lambda mu")]
-        await store.append("a1", msgs, compaction=1)
-        await store.index("a1")  # type: ignore[attr-defined]
-        assert (await top(store, "svc129 port"))[0] == 61
-        assert (await top(store, "port svc7 svc129"))[:2] in ([61, 62], [62, 61])  # both rare words' records
-        # ten words: the commonest share one index lookup; the rare ones' records still rank first
-        assert (await top(store, "port open gamma delta svc7 svc129 listens kappa lambda mu"))[:2] == [62, 61]
-        hits = await store.search("a1", "svc129 port", limit=5)
-        assert len(hits) == 5 and sum("port" in r.message.text for r in hits) == 4
-    finally:
-        await store.aclose()
+    store = capped_postgres
+    msgs = [Message.user(f"port {8000 + i} is open") for i in range(60)]
+    msgs += [Message.user("svc129 listens there"), Message.user("gamma svc7 delta kappa lambda mu")]
+    await store.append("a1", msgs, compaction=1)
+    await store.index("a1")  # type: ignore[attr-defined]
+    assert (await top(store, "svc129 port"))[0] == 61
+    assert (await top(store, "port svc7 svc129"))[:2] in ([61, 62], [62, 61])  # both rare words' records
+    # ten words: the commonest share one index lookup; the rare ones' records still rank first
+    assert (await top(store, "port open gamma delta svc7 svc129 listens kappa lambda mu"))[:2] == [62, 61]
+    hits = await store.search("a1", "svc129 port", limit=5)
+    assert len(hits) == 5 and sum("port" in r.message.text for r in hits) == 4
 
 
 async def test_a_word_some_record_holds_is_searched_as_typed(store: Store) -> None:
