@@ -655,3 +655,29 @@ def test_a_run_of_texts_never_takes_a_record_with_identifiers(monkeypatch: pytes
     for insert in inserts:
         if insert.sql == _index._TEXTS_SQL:
             assert all(not row[2] for row in insert.rows)
+
+
+def test_an_insert_falls_back_to_rows_when_sqlite_cannot_take_json(tmp_path: Path) -> None:
+    """A prepared insert whose JSON SQLite cannot read (built without its JSON functions: no
+    such function or table `json_...`) or JSON could not carry (a NUL: no blob) inserts its rows
+    one by one; any other SQLite error is raised, and nothing is inserted twice."""
+    import sqlite3
+
+    journal = tmp_path / "a.jsonl"
+    journal.write_bytes(b"")
+    conn = _index.connect(journal, [])
+    try:
+        rows = [(1, "alpha one", ""), (2, "beta two", "")]
+        no_json = "INSERT INTO fts (rowid, body, ids) SELECT json_not_built_in(value), '', '' FROM json_each(?)"
+        _index._Insert(no_json, (), "[1]", _index._WORDS_SQL, rows).run(conn)
+        nul = [(3, "gamma\x00three", "")]
+        assert _index._as_json([r[1] for r in nul]) is None
+        _index._Insert(_index._TEXTS_SQL, (3,), None, _index._WORDS_SQL, nul).run(conn)
+        count = "SELECT count(*) FROM fts WHERE fts MATCH ?"
+        assert [conn.execute(count, (w,)).fetchone()[0] for w in ("alpha", "beta", "gamma")] == [1, 1, 1]
+        missing = "INSERT INTO no_such_table SELECT 1 FROM json_each(?)"
+        broken = _index._Insert(missing, (), "[1]", _index._WORDS_SQL, rows)
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            broken.run(conn)
+    finally:
+        conn.close()

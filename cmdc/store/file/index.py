@@ -65,7 +65,8 @@ SUFFIX = ".index"
 VERSION = 5
 # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves);
 # 3: FTS5 hashsize 64 MB, no index on recs.vis (the first and last visible records are found
-# walking the record numbers from either end)
+# walking the record numbers from either end); 4: FTS5 automerge 8, recs_attempt of hidden
+# records only; 5: recs_own_group
 _CHUNK = 16 * 1024 * 1024  # journal bytes indexed per transaction
 LOCKED_CATCH_UP = 1024 * 1024
 """Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
@@ -535,8 +536,8 @@ def _index_chunk(
     for k in range(0, len(changed), 500):
         part = changed[k : k + 500]
         marks = ",".join("?" * len(part))
-        regroup = "UPDATE recs SET grp = (SELECT grp FROM done d WHERE d.attempt = recs.attempt) WHERE attempt IN"
-        conn.execute(f"{regroup} ({marks}) AND vis = 0", part)
+        set_group = "UPDATE recs SET grp = (SELECT grp FROM done d WHERE d.attempt = recs.attempt) WHERE attempt IN"
+        conn.execute(f"{set_group} ({marks}) AND vis = 0", part)
         rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks}) AND vis = 0", part).fetchall()
     # records indexed before this chunk whose batch or visibility changes (a hidden one comes
     # after the one shown instead): the compactions counted up to there are counted again
@@ -568,9 +569,6 @@ def _index_chunk(
     )
 
 
-_VALUES = re.compile(r"VALUES \(([?, ]+)\)$")
-
-
 def _as_json(values: Sequence[Any]) -> str | None:
     """`values` as JSON text for SQLite's `json_each`, or None when JSON cannot carry them (a
     text with a lone surrogate, or a NUL: SQLite's JSON text ends at one)."""
@@ -598,22 +596,18 @@ class _Insert(NamedTuple):
                 conn.execute(self.sql, (*self.args, self.blob))
                 return
             except sqlite3.OperationalError as exc:
-                if "no such" not in str(exc):
+                if "no such" not in str(exc) or "json" not in str(exc):  # (else: SQLite without JSON)
                     raise
         conn.executemany(self.plain, self.rows)
 
 
-def _as_rows(sql: str, rows: Sequence[tuple[Any, ...]]) -> _Insert:
-    """`conn.executemany(sql, rows)` as one statement over the rows sent as JSON (`json_each`):
-    SQLite then inserts them all without Python's lock (`executemany` takes it back for each
-    row, and waits for it while another thread decodes)."""
-    m = _VALUES.search(sql)
-    assert m is not None, sql
-    columns = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(m[1].count("?")))
-    return _Insert(sql[: m.start()] + f"SELECT {columns} FROM json_each(?)", (), _as_json(rows), sql, rows)
-
-
 _WORDS_SQL = "INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)"
+_ROWS_SQL = (  # the same rows as one statement over them as JSON: SQLite inserts them all without
+    # Python's lock (`executemany` takes it back for each row, and waits for it while another
+    # thread decodes)
+    "INSERT INTO fts (rowid, body, ids) "
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]') FROM json_each(?)"
+)
 _TEXTS_SQL = "INSERT INTO fts (rowid, body, ids) SELECT ? + key, value, '' FROM json_each(?)"
 _PLAIN_RUN = 64  # consecutive records without identifiers sent as one array of their texts, at least
 
@@ -638,13 +632,17 @@ def _word_inserts(words: Sequence[tuple[int, str, str]]) -> list[_Insert]:
             k = end
             continue
         if start < k:
-            inserts.append(_as_rows(_WORDS_SQL, words[start:k]))
+            inserts.append(_as_rows(words[start:k]))
         run = words[k:end]
         inserts.append(_Insert(_TEXTS_SQL, (run[0][0],), _as_json([w[1] for w in run]), _WORDS_SQL, run))
         start = k = end
     if start < n:
-        inserts.append(_as_rows(_WORDS_SQL, words[start:n]))
+        inserts.append(_as_rows(words[start:n]))
     return inserts
+
+
+def _as_rows(rows: Sequence[tuple[int, str, str]]) -> _Insert:
+    return _Insert(_ROWS_SQL, (), _as_json(rows), _WORDS_SQL, rows)
 
 
 _REST_WORDS = 500_000  # distinct words of a huge text's rest that are indexed at most
