@@ -1,10 +1,13 @@
-"""The file store's index: a derived SQLite sidecar beside each journal (`<agent>.jsonl.index`).
+"""The file store's index: a derived SQLite sidecar beside each journal (`<agent>.jsonl.index`,
+its words in `<agent>.jsonl.words`).
 
 It holds, for every message line of the journal up to its *mark* (a byte offset just past a
 newline): the record's number, byte offset and length, message id, attempt, whether it is a
 summary and whether readers see it (committed, the message's first committed record); the
-committed attempts (with the batch each belongs to, for counting compactions); and an FTS5
-table of each record's words, ranked by BM25. It is never the source of truth:
+committed attempts (with the batch each belongs to, for counting compactions); and, in the
+second file (attached as `w`), an FTS5 table of each record's words, ranked by BM25. The two
+are written beside each other by two connections, and kept paired (`_unpaired`). It is never
+the source of truth:
 
 - every reader first brings it up to the journal's end under the journal's shared lock
   (`catch_up`): what was appended since the mark is read from the journal then, so results
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
 import inspect
 import os
 import re
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import orjson
 
 from ...errors import IndexUnavailable
+from ..records import ATTEMPTS_KEY as _ATTEMPTS_KEY
 
 # the words and the ranking both stores share (importable from here, as before they moved)
 from ..search import COMPOUND as _COMPOUND
@@ -56,17 +59,20 @@ from ..search import holds_phrase as holds_phrase
 from ..search import query_terms as query_terms
 from ..search import record_text as record_text
 from ..search import tokens as tokens
+from .scan import _LEGACY_KEYS, _MESSAGE_KEYS, _valid_id
 
 if TYPE_CHECKING:
     pass
 
 SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
-VERSION = 5
+WORDS_SUFFIX = ".words"
+"""The name of the sidecar's words (`words_path`): the journal's, with this appended."""
+VERSION = 6
 # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves);
 # 3: FTS5 hashsize 64 MB, no index on recs.vis (the first and last visible records are found
 # walking the record numbers from either end); 4: FTS5 automerge 8, recs_attempt of hidden
-# records only; 5: recs_own_group
+# records only; 5: recs_own_group; 6: the FTS5 table in a file of its own (`words_path`)
 _CHUNK = 16 * 1024 * 1024  # journal bytes indexed per transaction
 LOCKED_CATCH_UP = 1024 * 1024
 """Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
@@ -122,6 +128,9 @@ _SCHEMA = (
     "CREATE TABLE done (attempt TEXT PRIMARY KEY, grp TEXT NOT NULL)",
     "CREATE TABLE deps (attempt TEXT NOT NULL, dep TEXT NOT NULL)",
     "CREATE INDEX deps_attempt ON deps (attempt)",
+)
+_WORDS_SCHEMA = (
+    "CREATE TABLE wmeta (k TEXT PRIMARY KEY, v)",
     "CREATE VIRTUAL TABLE fts USING fts5(body, ids, content='', "
     "tokenize=\"unicode61 remove_diacritics 0 tokenchars '_'\")",
 )
@@ -132,11 +141,31 @@ build took twice as long). A chunk's terms fit: one segment per transaction."""
 _FTS_MERGE = 8
 """Segments of one size FTS5 lets pile up before it merges them into one (its default is 4): a
 rebuild merges less often (about 10% faster), a search reads a few more segments."""
+_WORDS_PAGE = 16384
+_FTS_LEAF = 16000
+"""The words' file's pages, and FTS5's leaves in them (`pgsz`; its default is 4050 bytes in
+pages of 4 kB): a segment is a quarter as many rows of its B-tree (a build about 5% faster)."""
 _META_DEFAULTS = {"version": VERSION, "mark": 0, "last_seq": 0, "damaged": 0, "tail": 0, "inode": "", "count": 0}
+_WORDS_DEFAULTS = {"version": VERSION, "pair": "", "mark": 0}
 
 
 def index_path(journal: Path) -> Path:
     return journal.with_name(journal.name + SUFFIX)
+
+
+def words_path(journal: Path) -> Path:
+    """The index's words (its FTS5 table), in a file of their own: a rebuild writes them and the
+    records at once, on two connections (SQLite writes a file from one at a time)."""
+    return journal.with_name(journal.name + WORDS_SUFFIX)
+
+
+def remove(journal: Path) -> None:
+    """Remove the journal's index: both files, and SQLite's journals of them (a hot one left
+    behind would be played back into the next file made at that name)."""
+    for path in (index_path(journal), words_path(journal)):
+        for name in (path, path.with_name(path.name + "-journal")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
 
 
 def _safe(path: Path) -> str | None:
@@ -155,11 +184,51 @@ def _safe(path: Path) -> str | None:
     return None
 
 
-def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool = False) -> sqlite3.Connection:
+class IndexConnection(sqlite3.Connection):
+    """A connection to a journal's index, with its words attached as `w`: `words` is the words'
+    file and `words_file` its (device, inode) when attached (a writer of the words opens that
+    file and no other, see `_words_writer`)."""
+
+    words: Path
+    words_file: tuple[int, int]
+    words_news: str | None  # what was wrong with the words' file when it was opened (made again)
+
+
+def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool = False) -> IndexConnection:
     """The journal's index, opened (created 0o600 when missing; remade when it is damaged or a
-    link). `known`: the caller saw this index before (one created now was missing: an event).
-    Raises `IndexUnavailable` when it cannot be."""
-    path = index_path(journal)
+    link), its words' file attached. `known`: the caller saw this index before (one created now
+    was missing: an event). Raises `IndexUnavailable` when it cannot be.
+
+    The words' file is made here when missing; whether it holds the words of these records
+    (the same pair token and mark) is checked by `catch_up`, which rebuilds both when not."""
+    conn = _opened(index_path(journal), "meta", _create_records, events, known)
+    words = words_path(journal)
+    told: list[tuple[str, dict[str, Any]]] = []  # (told by `catch_up`, as the reason it rebuilds)
+    try:
+        _opened(words, "wmeta", _create_words, told, True, _WORDS_PAGE).close()
+        conn.execute("ATTACH DATABASE ? AS w", (os.fspath(words),))
+        conn.execute("PRAGMA w.cache_size=-32768")  # (an attached file has SQLite's default, 2 MB)
+        st = os.stat(words)
+    except (sqlite3.Error, OSError, IndexUnavailable) as exc:
+        conn.close()
+        raise IndexUnavailable(f"{words}: {exc}") from None
+    conn.words, conn.words_file = words, (st.st_dev, st.st_ino)
+    conn.words_news = f"its words file: {told[-1][1]['reason']}" if told else None
+    return conn
+
+
+def _opened(
+    path: Path,
+    table: str,
+    create: Callable[[sqlite3.Connection], None],
+    events: list[tuple[str, dict[str, Any]]],
+    known: bool,
+    page_size: int = 0,
+) -> IndexConnection:
+    """The SQLite file at `path`, opened (made with `create` when it has no `table`, with pages
+    of `page_size` bytes when given; removed and made again when SQLite refuses it, or it is
+    another version: an event). `known`: the caller saw it before (one made now was missing:
+    an event)."""
     for attempt in range(2):
         try:
             why = _safe(path)
@@ -168,27 +237,27 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
                 os.fchmod(fd, 0o600)
                 os.close(fd)
-            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                path, timeout=30.0, isolation_level=None, check_same_thread=False, factory=IndexConnection
+            )
         except OSError as exc:
             raise IndexUnavailable(f"{path}: {exc}") from None
         try:
-            conn.execute("PRAGMA journal_mode=TRUNCATE")
-            conn.execute("PRAGMA synchronous=OFF")  # derived: a damaged index is rebuilt
-            conn.execute("PRAGMA cache_size=-32768")  # 32 MB: a rebuild's inserts into its B-trees stay in memory
-            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if "meta" not in have:
+            if page_size:  # (before anything is written: a file made already keeps its own)
+                conn.execute(f"PRAGMA page_size={int(page_size)}")
+            _tune(conn)
+            have = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+            if conn.execute(have, (table,)).fetchone() is None:
                 conn.execute("BEGIN IMMEDIATE")
-                if "meta" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}:
-                    for sql in _SCHEMA:
-                        conn.execute(sql)
-                    conn.execute("INSERT INTO fts (fts, rank) VALUES ('hashsize', ?)", (_FTS_HASH,))
-                    conn.execute("INSERT INTO fts (fts, rank) VALUES ('automerge', ?)", (_FTS_MERGE,))
-                    conn.executemany("INSERT INTO meta VALUES (?, ?)", _META_DEFAULTS.items())
+                if conn.execute(have, (table,)).fetchone() is None:
+                    create(conn)
                     if not created or why or known:
                         events.append(("rebuild", {"reason": why or "the index was missing or empty"}))
                 conn.execute("COMMIT")
-            elif _meta(conn).get("version") != VERSION:
-                raise sqlite3.DatabaseError(f"index version {_meta(conn).get('version')}, not {VERSION}")
+            else:
+                version = conn.execute(f"SELECT v FROM {table} WHERE k = 'version'").fetchone()
+                if version is None or version[0] != VERSION:
+                    raise sqlite3.DatabaseError(f"index version {version and version[0]}, not {VERSION}")
             return conn
         except sqlite3.Error as exc:
             conn.close()
@@ -196,9 +265,46 @@ def connect(journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool
                 raise IndexUnavailable(f"{path}: {exc}") from None
             events.append(("rebuild", {"reason": f"the index was damaged ({exc})"}))
             known = False  # the one made next is not a missing one
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            for name in (path, path.with_name(path.name + "-journal")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
     raise AssertionError("unreachable")
+
+
+def _tune(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA journal_mode=TRUNCATE")
+    conn.execute("PRAGMA synchronous=OFF")  # derived: a damaged index is rebuilt
+    conn.execute("PRAGMA cache_size=-32768")  # 32 MB: a rebuild's inserts into its B-trees stay in memory
+
+
+def _create_records(conn: sqlite3.Connection) -> None:
+    for sql in _SCHEMA:
+        conn.execute(sql)
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", _META_DEFAULTS.items())
+    conn.execute("INSERT INTO meta VALUES ('pair', ?)", (os.urandom(8).hex(),))
+
+
+def _create_words(conn: sqlite3.Connection) -> None:
+    for sql in _WORDS_SCHEMA:
+        conn.execute(sql)
+    conn.execute("INSERT INTO fts (fts, rank) VALUES ('hashsize', ?)", (_FTS_HASH,))
+    conn.execute("INSERT INTO fts (fts, rank) VALUES ('automerge', ?)", (_FTS_MERGE,))
+    conn.execute("INSERT INTO fts (fts, rank) VALUES ('pgsz', ?)", (_FTS_LEAF,))
+    conn.executemany("INSERT INTO wmeta VALUES (?, ?)", _WORDS_DEFAULTS.items())
+
+
+def _words_writer(conn: IndexConnection) -> sqlite3.Connection:
+    """A connection of its own to the words' file `conn` has attached (the words are written
+    on it beside the records). A file that is no longer the one attached is damage."""
+    if not _same_file(conn.words, conn.words_file):
+        raise sqlite3.DatabaseError(f"{conn.words} is no longer the index's words file")
+    writer = sqlite3.connect(conn.words, timeout=30.0, isolation_level=None, check_same_thread=False)
+    try:
+        _tune(writer)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
 
 
 class Connections:
@@ -209,19 +315,15 @@ class Connections:
     def __init__(self, most: int = 32) -> None:
         self._most = most
         self._lock = threading.Lock()
-        self._open: dict[Path, tuple[sqlite3.Connection, threading.Lock, tuple[int, int]]] = {}
+        self._open: dict[Path, tuple[IndexConnection, threading.Lock, tuple[int, int]]] = {}
 
     @contextlib.contextmanager
-    def use(self, journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool) -> Iterator[sqlite3.Connection]:
+    def use(self, journal: Path, events: list[tuple[str, dict[str, Any]]], known: bool) -> Iterator[IndexConnection]:
         path = index_path(journal)
         with self._lock:
             held = self._open.pop(journal, None)
         if held is not None:
-            try:
-                st = os.lstat(path)
-                same = (st.st_dev, st.st_ino) == held[2] and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
-            except FileNotFoundError:
-                same = False
+            same = _same_file(path, held[2]) and _same_file(held[0].words, held[0].words_file)
             if not same:
                 with held[1]:
                     held[0].close()
@@ -268,21 +370,46 @@ class Connections:
                 held[0].close()
 
 
-def _meta(conn: sqlite3.Connection) -> dict[str, Any]:
-    return dict(conn.execute("SELECT k, v FROM meta").fetchall())
+def _same_file(path: Path, file: tuple[int, int]) -> bool:
+    """Whether `path` is still the regular file `file` (device, inode), with one name."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == file and stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def _meta(conn: sqlite3.Connection, table: str = "meta") -> dict[str, Any]:
+    return dict(conn.execute(f"SELECT k, v FROM {table}").fetchall())
 
 
 def _set_meta(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
     conn.executemany("UPDATE meta SET v = ? WHERE k = ?", [(v, k) for k, v in values.items()])
 
 
-def _reset(conn: sqlite3.Connection) -> None:
+def _reset(conn: sqlite3.Connection, words: sqlite3.Connection) -> None:
+    """Empty the index (`conn`, in its transaction) and its words (`words`, in theirs), paired."""
     conn.execute("DELETE FROM recs")
     conn.execute("DELETE FROM done")
     conn.execute("DELETE FROM deps")
-    conn.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
     _set_meta(conn, {k: v for k, v in _META_DEFAULTS.items() if k != "version"})
     _forget_groups(conn)
+    pair = _meta(conn).get("pair") or os.urandom(8).hex()
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('pair', ?)", (pair,))
+    words.execute("INSERT INTO fts (fts) VALUES ('delete-all')")
+    words.executemany("INSERT OR REPLACE INTO wmeta VALUES (?, ?)", [("pair", pair), ("mark", 0)])
+
+
+def _unpaired(meta: dict[str, Any], words: dict[str, Any], news: str | None = None) -> str | None:
+    """Why the words' file does not hold the words of the index's records, or None: it must
+    carry the index's pair token (made with it) and end at its mark. A write of both commits
+    the words first: a process killed between the two leaves words past the mark. `news`:
+    what was found wrong with the file when it was opened (it was made again)."""
+    if words.get("pair") != meta.get("pair"):
+        return news or "the index's words file belongs to another index"
+    if int(words.get("mark") or 0) != int(meta["mark"]):
+        return f"the index's words end at byte {words.get('mark')} of the journal, its records at {meta['mark']}"
+    return None
 
 
 def _forget_groups(conn: sqlite3.Connection) -> None:
@@ -312,7 +439,7 @@ def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
 
 
 def catch_up(
-    conn: sqlite3.Connection,
+    conn: IndexConnection,
     fd: int,
     path: Path,
     end: int,
@@ -327,22 +454,51 @@ def catch_up(
     write transaction: a search never waits for the background indexer's chunk in progress,
     nor for another reader, when there is nothing to add."""
     meta = _meta(conn)
-    if int(meta["mark"]) >= end and _stale(meta, fd, end) is None:
+    mark = int(meta["mark"])
+    if mark >= end and _stale(meta, fd, end) is None and _unpaired(meta, _meta(conn, "w.wmeta")) is None:
         return
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cmdc-index-read") as pool:
-        ahead: concurrent.futures.Future[_Parsed] | None = None
-        background = getattr(_BACKGROUND, "active", False)
-        while True:
-            conn.execute("BEGIN IMMEDIATE")
+    words = _words_writer(conn)
+    try:
+        with (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cmdc-index-read") as pool,
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cmdc-index-words") as writer,
+        ):
+            _catch_up(conn, words, fd, path, end, events, stopped, pool, writer)
+    finally:
+        words.close()
+
+
+def _catch_up(
+    conn: IndexConnection,
+    words: sqlite3.Connection,
+    fd: int,
+    path: Path,
+    end: int,
+    events: list[tuple[str, dict[str, Any]]],
+    stopped: Callable[[], bool] | None,
+    pool: concurrent.futures.Executor,
+    writer: concurrent.futures.Executor,
+) -> None:
+    """`catch_up`'s transactions: one per chunk, on the records (`conn`) and their words
+    (`words`) at once. The words are written by `writer`'s thread while this one writes the
+    records, and committed first: a reader never sees records whose words are not there."""
+    ahead: concurrent.futures.Future[_Parsed] | None = None
+    background = getattr(_BACKGROUND, "active", False)
+    while True:
+        _begin_records(conn)  # the records first: every writer of both takes them in this order
+        try:
+            words.execute("BEGIN IMMEDIATE")
             try:
                 meta = _meta(conn)
-                why = _stale(meta, fd, end)
+                why = _stale(meta, fd, end) or _unpaired(meta, _meta(words, "wmeta"), conn.words_news)
                 if why is not None:
-                    _reset(conn)
-                    events.append(("rebuild", {"reason": why}))
+                    _reset(conn, words)
+                    if int(meta["mark"]):  # (else the records are new, or were just emptied: told already)
+                        events.append(("rebuild", {"reason": why}))
                     meta = _meta(conn)
                 mark = int(meta["mark"])
                 if mark >= end:
+                    words.execute("COMMIT")
                     conn.execute("COMMIT")
                     return
                 parsed = ahead.result() if ahead is not None else None
@@ -354,14 +510,44 @@ def catch_up(
                     if parsed.stop < end
                     else None
                 )
-                _index_chunk(conn, fd, path, meta, mark, end, parsed)
-                conn.execute("COMMIT")
+                written = writer.submit(_write_words, words, parsed)  # beside the records
+                try:
+                    _index_chunk(conn, fd, meta, parsed)
+                finally:
+                    concurrent.futures.wait([written])  # (its connection is not rolled back under it)
+                written.result()
+                words.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
+                    words.execute("ROLLBACK")
                 raise
-            if stopped is not None and stopped():
-                return
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        if stopped is not None and stopped():
+            return
+
+
+def _begin_records(conn: sqlite3.Connection) -> None:
+    """Begin a write transaction on the index's records, and not on its words: `BEGIN
+    IMMEDIATE` would lock every attached file. A first write takes the records' lock alone
+    (waiting for another writer as `BEGIN IMMEDIATE` does)."""
+    conn.execute("BEGIN")
+    try:
+        conn.execute("UPDATE meta SET v = v WHERE k = 'version'")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _write_words(words: sqlite3.Connection, parsed: _Parsed) -> None:
+    """A chunk's words, and the mark they end at, in the words' transaction."""
+    for insert in parsed.words:
+        insert.run(words)
+    words.execute("UPDATE wmeta SET v = ? WHERE k = 'mark'", (parsed.stop,))
 
 
 def _parse_ahead(background: bool, fd: int, path: Path, mark: int, end: int, after: int) -> _Parsed:
@@ -488,23 +674,10 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
     return _Parsed(mark, after, stop, last_seq, damaged, recs, _word_inserts(words), deps, commits)
 
 
-def _index_chunk(
-    conn: sqlite3.Connection,
-    fd: int,
-    path: Path,
-    meta: dict[str, Any],
-    mark: int,
-    end: int,
-    parsed: _Parsed | None = None,
-) -> None:
-    """Add the chunk of the journal at `mark` to the index (in the caller's transaction):
-    `parsed`, when it was read ahead, else read now."""
-    if parsed is None:
-        parsed = _parse_chunk(fd, path, mark, end, int(meta["last_seq"]))
-    recs, words, deps, commits = parsed.recs, parsed.words, parsed.deps, parsed.commits
-    # first the words, one statement without Python's lock: the next chunk is decoded meanwhile
-    for insert in words:
-        insert.run(conn)
+def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed: _Parsed) -> None:
+    """Add the records of the chunk `parsed` (read from the journal open at `fd`) to the index,
+    in the caller's transaction (their words are written beside, see `_catch_up`)."""
+    recs, deps, commits = parsed.recs, parsed.deps, parsed.commits
     conn.executemany("INSERT INTO deps VALUES (?, ?)", deps)
     # which records become visible: those of attempts committed now (by a commit line, or by a
     # committed summary naming them), those of attempts committed before, and legacy ones. This
@@ -549,13 +722,11 @@ def _index_chunk(
     rows += [(r[0], r[3]) for r in recs if r[4] is None or r[4] in done_now]
     here: set[int] = set()
     count = int(meta["count"]) + _show(conn, rows, int(meta["last_seq"]), here)
-    conn.executemany(
-        "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) VALUES (?,?,?,?,?,?,?,?,?)",
-        [
-            (r[0], r[1], r[2], r[3], r[4], r[5], r[6] if r[4] is None else group.get(r[4]), r[7], int(r[0] in here))
-            for r in recs
-        ],
-    )
+    values = [
+        (r[0], r[1], r[2], r[3], r[4], r[5], r[6] if r[4] is None else group.get(r[4]), r[7], int(r[0] in here))
+        for r in recs
+    ]
+    _Insert(_RECS_JSON_SQL, (), _as_json(values), _RECS_SQL, values).run(conn)  # (see `_RECS_JSON_SQL`)
     _set_meta(
         conn,
         {
@@ -567,6 +738,16 @@ def _index_chunk(
             "count": count,
         },
     )
+
+
+_RECS_SQL = "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) VALUES (?,?,?,?,?,?,?,?,?)"
+_RECS_JSON_SQL = (  # the rows as one statement over their JSON: SQLite runs it without Python's lock, where
+    # `executemany` takes the lock back for each row and, while the next chunk is decoded, waits
+    # for it each time (measured: the records' inserts took twice their CPU time in wall time)
+    "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) SELECT "
+    + ", ".join(f"json_extract(value, '$[{k}]')" for k in range(9))
+    + " FROM json_each(?)"
+)
 
 
 def _as_json(values: Sequence[Any]) -> str | None:
@@ -702,13 +883,6 @@ _SEPARATORS = str.maketrans({"/": "\ue000", ".": "\ue001", "-": "\ue002"})
 token: `src/billing/mod_7.py` is one token of the `ids` column (its parts are in `body`)."""
 
 
-@functools.cache
-def _offload() -> Any:
-    from . import scan as offload  # imported late, as before the split (the line decoding is there)
-
-    return offload
-
-
 _HEX = b"0123456789abcdef"
 
 
@@ -716,7 +890,8 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
     """A plain message line (text content, at most `TEXT_CHARS`, not huge) whose checksum is
     right, read with one `orjson.loads`: (seq, message id, attempt, compaction, is summary,
     indexed text, 0, the attempts a summary names); None for anything else, a damaged line
-    too (the journal's decoder reads it, and says what is wrong). `valid`: ids checked before."""
+    too (the journal's decoder reads it, and says what is wrong). `valid`: ids checked before.
+    (Every line of a rebuild comes here: its checks are ordered and written for speed.)"""
     if (
         end - start > 64 * 1024
         or end - start < 40
@@ -732,51 +907,46 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
         obj = orjson.loads(view[start:end])
     except orjson.JSONDecodeError:
         return None
-    offload = _offload()
-    if not isinstance(obj, dict):
-        return None
+    msg = obj["message"]  # (the text is an object that starts with this key: `obj` is a dict that has it)
     keys = obj.keys()
-    msg = obj.get("message")
-    if not isinstance(msg, dict) or not (keys == offload._MESSAGE_KEYS or keys == offload._LEGACY_KEYS):
+    if type(msg) is not dict or (keys != _MESSAGE_KEYS and keys != _LEGACY_KEYS):
         return None
     seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
-    content, mid, calls, meta = (
-        msg.get("content", ""),
-        msg.get("id"),
-        msg.get("tool_calls", []),
-        msg.get("metadata", {}),
-    )
-    if (
-        type(seq) is not int
-        or seq < 1
-        or type(compaction) is not int
-        or compaction < 0
-        or type(obj["ts"]) not in (int, float)
-        or not isinstance(content, str)
-        or len(content) > TEXT_CHARS
-        or not isinstance(mid, str)
-        or not isinstance(meta, dict)
-        or not isinstance(calls, list)
-    ):
+    if type(seq) is not int or seq < 1 or type(compaction) is not int or compaction < 0:
         return None
-    if attempt is not None:
-        journal = obj["journal"]
-        for value in (attempt, journal):
+    content, mid = msg.get("content", ""), msg.get("id")
+    if type(obj["ts"]) not in _NUMBERS or type(content) is not str or len(content) > TEXT_CHARS or type(mid) is not str:
+        return None
+    if attempt is not None and not (type(attempt) is str and valid.get(attempt) and valid.get(obj["journal"])):
+        for value in (attempt, obj["journal"]):
             ok = valid.get(value) if isinstance(value, str) else False
             if ok is None:
-                ok = valid[value] = offload._valid_id(value)
+                ok = valid[value] = _valid_id(value)
             if not ok:
                 return None
+    meta = msg.get("metadata")
+    summary, named = False, ()
+    if meta is not None:
+        if type(meta) is not dict:
+            return None
+        if meta.get("cmdc.kind") == "summary":
+            summary, deps = True, meta.get(_ATTEMPTS_KEY)
+            named = tuple(a for a in deps if _valid_id(a)) if type(deps) is list else ()
+    calls = msg.get("tool_calls")
+    if calls is None:
+        return seq, mid, attempt, compaction, summary, content, 0, named
+    if type(calls) is not list:
+        return None
     parts = [content]
     for call in calls:
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        if type(call) is not dict or type(call.get("name")) is not str:
             return None
         parts.append(call["name"])
         parts.append(orjson.dumps(call.get("arguments", {})).decode()[:TEXT_CHARS])
-    summary = meta.get("cmdc.kind") == "summary"
-    deps = meta.get(offload.ATTEMPTS_KEY) if summary else None
-    named = tuple(a for a in deps if offload._valid_id(a)) if isinstance(deps, list) else ()
     return seq, mid, attempt, compaction, summary, "\n".join(parts) if calls else content, 0, named
+
+
+_NUMBERS = (int, float)
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
@@ -800,6 +970,26 @@ def _done_groups(conn: sqlite3.Connection, attempts: Iterable[str]) -> dict[str,
     return out
 
 
+def _among(conn: sqlite3.Connection, sql: str, values: Sequence[str | int]) -> list[Any]:
+    """`sql` (ending with `IN`) for `values`, and its rows: one statement over them as a JSON array
+    (SQLite runs it without Python's lock, which a statement per few hundred takes back each
+    time), or a statement per 500 when JSON cannot carry them or SQLite has no JSON functions."""
+    if not values:
+        return []
+    blob = _as_json(values)
+    if blob is not None:
+        try:
+            return conn.execute(f"{sql} (SELECT value FROM json_each(?))", (blob,)).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such" not in str(exc) or "json" not in str(exc):  # (else: SQLite without JSON)
+                raise
+    out: list[Any] = []
+    for k in range(0, len(values), 500):
+        part = values[k : k + 500]
+        out += conn.execute(f"{sql} ({','.join('?' * len(part))})", part).fetchall()
+    return out
+
+
 def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]], indexed: int, here: set[int]) -> int:
     """Make visible, for each message id among `rows` (committed records: seq, message id), its
     first committed record; returns how many more records are visible. A record numbered past
@@ -809,16 +999,12 @@ def _show(conn: sqlite3.Connection, rows: Sequence[tuple[int, str]], indexed: in
         if mid not in first or seq < first[mid]:
             first[mid] = seq
     mids = list(first)
-    shown: dict[str, int] = {}
-    for k in range(0, len(mids), 500):
-        part = mids[k : k + 500]
-        sql = f"SELECT mid, seq FROM recs WHERE vis = 1 AND mid IN ({','.join('?' * len(part))})"
-        shown.update(conn.execute(sql, part).fetchall())
-    hide = [(shown[m],) for m in mids if m in shown and first[m] < shown[m]]
+    shown: dict[str, int] = dict(_among(conn, "SELECT mid, seq FROM recs WHERE vis = 1 AND mid IN", mids))
+    hide = [shown[m] for m in mids if m in shown and first[m] < shown[m]]
     show = [first[m] for m in mids if m not in shown or first[m] < shown[m]]
     here.update(seq for seq in show if seq > indexed)
-    conn.executemany("UPDATE recs SET vis = 0 WHERE seq = ?", hide)
-    conn.executemany("UPDATE recs SET vis = 1 WHERE seq = ?", [(seq,) for seq in show if seq <= indexed])
+    _among(conn, "UPDATE recs SET vis = 0 WHERE seq IN", hide)
+    _among(conn, "UPDATE recs SET vis = 1 WHERE seq IN", [seq for seq in show if seq <= indexed])
     return len(show) - len(hide)
 
 
@@ -909,7 +1095,7 @@ def extent(conn: sqlite3.Connection) -> tuple[int, int, int, int, int]:
     if meta.get("groups_mark") == meta["mark"]:  # counted since the last change
         groups = int(meta["groups"])
     else:
-        conn.execute("BEGIN IMMEDIATE")  # the count and where it ended, written as one
+        _begin_records(conn)  # the count and where it ended, written as one
         try:
             meta = _meta(conn)
             start = int(meta.get("groups_seq") or 0)
@@ -953,9 +1139,14 @@ def _compactions(
 def check(conn: sqlite3.Connection) -> list[str]:
     """SQLite's own check of the index file and of its FTS table; the problems found."""
     problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]
+    problems += [f"words: {r[0]}" for r in conn.execute("PRAGMA w.quick_check").fetchall() if r[0] != "ok"]
+    meta = _meta(conn)
     counted = conn.execute("SELECT count(*) FROM recs WHERE vis = 1").fetchone()[0]
-    if counted != int(_meta(conn)["count"]):
-        problems.append(f"the index counts {counted} records, its mark says {_meta(conn)['count']}")
+    if counted != int(meta["count"]):
+        problems.append(f"the index counts {counted} records, its mark says {meta['count']}")
+    unpaired = _unpaired(meta, _meta(conn, "w.wmeta"))
+    if unpaired is not None:
+        problems.append(unpaired)
     try:
         conn.execute("INSERT INTO fts (fts, rank) VALUES ('integrity-check', 0)")
     except sqlite3.DatabaseError as exc:

@@ -1048,8 +1048,7 @@ class OffloadStore:
         rebuilt = len(events) > before
         if problems:
             self._index_conns.close(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(where)
+            _index.remove(path)
             events.append(("rebuild", {"reason": "; ".join(problems)}))
             got = self._indexed_sync(path, _index.extent, events)
             rebuilt = True
@@ -1118,8 +1117,7 @@ class OffloadStore:
                 logger.debug("offload: the index of %s cannot be used (%s); reading the journal", path, exc)
                 return None
             self._index_conns.close(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(_index.index_path(path))
+            _index.remove(path)
             self._index_seen.discard(path)  # reported here, not again as missing
             events.append(("rebuild", {"reason": f"the index was damaged ({exc})"}))
             try:
