@@ -792,3 +792,107 @@ async def test_an_index_of_the_version_before_is_rebuilt_in_two_files(tmp_path: 
     tables = sqlite3.connect(index_of(store)).execute("SELECT name FROM sqlite_master").fetchall()
     assert ("fts",) not in tables
     assert _index.words_path(store.path_for("a")).exists()
+
+
+def _line(obj: dict[str, Any] | None = None, raw: bytes | None = None) -> bytes:
+    """A journal message line with a right checksum, from `obj` (or the JSON `raw`)."""
+    import zlib
+
+    import orjson
+
+    body = raw if raw is not None else orjson.dumps(obj)
+    core = body[:-1]
+    return core + b',"crc":"%08x"}' % zlib.crc32(core[len(b'{"message":') :])
+
+
+_GOOD = {
+    "message": {"id": "m1", "role": "user", "content": "hello src/a_b/mod-7.py"},
+    "compaction": 1,
+    "ts": 1.5,
+    "seq": 3,
+    "attempt": "kd02e7dbf0940bc1f",
+    "journal": "j508d01c508107743",
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "value"),
+    [
+        (None, None, None),
+        ("message", "tool_calls", None),
+        ("message", "metadata", None),
+        ("message", "tool_calls", []),
+        ("message", "tool_calls", [1]),
+        ("message", "tool_calls", [{"name": "read", "arguments": {"path": "src/x.py"}}]),
+        ("message", "tool_calls", [{"name": 7}]),
+        ("message", "tool_calls", [{"name": "read", "arguments": {"path": "src/x.py"}}, {"id": "c1", "name": "x"}]),
+        ("message", "tool_calls", [{"id": "c1", "name": "read", "arguments": "not a mapping"}]),
+        ("message", "tool_calls", [{"id": "c1", "name": "a"}, {"id": "c1", "name": "b"}]),
+        ("message", "role", "bogus"),
+        ("message", "role", "tool"),
+        ("message", "tool_call_id", "c1"),
+        ("message", "is_error", "yes"),
+        ("message", "usage", {"input_tokens": -1}),
+        ("message", "usage", {"input_tokens": 3, "output_tokens": 4}),
+        ("message", "id", ""),
+        ("message", "extra", 1),
+        ("message", "content", ["x"]),
+        ("message", "content", None),
+        ("message", "id", 5),
+        ("message", "metadata", {"cmdc.kind": "summary", "cmdc.attempts": ["kd02e7dbf0940bc1f", "bad", 3]}),
+        ("message", "metadata", {"cmdc.kind": "summary", "cmdc.attempts": None}),
+        ("message", "metadata", []),
+        ("record", "seq", True),
+        ("record", "seq", 3.0),
+        ("record", "seq", 0),
+        ("record", "ts", "1"),
+        ("record", "ts", True),
+        ("record", "compaction", -1),
+        ("record", "compaction", None),
+        ("record", "attempt", 5),
+        ("record", "attempt", ["k"]),
+        ("record", "attempt", None),
+        ("record", "journal", "not-an-id"),
+        ("record", "extra", 1),
+        ("record", "message", ["x"]),
+        ("record", "message", None),
+    ],
+)
+def test_the_fast_line_decoder_accepts_only_what_the_journals_decoder_reads_alike(
+    change: str | None, where: str | None, value: Any
+) -> None:
+    """`_fast_record` (every line of a rebuild) may pass a line on to the journal's own
+    decoder (None), but what it accepts, the decoder reads too, with the same fields: odd JSON
+    types, nulls, unknown keys and bad ids never get into the index through the fast path."""
+    import copy
+
+    from cmdc.errors import OffloadCorrupted
+    from cmdc.store.file.scan import _decode_at, _summary_attempts
+    from cmdc.store.search import TEXT_CHARS, record_text
+
+    obj = copy.deepcopy(_GOOD)
+    if change == "message":
+        obj["message"][where] = value
+    elif change == "record":
+        obj[where] = value
+    lines = [_line(obj)]
+    if change is None:  # a key twice (JSON keeps the last) and a legacy line (no attempt)
+        first = b'{"message":{"id":"m1","role":"user","content":"a"},"message":5,'
+        twice = first + _line(obj)[len(b'{"message":') + 1 :]
+        legacy = {k: v for k, v in obj.items() if k not in ("attempt", "journal")}
+        lines += [_line(raw=twice[: twice.rindex(b',"crc"')] + b"}"), _line(legacy)]
+    for data in lines:
+        fast = _index._fast_record(data, memoryview(data), 0, len(data), {})
+        try:
+            decoded, _ = _decode_at(data, 0, len(data), "here", TEXT_CHARS)
+        except OffloadCorrupted:
+            decoded = None
+        if fast is None:
+            continue
+        assert decoded is not None and decoded.kind == "message" and decoded.record is not None, data
+        r = decoded.record
+        assert fast[:5] == (decoded.seq, r.message.id, r.attempt, r.compaction, r.message.is_summary)
+        assert fast[5] == record_text(r.message)
+        assert fast[7] == tuple(_summary_attempts(r.message))
+    if change is None:
+        assert _index._fast_record(lines[0], memoryview(lines[0]), 0, len(lines[0]), {}) is not None

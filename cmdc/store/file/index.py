@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from ...errors import IndexUnavailable
+from ...errors import IndexUnavailable, InvalidMessage
+from ...message import Message
 from ..records import ATTEMPTS_KEY as _ATTEMPTS_KEY
 
 # the words and the ranking both stores share (importable from here, as before they moved)
@@ -917,6 +918,13 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
     content, mid = msg.get("content", ""), msg.get("id")
     if type(obj["ts"]) not in _NUMBERS or type(content) is not str or len(content) > TEXT_CHARS or type(mid) is not str:
         return None
+    if not _plain_message(msg, mid):  # anything else the message's own decoder checks, as a scan does
+        try:
+            Message.from_dict(msg)
+        except InvalidMessage:
+            return None
+    if attempt is None and "journal" in obj:  # (a null attempt: the journal's decoder refuses the line)
+        return None
     if attempt is not None and not (type(attempt) is str and valid.get(attempt) and valid.get(obj["journal"])):
         for value in (attempt, obj["journal"]):
             ok = valid.get(value) if isinstance(value, str) else False
@@ -924,16 +932,16 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
                 ok = valid[value] = _valid_id(value)
             if not ok:
                 return None
-    meta = msg.get("metadata")
+    meta = msg.get("metadata", _ABSENT)
     summary, named = False, ()
-    if meta is not None:
-        if type(meta) is not dict:
+    if meta is not _ABSENT:
+        if type(meta) is not dict:  # (null too, as the message's own decoding says)
             return None
         if meta.get("cmdc.kind") == "summary":
             summary, deps = True, meta.get(_ATTEMPTS_KEY)
             named = tuple(a for a in deps if _valid_id(a)) if type(deps) is list else ()
-    calls = msg.get("tool_calls")
-    if calls is None:
+    calls = msg.get("tool_calls", _ABSENT)
+    if calls is _ABSENT:
         return seq, mid, attempt, compaction, summary, content, 0, named
     if type(calls) is not list:
         return None
@@ -947,6 +955,25 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
 
 
 _NUMBERS = (int, float)
+_PLAIN = frozenset({"id", "role", "content"})
+_PLAIN_RESULT = frozenset({"id", "role", "content", "tool_call_id", "is_error"})
+_PLAIN_ROLES = frozenset({"system", "user", "assistant"})
+
+
+def _plain_message(msg: dict[str, Any], mid: str) -> bool:
+    """Whether `msg` (its content a string, its id a string) is a message of the two commonest
+    shapes, checked here as `Message.from_dict` would: text from a system, user or assistant
+    message, or a tool result's. Any other is checked by `Message.from_dict` itself."""
+    if not mid:
+        return False
+    keys = msg.keys()
+    if keys <= _PLAIN:
+        return msg.get("role") in _PLAIN_ROLES
+    if keys <= _PLAIN_RESULT and msg.get("role") == "tool":
+        call = msg.get("tool_call_id")
+        return type(call) is str and call != "" and type(msg.get("is_error", False)) is bool
+    return False
+_ABSENT: Any = object()
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
