@@ -918,7 +918,9 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
     content, mid = msg.get("content", ""), msg.get("id")
     if type(obj["ts"]) not in _NUMBERS or type(content) is not str or len(content) > TEXT_CHARS or type(mid) is not str:
         return None
-    if not _plain_message(msg, mid):  # anything else the message's own decoder checks, as a scan does
+    if not (mid and msg.keys() <= _PLAIN and msg.get("role") in _PLAIN_ROLES) and not _tool_result(msg, mid):
+        # anything but text from a system, user or assistant message or a tool result's: the
+        # message's own decoder checks it, as a scan does
         try:
             Message.from_dict(msg)
         except InvalidMessage:
@@ -960,19 +962,13 @@ _PLAIN_RESULT = frozenset({"id", "role", "content", "tool_call_id", "is_error"})
 _PLAIN_ROLES = frozenset({"system", "user", "assistant"})
 
 
-def _plain_message(msg: dict[str, Any], mid: str) -> bool:
-    """Whether `msg` (its content a string, its id a string) is a message of the two commonest
-    shapes, checked here as `Message.from_dict` would: text from a system, user or assistant
-    message, or a tool result's. Any other is checked by `Message.from_dict` itself."""
-    if not mid:
+def _tool_result(msg: dict[str, Any], mid: str) -> bool:
+    """Whether `msg` (its content a string, its id a string) is a tool result of the common
+    shape, checked here as `Message.from_dict` would check it."""
+    if not mid or not msg.keys() <= _PLAIN_RESULT or msg.get("role") != "tool":
         return False
-    keys = msg.keys()
-    if keys <= _PLAIN:
-        return msg.get("role") in _PLAIN_ROLES
-    if keys <= _PLAIN_RESULT and msg.get("role") == "tool":
-        call = msg.get("tool_call_id")
-        return type(call) is str and call != "" and type(msg.get("is_error", False)) is bool
-    return False
+    call = msg.get("tool_call_id")
+    return type(call) is str and call != "" and type(msg.get("is_error", False)) is bool
 _ABSENT: Any = object()
 
 
