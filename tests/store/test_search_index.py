@@ -792,3 +792,43 @@ async def test_an_index_of_the_version_before_is_rebuilt_in_two_files(tmp_path: 
     tables = sqlite3.connect(index_of(store)).execute("SELECT name FROM sqlite_master").fetchall()
     assert ("fts",) not in tables
     assert _index.words_path(store.path_for("a")).exists()
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        (',"metadata":null', '"ATTEMPT"', '"JOURNAL"'),  # the journal's decoder: metadata must be an object
+        (',"tool_calls":null', '"ATTEMPT"', '"JOURNAL"'),  # tool_calls must be a list
+        (',"metadata":{"cmdc.kind":"summary"},"metadata":null', '"ATTEMPT"', '"JOURNAL"'),  # the last one counts
+        ("", '"ATTEMPT"', '["JOURNAL"]'),  # a journal id that is not a text (nor hashable)
+        ("", '"ATTEMPT"', '{"j": 1}'),
+        ("", '["ATTEMPT"]', '"JOURNAL"'),
+    ],
+)
+async def test_a_hand_made_line_with_a_valid_checksum_is_indexed_as_the_journal_reads_it(
+    tmp_path: Path, hostile: tuple[str, str, str]
+) -> None:
+    """A line whose checksum is right but whose fields the journal's decoder refuses (a damaged
+    line to a whole read) is skipped by the build as by a scan: not indexed as a record, and no
+    error out of the read that builds the index."""
+    import zlib
+
+    extra, attempt, journal = hostile
+    store = OffloadStore(tmp_path, index=False)
+    first = await store.append("a", batch(3), compaction=1)
+    assert first.journal is not None and first.attempt is not None
+    attempt = attempt.replace("ATTEMPT", first.attempt)
+    journal = journal.replace("JOURNAL", first.journal)
+    body = (
+        '{"id":"mhostile","role":"user","content":"hostile zebra"' + extra + "},"
+        f'"compaction":1,"ts":1.5,"seq":{first.last_seq + 1},"attempt":{attempt},"journal":{journal}'
+    ).encode()
+    path = store.path_for("a")
+    path.write_bytes(path.read_bytes() + b'{"message":' + body + b',"crc":"%08x"}\n' % zlib.crc32(body))
+    scanned = await store.records("a")
+    assert [r.seq for r in scanned] == [1, 2, 3]  # (the hand-made line is damaged to a whole read)
+    indexed = OffloadStore(tmp_path)
+    assert [r.seq for r in await indexed.read_range("a", 0, 100)] == [1, 2, 3]
+    assert (await indexed.extent("a")).records == 3
+    assert await indexed.search("a", "zebra") == []
+    assert (await indexed.check_index("a")).ok

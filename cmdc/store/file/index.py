@@ -917,23 +917,26 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
     content, mid = msg.get("content", ""), msg.get("id")
     if type(obj["ts"]) not in _NUMBERS or type(content) is not str or len(content) > TEXT_CHARS or type(mid) is not str:
         return None
-    if attempt is not None and not (type(attempt) is str and valid.get(attempt) and valid.get(obj["journal"])):
-        for value in (attempt, obj["journal"]):
+    journal = obj.get("journal")
+    if attempt is not None and not (
+        type(attempt) is str and type(journal) is str and valid.get(attempt) and valid.get(journal)
+    ):  # (both texts before they are looked up: a list or an object is no key)
+        for value in (attempt, journal):
             ok = valid.get(value) if isinstance(value, str) else False
             if ok is None:
                 ok = valid[value] = _valid_id(value)
             if not ok:
                 return None
-    meta = msg.get("metadata")
+    meta = msg.get("metadata", _ABSENT)  # (absent, not null: the journal's decoder refuses a null)
     summary, named = False, ()
-    if meta is not None:
+    if meta is not _ABSENT:
         if type(meta) is not dict:
             return None
         if meta.get("cmdc.kind") == "summary":
             summary, deps = True, meta.get(_ATTEMPTS_KEY)
             named = tuple(a for a in deps if _valid_id(a)) if type(deps) is list else ()
-    calls = msg.get("tool_calls")
-    if calls is None:
+    calls = msg.get("tool_calls", _ABSENT)
+    if calls is _ABSENT:
         return seq, mid, attempt, compaction, summary, content, 0, named
     if type(calls) is not list:
         return None
@@ -947,6 +950,7 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
 
 
 _NUMBERS = (int, float)
+_ABSENT: Any = object()  # a key the line does not have
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
