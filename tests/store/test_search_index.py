@@ -832,3 +832,38 @@ async def test_a_hand_made_line_with_a_valid_checksum_is_indexed_as_the_journal_
     assert (await indexed.extent("a")).records == 3
     assert await indexed.search("a", "zebra") == []
     assert (await indexed.check_index("a")).ok
+
+
+async def test_a_words_file_sqlite_makes_in_a_race_with_a_remover_is_made_0600(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The words' file removed (by another process's `remove`, say) between the moment it is
+    made 0600 and the moment it is attached: SQLite's ATTACH makes an empty one with the
+    umask's mode. The next reader that writes its tables makes it 0600 first, its journal
+    too: the words of the records are never readable by another user."""
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(10), compaction=1)
+    opened = _index._opened
+    raced: list[Path] = []
+
+    def racing(path: Path, *args: Any, **kwargs: Any) -> Any:
+        conn = opened(path, *args, **kwargs)
+        if path.name.endswith(_index.WORDS_SUFFIX) and not raced:
+            raced.append(path)
+            os.unlink(path)  # removed right after it was made, before it is attached
+        return conn
+
+    monkeypatch.setattr(_index, "_opened", racing)
+    old = os.umask(0o022)
+    try:
+        indexed = OffloadStore(tmp_path)
+        for _ in range(2):
+            assert [r.seq for r in await indexed.search("a", "item7", 3)] == [8]
+    finally:
+        os.umask(old)
+    assert raced
+    extras = [n for n in os.listdir(tmp_path) if n.startswith("a.jsonl.")]
+    assert "a.jsonl.words" in extras
+    for extra in extras:
+        assert stat.S_IMODE(os.stat(tmp_path / extra).st_mode) == 0o600, extra
+    assert (await indexed.check_index("a")).ok

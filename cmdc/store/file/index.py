@@ -248,6 +248,7 @@ def _opened(
             _tune(conn)
             have = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
             if conn.execute(have, (table,)).fetchone() is None:
+                _private(path)  # (SQLite makes a missing file with the umask's mode: one removed meanwhile)
                 conn.execute("BEGIN IMMEDIATE")
                 if conn.execute(have, (table,)).fetchone() is None:
                     create(conn)
@@ -259,6 +260,9 @@ def _opened(
                 if version is None or version[0] != VERSION:
                     raise sqlite3.DatabaseError(f"index version {version and version[0]}, not {VERSION}")
             return conn
+        except OSError as exc:
+            conn.close()
+            raise IndexUnavailable(f"{path}: {exc}") from None
         except sqlite3.Error as exc:
             conn.close()
             if attempt:
@@ -269,6 +273,23 @@ def _opened(
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name)
     raise AssertionError("unreachable")
+
+
+def _private(path: Path) -> None:
+    """Make the SQLite file at `path`, and its journal when there is one, readable and writable
+    by their owner alone (0600, as the journal they index): the file may have been made by
+    SQLite itself (an ATTACH, or a connection, after another process removed it), with the
+    umask's mode. Called before its tables are written."""
+    for name in (path, path.with_name(path.name + "-journal")):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def _tune(conn: sqlite3.Connection) -> None:
