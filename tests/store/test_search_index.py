@@ -398,6 +398,58 @@ def _die_mid_build(journal: str) -> None:
     trio.run(OffloadStore(Path(journal).parent).extent, Path(journal).stem)
 
 
+def _die_between_commits(journal: str) -> None:
+    """In a child process: build the journal's index and die (no cleanup, as a crash) after
+    its third chunk's words are committed, before its records are."""
+    index = __import__("cmdc._index", fromlist=["_index"])
+    chunks = [0]
+    execute, write_words = index.IndexConnection.execute, index._write_words
+
+    def counted(*args: Any) -> None:
+        chunks[0] += 1
+        write_words(*args)
+
+    def dying(self: Any, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT" and chunks[0] == 3:  # (the records' commit: the words' one is on another connection)
+            os._exit(9)
+        return execute(self, sql, *args)
+
+    index._write_words = counted
+    index.IndexConnection.execute = dying
+    index._CHUNK = 2_000
+    trio.run(OffloadStore(Path(journal).parent).extent, Path(journal).stem)
+
+
+async def test_a_build_killed_between_its_two_commits_is_rebuilt_by_the_next_reader(tmp_path: Path) -> None:
+    """A process killed after a chunk's words are committed and before its records are (a
+    real kill, not a file put back): the next reader finds the words past the records' mark,
+    rebuilds both with one event, and shows what the journal holds."""
+    import multiprocessing
+
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(120), compaction=1)
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=_die_between_commits, args=(str(store.path_for("a")),))
+    child.start()
+    await trio.to_thread.run_sync(child.join, 120)
+    assert child.exitcode == 9
+    conn = _index.connect(store.path_for("a"), [])
+    try:
+        marks = [conn.execute(f"SELECT v FROM {t} WHERE k = 'mark'").fetchone()[0] for t in ("meta", "w.wmeta")]
+    finally:
+        conn.close()
+    assert 0 < marks[0] < marks[1] < store.path_for("a").stat().st_size  # the words a chunk ahead
+    events: list[Event] = []
+    reader = OffloadStore(tmp_path, on_event=events.append)
+    assert [r.seq for r in await reader.read_range("a", 0, 1_000)] == list(range(1, 121))
+    assert [r.message.text for r in await reader.search("a", "item119")] == ["record 119 says word19 and item119"]
+    assert [r.seq for r in await reader.search("a", "item30")] == [31]
+    reasons = [e.data["reason"] for e in events if e.kind == JOURNAL_INDEX_REBUILT]
+    assert len(reasons) == 1 and "words end at byte" in reasons[0], reasons
+    report = await reader.check_index("a")
+    assert report.ok and not report.rebuilt, report
+
+
 async def test_a_build_that_dies_midway_is_finished_by_the_next_reader(tmp_path: Path) -> None:
     """A process that dies inside a build's transaction leaves a valid index of what it had
     committed (SQLite's journal rolls the rest back): the next reader goes on from there, and
