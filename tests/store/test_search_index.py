@@ -919,3 +919,28 @@ async def test_a_words_file_sqlite_makes_in_a_race_with_a_remover_is_made_0600(
     for extra in extras:
         assert stat.S_IMODE(os.stat(tmp_path / extra).st_mode) == 0o600, extra
     assert (await indexed.check_index("a")).ok
+
+
+async def test_an_index_ahead_of_an_older_end_of_the_journal_is_not_rebuilt(tmp_path: Path) -> None:
+    """The background indexer takes the journal's end without its lock; meanwhile the journal
+    grows and a reader (this process's or another's) indexes past that end. The indexer's
+    catch-up then finds the mark past its end: the index is ahead, not stale (the journal is
+    not shorter), and is left as it is, with no event."""
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(10), compaction=1)
+    path = store.path_for("a")
+    older = path.stat().st_size  # the end the indexer took
+    await store.append("a", batch(10, 10), compaction=2)
+    reader = OffloadStore(tmp_path)
+    assert [r.seq for r in await reader.search("a", "item15")] == [16]  # indexed to the new end
+    events: list[tuple[str, dict[str, Any]]] = []
+    conn = _index.connect(path, events)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _index.catch_up(conn, fd, path, older, events)
+        mark = conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0]
+    finally:
+        os.close(fd)
+        conn.close()
+    assert events == []
+    assert mark == path.stat().st_size

@@ -444,7 +444,7 @@ def _tail_crc(fd: int, mark: int) -> int:
     return zlib.crc32(data)
 
 
-def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
+def _stale(meta: dict[str, Any], fd: int) -> str | None:
     st = os.fstat(fd)
     inode = f"{st.st_dev}:{st.st_ino}"
     mark = int(meta["mark"])
@@ -452,7 +452,7 @@ def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
         return None
     if meta["inode"] != inode:
         return "the journal was replaced (another file at its path)"
-    if mark > end:
+    if mark > st.st_size:  # (past `end` alone is an index ahead of it: another indexed what came since)
         return "the journal is shorter than the index"
     if _tail_crc(fd, mark) != int(meta["tail"]):
         return "the journal's bytes before the index's mark changed"
@@ -476,7 +476,7 @@ def catch_up(
     nor for another reader, when there is nothing to add."""
     meta = _meta(conn)
     mark = int(meta["mark"])
-    if mark >= end and _stale(meta, fd, end) is None and _unpaired(meta, _meta(conn, "w.wmeta")) is None:
+    if mark >= end and _stale(meta, fd) is None and _unpaired(meta, _meta(conn, "w.wmeta")) is None:
         return
     words = _words_writer(conn)
     try:
@@ -511,7 +511,7 @@ def _catch_up(
             words.execute("BEGIN IMMEDIATE")
             try:
                 meta = _meta(conn)
-                why = _stale(meta, fd, end) or _unpaired(meta, _meta(words, "wmeta"), conn.words_news)
+                why = _stale(meta, fd) or _unpaired(meta, _meta(words, "wmeta"), conn.words_news)
                 if why is not None:
                     _reset(conn, words)
                     if int(meta["mark"]):  # (else the records are new, or were just emptied: told already)
