@@ -398,6 +398,58 @@ def _die_mid_build(journal: str) -> None:
     trio.run(OffloadStore(Path(journal).parent).extent, Path(journal).stem)
 
 
+def _die_between_commits(journal: str) -> None:
+    """In a child process: build the journal's index and die (no cleanup, as a crash) after
+    its third chunk's words are committed, before its records are."""
+    index = __import__("cmdc._index", fromlist=["_index"])
+    chunks = [0]
+    execute, write_words = index.IndexConnection.execute, index._write_words
+
+    def counted(*args: Any) -> None:
+        chunks[0] += 1
+        write_words(*args)
+
+    def dying(self: Any, sql: str, *args: Any) -> Any:
+        if sql == "COMMIT" and chunks[0] == 3:  # (the records' commit: the words' one is on another connection)
+            os._exit(9)
+        return execute(self, sql, *args)
+
+    index._write_words = counted
+    index.IndexConnection.execute = dying
+    index._CHUNK = 2_000
+    trio.run(OffloadStore(Path(journal).parent).extent, Path(journal).stem)
+
+
+async def test_a_build_killed_between_its_two_commits_is_rebuilt_by_the_next_reader(tmp_path: Path) -> None:
+    """A process killed after a chunk's words are committed and before its records are (a
+    real kill, not a file put back): the next reader finds the words past the records' mark,
+    rebuilds both with one event, and shows what the journal holds."""
+    import multiprocessing
+
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(120), compaction=1)
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=_die_between_commits, args=(str(store.path_for("a")),))
+    child.start()
+    await trio.to_thread.run_sync(child.join, 120)
+    assert child.exitcode == 9
+    conn = _index.connect(store.path_for("a"), [])
+    try:
+        marks = [conn.execute(f"SELECT v FROM {t} WHERE k = 'mark'").fetchone()[0] for t in ("meta", "w.wmeta")]
+    finally:
+        conn.close()
+    assert 0 < marks[0] < marks[1] < store.path_for("a").stat().st_size  # the words a chunk ahead
+    events: list[Event] = []
+    reader = OffloadStore(tmp_path, on_event=events.append)
+    assert [r.seq for r in await reader.read_range("a", 0, 1_000)] == list(range(1, 121))
+    assert [r.message.text for r in await reader.search("a", "item119")] == ["record 119 says word19 and item119"]
+    assert [r.seq for r in await reader.search("a", "item30")] == [31]
+    reasons = [e.data["reason"] for e in events if e.kind == JOURNAL_INDEX_REBUILT]
+    assert len(reasons) == 1 and "words end at byte" in reasons[0], reasons
+    report = await reader.check_index("a")
+    assert report.ok and not report.rebuilt, report
+
+
 async def test_a_build_that_dies_midway_is_finished_by_the_next_reader(tmp_path: Path) -> None:
     """A process that dies inside a build's transaction leaves a valid index of what it had
     committed (SQLite's journal rolls the rest back): the next reader goes on from there, and
@@ -896,3 +948,103 @@ def test_the_fast_line_decoder_accepts_only_what_the_journals_decoder_reads_alik
         assert fast[7] == tuple(_summary_attempts(r.message))
     if change is None:
         assert _index._fast_record(lines[0], memoryview(lines[0]), 0, len(lines[0]), {}) is not None
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        (',"metadata":null', '"ATTEMPT"', '"JOURNAL"'),  # the journal's decoder: metadata must be an object
+        (',"tool_calls":null', '"ATTEMPT"', '"JOURNAL"'),  # tool_calls must be a list
+        (',"metadata":{"cmdc.kind":"summary"},"metadata":null', '"ATTEMPT"', '"JOURNAL"'),  # the last one counts
+        ("", '"ATTEMPT"', '["JOURNAL"]'),  # a journal id that is not a text (nor hashable)
+        ("", '"ATTEMPT"', '{"j": 1}'),
+        ("", '["ATTEMPT"]', '"JOURNAL"'),
+    ],
+)
+async def test_a_hand_made_line_with_a_valid_checksum_is_indexed_as_the_journal_reads_it(
+    tmp_path: Path, hostile: tuple[str, str, str]
+) -> None:
+    """A line whose checksum is right but whose fields the journal's decoder refuses (a damaged
+    line to a whole read) is skipped by the build as by a scan: not indexed as a record, and no
+    error out of the read that builds the index."""
+    import zlib
+
+    extra, attempt, journal = hostile
+    store = OffloadStore(tmp_path, index=False)
+    first = await store.append("a", batch(3), compaction=1)
+    assert first.journal is not None and first.attempt is not None
+    attempt = attempt.replace("ATTEMPT", first.attempt)
+    journal = journal.replace("JOURNAL", first.journal)
+    body = (
+        '{"id":"mhostile","role":"user","content":"hostile zebra"' + extra + "},"
+        f'"compaction":1,"ts":1.5,"seq":{first.last_seq + 1},"attempt":{attempt},"journal":{journal}'
+    ).encode()
+    path = store.path_for("a")
+    path.write_bytes(path.read_bytes() + b'{"message":' + body + b',"crc":"%08x"}\n' % zlib.crc32(body))
+    scanned = await store.records("a")
+    assert [r.seq for r in scanned] == [1, 2, 3]  # (the hand-made line is damaged to a whole read)
+    indexed = OffloadStore(tmp_path)
+    assert [r.seq for r in await indexed.read_range("a", 0, 100)] == [1, 2, 3]
+    assert (await indexed.extent("a")).records == 3
+    assert await indexed.search("a", "zebra") == []
+    assert (await indexed.check_index("a")).ok
+
+
+async def test_a_words_file_sqlite_makes_in_a_race_with_a_remover_is_made_0600(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The words' file removed (by another process's `remove`, say) between the moment it is
+    made 0600 and the moment it is attached: SQLite's ATTACH makes an empty one with the
+    umask's mode. The next reader that writes its tables makes it 0600 first, its journal
+    too: the words of the records are never readable by another user."""
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(10), compaction=1)
+    opened = _index._opened
+    raced: list[Path] = []
+
+    def racing(path: Path, *args: Any, **kwargs: Any) -> Any:
+        conn = opened(path, *args, **kwargs)
+        if path.name.endswith(_index.WORDS_SUFFIX) and not raced:
+            raced.append(path)
+            os.unlink(path)  # removed right after it was made, before it is attached
+        return conn
+
+    monkeypatch.setattr(_index, "_opened", racing)
+    old = os.umask(0o022)
+    try:
+        indexed = OffloadStore(tmp_path)
+        for _ in range(2):
+            assert [r.seq for r in await indexed.search("a", "item7", 3)] == [8]
+    finally:
+        os.umask(old)
+    assert raced
+    extras = [n for n in os.listdir(tmp_path) if n.startswith("a.jsonl.")]
+    assert "a.jsonl.words" in extras
+    for extra in extras:
+        assert stat.S_IMODE(os.stat(tmp_path / extra).st_mode) == 0o600, extra
+    assert (await indexed.check_index("a")).ok
+
+
+async def test_an_index_ahead_of_an_older_end_of_the_journal_is_not_rebuilt(tmp_path: Path) -> None:
+    """The background indexer takes the journal's end without its lock; meanwhile the journal
+    grows and a reader (this process's or another's) indexes past that end. The indexer's
+    catch-up then finds the mark past its end: the index is ahead, not stale (the journal is
+    not shorter), and is left as it is, with no event."""
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", batch(10), compaction=1)
+    path = store.path_for("a")
+    older = path.stat().st_size  # the end the indexer took
+    await store.append("a", batch(10, 10), compaction=2)
+    reader = OffloadStore(tmp_path)
+    assert [r.seq for r in await reader.search("a", "item15")] == [16]  # indexed to the new end
+    events: list[tuple[str, dict[str, Any]]] = []
+    conn = _index.connect(path, events)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _index.catch_up(conn, fd, path, older, events)
+        mark = conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0]
+    finally:
+        os.close(fd)
+        conn.close()
+    assert events == []
+    assert mark == path.stat().st_size

@@ -251,6 +251,7 @@ def _opened(
             _tune(conn)
             have = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
             if conn.execute(have, (table,)).fetchone() is None:
+                _private(path)  # (SQLite makes a missing file with the umask's mode: one removed meanwhile)
                 conn.execute("BEGIN IMMEDIATE")
                 if conn.execute(have, (table,)).fetchone() is None:
                     create(conn)
@@ -262,6 +263,9 @@ def _opened(
                 if version is None or version[0] != VERSION:
                     raise sqlite3.DatabaseError(f"index version {version and version[0]}, not {VERSION}")
             return conn
+        except OSError as exc:
+            conn.close()
+            raise IndexUnavailable(f"{path}: {exc}") from None
         except sqlite3.Error as exc:
             conn.close()
             if attempt:
@@ -272,6 +276,23 @@ def _opened(
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name)
     raise AssertionError("unreachable")
+
+
+def _private(path: Path) -> None:
+    """Make the SQLite file at `path`, and its journal when there is one, readable and writable
+    by their owner alone (0600, as the journal they index): the file may have been made by
+    SQLite itself (an ATTACH, or a connection, after another process removed it), with the
+    umask's mode. Called before its tables are written."""
+    for name in (path, path.with_name(path.name + "-journal")):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
 
 def _tune(conn: sqlite3.Connection) -> None:
@@ -426,7 +447,7 @@ def _tail_crc(fd: int, mark: int) -> int:
     return zlib.crc32(data)
 
 
-def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
+def _stale(meta: dict[str, Any], fd: int) -> str | None:
     st = os.fstat(fd)
     inode = f"{st.st_dev}:{st.st_ino}"
     mark = int(meta["mark"])
@@ -434,7 +455,7 @@ def _stale(meta: dict[str, Any], fd: int, end: int) -> str | None:
         return None
     if meta["inode"] != inode:
         return "the journal was replaced (another file at its path)"
-    if mark > end:
+    if mark > st.st_size:  # (past `end` alone is an index ahead of it: another indexed what came since)
         return "the journal is shorter than the index"
     if _tail_crc(fd, mark) != int(meta["tail"]):
         return "the journal's bytes before the index's mark changed"
@@ -458,7 +479,7 @@ def catch_up(
     nor for another reader, when there is nothing to add."""
     meta = _meta(conn)
     mark = int(meta["mark"])
-    if mark >= end and _stale(meta, fd, end) is None and _unpaired(meta, _meta(conn, "w.wmeta")) is None:
+    if mark >= end and _stale(meta, fd) is None and _unpaired(meta, _meta(conn, "w.wmeta")) is None:
         return
     words = _words_writer(conn)
     try:
@@ -493,7 +514,7 @@ def _catch_up(
             words.execute("BEGIN IMMEDIATE")
             try:
                 meta = _meta(conn)
-                why = _stale(meta, fd, end) or _unpaired(meta, _meta(words, "wmeta"), conn.words_news)
+                why = _stale(meta, fd) or _unpaired(meta, _meta(words, "wmeta"), conn.words_news)
                 if why is not None:
                     _reset(conn, words)
                     if int(meta["mark"]):  # (else the records are new, or were just emptied: told already)
@@ -927,19 +948,22 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
             Message.from_dict(msg)
         except InvalidMessage:
             return None
+    journal = obj.get("journal")
     if attempt is None and "journal" in obj:  # (a null attempt: the journal's decoder refuses the line)
         return None
-    if attempt is not None and not (type(attempt) is str and valid.get(attempt) and valid.get(obj["journal"])):
-        for value in (attempt, obj["journal"]):
+    if attempt is not None and not (
+        type(attempt) is str and type(journal) is str and valid.get(attempt) and valid.get(journal)
+    ):  # (both texts before they are looked up: a list or an object is no key)
+        for value in (attempt, journal):
             ok = valid.get(value) if isinstance(value, str) else False
             if ok is None:
                 ok = valid[value] = _valid_id(value)
             if not ok:
                 return None
-    meta = msg.get("metadata", _ABSENT)
+    meta = msg.get("metadata", _ABSENT)  # (absent, not null: the journal's decoder refuses a null)
     summary, named = False, ()
     if meta is not _ABSENT:
-        if type(meta) is not dict:  # (null too, as the message's own decoding says)
+        if type(meta) is not dict:
             return None
         if meta.get("cmdc.kind") == "summary":
             summary, deps = True, meta.get(_ATTEMPTS_KEY)
@@ -962,6 +986,7 @@ _NUMBERS = (int, float)
 _PLAIN = frozenset({"id", "role", "content"})
 _PLAIN_RESULT = frozenset({"id", "role", "content", "tool_call_id", "is_error"})
 _PLAIN_ROLES = frozenset({"system", "user", "assistant"})
+_ABSENT: Any = object()  # a key the line does not have
 
 
 def _tool_result(msg: dict[str, Any], mid: str) -> bool:
@@ -971,7 +996,6 @@ def _tool_result(msg: dict[str, Any], mid: str) -> bool:
         return False
     call = msg.get("tool_call_id")
     return type(call) is str and call != "" and type(msg.get("is_error", False)) is bool
-_ABSENT: Any = object()
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
