@@ -605,6 +605,7 @@ class _Parsed(NamedTuple):
     words: list[_Insert]  # the inserts of its records' words (`_word_inserts`)
     deps: list[tuple[str, str]]
     commits: list[tuple[tuple[str, ...], str]]  # (attempts, group) in order
+    recs_json: str | None  # `recs` as JSON (`_RECS_JSON_SQL`), or None when JSON cannot carry them
 
 
 def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parsed:
@@ -695,7 +696,7 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
             words.append((seq, folded, " ".join(ids)))
             deps += ((attempt or "", a) for a in deps_of)
     counted("records", len(recs))
-    return _Parsed(mark, after, stop, last_seq, damaged, recs, _word_inserts(words), deps, commits)
+    return _Parsed(mark, after, stop, last_seq, damaged, recs, _word_inserts(words), deps, commits, _as_json(recs))
 
 
 def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed: _Parsed) -> None:
@@ -746,11 +747,17 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed
     rows += [(r[0], r[3]) for r in recs if r[4] is None or r[4] in done_now]
     here: set[int] = set()
     count = int(meta["count"]) + _show(conn, rows, int(meta["last_seq"]), here)
-    values = [
-        (r[0], r[1], r[2], r[3], r[4], r[5], r[6] if r[4] is None else group.get(r[4]), r[7], int(r[0] in here))
-        for r in recs
-    ]
-    _Insert(_RECS_JSON_SQL, (), _as_json(values), _RECS_SQL, values).run(conn)  # (see `_RECS_JSON_SQL`)
+    # the records as one statement over their JSON, made beside (their batch's group and whether
+    # they are shown, found by SQLite); as rows when JSON cannot carry them
+    shown = orjson.dumps(sorted(here)).decode()
+    if parsed.recs_json is None or not _Insert(_RECS_JSON_SQL, (), parsed.recs_json, "", ()).ran(conn, shown):
+        conn.executemany(
+            _RECS_SQL,
+            [
+                (r[0], r[1], r[2], r[3], r[4], r[5], r[6] if r[4] is None else group.get(r[4]), r[7], int(r[0] in here))
+                for r in recs
+            ],
+        )
     _set_meta(
         conn,
         {
@@ -767,10 +774,15 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed
 _RECS_SQL = "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) VALUES (?,?,?,?,?,?,?,?,?)"
 _RECS_JSON_SQL = (  # the rows as one statement over their JSON: SQLite runs it without Python's lock, where
     # `executemany` takes the lock back for each row and, while the next chunk is decoded, waits
-    # for it each time (measured: the records' inserts took twice their CPU time in wall time)
+    # for it each time (measured: the records' inserts took twice their CPU time in wall time).
+    # A record's group: a legacy one's own, else its batch's if committed (`done`); shown: its
+    # number among the JSON array of the second argument.
     "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) SELECT "
-    + ", ".join(f"json_extract(value, '$[{k}]')" for k in range(9))
-    + " FROM json_each(?)"
+    + ", ".join(f"json_extract(value, '$[{k}]')" for k in range(6))
+    + ", CASE WHEN json_extract(value, '$[4]') IS NULL THEN json_extract(value, '$[6]') "
+    "ELSE (SELECT grp FROM done WHERE attempt = json_extract(value, '$[4]')) END, "
+    "json_extract(value, '$[7]'), json_extract(value, '$[0]') IN (SELECT value FROM json_each(?)) "
+    "FROM json_each(?)"
 )
 
 
@@ -796,14 +808,21 @@ class _Insert(NamedTuple):
     rows: Sequence[tuple[Any, ...]]
 
     def run(self, conn: sqlite3.Connection) -> None:
-        if self.blob is not None:
-            try:
-                conn.execute(self.sql, (*self.args, self.blob))
-                return
-            except sqlite3.OperationalError as exc:
-                if "no such" not in str(exc) or "json" not in str(exc):  # (else: SQLite without JSON)
-                    raise
-        conn.executemany(self.plain, self.rows)
+        if not self.ran(conn):
+            conn.executemany(self.plain, self.rows)
+
+    def ran(self, conn: sqlite3.Connection, *more: Any) -> bool:
+        """Whether the statement over the JSON ran (with `more` arguments after `args`), not
+        when there is no JSON or SQLite has no JSON functions; any other error is raised."""
+        if self.blob is None:
+            return False
+        try:
+            conn.execute(self.sql, (*self.args, *more, self.blob))
+        except sqlite3.OperationalError as exc:
+            if "no such" not in str(exc) or "json" not in str(exc):  # (else: SQLite without JSON)
+                raise
+            return False
+        return True
 
 
 _WORDS_SQL = "INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)"
