@@ -8,6 +8,7 @@ import functools
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -420,19 +421,25 @@ def _die_between_commits(journal: str) -> None:
     trio.run(OffloadStore(Path(journal).parent).extent, Path(journal).stem)
 
 
-async def test_a_build_killed_between_its_two_commits_is_rebuilt_by_the_next_reader(tmp_path: Path) -> None:
-    """A process killed after a chunk's words are committed and before its records are (a
-    real kill, not a file put back): the next reader finds the words past the records' mark,
-    rebuilds both with one event, and shows what the journal holds."""
+async def _killed_while_indexing(tmp_path: Path, target: Callable[[str], None]) -> OffloadStore:
+    """A journal of 120 records in `tmp_path`, and a process (spawned) that indexes it with
+    `target(journal)` and exits with code 9 on its way; the store (without an index)."""
     import multiprocessing
 
     store = OffloadStore(tmp_path, index=False)
     await store.append("a", batch(120), compaction=1)
-    ctx = multiprocessing.get_context("spawn")
-    child = ctx.Process(target=_die_between_commits, args=(str(store.path_for("a")),))
+    child = multiprocessing.get_context("spawn").Process(target=target, args=(str(store.path_for("a")),))
     child.start()
     await trio.to_thread.run_sync(child.join, 120)
     assert child.exitcode == 9
+    return store
+
+
+async def test_a_build_killed_between_its_two_commits_is_rebuilt_by_the_next_reader(tmp_path: Path) -> None:
+    """A process killed after a chunk's words are committed and before its records are (a
+    real kill, not a file put back): the next reader finds the words past the records' mark,
+    rebuilds both with one event, and shows what the journal holds."""
+    store = await _killed_while_indexing(tmp_path, _die_between_commits)
     conn = _index.connect(store.path_for("a"), [])
     try:
         marks = [conn.execute(f"SELECT v FROM {t} WHERE k = 'mark'").fetchone()[0] for t in ("meta", "w.wmeta")]
@@ -454,15 +461,7 @@ async def test_a_build_that_dies_midway_is_finished_by_the_next_reader(tmp_path:
     """A process that dies inside a build's transaction leaves a valid index of what it had
     committed (SQLite's journal rolls the rest back): the next reader goes on from there, and
     what it shows is the journal's."""
-    import multiprocessing
-
-    store = OffloadStore(tmp_path, index=False)
-    await store.append("a", batch(120), compaction=1)
-    ctx = multiprocessing.get_context("spawn")
-    child = ctx.Process(target=_die_mid_build, args=(str(store.path_for("a")),))
-    child.start()
-    await trio.to_thread.run_sync(child.join, 120)
-    assert child.exitcode == 9
+    store = await _killed_while_indexing(tmp_path, _die_mid_build)
     conn = _index.connect(store.path_for("a"), [])
     try:
         committed = int(conn.execute("SELECT v FROM meta WHERE k = 'mark'").fetchone()[0])
