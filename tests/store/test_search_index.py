@@ -1047,3 +1047,33 @@ async def test_an_index_ahead_of_an_older_end_of_the_journal_is_not_rebuilt(tmp_
         conn.close()
     assert events == []
     assert mark == path.stat().st_size
+
+
+async def test_an_index_removed_right_after_it_was_opened_is_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process removes the index between its opening and the look at its file: the
+    search reads the journal this time (no error, no connection left open), and the next one
+    builds the index again."""
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(20), compaction=1)
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
+    store._index_conns.close_all()
+    real = _index.connect
+    opened: list[Any] = []
+
+    def connect_then_removed(journal: Path, *args: Any) -> Any:
+        conn = real(journal, *args)
+        opened.append(conn)
+        if len(opened) == 1:
+            _index.remove(journal)
+        return conn
+
+    monkeypatch.setattr(_index, "connect", connect_then_removed)
+    assert [r.seq for r in await store.search("a", "item7", 3)] == [8]
+    import sqlite3
+
+    with pytest.raises(sqlite3.ProgrammingError):  # closed, not leaked
+        opened[0].execute("SELECT 1")
+    assert [r.seq for r in await store.search("a", "item9", 3)] == [10]
+    assert index_of(store).exists() and (await store.check_index("a")).ok

@@ -354,7 +354,11 @@ class Connections:
                 held = None
         if held is None:
             conn = connect(journal, events, known)
-            st = os.stat(path)
+            try:
+                st = os.stat(path)
+            except OSError as exc:  # removed by another process meanwhile: this time, no index
+                conn.close()
+                raise IndexUnavailable(f"{path}: {exc}") from None
             held = (conn, threading.Lock(), (st.st_dev, st.st_ino))
         ok = False
         try:
