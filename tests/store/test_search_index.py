@@ -1077,3 +1077,35 @@ async def test_an_index_removed_right_after_it_was_opened_is_not_an_error(
         opened[0].execute("SELECT 1")
     assert [r.seq for r in await store.search("a", "item9", 3)] == [10]
     assert index_of(store).exists() and (await store.check_index("a")).ok
+
+
+async def test_check_index_is_not_fooled_by_an_append_during_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append between `check_index`'s read of the journal and its look at the index makes
+    the counts differ: the journal is read again and the index is found right (not removed and
+    rebuilt). A journal that keeps growing past the last read is still compared then."""
+    events: list[Event] = []
+    store = OffloadStore(tmp_path, on_event=events.append)
+    await store.append("a", batch(20), compaction=1)
+    real = store.verify
+    appended: list[int] = []
+
+    async def verify_then_append(agent_id: str) -> Any:
+        report = await real(agent_id)
+        if len(appended) < 2:  # after the first two reads: one more batch each time
+            appended.append(1)
+            await store.append(agent_id, batch(3, 100 + 10 * len(appended)), compaction=1 + len(appended))
+        return report
+
+    monkeypatch.setattr(store, "verify", verify_then_append)
+    events.clear()
+    report = await store.check_index("a")
+    assert report.ok and not report.rebuilt and report.records == 26, report
+    assert not [e for e in events if e.kind == JOURNAL_INDEX_REBUILT]
+    appended.clear()
+    from cmdc.store.file import journal
+
+    monkeypatch.setattr(journal, "_CHECK_TRIES", 1)  # one read, as before: the append after it is blamed on the index
+    report = await store.check_index("a")
+    assert not report.ok and "the index counts" in report.problems[0] and report.rebuilt

@@ -141,6 +141,17 @@ class JournalReport:
         return not self.damaged and not self.torn
 
 
+_CHECK_TRIES = 3
+"""Reads of the journal `check_index` compares with its index while appends go on (see there)."""
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return -1
+
+
 @attrs.frozen
 class IndexReport:
     """What `check_index` found: the index file, whether it was right, what was wrong, the
@@ -1020,16 +1031,27 @@ class OffloadStore:
     async def check_index(self, agent_id: str) -> IndexReport:
         """Check the journal's index against a whole read of the journal: SQLite's own checks of
         the file and its full-text table, and the visible records and compactions counted both
-        ways. An index found wrong is rebuilt (with a `journal_index_rebuilt` event)."""
+        ways. An index found wrong is rebuilt (with a `journal_index_rebuilt` event). Counts
+        that differ because the journal grew between the read and the index's catch-up (an
+        append meanwhile) are compared again, after a new read (`_CHECK_TRIES` reads at most)."""
         path = self.path_for(agent_id)
-        report = await self.verify(agent_id)
         events: list[tuple[str, dict[str, Any]]] = []
         try:
-            return await trio.to_thread.run_sync(self._check_index_sync, path, report, events)
+            for tries_left in reversed(range(_CHECK_TRIES)):
+                report = await self.verify(agent_id)
+                checked = await trio.to_thread.run_sync(self._check_index_sync, path, report, events, tries_left > 0)
+                if checked is not None:
+                    return checked
+            raise AssertionError("unreachable: the last try returns a report")
         finally:
             self._index_events(agent_id, path, events)
 
-    def _check_index_sync(self, path: Path, report: JournalReport, events: list[Any]) -> IndexReport:
+    def _check_index_sync(
+        self, path: Path, report: JournalReport, events: list[Any], again_if_grown: bool = False
+    ) -> IndexReport | None:
+        """The index checked against `report` (a whole read of the journal). None, with
+        `again_if_grown`, when the counts differ only because the journal grew since the read:
+        the caller reads it again (the index caught up to the newer end)."""
         where = _index.index_path(path)
         if not self.index:
             return IndexReport(where, True, (), 0, False, "the index is turned off (OffloadStore(index=False))")
@@ -1041,6 +1063,8 @@ class OffloadStore:
         problems, (count, _, _, compactions, _) = got
         problems = list(problems)
         if (count, compactions) != (report.records, report.compactions):
+            if again_if_grown and _size(path) != report.size:  # appended to meanwhile: not the index's fault
+                return None
             problems.append(
                 f"the index counts {count} records from {compactions} compaction(s), "
                 f"the journal {report.records} from {report.compactions}"
