@@ -1109,3 +1109,25 @@ async def test_check_index_is_not_fooled_by_an_append_during_the_check(
     monkeypatch.setattr(journal, "_CHECK_TRIES", 1)  # one read, as before: the append after it is blamed on the index
     report = await store.check_index("a")
     assert not report.ok and "the index counts" in report.problems[0] and report.rebuilt
+
+
+async def test_an_index_built_without_json_reads_as_a_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every statement the build sends over JSON (words, records, lookups by id, visibility)
+    falls back to rows when JSON cannot carry its values: the index built that way, with
+    summaries, commits across chunks and re-appended messages, reads as a scan does."""
+    monkeypatch.setattr(_index, "_as_json", lambda values: None)
+    monkeypatch.setattr(_index, "_CHUNK", 700)  # many chunks: batches committed in a later one
+    store = OffloadStore(tmp_path, index=False)
+    first = batch(30)
+    await store.append("a", first, compaction=1)
+    pending = await store.append("a", batch(20, 30), attempt=new_attempt_id(), commit=False, compaction=2)
+    await store.append("a", [*first[:5], *batch(10, 60)], compaction=3)  # five re-appended
+    await store.commit("a", pending.pending)
+    scanned = [(r.seq, r.message.id) for r in await store.records("a")]
+    indexed = OffloadStore(tmp_path)
+    assert [(r.seq, r.message.id) for r in await indexed.read_range("a", 0, 10_000)] == scanned
+    assert [r.seq for r in await indexed.search("a", "item65", 3)] == [
+        r.seq for r in await store.search("a", "item65", 3)
+    ]
+    assert (await indexed.extent("a")).compactions == (await store.extent("a")).compactions
+    assert (await indexed.check_index("a")).ok

@@ -166,9 +166,18 @@ def remove(journal: Path) -> None:
     """Remove the journal's index: both files, and SQLite's journals of them (a hot one left
     behind would be played back into the next file made at that name)."""
     for path in (index_path(journal), words_path(journal)):
-        for name in (path, path.with_name(path.name + "-journal")):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+        _unlink(path)
+
+
+def _with_journal(path: Path) -> tuple[Path, Path]:
+    """The SQLite file at `path` and its rollback journal."""
+    return path, path.with_name(path.name + "-journal")
+
+
+def _unlink(path: Path) -> None:
+    for name in _with_journal(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
 
 
 def _safe(path: Path) -> str | None:
@@ -179,10 +188,7 @@ def _safe(path: Path) -> str | None:
         return None
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         what = "a symlink" if stat.S_ISLNK(st.st_mode) else "a hard link" if st.st_nlink != 1 else "not a file"
-        os.unlink(path)  # the name only: the file it leads to is never opened
-        for extra in (path.with_name(path.name + "-journal"),):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(extra)
+        _unlink(path)  # the names only: the file a link leads to is never opened
         return f"{what} was at the index's name"
     return None
 
@@ -272,9 +278,7 @@ def _opened(
                 raise IndexUnavailable(f"{path}: {exc}") from None
             events.append(("rebuild", {"reason": f"the index was damaged ({exc})"}))
             known = False  # the one made next is not a missing one
-            for name in (path, path.with_name(path.name + "-journal")):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name)
+            _unlink(path)
     raise AssertionError("unreachable")
 
 
@@ -283,7 +287,7 @@ def _private(path: Path) -> None:
     by their owner alone (0600, as the journal they index): the file may have been made by
     SQLite itself (an ATTACH, or a connection, after another process removed it), with the
     umask's mode. Called before its tables are written."""
-    for name in (path, path.with_name(path.name + "-journal")):
+    for name in _with_journal(path):
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -735,12 +739,9 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed
                 queue.append(dep)
     changed = [*fresh, *old]
     rows: list[tuple[int, str]] = []  # committed records: those of earlier chunks, then this one's
-    for k in range(0, len(changed), 500):
-        part = changed[k : k + 500]
-        marks = ",".join("?" * len(part))
-        set_group = "UPDATE recs SET grp = (SELECT grp FROM done d WHERE d.attempt = recs.attempt) WHERE attempt IN"
-        conn.execute(f"{set_group} ({marks}) AND vis = 0", part)
-        rows += conn.execute(f"SELECT seq, mid FROM recs WHERE attempt IN ({marks}) AND vis = 0", part).fetchall()
+    group_of = "(SELECT grp FROM done d WHERE d.attempt = recs.attempt)"
+    _among(conn, f"UPDATE recs SET grp = {group_of} WHERE vis = 0 AND attempt IN", changed)
+    rows += _among(conn, "SELECT seq, mid FROM recs WHERE vis = 0 AND attempt IN", changed)
     # records indexed before this chunk whose batch or visibility changes (a hidden one comes
     # after the one shown instead): the compactions counted up to there are counted again
     changed_from = min((seq for seq, _ in rows), default=None) if not regrouped else 0
@@ -754,7 +755,7 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed
     # the records as one statement over their JSON, made beside (their batch's group and whether
     # they are shown, found by SQLite); as rows when JSON cannot carry them
     shown = orjson.dumps(sorted(here)).decode()
-    if parsed.recs_json is None or not _Insert(_RECS_JSON_SQL, (), parsed.recs_json, "", ()).ran(conn, shown):
+    if parsed.recs_json is None or _over_json(conn, _RECS_JSON_SQL, (shown, parsed.recs_json)) is None:
         conn.executemany(
             _RECS_SQL,
             [
@@ -812,21 +813,19 @@ class _Insert(NamedTuple):
     rows: Sequence[tuple[Any, ...]]
 
     def run(self, conn: sqlite3.Connection) -> None:
-        if not self.ran(conn):
+        if self.blob is None or _over_json(conn, self.sql, (*self.args, self.blob)) is None:
             conn.executemany(self.plain, self.rows)
 
-    def ran(self, conn: sqlite3.Connection, *more: Any) -> bool:
-        """Whether the statement over the JSON ran (with `more` arguments after `args`), not
-        when there is no JSON or SQLite has no JSON functions; any other error is raised."""
-        if self.blob is None:
-            return False
-        try:
-            conn.execute(self.sql, (*self.args, *more, self.blob))
-        except sqlite3.OperationalError as exc:
-            if "no such" not in str(exc) or "json" not in str(exc):  # (else: SQLite without JSON)
-                raise
-            return False
-        return True
+
+def _over_json(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor | None:
+    """`conn.execute(sql, args)`, a statement over JSON (`json_each`); None when SQLite has no
+    JSON functions (the caller then goes row by row). Any other error is raised."""
+    try:
+        return conn.execute(sql, args)
+    except sqlite3.OperationalError as exc:
+        if "no such" not in str(exc) or "json" not in str(exc):
+            raise
+        return None
 
 
 _WORDS_SQL = "INSERT INTO fts (rowid, body, ids) VALUES (?, ?, ?)"
@@ -1022,24 +1021,12 @@ def _tool_result(msg: dict[str, Any], mid: str) -> bool:
 
 
 def _done_among(conn: sqlite3.Connection, attempts: Iterable[str]) -> list[str]:
-    wanted = list(attempts)
-    out: list[str] = []
-    for k in range(0, len(wanted), 500):
-        part = wanted[k : k + 500]
-        sql = f"SELECT attempt FROM done WHERE attempt IN ({','.join('?' * len(part))})"
-        out += [r[0] for r in conn.execute(sql, part)]
-    return out
+    return [r[0] for r in _among(conn, "SELECT attempt FROM done WHERE attempt IN", list(attempts))]
 
 
 def _done_groups(conn: sqlite3.Connection, attempts: Iterable[str]) -> dict[str, str]:
     """The batch (`done.grp`) of each of `attempts` that is committed."""
-    wanted = list(attempts)
-    out: dict[str, str] = {}
-    for k in range(0, len(wanted), 500):
-        part = wanted[k : k + 500]
-        sql = f"SELECT attempt, grp FROM done WHERE attempt IN ({','.join('?' * len(part))})"
-        out.update(conn.execute(sql, part).fetchall())
-    return out
+    return dict(_among(conn, "SELECT attempt, grp FROM done WHERE attempt IN", list(attempts)))
 
 
 def _among(conn: sqlite3.Connection, sql: str, values: Sequence[str | int]) -> list[Any]:
@@ -1049,12 +1036,9 @@ def _among(conn: sqlite3.Connection, sql: str, values: Sequence[str | int]) -> l
     if not values:
         return []
     blob = _as_json(values)
-    if blob is not None:
-        try:
-            return conn.execute(f"{sql} (SELECT value FROM json_each(?))", (blob,)).fetchall()
-        except sqlite3.OperationalError as exc:
-            if "no such" not in str(exc) or "json" not in str(exc):  # (else: SQLite without JSON)
-                raise
+    found = None if blob is None else _over_json(conn, f"{sql} (SELECT value FROM json_each(?))", (blob,))
+    if found is not None:
+        return found.fetchall()
     out: list[Any] = []
     for k in range(0, len(values), 500):
         part = values[k : k + 500]
