@@ -309,7 +309,6 @@ async def test_a_deactivated_agent_keeps_only_a_few_hundred_bytes(tmp_path: Path
 
     provider = Quick()
     async with open_runtime(store=str(tmp_path / "s"), max_resident=10, log_events=False) as rt:
-        names = [f"agent-{i:05d}" for i in range(400)]
         refs = []
 
         async def run(names: list[str]) -> None:
@@ -321,19 +320,26 @@ async def test_a_deactivated_agent_keeps_only_a_few_hundred_bytes(tmp_path: Path
                 await rt.deactivate(name)
             await settle()
 
-        await run(names[:100])  # warm up: caches, the resident set at its bound
-        gc.collect()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.take_snapshot()
-            await run(names[100:])
+        await run([f"warm-{i:03d}" for i in range(100)])  # caches, the resident set at its bound
+        # Three rounds of 300, the smallest growth counts: a thread that another test left
+        # behind (a store's indexer, a pool) allocates during a round now and then, and what
+        # it holds at the second snapshot is not this runtime's.
+        rounds = []
+        for r in range(3):
             gc.collect()
-            after = tracemalloc.take_snapshot()
-        finally:
-            tracemalloc.stop()
-        grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+            tracemalloc.start()
+            try:
+                before = tracemalloc.take_snapshot()
+                await run([f"agent-{r}-{i:03d}" for i in range(300)])
+                gc.collect()
+                after = tracemalloc.take_snapshot()
+            finally:
+                tracemalloc.stop()
+            diff = after.compare_to(before, "lineno")
+            rounds.append((sum(s.size_diff for s in diff) / 300, [str(s) for s in diff[:5]]))
         assert rt.resident == []
-        assert grown / 300 < 400, f"{grown / 300:.0f} bytes per deactivated agent"
+        per_agent, top = min(rounds)
+        assert per_agent < 400, f"{per_agent:.0f} bytes per deactivated agent; grown most at:\n" + "\n".join(top)
 
 
 async def test_the_runtime_and_its_store_forget_what_deactivated_agents_used(
