@@ -631,7 +631,7 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     warned = False
     for event in damaged[:1]:
-        if event.kind == JOURNAL_DAMAGED:
+        if event.kind == JOURNAL_DAMAGED and not args.verify:  # --verify's report lists each damaged line
             warned = True
             print(
                 f"cmdc history: warning: {event.data['damaged']} damaged line(s) in {journal} skipped; "

@@ -504,6 +504,10 @@ def test_history_errors(journal: Path, tmp_path: Path, capsys: pytest.CaptureFix
     out, err = capsys.readouterr()
     assert "1 damaged line(s)" in err and "--verify" in err
     assert "records from 1 compaction(s)" in out
+    # --verify lists the damaged line itself: no warning that points at --verify (it printed one)
+    assert main(["history", str(journal), "chat", "--verify"]) == 1
+    out, err = capsys.readouterr()
+    assert "damaged: line 3" in out and err == ""
 
 
 def test_compact_pins_and_developer_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
