@@ -524,6 +524,13 @@ def test_compact_pins_and_developer_messages(tmp_path: Path, capsys: pytest.Capt
     assert result[-2:] == messages[-2:]
 
 
+def test_demo_refuses_a_ui_port_without_ui(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: the demo ran to its end (exit 0) and no page was ever served on the port asked for
+    assert main(["demo", "--ui-port", "8080", "--offload-dir", str(tmp_path / "j")]) == 2
+    assert capsys.readouterr().err == "cmdc demo: error: --ui-port goes with --ui\n"
+    assert not (tmp_path / "j").exists()
+
+
 def test_demo_exits_1_when_a_retention_check_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
