@@ -589,8 +589,14 @@ def _print_report(
 
 
 def _dir_or_url(text: str) -> Path | str:
-    """A directory, or a store URL kept as it is (a Path would fold its `//`)."""
-    return text if text.startswith(("postgresql://", "postgres://")) else Path(text)
+    """A directory, or a store URL kept as it is (a Path would fold its `//`). Another URL is
+    refused as one (it was named as the directory `http:/host/x`)."""
+    if text.startswith(("postgresql://", "postgres://")):
+        return text
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme.isalpha() and not os.path.lexists(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a store: give a directory or a postgresql:// URL")
+    return Path(text)
 
 
 def _history(args: argparse.Namespace) -> int:

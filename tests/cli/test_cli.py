@@ -524,6 +524,16 @@ def test_compact_pins_and_developer_messages(tmp_path: Path, capsys: pytest.Capt
     assert result[-2:] == messages[-2:]
 
 
+@pytest.mark.parametrize("command", ["history", "ui"])
+def test_a_store_url_of_another_scheme_is_named_as_typed(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: "http:/host/x: no such directory" (the URL folded into a path)
+    argv = [command, "http://host/x", *(["a1"] if command == "history" else [])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'http://host/x' is not a store: give a directory or a postgresql:// URL" in err
+    assert "http:/host" not in err
+
+
 def test_demo_refuses_a_ui_port_without_ui(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # before: the demo ran to its end (exit 0) and no page was ever served on the port asked for
     assert main(["demo", "--ui-port", "8080", "--offload-dir", str(tmp_path / "j")]) == 2
