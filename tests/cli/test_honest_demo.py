@@ -117,7 +117,9 @@ async def test_recall_calls_are_valid_and_read_what_the_summary_names(tmp_path: 
 
 async def test_delegation_reaches_the_named_agents_delegate_lists(tmp_path: Path) -> None:
     async with cmdc.open_runtime(log_events=False) as rt:
-        critic = await rt.spawn("critic", SimulatedModel(tool_probability=0.0), accepts="a1")
+        critic = await rt.spawn(  # its journal in tmp_path too, not .cmdc/ in the working directory
+            "critic", SimulatedModel(tool_probability=0.0), accepts="a1", config={"compact_offload_dir": str(tmp_path)}
+        )
         writer = await rt.spawn(
             "a1",
             SimulatedModel(tool_probability=1.0, max_tool_rounds=1, seed=5),
