@@ -775,6 +775,29 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed
             "count": count,
         },
     )
+    _count_ahead(conn, parsed.last_seq)
+
+
+def _count_ahead(conn: sqlite3.Connection, last_seq: int) -> None:
+    """Go on counting the compactions (`extent`) over the visible records before the first
+    hidden one, in this chunk's transaction: a rebuild counts them chunk by chunk beside its
+    words, not all at its end on its caller's thread. Those records stay as they are counted:
+    a record shown or hidden later is a hidden one's, or comes after one (`_show`), and a batch
+    that changes its group makes `_index_chunk` forget the count."""
+    groups = dict(conn.execute(f"SELECT k, v FROM meta WHERE k IN ({','.join('?' * len(_GROUPS))})", _GROUPS))
+    start = int(groups.get("groups_seq") or 0)
+    state = (int(groups["groups"]), groups["groups_last"], int(groups["groups_num"])) if start else None
+    (hidden,) = conn.execute("SELECT min(seq) FROM recs INDEXED BY recs_attempt WHERE vis = 0").fetchone()
+    end = last_seq if hidden is None else hidden - 1
+    if end <= start:
+        return
+    rows = conn.execute(
+        "SELECT seq, grp, comp FROM recs WHERE vis = 1 AND seq > ? AND seq <= ? ORDER BY seq", (start, end)
+    )
+    count, last, number, seq = _compactions(rows, state, start)
+    if seq > start:
+        values = {"groups": count, "groups_seq": seq, "groups_last": last, "groups_num": number}
+        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
 
 
 _RECS_SQL = "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) VALUES (?,?,?,?,?,?,?,?,?)"
