@@ -1192,6 +1192,11 @@ def _compactions(
     return count, last_group, last_number, seq
 
 
+def lines(conn: sqlite3.Connection) -> int:
+    """The record lines the index holds, hidden ones included."""
+    return int(conn.execute("SELECT count(*) FROM recs").fetchone()[0])
+
+
 def check(conn: sqlite3.Connection) -> list[str]:
     """SQLite's own check of the index file and of its FTS table; the problems found."""
     problems = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall() if r[0] != "ok"]

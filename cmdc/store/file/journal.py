@@ -1056,20 +1056,25 @@ class OffloadStore:
         if not self.index:
             return IndexReport(where, True, (), 0, False, "the index is turned off (OffloadStore(index=False))")
         before = len(events)
-        got = self._indexed_sync(path, lambda conn: (_index.check(conn), _index.extent(conn)), events)
+        got = self._indexed_sync(
+            path, lambda conn: (_index.check(conn), _index.extent(conn), _index.lines(conn)), events
+        )
         if got is None:
             why = "the index cannot be used here; searches read the whole journal"
             return IndexReport(where, True, (), 0, False, why)
-        problems, (count, _, _, compactions, _) = got
+        problems, (count, _, _, compactions, _), lines = got
         problems = list(problems)
-        if (count, compactions) != (report.records, report.compactions):
+        # every record line, hidden ones too: a line damaged in place after it was indexed (a
+        # record of a batch not committed yet) is shown by the index once its batch commits
+        read = report.records + report.uncommitted + report.duplicates
+        if (count, compactions, lines) != (report.records, report.compactions, read):
             if again_if_grown and _size(path) != report.size:  # appended to meanwhile: not the index's fault
                 return None
             problems.append(
-                f"the index counts {count} records from {compactions} compaction(s), "
-                f"the journal {report.records} from {report.compactions}"
+                f"the index counts {count} records from {compactions} compaction(s) of {lines} record lines, "
+                f"the journal {report.records} from {report.compactions} of {read}"
             )
-        rebuilt = len(events) > before
+        rebuilt = any(kind == "rebuild" for kind, _ in events[before:])  # (not a damaged line's event)
         if problems:
             self._index_conns.close(path)
             _index.remove(path)

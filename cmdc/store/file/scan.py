@@ -397,11 +397,20 @@ def _scan(
     for n, (_, decoded) in enumerate(lines):
         for a in decoded.attempts:
             group.setdefault(a, n)
-    for _, decoded in reversed(lines):  # a committed batch holding a summary commits its attempts
+    # A committed batch holding a summary commits the attempts it names, and so on, wherever in
+    # the journal the summary is: one committed later by a summary before it counts too (a
+    # batch written into after its commit), as the index counts it.
+    named: dict[str | None, list[str]] = {}
+    for _, decoded in lines:
         r = decoded.record
-        if r is not None and r.attempt in group:
-            for a in _summary_attempts(r.message):
-                group.setdefault(a, a)
+        if r is not None and r.message.is_summary:
+            named.setdefault(r.attempt, []).extend(_summary_attempts(r.message))
+    todo = [a for a in named if a in group]
+    while todo:
+        for a in named.get(todo.pop(), ()):
+            if a not in group:
+                group[a] = a
+                todo.append(a)
     committed = group.keys()
     seen: set[str] = set()
     records: list[JournalRecord] = []

@@ -1,0 +1,195 @@
+"""The file store's index attacked: what it answers compared with a whole read of the journal
+(its source of truth) on random journals, damaged ones too; journals whose lines were damaged
+in place after they were indexed; kills between its two files' commits."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from cmdc import Message, OffloadStore, _index
+from cmdc.events import JOURNAL_INDEX_REBUILT, Event
+from cmdc.message import KIND_KEY, SUMMARY_KIND
+from cmdc.offload import ATTEMPTS_KEY, new_attempt_id
+
+
+def summary(text: str, names: list[str]) -> Message:
+    return Message.user(text, metadata={KIND_KEY: SUMMARY_KIND, ATTEMPTS_KEY: names})
+
+
+async def same_as_a_scan(scanner: OffloadStore, reader: OffloadStore, words: tuple[str, ...] = ()) -> None:
+    """What `reader` answers through its index is what `scanner` (no index) reads."""
+    scanned = await scanner.records("a")
+    report = await scanner.verify("a")
+    want = [(r.seq, r.message.id) for r in scanned]
+    assert [(r.seq, r.message.id) for r in await reader.read_range("a", -1, 10**9)] == want
+    for n in (1, 3, 50):
+        assert [(r.seq, r.message.id) for r in await reader.last_records("a", n)] == want[max(0, len(want) - n) :]
+    ext = await reader.extent("a")
+    ends = (want[0][0], want[-1][0]) if want else (0, 0)
+    assert (ext.records, ext.first_seq, ext.last_seq, ext.compactions) == (len(want), *ends, report.compactions)
+    for word in words:
+        held = {r.seq for r in scanned if word in r.message.text.split()}
+        assert {r.seq for r in await reader.search("a", word, 10_000)} == held, word
+        assert {r.seq for r in await scanner.search("a", word, 10_000)} == held, word
+
+
+async def test_a_summary_written_into_a_batch_a_summary_committed_commits_what_it_names(tmp_path: Path) -> None:
+    """A batch committed by a summary naming it, then written into again (a compaction appended
+    to it) with a summary naming a third batch: that batch is committed too, wherever in the
+    journal the summary committing the second one is. The journal's read said no (it looked
+    at each summary once, from the end: the one naming the third batch came after the one
+    committing its own) while the index said yes."""
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", [Message.user("plain one")], compaction=1)
+    second = await store.append("a", [Message.user("second batch")], attempt=new_attempt_id(), commit=False)
+    await store.append("a", [summary("commits the second", list(second.pending))], compaction=2)
+    third = await store.append("a", [Message.user("third batch zeta")], attempt=new_attempt_id(), commit=False)
+    into = second.pending[0]  # written into the second batch, committed already
+    await store.append("a", [summary("names the third", list(third.pending))], attempt=into, commit=False)
+    texts = [r.message.text for r in await store.records("a")]
+    assert "third batch zeta" in texts and "names the third" in texts
+    await same_as_a_scan(store, OffloadStore(tmp_path), ("zeta", "third", "batch"))
+
+
+async def test_check_index_does_not_call_a_journal_with_a_damaged_line_rebuilt(tmp_path: Path) -> None:
+    """An index of a journal holding a damaged line is right: `check_index` says so, and not
+    that it rebuilt it (the damaged line's event was counted as a rebuild)."""
+    store = OffloadStore(tmp_path)
+    await store.append("a", [Message.user(f"line {i}") for i in range(5)], compaction=1)
+    journal = store.path_for("a")
+    journal.write_bytes(journal.read_bytes().replace(b"line 2", b"LINE 2"))
+    events: list[Event] = []
+    reader = OffloadStore(tmp_path, on_event=events.append)
+    report = await reader.check_index("a")
+    assert report.ok and not report.rebuilt and report.records == 4, report
+    assert not [e for e in events if e.kind == JOURNAL_INDEX_REBUILT]
+
+
+async def test_a_hidden_record_damaged_in_place_after_it_was_indexed_is_found_by_check_index(tmp_path: Path) -> None:
+    """A record of a batch not committed yet, indexed, then damaged in place (its bytes far from
+    the index's mark, which checks only the bytes just before it): once the batch commits the
+    index would show a record the journal no longer holds. `check_index` (and `history
+    --verify`) compared only the visible records, equal while the batch was hidden, and said
+    "ok": it now compares every record line too, and rebuilds."""
+    store = OffloadStore(tmp_path)
+    await store.append("a", [Message.user(f"shown {i}") for i in range(3)], compaction=1)
+    hidden = await store.append(
+        "a", [Message.user(f"hidden {i}") for i in range(3)], attempt=new_attempt_id(), commit=False
+    )
+    await store.append("a", [Message.user(f"after {i}") for i in range(6)], compaction=2)
+    assert (await store.extent("a")).records == 9  # indexed, the hidden batch in it
+    journal = store.path_for("a")
+    data = journal.read_bytes()
+    assert data.count(b"hidden 1") == 1
+    _write_at(journal, data.index(b"hidden 1"), b"HIDDEN 1")  # in place: the same file, the same size
+    report = await store.check_index("a")  # (it compared the shown records alone: equal, "ok")
+    assert not report.ok and report.rebuilt and report.records == 9, report
+    assert "of 12 record lines, the journal 9 from 2 of 11" in report.problems[0], report
+    await store.commit("a", hidden.pending)
+    scanner = OffloadStore(tmp_path, index=False)
+    await same_as_a_scan(scanner, store, ("hidden", "shown", "1"))
+
+
+def _damage(path: Path, rnd: random.Random) -> None:
+    """A flipped bit somewhere in the journal, a newline's bit (two lines fused) or a torn end."""
+    if not path.exists():
+        return
+    data = bytearray(path.read_bytes())
+    newlines = [i for i, b in enumerate(data) if b == 10]
+    if len(newlines) < 3:
+        return
+    what = rnd.choice(["byte", "newline", "tear"])
+    if what == "byte":
+        i = rnd.randrange(len(data))
+        data[i] ^= 1 << rnd.randrange(7) if data[i] != 10 else 0
+    elif what == "newline":
+        data[rnd.choice(newlines[:-1])] ^= 1 << rnd.randrange(8)
+    else:
+        del data[len(data) - rnd.randrange(1, 40) :]
+    _write_at(path, 0, bytes(data))
+    os.truncate(path, len(data))
+
+
+def _write_at(path: Path, offset: int, data: bytes) -> None:
+    """`data` written over the file's bytes at `offset` (the file kept: its inode, its size)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_journals_read_alike_through_the_index_and_a_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """Random journals (batches committed or not, late commits, summaries naming batches and
+    written into committed ones, messages written again, damaged bits, fused lines, torn ends):
+    after each step, the index a reader keeps up to date answers what a whole read does; after
+    damage to bytes it had indexed, `check_index` finds it and rebuilds; at the end, an index
+    built anew in small chunks does too."""
+    rnd = random.Random(seed)
+    words = ("alpha", "beta", "src/a/b.py", "w3", "w7")
+    writer = OffloadStore(tmp_path, index=False)
+    scanner = OffloadStore(tmp_path, index=False)
+    reader = OffloadStore(tmp_path)
+    pending: list[str] = []
+    committed: list[str] = []
+    sent: list[Message] = []
+    number = 0
+
+    def fresh(n: int) -> list[Message]:
+        made = [
+            Message.user(
+                f"m{len(sent) + k} w{(len(sent) + k) % 10} " + " ".join(rnd.sample(words[:3], rnd.randrange(3)))
+            )
+            for k in range(n)
+        ]
+        sent.extend(made)
+        return made
+
+    for step in range(30):
+        r = rnd.random()
+        if r < 0.2:
+            number += rnd.choice([0, 1])
+            again = rnd.sample(sent, min(len(sent), rnd.randrange(3)))
+            got = await writer.append(
+                "a", fresh(rnd.randrange(1, 5)) + again, attempt=new_attempt_id(), commit=False, compaction=number
+            )
+            pending += got.pending
+        elif r < 0.3 and pending:
+            some = rnd.sample(pending, rnd.randrange(1, len(pending) + 1))
+            await writer.commit("a", some)
+            committed += some
+            pending = [p for p in pending if p not in some]
+        elif r < 0.45 and pending + committed:
+            names = rnd.sample(pending + committed, min(len(pending + committed), rnd.randrange(1, 3)))
+            message = summary(f"summary {step} alpha", names)
+            if committed and rnd.random() < 0.5:  # into a batch committed already
+                await writer.append("a", [message], attempt=rnd.choice(committed), commit=False, compaction=number)
+            else:
+                await writer.append("a", [message], compaction=number)
+            pending = [p for p in pending if p not in names]
+            committed += [a for a in names if a not in committed]
+        elif r < 0.55 and committed:
+            await writer.append(
+                "a", fresh(2), attempt=rnd.choice(committed), commit=rnd.random() < 0.5, compaction=number
+            )
+        elif r < 0.62:
+            _damage(writer.path_for("a"), rnd)
+            writer = OffloadStore(tmp_path, index=False)  # (a writer learns the file again)
+            await reader.check_index("a")  # damage before the index's mark: found by a check
+        else:
+            number += rnd.choice([0, 1, 1])
+            await writer.append("a", fresh(rnd.randrange(1, 6)), compaction=number)
+        await same_as_a_scan(scanner, reader, words)
+        report = await reader.check_index("a")
+        assert report.ok and not report.rebuilt, (step, report)
+    _index.remove(writer.path_for("a"))
+    monkeypatch.setattr(_index, "_CHUNK", 600)
+    await same_as_a_scan(scanner, OffloadStore(tmp_path), words)
+    assert _index.index_path(writer.path_for("a")).stat().st_size > 0
