@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -193,3 +195,37 @@ async def test_random_journals_read_alike_through_the_index_and_a_scan(
     monkeypatch.setattr(_index, "_CHUNK", 600)
     await same_as_a_scan(scanner, OffloadStore(tmp_path), words)
     assert _index.index_path(writer.path_for("a")).stat().st_size > 0
+
+
+@pytest.mark.parametrize("which", ["index", "words"])
+async def test_an_index_file_open_to_other_users_is_made_again_0600(tmp_path: Path, which: str) -> None:
+    """An index file another user may read (its words are the journal's) or write (it says
+    which records are shown), as a restored backup or a `chmod` leaves it, is never used: it is
+    removed and built again 0600, with an event; what it answers is the journal's."""
+    store = OffloadStore(tmp_path)
+    await store.append("a", [Message.user(f"secret {i}") for i in range(5)], compaction=1)
+    await store.append("a", [Message.user("never shown")], attempt=new_attempt_id(), commit=False)
+    assert (await store.extent("a")).records == 5
+    journal = store.path_for("a")
+    path = _index.index_path(journal) if which == "index" else _index.words_path(journal)
+    await store.aclose()
+    if which == "index":  # written by another user: the uncommitted record shown
+        _show_all(_index.index_path(journal))
+    path.chmod(0o666)
+    events: list[Event] = []
+    reader = OffloadStore(tmp_path, on_event=events.append)
+    assert [r.message.text for r in await reader.search("a", "never shown")] == []
+    reasons = [e.data["reason"] for e in events if e.kind == JOURNAL_INDEX_REBUILT]
+    assert len(reasons) == 1 and "open to other users (mode 666" in reasons[0], reasons
+    for name in (_index.index_path(journal), _index.words_path(journal)):
+        assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
+    await same_as_a_scan(OffloadStore(tmp_path, index=False), reader, ("secret", "shown"))
+
+
+def _show_all(index: Path) -> None:
+    conn = sqlite3.connect(index)
+    try:
+        conn.execute("UPDATE recs SET vis = 1")
+        conn.commit()
+    finally:
+        conn.close()
