@@ -8,11 +8,12 @@ import os
 import random
 import sqlite3
 import stat
+import unicodedata
 from pathlib import Path
 
 import pytest
 
-from cmdc import Message, OffloadStore, _index
+from cmdc import Message, OffloadStore, ToolCall, _index
 from cmdc.events import JOURNAL_INDEX_REBUILT, Event
 from cmdc.message import KIND_KEY, SUMMARY_KIND
 from cmdc.offload import ATTEMPTS_KEY, new_attempt_id
@@ -229,3 +230,32 @@ def _show_all(index: Path) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+async def test_a_word_beside_a_symbol_or_a_combining_accent_is_found(tmp_path: Path) -> None:
+    """FTS5's tokenizer (Unicode 6.1) keeps in a word what a query's words (Python's `\\w`)
+    leave out: a combining accent (a decomposed `café`, the dot `İ` folds to), a character
+    newer than Unicode 6.1 (most emoji: `🥳`, `🤖`), a private-use one. `build🥳passed` was one
+    word of the index, so `passed` found nothing there while a scan found it. Both read the
+    text's words alike now, on the build's fast path (plain text) and on its other one (a tool
+    call)."""
+    texts = ["build🥳passed", "it is 10°c outside", unicodedata.normalize("NFD", "the café menu"), "İstanbul trip"]
+    texts += ["shipped🤖today", "a\ue000b joined"]
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a", [Message.user(t) for t in texts], compaction=1)
+    call = Message.assistant("", tool_calls=[ToolCall("c1", "run", {"cmd": "deploy✓ok"})])
+    await store.append("a", [call, Message.tool_result("c1", "fine")], compaction=2)
+    reader = OffloadStore(tmp_path)
+    for query, seq in [
+        ("passed", 1),
+        ("10", 2),
+        ("cafe", 3),
+        ("stanbul", 4),
+        ("shipped", 5),
+        ("today", 5),
+        ("b", 6),
+        ("ok", 7),
+    ]:
+        assert [r.seq for r in await reader.search("a", query)] == [seq], query
+        assert [r.seq for r in await store.search("a", query)] == [seq], query
+    assert (await reader.check_index("a")).ok

@@ -69,11 +69,12 @@ SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
 WORDS_SUFFIX = ".words"
 """The name of the sidecar's words (`words_path`): the journal's, with this appended."""
-VERSION = 6
+VERSION = 7
 # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves);
 # 3: FTS5 hashsize 64 MB, no index on recs.vis (the first and last visible records are found
 # walking the record numbers from either end); 4: FTS5 automerge 8, recs_attempt of hidden
-# records only; 5: recs_own_group; 6: the FTS5 table in a file of its own (`words_path`)
+# records only; 5: recs_own_group; 6: the FTS5 table in a file of its own (`words_path`);
+# 7: a text's words as the query's (`_body`: FTS5 kept a combining accent or a symbol in a word)
 _CHUNK = 16 * 1024 * 1024  # journal bytes indexed per transaction
 LOCKED_CATCH_UP = 1024 * 1024
 """Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
@@ -97,6 +98,18 @@ def counted(kind: str, n: int) -> None:
 
 
 """Journal bytes read and records decoded through the index (for tests: reads that do not scan)."""
+
+
+_NOT_WORD = re.compile(r"\W+")
+
+
+def _body(folded: str) -> str:
+    r"""The indexed text `folded` with every character that is not a word character (Python's
+    `\w`, as `tokens` reads a query) made a space: FTS5's tokenizer (Unicode 6.1) keeps combining
+    accents (a decomposed `café`, the dot of `İ`), characters newer than Unicode 6.1 (most
+    emoji) and private-use ones inside a word, so `build🥳passed` was one word no query found by
+    `passed`. ASCII text is read alike by both (and left as it is: most text, no copy)."""
+    return folded if folded.isascii() else _NOT_WORD.sub(" ", folded)
 
 
 def _quoted(term: str) -> str:
@@ -667,9 +680,9 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
             folded = text.casefold()
             if ("/" in folded or "." in folded or "-" in folded) and _JOINED.search(folded):  # most hold none
                 ids = [m[0] for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
-                words.append((seq, folded, " ".join(ids).translate(_SEPARATORS)))
+                words.append((seq, _body(folded), " ".join(ids).translate(_SEPARATORS)))
             else:
-                words.append((seq, folded, ""))
+                words.append((seq, _body(folded), ""))
             if attempt is None:
                 recs[-1] = (*recs[-1][:6], f"legacy{compaction}", compaction)
             if deps_of:
@@ -706,7 +719,7 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
             )
             if clipped:  # a huge text: its head indexed as it is, every other word once
                 ids += [w.translate(_SEPARATORS) for w in _rest_words(data, offset, nl)]
-            words.append((seq, folded, " ".join(ids)))
+            words.append((seq, _body(folded), " ".join(ids)))
             deps += ((attempt or "", a) for a in deps_of)
     counted("records", len(recs))
     return _Parsed(mark, after, stop, last_seq, damaged, recs, _word_inserts(words), deps, commits, _as_json(recs))
