@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cmdc import Message, OffloadStore, ToolCall, _index
+from cmdc.errors import OffloadCorrupted
 from cmdc.events import JOURNAL_INDEX_REBUILT, Event
 from cmdc.message import KIND_KEY, SUMMARY_KIND
 from cmdc.offload import ATTEMPTS_KEY, new_attempt_id
@@ -28,7 +29,7 @@ async def same_as_a_scan(scanner: OffloadStore, reader: OffloadStore, words: tup
     scanned = await scanner.records("a")
     report = await scanner.verify("a")
     want = [(r.seq, r.message.id) for r in scanned]
-    assert [(r.seq, r.message.id) for r in await reader.read_range("a", -1, 10**9)] == want
+    assert [(r.seq, r.message.id) for r in await reader.read_range("a", -1, 2**62)] == want
     for n in (1, 3, 50):
         assert [(r.seq, r.message.id) for r in await reader.last_records("a", n)] == want[max(0, len(want) - n) :]
     ext = await reader.extent("a")
@@ -259,3 +260,43 @@ async def test_a_word_beside_a_symbol_or_a_combining_accent_is_found(tmp_path: P
         assert [r.seq for r in await reader.search("a", query)] == [seq], query
         assert [r.seq for r in await store.search("a", query)] == [seq], query
     assert (await reader.check_index("a")).ok
+
+
+def _numbered_line(seq: int, attempt: str, journal: str) -> bytes:
+    """A hand-made message line numbered `seq`, its checksum right."""
+    import zlib
+
+    body = b'{"id":"mhostile","role":"user","content":"hostile zebra"},"compaction":1,"ts":1.5,'
+    body += b'"seq":%d,"attempt":"%s","journal":"%s"' % (seq, attempt.encode(), journal.encode())
+    return b'{"message":' + body + b',"crc":"%08x"}\n' % zlib.crc32(body)
+
+
+async def test_a_line_numbered_past_sqlites_integers_is_damaged_to_every_reader(tmp_path: Path) -> None:
+    """A hand-made line numbered 2**63 (a valid checksum; a whole read took it) could not go into
+    the index: every read built the index, failed, removed it, built it again, failed, and read
+    the whole journal, with a rebuild event each time. A line numbered past 2**62 (the highest
+    number `read_range` takes) is damaged now, to a whole read as to the index; the index is
+    used; and a writer never numbers a record past it (after a line numbered so, an append is
+    refused)."""
+    store = OffloadStore(tmp_path, index=False)
+    first = await store.append("a", [Message.user(f"rec {i}") for i in range(200)], compaction=1)
+    assert first.attempt is not None and first.journal is not None
+    path = store.path_for("a")
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines.insert(100, _numbered_line(2**63, first.attempt, first.journal))  # (at the end, a writer moves it aside)
+    path.write_bytes(b"".join(lines))
+    await store.append("a", [Message.user("after zebra")], compaction=2)
+    assert (await store.verify("a")).records == 201 and len((await store.verify("a")).damaged) == 1
+    events: list[Event] = []
+    reader = OffloadStore(tmp_path, on_event=events.append)
+    for _ in range(2):  # the first builds the index; the second reads 2 records through it
+        _index.READS["records"] = 0
+        assert [r.message.text for r in await reader.last_records("a", 2)] == ["rec 199", "after zebra"]
+    assert _index.READS["records"] == 2
+    assert not [e for e in events if e.kind == JOURNAL_INDEX_REBUILT]
+    await same_as_a_scan(store, reader, ("zebra",))
+    path.write_bytes(path.read_bytes() + _numbered_line(2**62, first.attempt, first.journal))
+    assert [r.seq for r in await reader.search("a", "hostile")] == [2**62]  # the last valid number
+    with pytest.raises(OffloadCorrupted, match="past 4611686018427387904"):
+        await OffloadStore(tmp_path, index=False).append("a", [Message.user("one more")], compaction=3)
+    await same_as_a_scan(store, reader, ("zebra",))

@@ -60,7 +60,7 @@ from ..search import holds_phrase as holds_phrase
 from ..search import query_terms as query_terms
 from ..search import record_text as record_text
 from ..search import tokens as tokens
-from .scan import _LEGACY_KEYS, _MESSAGE_KEYS, _valid_id
+from .scan import _LEGACY_KEYS, _MESSAGE_KEYS, MAX_SEQ, _valid_id
 
 if TYPE_CHECKING:
     pass
@@ -976,7 +976,7 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
     if type(msg) is not dict or (keys != _MESSAGE_KEYS and keys != _LEGACY_KEYS):
         return None
     seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
-    if type(seq) is not int or seq < 1 or type(compaction) is not int or compaction < 0:
+    if type(seq) is not int or not 1 <= seq <= MAX_SEQ or type(compaction) is not int or compaction < 0:
         return None
     content, mid = msg.get("content", ""), msg.get("id")
     if type(obj["ts"]) not in _NUMBERS or type(content) is not str or len(content) > TEXT_CHARS or type(mid) is not str:

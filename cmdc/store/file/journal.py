@@ -86,6 +86,7 @@ from .codec import _record_pieces as _record_pieces
 from .scan import (
     _HEADS,
     _ID_HEAD,
+    MAX_SEQ,
     Damage,
     Known,
     _decode_at,
@@ -611,6 +612,8 @@ class OffloadStore:
                 if unknown:
                     self._learn_since(fd, path, journal, expect.seq, unknown)
             plan = _plan_append(journal, batch, in_batch, compaction, attempt)
+            if plan.next_seq - 1 > MAX_SEQ:  # (a hand-made line numbered near the end of the range)
+                raise OffloadCorrupted(f"{path}: record numbers would go past {MAX_SEQ}, which no reader takes")
             journal.superseded |= plan.superseded  # (known now: a failed write does not undo it)
             seqs = plan.seqs
             if not plan.fresh and not plan.ordered and not head:
