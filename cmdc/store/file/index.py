@@ -194,9 +194,9 @@ def _unlink(path: Path) -> None:
 
 
 def _safe(path: Path) -> str | None:
-    """Why the file at `path` cannot be the index (a link; a file another user owns, or may read
-    or write: what it says cannot be trusted, and its words are the journal's), after removing
-    it; else None."""
+    """Why the file at `path` cannot be the index (a link; a file other users may read or write:
+    what it says cannot be trusted, and its words are the journal's), after removing it; else
+    None."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -205,9 +205,9 @@ def _safe(path: Path) -> str | None:
         what = "a symlink" if stat.S_ISLNK(st.st_mode) else "a hard link" if st.st_nlink != 1 else "not a file"
         _unlink(path)  # the names only: the file a link leads to is never opened
         return f"{what} was at the index's name"
-    if stat.S_IMODE(st.st_mode) & 0o077 or st.st_uid != os.geteuid():
+    if stat.S_IMODE(st.st_mode) & 0o077:
         _unlink(path)
-        return f"the index's file was open to other users (mode {stat.S_IMODE(st.st_mode):o}, owner {st.st_uid})"
+        return f"the index's file was open to other users (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 
