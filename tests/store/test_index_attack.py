@@ -300,3 +300,16 @@ async def test_a_line_numbered_past_sqlites_integers_is_damaged_to_every_reader(
     with pytest.raises(OffloadCorrupted, match="past 4611686018427387904"):
         await OffloadStore(tmp_path, index=False).append("a", [Message.user("one more")], compaction=3)
     await same_as_a_scan(store, reader, ("zebra",))
+
+
+@pytest.mark.parametrize("index", [True, False])
+async def test_last_records_and_search_take_any_count(tmp_path: Path, index: bool) -> None:
+    """More records asked for than the journal holds are all of them, through the index or a
+    whole read (which gave the last `len - n` counted from the end: 2 of 5 for n = 7), and a
+    count past SQLite's integers is no `OverflowError` (`cmdc history --limit 99999999999999999999`)."""
+    store = OffloadStore(tmp_path, index=index)
+    await store.append("a", [Message.user(f"rec {i} word") for i in range(5)], compaction=1)
+    for n in (5, 6, 7, 9, 2**63, 2**70):
+        assert [r.seq for r in await store.last_records("a", n)] == [1, 2, 3, 4, 5], n
+        assert sorted(r.seq for r in await store.search("a", "word", n)) == [1, 2, 3, 4, 5], n
+    assert [r.seq for r in await store.last_records("a", 2)] == [4, 5]

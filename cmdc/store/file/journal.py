@@ -1009,11 +1009,12 @@ class OffloadStore:
         integer(n, "n", minimum=0)
         if max_chars is not None:
             integer(max_chars, "max_chars", minimum=0)
-        found = await self._from_index(agent_id, lambda conn: _index.span_last(conn, n), max_chars)
+        most = min(n, 2**62)  # (SQLite's range: more is all)
+        found = await self._from_index(agent_id, lambda conn: _index.span_last(conn, most), max_chars)
         if found is not None:
             return found
         records = await self.records(agent_id, max_chars=max_chars)
-        return records[len(records) - n :] if n else []
+        return records[max(0, len(records) - n) :] if n else []
 
     async def extent(self, agent_id: str) -> JournalExtent:
         """How many committed records the journal holds, their first and last numbers and the
@@ -1253,8 +1254,8 @@ class OffloadStore:
         words = query_words(query[:MAX_QUERY_CHARS])
         if not words:
             return []
-        text = query[:MAX_QUERY_CHARS]
-        found = await self._from_index(agent_id, lambda conn: _index.search(conn, text, limit), max_chars)
+        text, most = query[:MAX_QUERY_CHARS], min(limit, 2**62)  # (SQLite's range: more is all)
+        found = await self._from_index(agent_id, lambda conn: _index.search(conn, text, most), max_chars)
         if found is not None:
             return found
         hits, scan = await trio.to_thread.run_sync(
