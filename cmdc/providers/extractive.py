@@ -93,15 +93,24 @@ _CAMEL = re.compile(
 )
 _SNAKE = re.compile(r"(?<!\w)_{0,2}[A-Za-z][A-Za-z0-9]*(?:_+[A-Za-z0-9]+)+_{0,2}(?![\w(])")
 _KEBAB = re.compile(r"(?<![\w.-])[a-z][a-z0-9]*(?:-[a-z0-9]+)+(?![\w-])")
-_STRONG_KINDS = (("url", _URL), ("path", _PATH), ("file", _FILE), ("file", _NAMED_FILE), ("ticket", _TICKET))
+_CAMEL_HINT = re.compile(r"[a-z0-9][A-Z]|[A-Z]{2}[a-z]")  # in every CamelCase name (each branch of `_CAMEL`)
+# (kind, pattern, what every match of the pattern holds: a text without it is not searched;
+# each pattern's search tries every position, and most text holds few of these characters)
+_STRONG_KINDS: tuple[tuple[str, re.Pattern[str], str | re.Pattern[str]], ...] = (
+    ("url", _URL, "://"),
+    ("path", _PATH, "/"),
+    ("file", _FILE, "."),
+    ("file", _NAMED_FILE, "file"),
+    ("ticket", _TICKET, "-"),
+)
 _ALL_KINDS = (
     *_STRONG_KINDS,
-    ("ticket", _ISSUE_REF),
-    ("func", _FUNC),
-    ("name", _DOTTED),
-    ("name", _CAMEL),
-    ("name", _SNAKE),
-    ("kebab", _KEBAB),
+    ("ticket", _ISSUE_REF, "#"),
+    ("func", _FUNC, "("),
+    ("name", _DOTTED, "."),
+    ("name", _CAMEL, _CAMEL_HINT),
+    ("name", _SNAKE, "_"),
+    ("kebab", _KEBAB, "-"),
 )
 _THREAD_CHARS = 200_000  # larger inputs are summarized in a worker thread
 _PER_TOOL_MESSAGE = 8  # identifiers taken from one tool result or one call's arguments
@@ -278,7 +287,9 @@ def _identifiers(text: str, *, strong: bool) -> list[str]:
     URLs, ticket ids; unless `strong`, also `name()` calls, CamelCase, snake_case and dotted
     names, issue references and kebab-case ids with a digit."""
     found: list[tuple[int, str]] = []
-    for kind, pattern in _STRONG_KINDS if strong else _ALL_KINDS:
+    for kind, pattern, hint in _STRONG_KINDS if strong else _ALL_KINDS:
+        if (hint not in text) if isinstance(hint, str) else (hint.search(text) is None):
+            continue
         spans: list[tuple[int, int]] = []
         for match in pattern.finditer(text):
             key = _accept(kind, match)

@@ -423,3 +423,47 @@ def test_multibyte_text_keeps_every_heading(texts: list[str]) -> None:
     assert headings(text) == HEADINGS
     assert len(text.encode()) <= 500
     assert summarizer.summarize([previous_summary(text, len(msgs))]) == text
+
+
+def _identifiers_searching_every_pattern(text: str, *, strong: bool) -> list[str]:
+    """`_identifiers` as it was before each pattern got its hint: every pattern searched."""
+    from cmdc.providers import extractive
+
+    found: list[tuple[int, str]] = []
+    for kind, pattern, _ in extractive._STRONG_KINDS if strong else extractive._ALL_KINDS:
+        spans = []
+        for match in pattern.finditer(text):
+            key = extractive._accept(kind, match)
+            if key:
+                found.append((match.start(), key))
+                spans.append(match.span())
+        if spans:
+            text = extractive._mask(text, spans)
+    found.sort(key=lambda pair: pair[0])
+    return [key for _, key in found]
+
+
+_IDENTIFIER_TEXT = st.lists(
+    st.sampled_from([*"aZbYcX09_-./:#()~@+ \n'\"`", "file", "http", "://", "ABC", "Make", ".py", "\u00e9"]), max_size=60
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_IDENTIFIER_TEXT, st.booleans())
+def test_a_pattern_skipped_by_its_hint_would_have_found_nothing(text: str, strong: bool) -> None:
+    """A pattern is not searched in a text without its hint (a character or a pair that every
+    match holds): the identifiers are those every pattern's search finds."""
+    from cmdc.providers.extractive import _identifiers
+
+    assert _identifiers(text, strong=strong) == _identifiers_searching_every_pattern(text, strong=strong)
+
+
+def test_the_hints_on_a_generated_conversation() -> None:
+    from cmdc.providers.extractive import _identifiers
+    from cmdc.testing import conversation
+
+    texts = [m.text for m in conversation(300, seed=7)]
+    texts += ["see https://x.org/a and src/app/main.py, Makefile, JIRA-12, #4, run() a.b.c FooBar foo_bar a-1b"]
+    for text in texts:
+        for strong in (True, False):
+            assert _identifiers(text, strong=strong) == _identifiers_searching_every_pattern(text, strong=strong)

@@ -4,7 +4,9 @@ reads that do not scan the journal (issue 26 item 8, issue 24's recall cost)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import os
 import stat
 import threading
@@ -12,8 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cmdc import Message, OffloadStore, _index
 from cmdc.cli import main
@@ -585,6 +590,32 @@ async def test_the_compactions_counted_as_the_journal_grows_are_the_journals(
         report = await writer.verify("a")
         assert (ext.records, ext.compactions) == (report.records, report.compactions)
     assert (await reader.check_index("a")).ok
+    _index.remove(writer.path_for("a"))  # a rebuild, chunk by chunk, counts them alike
+    rebuilt = await OffloadStore(tmp_path).extent("a")
+    assert (rebuilt.records, rebuilt.compactions) == (report.records, report.compactions)
+
+
+async def test_a_rebuild_counts_the_compactions_beside_its_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compactions are counted chunk by chunk as a rebuild goes (up to the first hidden
+    record): `extent` afterwards counts only what came after, not the whole journal again."""
+    import sqlite3
+
+    monkeypatch.setattr(_index, "_CHUNK", 2_000)
+    writer = OffloadStore(tmp_path, index=False)
+    for k in range(1, 6):
+        await writer.append("a", batch(20, 20 * k), compaction=k)
+    pending = await writer.append("a", batch(5, 500), attempt=new_attempt_id(), commit=False, compaction=6)
+    journal = writer.path_for("a")
+    await OffloadStore(tmp_path).search("a", "word3", 1)  # builds the index, no extent
+    with contextlib.closing(sqlite3.connect(f"{journal}{_index.SUFFIX}")) as conn:
+        meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+    assert int(meta["groups_seq"]) == 100 and int(meta["groups"]) == 5  # the hidden batch (101-105) not yet
+    assert "groups_mark" not in meta
+    await writer.commit("a", list(pending.pending))
+    ext = await OffloadStore(tmp_path).extent("a")
+    assert (ext.records, ext.compactions) == (105, 6)
 
 
 @pytest.mark.parametrize("plain_run", [64, 10**9])
@@ -907,6 +938,21 @@ _GOOD = {
         ("record", "extra", 1),
         ("record", "message", ["x"]),
         ("record", "message", None),
+        ("tool", "tool_call_id", "c1"),
+        ("tool", "tool_call_id", ""),
+        ("tool", "tool_call_id", None),
+        ("tool", "is_error", True),
+        ("tool", "is_error", None),
+        ("tool", "is_error", 1),
+        ("message", "is_error", False),
+        ("message", "role", "system"),
+        ("message", "content", "x" * 70_000),
+        ("message", "content", "\u0000 and \ud7ff"),
+        ("record", "seq", 2**63),
+        ("record", "seq", "past u64"),
+        ("record", "compaction", 2**63),
+        ("record", "ts", 7),
+        ("record", "ts", -0.0),
     ],
 )
 def test_the_fast_line_decoder_accepts_only_what_the_journals_decoder_reads_alike(
@@ -922,18 +968,23 @@ def test_the_fast_line_decoder_accepts_only_what_the_journals_decoder_reads_alik
     from cmdc.store.search import TEXT_CHARS, record_text
 
     obj = copy.deepcopy(_GOOD)
+    if change == "tool":  # a tool's result, then the change
+        obj["message"] |= {"role": "tool", "tool_call_id": "c9", where: value}
     if change == "message":
         obj["message"][where] = value
     elif change == "record":
         obj[where] = value
     lines = [_line(obj)]
+    if value == "past u64":  # a number orjson reads as a float (the journal's decoder refuses it)
+        obj["seq"] = 1
+        lines = [_line(raw=orjson.dumps(obj).replace(b'"seq":1', b'"seq":99999999999999999999999'))]
     if change is None:  # a key twice (JSON keeps the last) and a legacy line (no attempt)
         first = b'{"message":{"id":"m1","role":"user","content":"a"},"message":5,'
         twice = first + _line(obj)[len(b'{"message":') + 1 :]
         legacy = {k: v for k, v in obj.items() if k not in ("attempt", "journal")}
         lines += [_line(raw=twice[: twice.rindex(b',"crc"')] + b"}"), _line(legacy)]
-    for data in lines:
-        fast = _index._fast_record(data, memoryview(data), 0, len(data), {})
+    for data, read in itertools.product(lines, (_index._fast_record, _index._typed_record)):
+        fast = read(data, memoryview(data), 0, len(data), {})
         try:
             decoded, _ = _decode_at(data, 0, len(data), "here", TEXT_CHARS)
         except OffloadCorrupted:
@@ -945,8 +996,9 @@ def test_the_fast_line_decoder_accepts_only_what_the_journals_decoder_reads_alik
         assert fast[:5] == (decoded.seq, r.message.id, r.attempt, r.compaction, r.message.is_summary)
         assert fast[5] == record_text(r.message)
         assert fast[7] == tuple(_summary_attempts(r.message))
-    if change is None:
-        assert _index._fast_record(lines[0], memoryview(lines[0]), 0, len(lines[0]), {}) is not None
+    if change is None or (change == "tool" and (value is True or value == "c1")):  # both read the common shapes
+        for read in (_index._fast_record, _index._typed_record):
+            assert read(lines[0], memoryview(lines[0]), 0, len(lines[0]), {}) is not None
 
 
 @pytest.mark.parametrize(
@@ -1131,3 +1183,36 @@ async def test_an_index_built_without_json_reads_as_a_scan(tmp_path: Path, monke
     ]
     assert (await indexed.extent("a")).compactions == (await store.extent("a")).compactions
     assert (await indexed.check_index("a")).ok
+
+
+_ODD = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([2**63, 2**64 - 1, 1.5, -0.0, 7.0]),
+    st.sampled_from(["", "c1", "user", "tool", "assistant", "system", "x\u0000y", "kd02e7dbf0940bc1f"]),
+    st.lists(st.integers(0, 1), max_size=1), st.dictionaries(st.sampled_from(["a"]), st.integers(0, 1), max_size=1),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(["id", "role", "content", "tool_call_id", "is_error", "extra"]), _ODD, max_size=6),
+    st.dictionaries(st.sampled_from(["compaction", "ts", "seq", "attempt", "journal"]), _ODD, max_size=3),
+)
+def test_the_typed_line_decoder_reads_only_what_the_journals_decoder_reads_alike(
+    message: dict[str, Any], record: dict[str, Any]
+) -> None:
+    """`_typed_record` (msgspec) on a good line changed by any odd values: what it accepts, the
+    journal's decoder reads with the same fields (or it returns None, and the slower paths
+    decide)."""
+    from cmdc.store.file.scan import _decode_at
+    from cmdc.store.search import TEXT_CHARS, record_text
+
+    obj: dict[str, Any] = {**_GOOD, "message": {**_GOOD["message"], **message}, **record}
+    data = _line(obj)
+    typed = _index._typed_record(data, memoryview(data), 0, len(data), {})
+    if typed is None:
+        return
+    decoded, _ = _decode_at(data, 0, len(data), "here", TEXT_CHARS)
+    assert decoded.kind == "message" and decoded.record is not None, data
+    r = decoded.record
+    assert typed[:6] == (decoded.seq, r.message.id, r.attempt, r.compaction, False, record_text(r.message))
+    assert _index._fast_record(data, memoryview(data), 0, len(data), {}) == typed

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import msgspec
 import orjson
 
 from ...errors import IndexUnavailable, InvalidMessage
@@ -672,7 +673,7 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
 
     lines: list[tuple[Any, ...]] = []
     for offset, nl in _lines(data, len(data)):
-        fast = _fast_record(data, view, offset, nl, valid)
+        fast = _typed_record(data, view, offset, nl, valid) or _fast_record(data, view, offset, nl, valid)
         if fast is not None and fast[0] > last_seq:  # the common line, added here at once
             seq, mid, attempt, compaction, summary, text, _, deps_of = fast
             last_seq = seq
@@ -792,6 +793,29 @@ def _index_chunk(conn: sqlite3.Connection, fd: int, meta: dict[str, Any], parsed
             "count": count,
         },
     )
+    _count_ahead(conn, parsed.last_seq)
+
+
+def _count_ahead(conn: sqlite3.Connection, last_seq: int) -> None:
+    """Go on counting the compactions (`extent`) over the visible records before the first
+    hidden one, in this chunk's transaction: a rebuild counts them chunk by chunk beside its
+    words, not all at its end on its caller's thread. Those records stay as they are counted:
+    a record shown or hidden later is a hidden one's, or comes after one (`_show`), and a batch
+    that changes its group makes `_index_chunk` forget the count."""
+    groups = dict(conn.execute(f"SELECT k, v FROM meta WHERE k IN ({','.join('?' * len(_GROUPS))})", _GROUPS))
+    start = int(groups.get("groups_seq") or 0)
+    state = (int(groups["groups"]), groups["groups_last"], int(groups["groups_num"])) if start else None
+    (hidden,) = conn.execute("SELECT min(seq) FROM recs INDEXED BY recs_attempt WHERE vis = 0").fetchone()
+    end = last_seq if hidden is None else hidden - 1
+    if end <= start:
+        return
+    rows = conn.execute(
+        "SELECT seq, grp, comp FROM recs WHERE vis = 1 AND seq > ? AND seq <= ? ORDER BY seq", (start, end)
+    )
+    count, last, number, seq = _compactions(rows, state, start)
+    if seq > start:
+        values = {"groups": count, "groups_seq": seq, "groups_last": last, "groups_num": number}
+        conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
 
 
 _RECS_SQL = "INSERT INTO recs (seq, off, len, mid, attempt, summary, grp, comp, vis) VALUES (?,?,?,?,?,?,?,?,?)"
@@ -1020,6 +1044,75 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
         parts.append(call["name"])
         parts.append(orjson.dumps(call.get("arguments", {})).decode()[:TEXT_CHARS])
     return seq, mid, attempt, compaction, summary, "\n".join(parts) if calls else content, 0, named
+
+
+class _Said(msgspec.Struct, forbid_unknown_fields=True):
+    """A message of a shape `_typed_record` reads: a system, user or assistant message's text,
+    or a tool's result (absent fields are `UNSET`, a null is refused: the decoder decides)."""
+
+    id: str
+    role: str
+    content: str = ""
+    tool_call_id: str | msgspec.UnsetType = msgspec.UNSET
+    is_error: bool | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Line(msgspec.Struct, forbid_unknown_fields=True):
+    """A journal line of a record of this format (`_MESSAGE_KEYS`)."""
+
+    message: _Said
+    compaction: int
+    ts: float
+    seq: int
+    attempt: str
+    journal: str
+    crc: str
+
+
+_LINE = msgspec.json.Decoder(_Line)
+_WHOLE = 1 << 63  # a larger number is a float to orjson, and so refused by the journal's decoder
+
+
+def _typed_record(
+    data: bytes, view: memoryview, start: int, end: int, valid: dict[str, bool]
+) -> tuple[Any, ...] | None:
+    """`_fast_record` for the commonest lines, read by msgspec into `_Line` (the shape and
+    every field's type checked in C: a Python step per field cost about as much as the rest of
+    a rebuild's decoding); None for any other line (`_fast_record` reads it). What it accepts,
+    the journal's decoder accepts too, with the same fields: the same framing and checksum,
+    the same rules for ids, roles and tool results, and only numbers orjson reads as integers."""
+    if (
+        end - start > 64 * 1024
+        or end - start < 40
+        or not data.startswith(b'{"message":', start)
+        or not data.startswith(b',"crc":"', end - 18)
+        or not data.startswith(b'"}', end - 2)
+    ):
+        return None
+    try:
+        line = _LINE.decode(view[start:end])
+    except msgspec.MsgspecError:
+        return None
+    written = data[end - 10 : end - 2]
+    if written.translate(None, _HEX) or zlib.crc32(view[start + 11 : end - 18]) != int(written, 16):
+        return None
+    msg, seq, compaction = line.message, line.seq, line.compaction
+    if not 0 < seq < _WHOLE or not 0 <= compaction < _WHOLE or not msg.id or len(msg.content) > TEXT_CHARS:
+        return None
+    if msg.role == "tool":
+        if not msg.tool_call_id:  # (absent or empty)
+            return None
+    elif msg.role not in _PLAIN_ROLES or msg.tool_call_id is not msgspec.UNSET or msg.is_error is not msgspec.UNSET:
+        return None
+    attempt, journal = line.attempt, line.journal
+    if not (valid.get(attempt) and valid.get(journal)):
+        for value in (attempt, journal):
+            ok = valid.get(value)
+            if ok is None:
+                ok = valid[value] = _valid_id(value)
+            if not ok:
+                return None
+    return seq, msg.id, attempt, compaction, False, msg.content, 0, ()
 
 
 _NUMBERS = (int, float)
