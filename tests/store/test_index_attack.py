@@ -313,3 +313,21 @@ async def test_last_records_and_search_take_any_count(tmp_path: Path, index: boo
         assert [r.seq for r in await store.last_records("a", n)] == [1, 2, 3, 4, 5], n
         assert sorted(r.seq for r in await store.search("a", "word", n)) == [1, 2, 3, 4, 5], n
     assert [r.seq for r in await store.last_records("a", 2)] == [4, 5]
+
+
+@pytest.mark.parametrize("removed", ["index", "words"])
+async def test_one_file_of_the_index_removed_is_one_event_to_a_new_process(tmp_path: Path, removed: str) -> None:
+    """Either file of the index removed while no process had it open: the next process rebuilds
+    both with one event. The records' file removed left the old words, another index's now,
+    dropped without a word (the words' file removed was told)."""
+    store = OffloadStore(tmp_path)
+    await store.append("a", [Message.user(f"rec {i} word") for i in range(50)], compaction=1)
+    assert (await store.extent("a")).records == 50
+    await store.aclose()
+    journal = store.path_for("a")
+    (_index.index_path(journal) if removed == "index" else _index.words_path(journal)).unlink()
+    events: list[Event] = []
+    reader = OffloadStore(tmp_path, on_event=events.append)
+    assert len(await reader.search("a", "word", 100)) == 50
+    assert len([e for e in events if e.kind == JOURNAL_INDEX_REBUILT]) == 1, events
+    await same_as_a_scan(OffloadStore(tmp_path, index=False), reader, ("word", "rec"))

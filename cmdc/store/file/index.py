@@ -541,10 +541,14 @@ def _catch_up(
             words.execute("BEGIN IMMEDIATE")
             try:
                 meta = _meta(conn)
-                why = _stale(meta, fd) or _unpaired(meta, _meta(words, "wmeta"), conn.words_news)
+                held = _meta(words, "wmeta")
+                why = _stale(meta, fd) or _unpaired(meta, held, conn.words_news)
                 if why is not None:
                     _reset(conn, words)
-                    if int(meta["mark"]):  # (else the records are new, or were just emptied: told already)
+                    # the records are new or were just emptied (told already, unless their file was
+                    # missing: then words indexed before, another index's, are the news)
+                    told = any(kind == "rebuild" for kind, _ in events)
+                    if int(meta["mark"]) or (int(held.get("mark") or 0) and not told):
                         events.append(("rebuild", {"reason": why}))
                     meta = _meta(conn)
                 mark = int(meta["mark"])
