@@ -284,9 +284,10 @@ async def test_a_line_numbered_past_sqlites_integers_is_damaged_to_every_reader(
     path = store.path_for("a")
     lines = path.read_bytes().splitlines(keepends=True)
     lines.insert(100, _numbered_line(2**63, first.attempt, first.journal))  # (at the end, a writer moves it aside)
+    lines.insert(150, _numbered_line(2**62 + 1, first.attempt, first.journal))  # (past read_range's numbers)
     path.write_bytes(b"".join(lines))
     await store.append("a", [Message.user("after zebra")], compaction=2)
-    assert (await store.verify("a")).records == 201 and len((await store.verify("a")).damaged) == 1
+    assert (await store.verify("a")).records == 201 and len((await store.verify("a")).damaged) == 2
     events: list[Event] = []
     reader = OffloadStore(tmp_path, on_event=events.append)
     for _ in range(2):  # the first builds the index; the second reads 2 records through it

@@ -1101,7 +1101,7 @@ def _typed_record(
     if written.translate(None, _HEX) or zlib.crc32(view[start + 11 : end - 18]) != int(written, 16):
         return None
     msg, seq, compaction = line.message, line.seq, line.compaction
-    if not 0 < seq < _WHOLE or not 0 <= compaction < _WHOLE or not msg.id or len(msg.content) > TEXT_CHARS:
+    if not 0 < seq <= MAX_SEQ or not 0 <= compaction < _WHOLE or not msg.id or len(msg.content) > TEXT_CHARS:
         return None
     if msg.role == "tool":
         if not msg.tool_call_id:  # (absent or empty)
