@@ -949,6 +949,7 @@ _GOOD = {
         ("message", "content", "x" * 70_000),
         ("message", "content", "\u0000 and \ud7ff"),
         ("record", "seq", 2**63),
+        ("record", "seq", 2**62 + 1),  # past the highest record number (`MAX_SEQ`)
         ("record", "seq", "past u64"),
         ("record", "compaction", 2**63),
         ("record", "ts", 7),

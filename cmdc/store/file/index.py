@@ -61,7 +61,7 @@ from ..search import holds_phrase as holds_phrase
 from ..search import query_terms as query_terms
 from ..search import record_text as record_text
 from ..search import tokens as tokens
-from .scan import _LEGACY_KEYS, _MESSAGE_KEYS, _valid_id
+from .scan import _LEGACY_KEYS, _MESSAGE_KEYS, MAX_SEQ, _valid_id
 
 if TYPE_CHECKING:
     pass
@@ -70,11 +70,12 @@ SUFFIX = ".index"
 """The sidecar's name: the journal's, with this appended."""
 WORDS_SUFFIX = ".words"
 """The name of the sidecar's words (`words_path`): the journal's, with this appended."""
-VERSION = 6
+VERSION = 7
 # 2: recs.comp (a record's compaction number: a compaction is a batch whose number moves);
 # 3: FTS5 hashsize 64 MB, no index on recs.vis (the first and last visible records are found
 # walking the record numbers from either end); 4: FTS5 automerge 8, recs_attempt of hidden
-# records only; 5: recs_own_group; 6: the FTS5 table in a file of its own (`words_path`)
+# records only; 5: recs_own_group; 6: the FTS5 table in a file of its own (`words_path`);
+# 7: a text's words as the query's (`_body`: FTS5 kept a combining accent or a symbol in a word)
 _CHUNK = 16 * 1024 * 1024  # journal bytes indexed per transaction
 LOCKED_CATCH_UP = 1024 * 1024
 """Journal bytes past the mark a reader indexes under the journal's shared lock; more are indexed
@@ -98,6 +99,18 @@ def counted(kind: str, n: int) -> None:
 
 
 """Journal bytes read and records decoded through the index (for tests: reads that do not scan)."""
+
+
+_NOT_WORD = re.compile(r"\W+")
+
+
+def _body(folded: str) -> str:
+    r"""The indexed text `folded` with every character that is not a word character (Python's
+    `\w`, as `tokens` reads a query) made a space: FTS5's tokenizer (Unicode 6.1) keeps combining
+    accents (a decomposed `café`, the dot of `İ`), characters newer than Unicode 6.1 (most
+    emoji) and private-use ones inside a word, so `build🥳passed` was one word no query found by
+    `passed`. ASCII text is read alike by both (and left as it is: most text, no copy)."""
+    return folded if folded.isascii() else _NOT_WORD.sub(" ", folded)
 
 
 def _quoted(term: str) -> str:
@@ -182,7 +195,9 @@ def _unlink(path: Path) -> None:
 
 
 def _safe(path: Path) -> str | None:
-    """Why the file at `path` cannot be the index (a link), after removing it; else None."""
+    """Why the file at `path` cannot be the index (a link; a file other users may read or write:
+    what it says cannot be trusted, and its words are the journal's), after removing it; else
+    None."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -191,6 +206,9 @@ def _safe(path: Path) -> str | None:
         what = "a symlink" if stat.S_ISLNK(st.st_mode) else "a hard link" if st.st_nlink != 1 else "not a file"
         _unlink(path)  # the names only: the file a link leads to is never opened
         return f"{what} was at the index's name"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        _unlink(path)
+        return f"the index's file was open to other users (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 
@@ -523,10 +541,14 @@ def _catch_up(
             words.execute("BEGIN IMMEDIATE")
             try:
                 meta = _meta(conn)
-                why = _stale(meta, fd) or _unpaired(meta, _meta(words, "wmeta"), conn.words_news)
+                held = _meta(words, "wmeta")
+                why = _stale(meta, fd) or _unpaired(meta, held, conn.words_news)
                 if why is not None:
                     _reset(conn, words)
-                    if int(meta["mark"]):  # (else the records are new, or were just emptied: told already)
+                    # the records are new or were just emptied (told already, unless their file was
+                    # missing: then words indexed before, another index's, are the news)
+                    told = any(kind == "rebuild" for kind, _ in events)
+                    if int(meta["mark"]) or (int(held.get("mark") or 0) and not told):
                         events.append(("rebuild", {"reason": why}))
                     meta = _meta(conn)
                 mark = int(meta["mark"])
@@ -663,9 +685,9 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
             folded = text.casefold()
             if ("/" in folded or "." in folded or "-" in folded) and _JOINED.search(folded):  # most hold none
                 ids = [m[0] for m in _COMPOUND.finditer(folded) if len(m[0]) <= _LONGEST_COMPOUND]
-                words.append((seq, folded, " ".join(ids).translate(_SEPARATORS)))
+                words.append((seq, _body(folded), " ".join(ids).translate(_SEPARATORS)))
             else:
-                words.append((seq, folded, ""))
+                words.append((seq, _body(folded), ""))
             if attempt is None:
                 recs[-1] = (*recs[-1][:6], f"legacy{compaction}", compaction)
             if deps_of:
@@ -702,7 +724,7 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
             )
             if clipped:  # a huge text: its head indexed as it is, every other word once
                 ids += [w.translate(_SEPARATORS) for w in _rest_words(data, offset, nl)]
-            words.append((seq, folded, " ".join(ids)))
+            words.append((seq, _body(folded), " ".join(ids)))
             deps += ((attempt or "", a) for a in deps_of)
     counted("records", len(recs))
     return _Parsed(mark, after, stop, last_seq, damaged, recs, _word_inserts(words), deps, commits, _as_json(recs))
@@ -982,7 +1004,7 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
     if type(msg) is not dict or (keys != _MESSAGE_KEYS and keys != _LEGACY_KEYS):
         return None
     seq, compaction, attempt = obj["seq"], obj["compaction"], obj.get("attempt")
-    if type(seq) is not int or seq < 1 or type(compaction) is not int or compaction < 0:
+    if type(seq) is not int or not 1 <= seq <= MAX_SEQ or type(compaction) is not int or compaction < 0:
         return None
     content, mid = msg.get("content", ""), msg.get("id")
     if type(obj["ts"]) not in _NUMBERS or type(content) is not str or len(content) > TEXT_CHARS or type(mid) is not str:
@@ -1079,7 +1101,7 @@ def _typed_record(
     if written.translate(None, _HEX) or zlib.crc32(view[start + 11 : end - 18]) != int(written, 16):
         return None
     msg, seq, compaction = line.message, line.seq, line.compaction
-    if not 0 < seq < _WHOLE or not 0 <= compaction < _WHOLE or not msg.id or len(msg.content) > TEXT_CHARS:
+    if not 0 < seq <= MAX_SEQ or not 0 <= compaction < _WHOLE or not msg.id or len(msg.content) > TEXT_CHARS:
         return None
     if msg.role == "tool":
         if not msg.tool_call_id:  # (absent or empty)
@@ -1283,6 +1305,11 @@ def _compactions(
             last_group, last_number, first = group, number, False
         seq = at
     return count, last_group, last_number, seq
+
+
+def lines(conn: sqlite3.Connection) -> int:
+    """The record lines the index holds, hidden ones included."""
+    return int(conn.execute("SELECT count(*) FROM recs").fetchone()[0])
 
 
 def check(conn: sqlite3.Connection) -> list[str]:

@@ -86,6 +86,7 @@ from .codec import _record_pieces as _record_pieces
 from .scan import (
     _HEADS,
     _ID_HEAD,
+    MAX_SEQ,
     Damage,
     Known,
     _decode_at,
@@ -611,6 +612,8 @@ class OffloadStore:
                 if unknown:
                     self._learn_since(fd, path, journal, expect.seq, unknown)
             plan = _plan_append(journal, batch, in_batch, compaction, attempt)
+            if plan.next_seq - 1 > MAX_SEQ:  # (a hand-made line numbered near the end of the range)
+                raise OffloadCorrupted(f"{path}: record numbers would go past {MAX_SEQ}, which no reader takes")
             journal.superseded |= plan.superseded  # (known now: a failed write does not undo it)
             seqs = plan.seqs
             if not plan.fresh and not plan.ordered and not head:
@@ -1006,11 +1009,12 @@ class OffloadStore:
         integer(n, "n", minimum=0)
         if max_chars is not None:
             integer(max_chars, "max_chars", minimum=0)
-        found = await self._from_index(agent_id, lambda conn: _index.span_last(conn, n), max_chars)
+        most = min(n, 2**62)  # (SQLite's range: more is all)
+        found = await self._from_index(agent_id, lambda conn: _index.span_last(conn, most), max_chars)
         if found is not None:
             return found
         records = await self.records(agent_id, max_chars=max_chars)
-        return records[len(records) - n :] if n else []
+        return records[max(0, len(records) - n) :] if n else []
 
     async def extent(self, agent_id: str) -> JournalExtent:
         """How many committed records the journal holds, their first and last numbers and the
@@ -1056,20 +1060,25 @@ class OffloadStore:
         if not self.index:
             return IndexReport(where, True, (), 0, False, "the index is turned off (OffloadStore(index=False))")
         before = len(events)
-        got = self._indexed_sync(path, lambda conn: (_index.check(conn), _index.extent(conn)), events)
+        got = self._indexed_sync(
+            path, lambda conn: (_index.check(conn), _index.extent(conn), _index.lines(conn)), events
+        )
         if got is None:
             why = "the index cannot be used here; searches read the whole journal"
             return IndexReport(where, True, (), 0, False, why)
-        problems, (count, _, _, compactions, _) = got
+        problems, (count, _, _, compactions, _), lines = got
         problems = list(problems)
-        if (count, compactions) != (report.records, report.compactions):
+        # every record line, hidden ones too: a line damaged in place after it was indexed (a
+        # record of a batch not committed yet) is shown by the index once its batch commits
+        read = report.records + report.uncommitted + report.duplicates
+        if (count, compactions, lines) != (report.records, report.compactions, read):
             if again_if_grown and _size(path) != report.size:  # appended to meanwhile: not the index's fault
                 return None
             problems.append(
-                f"the index counts {count} records from {compactions} compaction(s), "
-                f"the journal {report.records} from {report.compactions}"
+                f"the index counts {count} records from {compactions} compaction(s) of {lines} record lines, "
+                f"the journal {report.records} from {report.compactions} of {read}"
             )
-        rebuilt = len(events) > before
+        rebuilt = any(kind == "rebuild" for kind, _ in events[before:])  # (not a damaged line's event)
         if problems:
             self._index_conns.close(path)
             _index.remove(path)
@@ -1245,8 +1254,8 @@ class OffloadStore:
         words = query_words(query[:MAX_QUERY_CHARS])
         if not words:
             return []
-        text = query[:MAX_QUERY_CHARS]
-        found = await self._from_index(agent_id, lambda conn: _index.search(conn, text, limit), max_chars)
+        text, most = query[:MAX_QUERY_CHARS], min(limit, 2**62)  # (SQLite's range: more is all)
+        found = await self._from_index(agent_id, lambda conn: _index.search(conn, text, most), max_chars)
         if found is not None:
             return found
         hits, scan = await trio.to_thread.run_sync(

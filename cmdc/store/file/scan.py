@@ -30,6 +30,10 @@ _SUFFIX = re.compile(rb',"crc":"([0-9a-f]{8})"\}')
 _HEADS = (_HEAD, b'{"journal":', b'{"commit":')
 _ID_HEAD = b'{"message":{"id":"'  # how a message line starts (cmdc writes the id first)
 _ID = re.compile(r"[jk][0-9a-f]{16}")
+MAX_SEQ = 2**62
+"""The highest record number a line may hold (within SQLite's integers: the index keys records by
+it; `read_range` takes numbers up to it). A line numbered past it is damaged, and no writer
+numbers one so."""
 _LEGACY_KEYS = frozenset({"seq", "compaction", "ts", "message", "crc"})
 _MESSAGE_KEYS = _LEGACY_KEYS | {"attempt", "journal"}
 _JOURNAL_KEYS = frozenset({"journal", "follows", "agent", "seq", "ts", "crc"})
@@ -112,7 +116,7 @@ def _decode_at(
     if not isinstance(obj, dict):
         raise OffloadCorrupted(f"{where}: not a journal record")
     seq, ts = obj.get("seq"), obj.get("ts")
-    if type(seq) is not int or seq < 0 or type(ts) not in (int, float):
+    if type(seq) is not int or seq < 0 or seq > MAX_SEQ or type(ts) not in (int, float):
         raise OffloadCorrupted(f"{where}: bad seq or timestamp")
     if head is _HEAD:
         keys = set(obj)
@@ -397,11 +401,20 @@ def _scan(
     for n, (_, decoded) in enumerate(lines):
         for a in decoded.attempts:
             group.setdefault(a, n)
-    for _, decoded in reversed(lines):  # a committed batch holding a summary commits its attempts
+    # A committed batch holding a summary commits the attempts it names, and so on, wherever in
+    # the journal the summary is: one committed later by a summary before it counts too (a
+    # batch written into after its commit), as the index counts it.
+    named: dict[str | None, list[str]] = {}
+    for _, decoded in lines:
         r = decoded.record
-        if r is not None and r.attempt in group:
-            for a in _summary_attempts(r.message):
-                group.setdefault(a, a)
+        if r is not None and r.message.is_summary:
+            named.setdefault(r.attempt, []).extend(_summary_attempts(r.message))
+    todo = [a for a in named if a in group]
+    while todo:
+        for a in named.get(todo.pop(), ()):
+            if a not in group:
+                group[a] = a
+                todo.append(a)
     committed = group.keys()
     seen: set[str] = set()
     records: list[JournalRecord] = []
