@@ -10,7 +10,8 @@ Exit codes, the same in every subcommand (`EXIT_CODES`):
   usage is printed), a missing, malformed or non-regular input file, a directory that cannot
   be used (cannot be created or written), an unsafe agent id, no journal for that agent.
   Nothing has been written.
-- 130: interrupted (Ctrl-C); 141: stdout closed early (`cmdc history ... | head`).
+- 130: interrupted (Ctrl-C); 143: terminated (SIGTERM: the demo removes its journals first);
+  141: stdout closed early (`cmdc history ... | head`).
 
 `-` reads standard input where a file is read (`cmdc compact -`), and writes to standard
 output where one is written (`--out -`, `history --markdown -`).
@@ -68,7 +69,7 @@ from ._chatfile import (
     to_openai,
     write_atomic,
 )
-from ._demo import MIN_WINDOW, DemoOptions, real_provider, run_demo, until_interrupted
+from ._demo import MIN_WINDOW, DemoOptions, _Terminated, real_provider, run_demo, until_interrupted
 
 DEFAULT_OFFLOAD = Path(".cmdc") / "conversation_history"
 
@@ -290,6 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except BaseExceptionGroup as group:  # from inside a nursery (the demo)
+        if group.subgroup(_Terminated) is not None:  # SIGTERM: the demo ended as by a Ctrl-C
+            print("cmdc: terminated", file=sys.stderr)
+            return 143
         if group.subgroup(KeyboardInterrupt) is not None:  # Ctrl-C in the middle of the demo's turns
             print("cmdc: interrupted", file=sys.stderr)
             return 130
@@ -353,6 +357,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as exc:
         print(f"cmdc {args.command}: {exc}", file=sys.stderr)
         return 1
+    except _Terminated:
+        print(f"cmdc {args.command}: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"cmdc {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import zlib
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -40,6 +40,7 @@ from typing import Any, Literal, TextIO
 import attrs
 import trio
 
+from .._trio import reraise
 from .._version import install_hint
 from ..compaction import CompactionReport, Compactor, ExtractiveSummarizer
 from ..compaction.finalize import USER_MESSAGES_KEY
@@ -469,7 +470,7 @@ async def run_demo(
     providers = [make_provider(options, i) for i in range(options.agents)]
     started = trio.current_time()
     try:
-        await _run(options, offload_dir, stats, providers, progress, traced)
+        await _unless_terminated(lambda: _run(options, offload_dir, stats, providers, progress, traced))
     finally:
         try:
             for provider in providers:
@@ -756,6 +757,38 @@ def _remove_tree(directory: Path) -> None:
     it at the next checkpoint instead): a second Ctrl-C landing at the cleanup's checkpoints
     left the whole directory behind."""
     shutil.rmtree(directory, ignore_errors=True)
+
+
+class _Terminated(KeyboardInterrupt):
+    """The demo ended by a SIGTERM (`timeout`, a service manager), as by a Ctrl-C: the journals
+    are removed and the command exits 143."""
+
+
+async def _unless_terminated(run: Callable[[], Awaitable[None]]) -> None:
+    """`run()`, cancelled by a SIGTERM, which then raises `_Terminated` (SIGTERM's default
+    ended the process at once, the temporary journals left behind)."""
+    terminated = False
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal terminated
+                with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                    async for _ in signals:
+                        terminated = True
+                        nursery.cancel_scope.cancel()
+                        return
+
+            nursery.start_soon(watch)
+            await run()
+            nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # what `run()` raised, as itself (a Ctrl-C, an error)
+        raised = [e for e in group.exceptions if not isinstance(e, trio.Cancelled)] or list(group.exceptions)
+        if len(raised) != 1:
+            raise
+        reraise(raised[0])
+    if terminated:
+        raise _Terminated
 
 
 async def until_interrupted() -> None:

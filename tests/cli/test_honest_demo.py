@@ -306,3 +306,29 @@ def test_demo_journals_are_removed_after_a_second_interrupt(
     with pytest.raises(KeyboardInterrupt):
         trio.run(run_demo, DemoOptions(agents=1, display="plain"), io.StringIO(), io.StringIO())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sigterm_ends_the_demo_as_a_ctrl_c_does(tmp_path: Path) -> None:
+    """`timeout cmdc demo` (a SIGTERM): the demo stops, removes its temporary journals, says so and
+    exits 143; SIGTERM's default ended the process at once and left them in the temp directory."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "cmdc", "demo", "--agents", "2", "--turns", "100000", "--plain"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(tmp_path.glob("cmdc-demo-*/*.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the agents have journaled something
+        assert any(tmp_path.glob("cmdc-demo-*/*.jsonl")), "the demo wrote no journal"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.rstrip().endswith("terminated") and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
