@@ -184,6 +184,10 @@ def _check_nonempty(value: object, where: str) -> str:
 _nonneg_int = validator(integer, "TokenUsage.{}", minimum=0, error=InvalidMessage)
 
 
+def _total(usage: TokenUsage) -> int:
+    return usage.input_tokens + usage.output_tokens
+
+
 @attrs.frozen
 class TokenUsage:
     """Token figures a provider reported for one request.
@@ -194,13 +198,10 @@ class TokenUsage:
 
     input_tokens: int = attrs.field(default=0, validator=_nonneg_int)
     output_tokens: int = attrs.field(default=0, validator=_nonneg_int)
-    total_tokens: int = attrs.field(validator=_nonneg_int)
+    # a default given as `default=` (not `@total_tokens.default`): pyright reads the field as optional
+    total_tokens: int = attrs.field(default=attrs.Factory(_total, takes_self=True), validator=_nonneg_int)
     cache_read_tokens: int = attrs.field(default=0, validator=_nonneg_int)
     cache_creation_tokens: int = attrs.field(default=0, validator=_nonneg_int)
-
-    @total_tokens.default
-    def _total(self) -> int:
-        return self.input_tokens + self.output_tokens
 
     def to_dict(self) -> dict[str, int]:
         d = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens, "total_tokens": self.total_tokens}

@@ -179,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
         help="also serve the local web page of the agents (prints its URL; needs the ui extra: "
         f"{install_hint('ui')}); the demo keeps running, the page open, until Ctrl-C",
     )
-    demo.add_argument("--ui-port", type=_port, default=0, help="the web page's port (default: a free one)")
+    demo.add_argument("--ui-port", type=_port, help="with --ui, the web page's port (default: a free one)")
 
     compact = sub.add_parser(
         "compact",
@@ -389,6 +389,8 @@ def _usable_dir(directory: Path, what: str) -> None:
 def _demo_command(args: argparse.Namespace) -> int:
     if args.provider == "simulated" and args.model:
         raise UsageError("--model goes with --provider openai|anthropic")
+    if args.ui_port is not None and not args.ui:
+        raise UsageError("--ui-port goes with --ui")
     options = DemoOptions(
         agents=args.agents,
         turns=args.turns,
@@ -401,7 +403,7 @@ def _demo_command(args: argparse.Namespace) -> int:
         latency=args.latency,
         display="plain" if args.plain else "auto",
         trace=args.trace,
-        ui=args.ui_port if args.ui else None,
+        ui=(args.ui_port or 0) if args.ui else None,
     )
     if args.window < MIN_WINDOW:
         raise UsageError(
@@ -587,8 +589,14 @@ def _print_report(
 
 
 def _dir_or_url(text: str) -> Path | str:
-    """A directory, or a store URL kept as it is (a Path would fold its `//`)."""
-    return text if text.startswith(("postgresql://", "postgres://")) else Path(text)
+    """A directory, or a store URL kept as it is (a Path would fold its `//`). Another URL is
+    refused as one (it was named as the directory `http:/host/x`)."""
+    if text.startswith(("postgresql://", "postgres://")):
+        return text
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme.isalpha() and not os.path.lexists(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a store: give a directory or a postgresql:// URL")
+    return Path(text)
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -631,7 +639,7 @@ def _history(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     warned = False
     for event in damaged[:1]:
-        if event.kind == JOURNAL_DAMAGED:
+        if event.kind == JOURNAL_DAMAGED and not args.verify:  # --verify's report lists each damaged line
             warned = True
             print(
                 f"cmdc history: warning: {event.data['damaged']} damaged line(s) in {journal} skipped; "

@@ -471,14 +471,15 @@ async def run_demo(
     try:
         await _run(options, offload_dir, stats, providers, progress, traced)
     finally:
-        for provider in providers:
-            close = getattr(provider, "aclose", None)
-            if close is not None:
-                with trio.CancelScope(shield=True), trio.move_on_after(5):
-                    await close()
-        if temporary:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(shutil.rmtree, offload_dir, True)
+        try:
+            for provider in providers:
+                close = getattr(provider, "aclose", None)
+                if close is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        await close()
+        finally:  # a second Ctrl-C while the first one unwinds still removes the journals
+            if temporary:
+                _remove_tree(offload_dir)
     elapsed = trio.current_time() - started
     code, lines = verdict(stats, options)
     where = (
@@ -747,6 +748,14 @@ async def _drive_all(
             if options.ui is not None:
                 print("turns done; the web page stays open until Ctrl-C", file=out, flush=True)
                 await until_interrupted()
+
+
+@trio.lowlevel.enable_ki_protection
+def _remove_tree(directory: Path) -> None:
+    """Remove the demo's temporary journals in trio's thread, shielded from Ctrl-C (trio raises
+    it at the next checkpoint instead): a second Ctrl-C landing at the cleanup's checkpoints
+    left the whole directory behind."""
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 async def until_interrupted() -> None:

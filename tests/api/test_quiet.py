@@ -103,10 +103,10 @@ def test_structlog_configured_by_the_application_gets_the_events(tmp_path: Path)
     assert "event='turn_start' agent='a1'" in done.stderr
 
 
-def test_log_events_false_keeps_even_configured_logging_quiet(caplog: pytest.LogCaptureFixture) -> None:
+def test_log_events_false_keeps_even_configured_logging_quiet(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     async def main() -> None:
-        async with cmdc.open_runtime(log_events=False) as rt:
-            agent = await rt.spawn("a1", SimulatedModel())
+        async with cmdc.open_runtime(log_events=False) as rt:  # its journal in tmp_path, not .cmdc/ here
+            agent = await rt.spawn("a1", SimulatedModel(), config={"compact_offload_dir": str(tmp_path)})
             await agent.prompt("hello")
 
     with caplog.at_level(logging.DEBUG, logger="cmdc"):

@@ -4,6 +4,7 @@ install is a plain `.pth` path entry (hatchling), not an import hook mypy cannot
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import sysconfig
@@ -114,3 +115,20 @@ def test_mypy_strict_sees_cmdc_after_an_editable_install(tmp_path: Path) -> None
     assert errors == [
         'typo.py:7: error: "CompactionReport" has no attribute "tokens_befor"; maybe "tokens_before"?  [attr-defined]'
     ], done.stdout + done.stderr
+
+
+def test_no_attrs_default_is_set_by_a_decorator() -> None:
+    """pyright reads attrs classes through `dataclass_transform`, which does not see a default
+    set by `@field.default`: `TokenUsage(input_tokens=10, output_tokens=3)` (docs/providers.md)
+    failed pyright with 'Argument missing for parameter "total_tokens"' while mypy's attrs plugin
+    passed it. A default goes in `attrs.field(default=...)` (`attrs.Factory(f, takes_self=True)`)."""
+    found = []
+    for path in sorted((ROOT / "cmdc").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                found += [
+                    f"{path.relative_to(ROOT)}:{d.lineno}"
+                    for d in node.decorator_list
+                    if isinstance(d, ast.Attribute) and d.attr == "default" and isinstance(d.value, ast.Name)
+                ]
+    assert found == []

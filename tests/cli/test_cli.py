@@ -504,6 +504,10 @@ def test_history_errors(journal: Path, tmp_path: Path, capsys: pytest.CaptureFix
     out, err = capsys.readouterr()
     assert "1 damaged line(s)" in err and "--verify" in err
     assert "records from 1 compaction(s)" in out
+    # --verify lists the damaged line itself: no warning that points at --verify (it printed one)
+    assert main(["history", str(journal), "chat", "--verify"]) == 1
+    out, err = capsys.readouterr()
+    assert "damaged: line 3" in out and err == ""
 
 
 def test_compact_pins_and_developer_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -518,6 +522,23 @@ def test_compact_pins_and_developer_messages(tmp_path: Path, capsys: pytest.Capt
     assert result[0] == {"role": "developer", "content": "Be brief."}  # pinned as a system message, as it was
     assert pin in result  # a pinned message stays, verbatim
     assert result[-2:] == messages[-2:]
+
+
+@pytest.mark.parametrize("command", ["history", "ui"])
+def test_a_store_url_of_another_scheme_is_named_as_typed(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: "http:/host/x: no such directory" (the URL folded into a path)
+    argv = [command, "http://host/x", *(["a1"] if command == "history" else [])]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'http://host/x' is not a store: give a directory or a postgresql:// URL" in err
+    assert "http:/host" not in err
+
+
+def test_demo_refuses_a_ui_port_without_ui(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # before: the demo ran to its end (exit 0) and no page was ever served on the port asked for
+    assert main(["demo", "--ui-port", "8080", "--offload-dir", str(tmp_path / "j")]) == 2
+    assert capsys.readouterr().err == "cmdc demo: error: --ui-port goes with --ui\n"
+    assert not (tmp_path / "j").exists()
 
 
 def test_demo_exits_1_when_a_retention_check_fails(

@@ -117,7 +117,9 @@ async def test_recall_calls_are_valid_and_read_what_the_summary_names(tmp_path: 
 
 async def test_delegation_reaches_the_named_agents_delegate_lists(tmp_path: Path) -> None:
     async with cmdc.open_runtime(log_events=False) as rt:
-        critic = await rt.spawn("critic", SimulatedModel(tool_probability=0.0), accepts="a1")
+        critic = await rt.spawn(  # its journal in tmp_path too, not .cmdc/ in the working directory
+            "critic", SimulatedModel(tool_probability=0.0), accepts="a1", config={"compact_offload_dir": str(tmp_path)}
+        )
         writer = await rt.spawn(
             "a1",
             SimulatedModel(tool_probability=1.0, max_tool_rounds=1, seed=5),
@@ -266,4 +268,41 @@ def test_demo_journals_are_removed_after_an_interrupt(tmp_path: Path, monkeypatc
             await run_demo(DemoOptions(agents=2, turns=200, display="plain"), io.StringIO(), io.StringIO())
 
     trio.run(interrupted)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["closing a provider", "removing the journals"])
+def test_demo_journals_are_removed_after_a_second_interrupt(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C twice: the second one lands while the first unwinds. Before, it could skip the
+    removal, and the temporary directory stayed with every journal in it."""
+    import shutil
+    import signal
+    import tempfile
+
+    import cmdc.cli._demo as demo
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    async def first_interrupt(*args: object) -> None:
+        raise KeyboardInterrupt  # the first Ctrl-C, in the middle of the turns
+
+    class Closing(SimulatedModel):
+        async def aclose(self) -> None:
+            raise KeyboardInterrupt  # the second Ctrl-C, while the provider closes
+
+    remove = shutil.rmtree
+
+    def interrupted_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        signal.raise_signal(signal.SIGINT)  # the second Ctrl-C, a real signal, during the removal
+        remove(path, ignore_errors)
+
+    monkeypatch.setattr(demo, "_run", first_interrupt)
+    if where == "closing a provider":
+        monkeypatch.setattr(demo, "make_provider", lambda options, index: Closing())
+    else:
+        monkeypatch.setattr(demo.shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(run_demo, DemoOptions(agents=1, display="plain"), io.StringIO(), io.StringIO())
     assert list(tmp_path.iterdir()) == []

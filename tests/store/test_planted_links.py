@@ -46,6 +46,20 @@ async def test_a_hard_link_at_a_new_journal_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "store" / f"{AGENT}.jsonl.damaged").exists()
 
 
+async def test_a_symlink_at_a_journal_is_refused_and_the_error_says_so(tmp_path: Path) -> None:
+    """Refused by O_NOFOLLOW, whose errno reads "Too many levels of symbolic links": the error
+    says the journal is a symbolic link instead (`cmdc history` printed that errno)."""
+    outside = victim(tmp_path)
+    journal = tmp_path / "store" / f"{AGENT}.jsonl"
+    journal.symlink_to(outside)
+    store = OffloadStore(tmp_path / "store", index=False)
+    for attempt in (store.records(AGENT), store.verify(AGENT), store.append(AGENT, users(1))):
+        with pytest.raises(OffloadError, match=f"{journal}.*is a symbolic link") as caught:
+            await attempt
+        assert "Too many levels" not in str(caught.value)
+    assert outside.read_bytes() == SECRET
+
+
 async def test_a_hard_link_swapped_in_for_a_journal_is_refused(tmp_path: Path) -> None:
     """A journal this store already wrote, replaced by a link to another file between appends."""
     outside = victim(tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -171,6 +172,8 @@ class _Journal:
 
 def _offload_error(path: Path, exc: OSError, doing: str) -> OffloadError:
     text = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno == errno.ELOOP and path.is_symlink():  # O_NOFOLLOW's answer: "Too many levels of symbolic links"
+        text = "it is a symbolic link, and cmdc does not follow links to journals"
     return OffloadError(f"offload journal {path}: {doing} failed: {text}")
 
 
