@@ -2,12 +2,13 @@
 
 Scoring grows with the journal and with each record's size. Text is scanned in slices of
 `SLICE` characters, so no single call is long (a worker thread holds the GIL for the whole of
-any one C call): a 50 MB record is many calls, not one. The file store ranks in its worker
-thread (`rank`), over the records whose lines can match; `rank_in_bites` runs the same on the
-trio thread in bites of at most `BITE` seconds, with a checkpoint between two bites.
+any one C call): a 50 MB record is many calls, not one. `rank` orders records by the query
+words they hold; `rank_in_bites` runs the same on the trio thread in bites of at most `BITE`
+seconds, with a checkpoint between two bites.
 
 Below: the words and the BM25 ranking both stores' indexes share (`tokens`, `query_terms`,
-`bm25`): the file store's FTS5 sidecar and the PostgreSQL store rank a query alike.
+`bm25`): the file store's FTS5 sidecar and the PostgreSQL store rank a query alike, and so does
+the file store without its index (`best_matches`, over every record).
 """
 
 from __future__ import annotations
@@ -457,3 +458,45 @@ def occurrences(words: Sequence[str], phrase: Sequence[str]) -> int:
         return words.count(phrase[0])
     n, k = len(words), len(phrase)
     return sum(1 for i in range(n - k + 1) if words[i] == phrase[0] and list(words[i : i + k]) == list(phrase))
+
+
+def best_matches(records: Sequence[JournalRecord], query: str, limit: int) -> list[JournalRecord]:
+    """The records best matching `query` by BM25, as the file store's index ranks them (its
+    terms, the phrase when some record holds it, rarity over every record of `records`, a
+    summary's score halved, ties to the lower number): for a journal searched without its
+    index. `records`: every visible record, in order. Only the records holding a word the
+    query can match keep their words; of the others, their number of words alone."""
+    if limit <= 0 or not records:
+        return []
+    terms, phrase = query_terms(query)  # every word's forms: what any record could match
+    wanted = {w for t in terms for w in t.split()} | set(phrase.split() if phrase else ())
+    wanted |= {f for w in list(wanted) for f in word_forms(w)}
+    length = 0
+    held: list[tuple[JournalRecord, list[str]]] = []
+    for record in records:
+        words = tokens(record_text(record.message))
+        length += len(words)
+        if not wanted.isdisjoint(words):
+            held.append((record, words))
+    holding: dict[str, int] = {}
+
+    def frequency(term: str) -> int:
+        if term not in holding:
+            parts = term.split()
+            holding[term] = sum(
+                1
+                for _, words in held
+                if (parts[0] in words if len(parts) == 1 else holds_phrase(words, term))
+            )
+        return holding[term]
+
+    terms, phrase = query_terms(query, lambda word: frequency(word) > 0)
+    if phrase is not None and not frequency(phrase):
+        phrase = None
+    docs = [(words, record.message.is_summary) for record, words in held]
+    scores = bm25(docs, terms, phrase, len(records), frequency, length / len(records))
+    ranked = sorted(
+        ((score, record) for score, (record, _) in zip(scores, held, strict=True) if score > 0),
+        key=lambda pair: (-pair[0], pair[1].seq),
+    )
+    return [record for _, record in ranked[:limit]]

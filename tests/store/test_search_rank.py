@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cmdc import Message
+from cmdc import Message, OffloadStore, ToolCall
 from cmdc.message import KIND_KEY, SUMMARY_KIND
 from cmdc.store import Store, open_store
+from cmdc.store.file.store import FileStore
 
 
 def corpus() -> list[Message]:
@@ -56,6 +57,44 @@ QUERIES = [
 
 async def top(store: Store, query: str, n: int = 5) -> list[int]:
     return [r.seq for r in await store.search("a1", query, limit=n)]
+
+
+@pytest.fixture(params=["file", "file without its index", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """Each store, started, and closed after the test; the file store also without its index
+    (`index=False`, as in a directory it cannot write): it ranks alike, over a scan."""
+    if request.param == "postgres":
+        made: Store = open_store(str(request.getfixturevalue("postgres_url")))
+    else:
+        files = FileStore(tmp_path / "s")
+        if request.param != "file":
+            files.journal = OffloadStore(files.root, index=False)
+        made = files
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+async def test_the_same_records_in_the_same_order_with_or_without_the_index(tmp_path: Path) -> None:
+    """The file store's search without its index (a scan, `best_matches`) gives what its index
+    gives: every match, in the same order, for every query of the shared corpus and more."""
+    indexed, scanned = OffloadStore(tmp_path), OffloadStore(tmp_path, index=False)
+    msgs = corpus()
+    msgs[5] = Message.user("the changelog needs a line for the port audit; fails, failed, failing")
+    call = ToolCall("c9", "read", {"path": "src/billing/mod_7.py"})
+    msgs[9] = Message.assistant("Calling the reader", tool_calls=(call,))
+    await indexed.append("a1", msgs, compaction=1)
+    queries = [*QUERIES, "SRC/Billing/MOD_7.PY", "failing builds", "restart", "changes", "teh", "the"]
+    queries += ["read mod_7.py", "port " * 30, "svc129 \U0001f600 ß naïve", "what is the port of svc129"]
+    queries += ['"port audit"', "E4127 OR port"]
+    for query in queries:
+        for limit in (1, 5, 1000):
+            want = [r.seq for r in await indexed.search("a1", query, limit=limit)]
+            assert [r.seq for r in await scanned.search("a1", query, limit=limit)] == want, (query, limit)
+    clipped = await scanned.search("a1", "svc129", limit=1, max_chars=8)
+    assert clipped[0].message.text == "remember" and clipped[0].clipped > 0
 
 
 async def test_rare_words_and_identifiers_rank_first(store: Store) -> None:
@@ -262,3 +301,19 @@ async def test_a_query_of_characters_the_search_drops_matches_nothing(store: Sto
         await index("a1")
     for query in ("___", "½", "x" * 3000):
         assert await store.search("a1", query) == [], query
+
+
+async def test_a_large_journal_without_its_index_is_searched_by_the_lines_that_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `SCAN_RANKED_BYTES` (BM25 over every record would read them all) the scan reads only
+    the lines holding a query word and ranks them by the words they hold (a summary quoting a
+    word more often than its record comes first there: the cost of not reading every record)."""
+    from cmdc.store.file import journal
+
+    monkeypatch.setattr(journal, "SCAN_RANKED_BYTES", 0)
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a1", corpus(), compaction=1)
+    assert [r.seq for r in await store.search("a1", "svc129", limit=5)] == [61, 18]
+    assert sorted(r.seq for r in await store.search("a1", "E4127", limit=5)) == [42, 61]
+    assert len(await store.search("a1", "port", limit=1000)) == 61  # every record holding "port" as typed
