@@ -460,17 +460,25 @@ def occurrences(words: Sequence[str], phrase: Sequence[str]) -> int:
     return sum(1 for i in range(n - k + 1) if words[i] == phrase[0] and list(words[i : i + k]) == list(phrase))
 
 
-def best_matches(records: Sequence[JournalRecord], query: str, limit: int) -> list[JournalRecord]:
-    """The records best matching `query` by BM25, as the file store's index ranks them (its
-    terms, the phrase when some record holds it, rarity over every record of `records`, a
-    summary's score halved, ties to the lower number): for a journal searched without its
-    index. `records`: every visible record, in order. Only the records holding a word the
-    query can match keep their words; of the others, their number of words alone."""
-    if limit <= 0 or not records:
-        return []
+def wanted_words(query: str) -> set[str]:
+    """Every word a record must hold to match `query`: its words, their forms, the phrase's."""
     terms, phrase = query_terms(query)  # every word's forms: what any record could match
     wanted = {w for t in terms for w in t.split()} | set(phrase.split() if phrase else ())
-    wanted |= {f for w in list(wanted) for f in word_forms(w)}
+    return wanted | {f for w in list(wanted) for f in word_forms(w)}
+
+
+def best_matches(
+    records: Sequence[JournalRecord], query: str, limit: int, stats: tuple[int, float] | None = None
+) -> list[JournalRecord]:
+    """The records best matching `query` by BM25, as the file store's index ranks them (its
+    terms, the phrase when some record holds it, rarity over every record, a summary's score
+    halved, ties to the lower number): for a journal searched without its index. `records`:
+    every visible record, in order; or, with `stats` (the records, their mean length in
+    words: estimates), every visible record holding one of `wanted_words(query)`. Only the
+    records holding such a word keep their words; of the others, their number of words alone."""
+    if limit <= 0 or not records:
+        return []
+    wanted = wanted_words(query)
     length = 0
     held: list[tuple[JournalRecord, list[str]]] = []
     for record in records:
@@ -478,6 +486,7 @@ def best_matches(records: Sequence[JournalRecord], query: str, limit: int) -> li
         length += len(words)
         if not wanted.isdisjoint(words):
             held.append((record, words))
+    total, average = stats if stats is not None else (len(records), length / len(records))
     holding: dict[str, int] = {}
 
     def frequency(term: str) -> int:
@@ -494,7 +503,7 @@ def best_matches(records: Sequence[JournalRecord], query: str, limit: int) -> li
     if phrase is not None and not frequency(phrase):
         phrase = None
     docs = [(words, record.message.is_summary) for record, words in held]
-    scores = bm25(docs, terms, phrase, len(records), frequency, length / len(records))
+    scores = bm25(docs, terms, phrase, max(total, len(held)), frequency, average)
     ranked = sorted(
         ((score, record) for score, (record, _) in zip(scores, held, strict=True) if score > 0),
         key=lambda pair: (-pair[0], pair[1].seq),

@@ -306,14 +306,17 @@ async def test_a_query_of_characters_the_search_drops_matches_nothing(store: Sto
 async def test_a_large_journal_without_its_index_is_searched_by_the_lines_that_match(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past `SCAN_RANKED_BYTES` (BM25 over every record would read them all) the scan reads only
-    the lines holding a query word and ranks them by the words they hold (a summary quoting a
-    word more often than its record comes first there: the cost of not reading every record)."""
+    """Past `SCAN_RANKED_BYTES` the scan reads only the lines holding a word the query can match,
+    and estimates the records' number and mean length from the message lines and a sample of
+    them: over a journal the sample covers, the estimates are exact and the ranking the index's."""
     from cmdc.store.file import journal
 
+    indexed = OffloadStore(tmp_path)
+    await indexed.append("a1", corpus(), compaction=1)
     monkeypatch.setattr(journal, "SCAN_RANKED_BYTES", 0)
-    store = OffloadStore(tmp_path, index=False)
-    await store.append("a1", corpus(), compaction=1)
-    assert [r.seq for r in await store.search("a1", "svc129", limit=5)] == [61, 18]
-    assert sorted(r.seq for r in await store.search("a1", "E4127", limit=5)) == [42, 61]
-    assert len(await store.search("a1", "port", limit=1000)) == 61  # every record holding "port" as typed
+    scanned = OffloadStore(tmp_path, index=False)
+    assert [r.seq for r in await scanned.search("a1", "svc129", limit=5)] == [18, 61]  # the record, then its summary
+    for query in [*QUERIES, "failing builds", "restart", "the"]:
+        want = [r.seq for r in await indexed.search("a1", query, limit=1000)]
+        assert [r.seq for r in await scanned.search("a1", query, limit=1000)] == want, query
+    assert journal._estimates((tmp_path / "a1.jsonl").read_bytes())[0] == 62
