@@ -319,4 +319,24 @@ async def test_a_large_journal_without_its_index_is_searched_by_the_lines_that_m
     for query in [*QUERIES, "failing builds", "restart", "the"]:
         want = [r.seq for r in await indexed.search("a1", query, limit=1000)]
         assert [r.seq for r in await scanned.search("a1", query, limit=1000)] == want, query
-    assert journal._estimates((tmp_path / "a1.jsonl").read_bytes())[0] == 62
+    from cmdc.store.search import record_text, tokens
+
+    lengths = [len(tokens(record_text(m))) for m in corpus()]
+    assert journal._estimates((tmp_path / "a1.jsonl").read_bytes()) == (62, sum(lengths) / len(lengths))
+
+
+async def test_a_damaged_line_is_skipped_alike_by_both_scans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line damaged in place (its checksum no longer matches) is left out by the whole scan and
+    by the matching-lines one, and by the sample `_estimates` reads, so both rank alike."""
+    from cmdc.store.file import journal
+
+    store = OffloadStore(tmp_path, index=False)
+    await store.append("a1", corpus(), compaction=1)
+    path = tmp_path / "a1.jsonl"
+    data = path.read_bytes()
+    at = data.index(b"svc129 must listen")
+    path.write_bytes(data[:at] + b"svc129 mus7" + data[at + len(b"svc129 must") :])  # record 18, damaged
+    whole = [[r.seq for r in await store.search("a1", q, limit=1000)] for q in QUERIES]
+    monkeypatch.setattr(journal, "SCAN_RANKED_BYTES", 0)
+    assert [[r.seq for r in await store.search("a1", q, limit=1000)] for q in QUERIES] == whole
+    assert 18 not in whole[0] and whole[0][0] == 61  # the summary is all that holds svc129 now

@@ -678,7 +678,11 @@ def _parse_chunk(fd: int, path: Path, mark: int, end: int, after: int) -> _Parse
 
     lines: list[tuple[Any, ...]] = []
     for offset, nl in _lines(data, len(data)):
-        fast = _typed_record(data, view, offset, nl, valid) or _fast_record(data, view, offset, nl, valid)
+        fast = (  # (the framing and checksum checked once, for both)
+            _typed_record(data, view, offset, nl, valid, True) or _fast_record(data, view, offset, nl, valid, True)
+            if _framed(data, view, offset, nl)
+            else None
+        )
         if fast is not None and fast[0] > last_seq:  # the common line, added here at once
             seq, mid, attempt, compaction, summary, text, _, deps_of = fast
             last_seq = seq
@@ -979,12 +983,10 @@ token: `src/billing/mod_7.py` is one token of the `ids` column (its parts are in
 _HEX = b"0123456789abcdef"
 
 
-def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dict[str, bool]) -> tuple[Any, ...] | None:
-    """A plain message line (text content, at most `TEXT_CHARS`, not huge) whose checksum is
-    right, read with one `orjson.loads`: (seq, message id, attempt, compaction, is summary,
-    indexed text, 0, the attempts a summary names); None for anything else, a damaged line
-    too (the journal's decoder reads it, and says what is wrong). `valid`: ids checked before.
-    (Every line of a rebuild comes here: its checks are ordered and written for speed.)"""
+def _framed(data: bytes, view: memoryview, start: int, end: int) -> bool:
+    """Whether the line `data[start:end]` is framed as a record line cmdc writes (its message
+    first, its checksum last, not huge) and its checksum is right: what both fast decoders
+    (`_typed_record`, `_fast_record`) take for granted."""
     if (
         end - start > 64 * 1024
         or end - start < 40
@@ -992,9 +994,21 @@ def _fast_record(data: bytes, view: memoryview, start: int, end: int, valid: dic
         or not data.startswith(b',"crc":"', end - 18)
         or not data.startswith(b'"}', end - 2)
     ):
-        return None
+        return False
     written = data[end - 10 : end - 2]
-    if written.translate(None, _HEX) or zlib.crc32(view[start + 11 : end - 18]) != int(written, 16):
+    return not written.translate(None, _HEX) and zlib.crc32(view[start + 11 : end - 18]) == int(written, 16)
+
+
+def _fast_record(
+    data: bytes, view: memoryview, start: int, end: int, valid: dict[str, bool], framed: bool = False
+) -> tuple[Any, ...] | None:
+    """A plain message line (text content, at most `TEXT_CHARS`, not huge) whose checksum is
+    right, read with one `orjson.loads`: (seq, message id, attempt, compaction, is summary,
+    indexed text, 0, the attempts a summary names); None for anything else, a damaged line
+    too (the journal's decoder reads it, and says what is wrong). `valid`: ids checked before;
+    `framed`: the caller checked `_framed`. (Every line of a rebuild comes here: its checks are
+    ordered and written for speed.)"""
+    if not framed and not _framed(data, view, start, end):
         return None
     try:
         obj = orjson.loads(view[start:end])
@@ -1079,27 +1093,19 @@ _WHOLE = 1 << 63  # a larger number is a float to orjson, and so refused by the 
 
 
 def _typed_record(
-    data: bytes, view: memoryview, start: int, end: int, valid: dict[str, bool]
+    data: bytes, view: memoryview, start: int, end: int, valid: dict[str, bool], framed: bool = False
 ) -> tuple[Any, ...] | None:
     """`_fast_record` for the commonest lines, read by msgspec into `_Line` (the shape and
     every field's type checked in C: a Python step per field cost about as much as the rest of
     a rebuild's decoding); None for any other line (`_fast_record` reads it). What it accepts,
     the journal's decoder accepts too, with the same fields: the same framing and checksum,
-    the same rules for ids, roles and tool results, and only numbers orjson reads as integers."""
-    if (
-        end - start > 64 * 1024
-        or end - start < 40
-        or not data.startswith(b'{"message":', start)
-        or not data.startswith(b',"crc":"', end - 18)
-        or not data.startswith(b'"}', end - 2)
-    ):
+    the same rules for ids, roles and tool results, and only numbers orjson reads as integers.
+    `framed`: the caller checked `_framed`."""
+    if not framed and not _framed(data, view, start, end):
         return None
     try:
         line = _LINE.decode(view[start:end])
     except msgspec.MsgspecError:
-        return None
-    written = data[end - 10 : end - 2]
-    if written.translate(None, _HEX) or zlib.crc32(view[start + 11 : end - 18]) != int(written, 16):
         return None
     msg, seq, compaction = line.message, line.seq, line.compaction
     if not 0 < seq <= MAX_SEQ or not 0 <= compaction < _WHOLE or not msg.id or len(msg.content) > TEXT_CHARS:

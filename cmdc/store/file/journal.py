@@ -1278,7 +1278,7 @@ class OffloadStore:
             return [_clipped(r, max_chars) for r in best_matches(scan.records, query, limit)], scan
         words = sorted(wanted_words(query))
         most = None if max_chars is None else max(max_chars, TEXT_CHARS)  # (what the index reads of each)
-        scan = _scan(data, path, _search_spans(data, words), max_chars=most, words=words)
+        scan = _scan(data, path, _search_spans(data, words), max_chars=most)
         found = best_matches(scan.records, query, limit, _estimates(data))
         return [_clipped(r, max_chars) for r in found], scan
 
@@ -1300,8 +1300,8 @@ def _estimates(data: bytes) -> tuple[int, float]:
     starts: set[int] = set()
     for k in range(_SAMPLE):
         at = k * end // _SAMPLE
-        start = 0 if at == 0 else data.find(b"\n", at, end) + 1
-        if start <= 0 or start >= end or start in starts or not data.startswith(b'{"message":', start):
+        start = 0 if at == 0 else data.find(b"\n", at, end) + 1  # (0: no newline after `at`)
+        if (at and not start) or start >= end or start in starts or not data.startswith(b'{"message":', start):
             continue
         starts.add(start)
         try:
