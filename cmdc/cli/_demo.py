@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import zlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -456,31 +457,35 @@ async def run_demo(
     if options.provider != "simulated":
         real_provider(options.provider, options.model)  # a missing key or extra fails before anything starts
     traced = _Traced("agent-1") if options.trace else None  # so does a missing SDK
-    temporary = options.offload_dir is None
-    offload_dir = options.offload_dir or Path(tempfile.mkdtemp(prefix="cmdc-demo-"))
-    model = "SimulatedModel" if options.provider == "simulated" else f"{options.provider} {options.model}"
-    print(f"cmdc demo: {options.agents} agents x {options.turns} turns on {model}", file=progress)
-    print(
-        f"window {options.window:,} tokens, compaction trigger {options.trigger:,}, "
-        f"{options.output_reserve:,} reserved for each reply",
-        file=progress,
-    )
-    print(f"journals: {offload_dir}" + (" (temporary)" if temporary else ""), file=progress)
-    stats = [AgentStats(f"agent-{i + 1}") for i in range(options.agents)]
-    providers = [make_provider(options, i) for i in range(options.agents)]
-    started = trio.current_time()
-    try:
-        await _unless_terminated(lambda: _run(options, offload_dir, stats, providers, progress, traced))
-    finally:
+    # SIGTERM is taken from here on (before the temporary directory exists): one that comes
+    # while the agents start ends the demo as one that comes later does
+    with trio.open_signal_receiver(signal.SIGTERM) as terminations:
+        temporary = options.offload_dir is None
+        offload_dir = options.offload_dir or Path(tempfile.mkdtemp(prefix="cmdc-demo-"))
+        model = "SimulatedModel" if options.provider == "simulated" else f"{options.provider} {options.model}"
+        print(f"cmdc demo: {options.agents} agents x {options.turns} turns on {model}", file=progress)
+        print(
+            f"window {options.window:,} tokens, compaction trigger {options.trigger:,}, "
+            f"{options.output_reserve:,} reserved for each reply",
+            file=progress,
+        )
+        print(f"journals: {offload_dir}" + (" (temporary)" if temporary else ""), file=progress)
+        stats = [AgentStats(f"agent-{i + 1}") for i in range(options.agents)]
+        providers = [make_provider(options, i) for i in range(options.agents)]
+        started = trio.current_time()
         try:
-            for provider in providers:
-                close = getattr(provider, "aclose", None)
-                if close is not None:
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        await close()
-        finally:  # a second Ctrl-C while the first one unwinds still removes the journals
-            if temporary:
-                _remove_tree(offload_dir)
+            run = functools.partial(_run, options, offload_dir, stats, providers, progress, traced)
+            await _unless_terminated(terminations, run)
+        finally:
+            try:
+                for provider in providers:
+                    close = getattr(provider, "aclose", None)
+                    if close is not None:
+                        with trio.CancelScope(shield=True), trio.move_on_after(5):
+                            await close()
+            finally:  # a second Ctrl-C while the first one unwinds still removes the journals
+                if temporary:
+                    _remove_tree(offload_dir)
     elapsed = trio.current_time() - started
     code, lines = verdict(stats, options)
     where = (
@@ -764,20 +769,20 @@ class _Terminated(KeyboardInterrupt):
     are removed and the command exits 143."""
 
 
-async def _unless_terminated(run: Callable[[], Awaitable[None]]) -> None:
-    """`run()`, cancelled by a SIGTERM, which then raises `_Terminated` (SIGTERM's default
-    ended the process at once, the temporary journals left behind)."""
+async def _unless_terminated(terminations: AsyncIterator[int], run: Callable[[], Awaitable[None]]) -> None:
+    """`run()`, cancelled by a SIGTERM (from `terminations`, a signal receiver), which then
+    raises `_Terminated` (SIGTERM's default ended the process at once, the temporary journals
+    left behind)."""
     terminated = False
     try:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
                 nonlocal terminated
-                with trio.open_signal_receiver(signal.SIGTERM) as signals:
-                    async for _ in signals:
-                        terminated = True
-                        nursery.cancel_scope.cancel()
-                        return
+                async for _ in terminations:
+                    terminated = True
+                    nursery.cancel_scope.cancel()
+                    return
 
             nursery.start_soon(watch)
             await run()

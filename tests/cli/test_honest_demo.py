@@ -308,9 +308,11 @@ def test_demo_journals_are_removed_after_a_second_interrupt(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_sigterm_ends_the_demo_as_a_ctrl_c_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("when", ["starting", "journaling"])
+def test_a_sigterm_ends_the_demo_as_a_ctrl_c_does(tmp_path: Path, when: str) -> None:
     """`timeout cmdc demo` (a SIGTERM): the demo stops, removes its temporary journals, says so and
-    exits 143; SIGTERM's default ended the process at once and left them in the temp directory."""
+    exits 143; SIGTERM's default ended the process at once and left them in the temp directory,
+    and so it still did while the agents started (the directory made, no turn yet)."""
     import os
     import signal
     import subprocess
@@ -322,9 +324,10 @@ def test_a_sigterm_ends_the_demo_as_a_ctrl_c_does(tmp_path: Path) -> None:
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not any(tmp_path.glob("cmdc-demo-*/*.jsonl")) and time.monotonic() < deadline:
-            time.sleep(0.05)  # the agents have journaled something
-        assert any(tmp_path.glob("cmdc-demo-*/*.jsonl")), "the demo wrote no journal"
+        pattern = "cmdc-demo-*" if when == "starting" else "cmdc-demo-*/*.jsonl"
+        while not any(tmp_path.glob(pattern)) and time.monotonic() < deadline:
+            time.sleep(0.01 if when == "starting" else 0.05)  # its directory made / journaled to
+        assert any(tmp_path.glob(pattern)), f"no {pattern}"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
