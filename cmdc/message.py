@@ -250,6 +250,8 @@ class Message:
     _tokens: int | None = attrs.field(default=None, init=False, eq=False, repr=False)
     _json: bytes | None = attrs.field(default=None, init=False, eq=False, repr=False)
     _json_crc: int | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    # What the compaction ledger reads of this message (`cmdc.compaction.ledger.cues`), read once.
+    _cues: object = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         _check_nonempty(self.id, "message id")
@@ -429,6 +431,7 @@ class Message:
         object.__setattr__(new, "_tokens", self._tokens)
         object.__setattr__(new, "_json", None)
         object.__setattr__(new, "_json_crc", None)
+        object.__setattr__(new, "_cues", self._cues)  # (read from the fields, not the id)
         return new
 
     def _json_in_slices(self, content: str) -> bytes:

@@ -119,6 +119,13 @@ whatever first needs their JSON (`cmdc compact` journals a whole file once: its 
 JSON is built a batch at a time while the journal is written, never all held at once)."""
 
 
+APPEND_READERS: list[Callable[[Message], object]] = []
+"""Called by `State.append` with each message it takes: what a higher layer reads of every
+message is read as the message arrives, once, a few microseconds a turn, not all at once by
+the compaction that evicts it (the compaction ledger's cues: `cmdc.compaction.ledger`
+registers `read_cues` here when imported)."""
+
+
 def _encode(m: Message) -> None:
     content = m.content
     if not (isinstance(content, str) and len(content) > ENCODE_LATER):
@@ -221,6 +228,8 @@ class State:
             if not isinstance(m, Message):
                 raise InvalidMessage(f"append takes Message values, got {type(m).__name__}")
             _encode(m)  # encode (and checksum) once now, O(1) per message: offloads copy bytes
+            for read in APPEND_READERS:
+                read(m)
             if m.tool_calls or m.tool_call_id is not None or m.metadata:
                 calls = calls.add(start + offset, m)
             tokens = estimate_message_tokens(m)

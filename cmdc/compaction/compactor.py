@@ -52,7 +52,17 @@ from .cutoff import Split
 from .evict import Eviction, skipped
 from .evict import held_before_evicted as _held_before_evicted
 from .finalize import FinalizeContext, run_finalize
-from .ledger import LEDGER_KEY, LEDGER_SHARE, Ledger, carry, fit, record_numbers, summaries_in, without_ledger
+from .ledger import (
+    LEDGER_KEY,
+    LEDGER_SHARE,
+    Ledger,
+    carry,
+    cues_ready,
+    fit,
+    record_numbers,
+    summaries_in,
+    without_ledger,
+)
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
 from .verify import Verification, journal_fields, tag_summaries
 from .verify import pointer as _pointer
@@ -390,7 +400,11 @@ class Compactor:
         # with the real ones when they differ (a retry's reused records, a journal written since).
         predicted = _predicted(state, split, self._journal(state, config))
         early: Callable[[], Awaitable[_Early]] | None = None
-        if len(split.evicted) > _LEDGER_INLINE:
+        # The ledger is read here, while the append's fsync runs, when that is quick: a small
+        # batch, or messages whose cues were read as they were appended (it then only takes
+        # them, ~1 ms); else in a worker thread
+        inline = len(split.evicted) <= _LEDGER_INLINE or cues_ready(split.evicted)
+        if not inline:
 
             async def early() -> _Early:  # beside the append (its writes and fsync), in a worker thread
                 return await trio.to_thread.run_sync(self._early, state, split, predicted, cap, estimated)
@@ -399,7 +413,7 @@ class Compactor:
             task = evict.kept_task(state, split)
             ledger, ordered = ahead if ahead is not None and _numbered_as(written, predicted) else (None, None)
             if ledger is None:
-                if len(split.evicted) > _LEDGER_INLINE:  # beside the fsync, in a worker thread
+                if not inline:  # beside the fsync, in a worker thread
                     ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
                 else:
                     ledger = _ledger(split, written, cap)

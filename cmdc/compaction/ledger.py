@@ -36,6 +36,7 @@ import orjson
 
 from .._clip import clip_line, scrub_media, utf8_len
 from ..message import Message, ToolCall
+from ..state import APPEND_READERS
 from ..tokens import estimate_message_tokens
 
 LEDGER_KEY = "cmdc.ledger"
@@ -742,11 +743,12 @@ def error_lines(text: str) -> list[str]:
 _ERROR_MARK = re.compile(r"^(?:E|ERROR|FAILED|FAIL|error:?|fatal:)\s+")
 
 
-def _outcome(result: Message | None) -> tuple[str, bool]:
-    """What a command's result says, in one line, and whether it failed."""
+def _outcome(result: Message | None, errors: Sequence[str] | None = None) -> tuple[str, bool]:
+    """What a command's result says, in one line, and whether it failed (`errors`: the result's
+    `error_lines`, when the caller has them)."""
     if result is None:
         return "no result yet", False
-    errors = error_lines(result.text)
+    errors = error_lines(result.text) if errors is None else errors
     if result.is_error or errors:
         first = result.text.strip().splitlines()[0] if result.text.strip() else "error"
         # the error itself, without a test runner's "FAILED tests/x.py::test_y - " (the error
@@ -767,7 +769,7 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
     """The entries `messages` (evicted, in order; `seqs[i]` the journal record of
     `messages[i]`) give. Summaries and system messages give none."""
     results = {m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id}
-    calls: dict[str, ToolCall] = {}
+    calls: dict[str, tuple[str, _CallCues]] = {}  # call id -> (tool name, its cues)
     out: list[Entry] = []
     replies = (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant")
     last_reply = next((i for i in replies if messages[i].text.strip()), -1)  # the newest, found from the end
@@ -775,24 +777,30 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
         if m.is_summary or m.role == "system":
             continue
         if m.role == "tool":
-            call = calls.get(m.tool_call_id or "")
-            label = call.name if call is not None else "tool"
-            window = _window(m.text, _RESULT_WINDOW)
+            made = calls.get(m.tool_call_id or "")
+            label = made[0] if made is not None else "tool"
+            found, boxes, _ = _result_cues(m)
             # one entry per result: its first and last error lines (a command's are on its own
             # line, `ran ... -> failed: ...`, and become an error seen when it is run again)
-            errors = error_lines(window) if call is None or _command(call) is None else []
+            errors = found if made is None or made[1][1] is None else ()
             if errors:
                 said = _safe(" \u2026 ".join(errors), seq)
                 rank = _RANK_SAID if _ERROR_CODE.search(said) else 1  # a code names this error precisely
                 out.append(Entry(ERROR, "err:" + _norm(errors[-1]), _one_line(f"{label}: {said}", ERROR), seq, rank))
-            out.extend(_checkboxes(window, seq, own=True))
+            if boxes:
+                out.extend(_at(boxes, seq))
             continue
-        text = _window(m.text, _SCAN_WINDOW)
-        if text.strip():
-            out.extend(_from_text(m.role, text, seq, plan=i == last_reply))
-        for call in m.tool_calls:
-            calls[call.id] = call
-            out.extend(_from_call(call, results.get(call.id), seq))
+        given = _text_cues(m) if i != last_reply else _UNCACHED
+        if given is _UNCACHED:  # the plan of the newest reply, or media named by their record
+            text = _window(m.text, _SCAN_WINDOW)
+            if text.strip():
+                out.extend(_from_text(m.role, text, seq, plan=i == last_reply))
+        elif given:
+            out.extend(_at(given, seq))
+        if m.tool_calls:
+            for call, read in zip(m.tool_calls, _calls_cues(m), strict=True):
+                calls[call.id] = (call.name, read)
+                out.extend(_from_call(call, results.get(call.id), seq, read))
     return out
 
 
@@ -859,28 +867,150 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
     return out
 
 
-def _from_call(call: ToolCall, result: Message | None, seq: int) -> list[Entry]:
-    out: list[Entry] = []
-    items = _todo_items(call)
+def _from_call(call: ToolCall, result: Message | None, seq: int, cues: _CallCues | None = None) -> list[Entry]:
+    """The entries a tool call gives (`cues`: `_call_cues(call)`, when the caller has them)."""
+    items, command, paths = _call_cues(call) if cues is None else cues
     if items:
-        for text, status in items:
-            rank = _RANK_TASK if status != DONE else 0
-            out.append(Entry(TASK, "task:" + _norm(text), _one_line(text, TASK), seq, rank, status))
-        return out
-    command = _command(call)
+        return _at(items, seq)
     if command is not None:
-        outcome, failed = _outcome(result)
+        outcome, failed = _outcome_of(result)
         shown = scrub_media(" ".join(command.split()), f"journal record {seq}")
         line = _one_line(f"ran `{shown}` -> {scrub_media(outcome, f'journal record {seq}')}", ARTIFACT)
         rank = (_RANK_SAID if _ERROR_CODE.search(outcome) else 2) if failed else 1
-        out.append(Entry(ARTIFACT, "cmd:" + _norm(command), line, seq, rank))
-        return out
-    action, rank = _action(call.name)
-    failed = result is not None and result.is_error
-    for path in _paths(call):
-        note = f" (failed: {clip_line(result.text.strip(), 80)})" if failed and result is not None else ""
-        out.append(Entry(ARTIFACT, "path:" + path, f"{path} \u2014 {action}{note}", seq, rank))
-    return out
+        return [Entry(ARTIFACT, "cmd:" + _norm(command), line, seq, rank)]
+    rank, lines = _file_lines(call.name, result, paths)
+    return [Entry(ARTIFACT, "path:" + path, text, seq, rank) for path, text in lines]
+
+
+def _file_lines(tool: str, result: Message | None, paths: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
+    """The rank and the (path, line) of each file a call to `tool` touched."""
+    action, rank = _action(tool)
+    note = f" (failed: {clip_line(result.text.strip(), 80)})" if result is not None and result.is_error else ""
+    return rank, [(path, f"{path} \u2014 {action}{note}") for path in paths]
+
+
+# -- what a message gives, read once -------------------------------------------------------------
+
+_CallCues = tuple[tuple["Entry", ...], "str | None", tuple[str, ...]]
+"""What a tool call gives whatever its result: its to-do items (as entries of record 0), its
+command, the paths among its arguments."""
+
+
+def _call_cues(call: ToolCall) -> _CallCues:
+    items = tuple(
+        Entry(TASK, "task:" + _norm(text), _one_line(text, TASK), 0, _RANK_TASK if status != DONE else 0, status)
+        for text, status in _todo_items(call)
+    )
+    command = _command(call)  # (a result's errors are its command's outcome, to-do items or not)
+    return items, command, (() if items or command is not None else tuple(_paths(call)))
+
+
+_ANY_SEQ = -7_777_777
+_ANY_WHERE = f"journal record {_ANY_SEQ}"
+
+
+class Cues:
+    """What the ledger reads of one message, whatever its neighbours and its journal record:
+    read once and kept on the message (`cues`), a part at a time as it is first needed (a
+    message older than what a compaction reads whole gives only its calls). An entry's record
+    is set when the ledger takes it (`_at`).
+
+    `text`: what a user or assistant message's text gives (`_from_text`, not as a plan), or
+    `_UNCACHED` when it names its record (media in it: the placeholder says where it is kept);
+    `result`: a tool result's error lines, `- [ ]` lines and outcome; `calls`: its tool calls'
+    `_CallCues`, in order."""
+
+    __slots__ = ("calls", "result", "text")
+
+    def __init__(self) -> None:
+        self.text: tuple[Entry, ...] | None = None
+        self.result: tuple[tuple[str, ...], tuple[Entry, ...], tuple[str, bool]] | None = None
+        self.calls: tuple[_CallCues, ...] | None = None
+
+
+_UNCACHED: tuple[Entry, ...] = (Entry(TASK, "", "", 0),)  # a marker (`Cues.text`), never an entry
+
+
+def cues(m: Message) -> Cues:
+    """`m`'s cues, made empty on first use (filled part by part by `_text_cues`,
+    `_result_cues` and `_calls_cues`)."""
+    found = m._cues
+    if isinstance(found, Cues):
+        return found
+    made = Cues()
+    object.__setattr__(m, "_cues", made)
+    return made
+
+
+def read_cues(m: Message) -> None:
+    """Read every cue of `m` now (a message appended to a state: `State.append` calls this, so a
+    compaction takes what each message gives instead of reading them all at once)."""
+    if m.role == "system" or (m.metadata and m.is_summary):
+        return
+    if m.role == "tool":
+        _result_cues(m)
+    else:
+        _text_cues(m)
+        if m.tool_calls:
+            _calls_cues(m)
+
+
+APPEND_READERS.append(read_cues)
+
+
+def cues_ready(messages: Sequence[Message]) -> bool:
+    """Whether every message of `messages` (evicted, in order) that a ledger reads whole has its
+    cues read (appended to a state, or read by an earlier pass): the ledger then only takes
+    them, about a millisecond whatever the messages hold."""
+    for m in messages[_first_read(messages) :]:
+        c = m._cues
+        if m.role == "tool":
+            if not isinstance(c, Cues) or c.result is None:
+                return False
+        elif (m.role != "system" and not (m.metadata and m.is_summary)) and (
+            not isinstance(c, Cues) or c.text is None or (m.tool_calls and c.calls is None)
+        ):
+            return False
+    return True
+
+
+def _text_cues(m: Message) -> tuple[Entry, ...]:
+    c = cues(m)
+    found = c.text
+    if found is None:
+        text = _window(m.text, _SCAN_WINDOW)
+        found = tuple(_from_text(m.role, text, _ANY_SEQ)) if text.strip() else ()
+        if any(_ANY_WHERE in e.text for e in found):
+            found = _UNCACHED
+        c.text = found
+    return found
+
+
+def _result_cues(m: Message) -> tuple[tuple[str, ...], tuple[Entry, ...], tuple[str, bool]]:
+    c = cues(m)
+    found = c.result
+    if found is None:
+        window = _window(m.text, _RESULT_WINDOW)
+        errors = tuple(error_lines(window))
+        found = c.result = (errors, tuple(_checkboxes(window, 0, own=True)), _outcome(m, errors))
+    return found
+
+
+def _calls_cues(m: Message) -> tuple[_CallCues, ...]:
+    c = cues(m)
+    found = c.calls
+    if found is None:
+        found = c.calls = tuple(_call_cues(call) for call in m.tool_calls)
+    return found
+
+
+def _outcome_of(result: Message | None) -> tuple[str, bool]:
+    return ("no result yet", False) if result is None else _result_cues(result)[2]
+
+
+def _at(entries: Iterable[Entry], seq: int) -> list[Entry]:
+    """`entries` (read once, of no record) as the entries of journal record `seq`."""
+    return [Entry(e.kind, e.key, e.text, seq, e.rank, e.status) for e in entries]
 
 
 # -- merging forward -----------------------------------------------------------------------------
@@ -1021,8 +1151,15 @@ def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry
             continue
         near = messages[i + 1 : i + 1 + 2 * len(m.tool_calls)]
         results = {r.tool_call_id: r for r in near if r.role == "tool"}
-        for call in m.tool_calls:
-            for e in _from_call(call, results.get(call.id), seqs[i]):
+        for call, read in zip(m.tool_calls, _calls_cues(m), strict=True):
+            if read[2]:  # files (the commonest call): each line's key first, an entry only for a new one
+                rank, lines = _file_lines(call.name, results.get(call.id), read[2])
+                for path, text in lines:
+                    key = (ARTIFACT, "path:" + path, text.partition(_PATH_SEP)[2])
+                    if key not in newest:
+                        newest[key] = Entry(ARTIFACT, key[1], text, seqs[i], rank)
+                continue
+            for e in _from_call(call, results.get(call.id), seqs[i], read):
                 # a file keeps each of its actions, a command each failure (an error seen once it
                 # ran again), a task its newest state
                 if e.key.startswith("path:"):

@@ -1,0 +1,191 @@
+"""What the ledger reads of each message once (its cues: read as the message is appended, or
+by the first compaction that reads it) gives the entries reading it afresh gives: on any mix
+of messages, under any record numbers, read before or not, media in them or not."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmdc import Message, State, ToolCall
+from cmdc.compaction import ledger
+from cmdc.compaction.ledger import Entry, carry, cues_ready, observe, render
+
+_MEDIA = "data:image/png;base64," + "iVBORw0KGgoAAAANSUhEUgAA" * 8
+
+_TEXTS = [
+    "We must keep port 8080 for the gateway.",
+    "Chose Kafka because it keeps order per key; RabbitMQ was the other option.",
+    "Let's go with sqlite: it needs no server.",
+    "I'll run the tests next, then fix the parser.",
+    "- [ ] ship the docs\n- [x] write the parser\nTODO: bump the version",
+    "Please never touch `config/prod.yaml` again.",
+    "ok",
+    "",
+    "see the chart " + _MEDIA + " and keep it under 300 px",
+    "the limit is 50 requests per second, not 500",
+    "lorem ipsum dolor sit amet " * 30,
+]
+_RESULTS = [
+    "ok",
+    "FAILED tests/test_pay.py::test_total - ValueError: [PAY-17] bad total\n1 failed in 0.2s",
+    "error: cannot open file src/x.py (E404)\nTraceback (most recent call last):\n  boom",
+    "===== 3 passed in 1.2s =====",
+    "- [x] migrate the schema",
+    "pixels: " + _MEDIA,
+    "",
+]
+
+
+def _call(draw: st.DrawFn, i: int) -> ToolCall:
+    kind = draw(st.sampled_from(["read", "edit", "bash", "todo", "odd"]))
+    if kind == "read":
+        return ToolCall(f"c{i}", "read_file", {"path": draw(st.sampled_from(["src/a.py", "docs/x.md", "a b/c.txt"]))})
+    if kind == "edit":
+        return ToolCall(f"c{i}", "edit_file", {"file_path": "src/a.py", "paths": ["src/a.py", "src/b.py"]})
+    if kind == "bash":
+        cmd = draw(st.sampled_from(["pytest -q", "make   build", "echo " + _MEDIA]))
+        return ToolCall(f"c{i}", "bash", {"command": cmd})
+    if kind == "todo":
+        status = draw(st.sampled_from(["pending", "in_progress", "completed", True]))
+        items = [{"content": "ship the docs", "status": status}, {"content": "fix the parser", "status": "pending"}]
+        return ToolCall(f"c{i}", "write_todos", {"todos": items, "command": "x"})
+    return ToolCall(f"c{i}", "custom", {"n": 3, "path": 7, "file": "ok.txt\nno"})
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[Message]:
+    out: list[Message] = [Message.system("you are a coder")]
+    n = 0
+    for _ in range(draw(st.integers(1, 14))):
+        kind = draw(st.sampled_from(["user", "assistant", "calls"]))
+        text = draw(st.sampled_from(_TEXTS))
+        if kind == "user":
+            out.append(Message.user(text or "hi"))
+        elif kind == "assistant":
+            out.append(Message.assistant(text))
+        else:
+            calls = []
+            for _ in range(draw(st.integers(1, 3))):
+                n += 1
+                calls.append(_call(draw, n))
+            out.append(Message.assistant(text, tool_calls=tuple(calls)))
+            for call in calls:
+                if draw(st.booleans()):  # some results never came, some are errors
+                    result = draw(st.sampled_from(_RESULTS))
+                    out.append(Message.tool_result(call.id, result, is_error=draw(st.booleans())))
+    return out
+
+
+def _fresh(messages: Sequence[Message]) -> list[Message]:
+    """The same messages, nothing read of them yet."""
+    return [m.evolve() for m in messages]
+
+
+def _reference(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
+    """`observe` as it was before cues: every message read afresh, here."""
+    results = {m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id}
+    calls: dict[str, ToolCall] = {}
+    out: list[Entry] = []
+    replies = [i for i, m in enumerate(messages) if m.role == "assistant" and m.text.strip()]
+    last_reply = replies[-1] if replies else -1
+    for i, (m, seq) in enumerate(zip(messages, seqs, strict=True)):
+        if m.is_summary or m.role == "system":
+            continue
+        if m.role == "tool":
+            call = calls.get(m.tool_call_id or "")
+            window = ledger._window(m.text, ledger._RESULT_WINDOW)
+            errors = ledger.error_lines(window) if call is None or ledger._command(call) is None else []
+            if errors:
+                said = ledger._safe(" \u2026 ".join(errors), seq)
+                rank = ledger._RANK_SAID if ledger._ERROR_CODE.search(said) else 1
+                label = call.name if call is not None else "tool"
+                text = ledger._one_line(f"{label}: {said}", ledger.ERROR)
+                out.append(Entry(ledger.ERROR, "err:" + ledger._norm(errors[-1]), text, seq, rank))
+            out.extend(ledger._checkboxes(window, seq, own=True))
+            continue
+        text = ledger._window(m.text, ledger._SCAN_WINDOW)
+        if text.strip():
+            out.extend(ledger._from_text(m.role, text, seq, plan=i == last_reply))
+        for call in m.tool_calls:
+            calls[call.id] = call
+            out.extend(_reference_call(call, results.get(call.id), seq))
+    return out
+
+
+def _reference_call(call: ToolCall, result: Message | None, seq: int) -> list[Entry]:
+    items = ledger._todo_items(call)
+    if items:
+        return [
+            Entry(ledger.TASK, "task:" + ledger._norm(t), ledger._one_line(t, ledger.TASK), seq, r, s)
+            for t, s in items
+            for r in [ledger._RANK_TASK if s != ledger.DONE else 0]
+        ]
+    command = ledger._command(call)
+    if command is not None:
+        outcome, failed = ledger._outcome(result)
+        shown = ledger.scrub_media(" ".join(command.split()), f"journal record {seq}")
+        said = ledger.scrub_media(outcome, f"journal record {seq}")
+        line = ledger._one_line(f"ran `{shown}` -> {said}", ledger.ARTIFACT)
+        rank = (ledger._RANK_SAID if ledger._ERROR_CODE.search(outcome) else 2) if failed else 1
+        return [Entry(ledger.ARTIFACT, "cmd:" + ledger._norm(command), line, seq, rank)]
+    action, rank = ledger._action(call.name)
+    failed = result is not None and result.is_error
+    note = f" (failed: {ledger.clip_line(result.text.strip(), 80)})" if failed and result is not None else ""
+    return [
+        Entry(ledger.ARTIFACT, "path:" + p, f"{p} \u2014 {action}{note}", seq, rank) for p in ledger._paths(call)
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(conversations(), st.integers(1, 10**6), st.integers(1, 10**6))
+def test_cues_give_what_reading_afresh_gives_under_any_record_numbers(
+    messages: list[Message], first: int, again: int
+) -> None:
+    seqs = list(range(first, first + len(messages)))
+    assert observe(messages, seqs) == _reference(_fresh(messages), seqs)  # read now, kept
+    other = list(range(again, again + len(messages)))
+    assert observe(messages, other) == _reference(_fresh(messages), other)  # kept, other records
+    appended = State(agent_id="a").append(*_fresh(messages)).messages  # read as they arrive
+    assert observe(appended, other) == _reference(_fresh(messages), other)
+
+
+@settings(max_examples=100, deadline=None)
+@given(conversations(), st.integers(1, 10**6))
+def test_a_ledger_from_cues_renders_what_one_read_afresh_renders(messages: list[Message], first: int) -> None:
+    seqs = list(range(first, first + len(messages)))
+    read = State(agent_id="a").append(*messages).messages
+    assert render(carry([], read, seqs)) == render(carry([], _fresh(messages), seqs))
+
+
+def test_media_names_the_record_it_is_kept_in_whichever_record_that_is() -> None:
+    """A text with media in it gives entries that name its journal record: its cues are not
+    kept (the next read is afresh), so a record number is never carried to another."""
+    m = Message.user("see the chart " + _MEDIA + " and keep it under 300 px")
+    first = observe([m], [11])
+    second = observe([m], [22])
+    assert first and "journal record 11" in first[0].text
+    assert second and "journal record 22" in second[0].text and "record 11" not in second[0].text
+
+
+def test_append_reads_the_cues_and_a_restored_state_does_not() -> None:
+    """`State.append` reads each message's cues as it arrives (a compaction then only takes
+    them); a state made whole from its messages (a restore, an import) does not: the first
+    compaction reads them, in a worker thread past a few hundred messages."""
+    msgs = [Message.user(f"we must keep port {8000 + i}") for i in range(5)]
+    restored = State(agent_id="a", messages=_fresh(msgs))
+    assert not cues_ready(restored.messages)
+    appended = State(agent_id="a").append(*msgs)
+    assert cues_ready(appended.messages)
+    assert observe(appended.messages, [1, 2, 3, 4, 5]) == observe(restored.messages, [1, 2, 3, 4, 5])
+    assert cues_ready(restored.messages)  # read by that first use, and kept
+
+
+def test_a_message_under_a_new_id_keeps_its_cues_and_a_changed_one_does_not() -> None:
+    m = State(agent_id="a").append(Message.user("we must keep port 8080")).messages[0]
+    assert cues_ready([m._with_id("other")])
+    changed = m.evolve(content="we must keep port 9090")
+    assert not cues_ready([changed])
+    assert "9090" in observe([changed], [1])[0].text
