@@ -173,7 +173,9 @@ def compaction_rows(p: Preset) -> list[Row]:
                 None if target is None else ms < target,
             )
         )
+        rows.append(Row(b, f"one compaction, {s.messages:,} msgs, a restored state", _ms(s.restored)))
     rows.append(Row(b, "prepare a message (estimate, encode, checksum)", _us(f.prepare)))
+    rows.append(Row(b, "read a message's ledger cues", _us(f.cues)))
     rows.append(Row(b, f"State.append onto {_k(f.append_base)} msgs", _us(f.append)))
     offloads = f.offloads
     rows.append(

@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from cmdc import Compacted, Compactor, Message, OffloadStore, State, estimate_message_tokens
+from cmdc.compaction.ledger import read_cues
 from cmdc.testing import conversation
 
 
@@ -35,7 +36,12 @@ def time_should_compact(compactor: Compactor, state: State, reps: int) -> float:
     return statistics.median(samples)
 
 
-async def time_compaction(messages: list[Message], root: Path, reps: int) -> float:
+async def time_compaction(messages: list[Message], root: Path, reps: int, *, restored: bool = False) -> float:
+    """Median seconds of one `maybe_compact` of `messages` (instant summarizer, trigger 50k
+    tokens, keep 20 messages). The state is built as an agent's is, its messages appended (each
+    one's ledger cues read as it arrives); with `restored`, made whole from fresh copies of the
+    messages, as a restored or imported state is (encoded, their cues not read: the compaction
+    reads them)."""
     samples = []
     for rep in range(reps):
         config = {
@@ -43,7 +49,11 @@ async def time_compaction(messages: list[Message], root: Path, reps: int) -> flo
             "compact_keep": ("messages", 20),
             "compact_offload_dir": str(root),
         }
-        state = State(agent_id=f"agent-{len(messages)}-{rep}", messages=messages, config=config)
+        agent = f"agent-{len(messages)}-{rep}-{restored}"
+        if restored:
+            state = State(agent_id=agent, messages=[m.evolve() for m in messages], config=config)
+        else:
+            state = State(agent_id=agent, config=config).append(*messages)
         compactor = Compactor(instant)
         gc.collect()  # the setup's garbage is not the compaction's cost
         t0 = time.perf_counter()
@@ -64,11 +74,13 @@ async def time_successive_offloads(root: Path, batches: int, size: int, agent_id
     return out
 
 
-def time_append(reps: int, base: int = 10_000, batch: int = 1_000) -> tuple[float, float]:
+def time_append(reps: int, base: int = 10_000, batch: int = 1_000) -> tuple[float, float, float]:
     """Seconds per message: (1) preparing a message as it enters a state (token estimate, JSON
-    encoding and its checksum, done once so a compaction only copies bytes), and (2) the whole
-    `State.append` of one message onto a `base`-message state (mostly the copy of the tuple)."""
-    prepare, append = [], []
+    encoding and its checksum, done once so a compaction only copies bytes), (2) reading its
+    ledger cues (`read_cues`: what the ledger takes of it, read once as it arrives), and (3) the
+    whole `State.append` of one message onto a `base`-message state (both of those, and the
+    copy of the tuple)."""
+    prepare, cues, append = [], [], []
     state = State(agent_id="app", messages=conversation(base, seed=7))
     for r in range(reps):
         messages = conversation(batch, seed=500 + r, system=False)
@@ -79,9 +91,16 @@ def time_append(reps: int, base: int = 10_000, batch: int = 1_000) -> tuple[floa
         prepare.append((time.perf_counter() - t0) / len(messages))
         t0 = time.perf_counter()
         for m in messages:
+            read_cues(m)
+        cues.append((time.perf_counter() - t0) / len(messages))
+        fresh = [m.evolve() for m in messages]
+        for m in fresh:
+            m.json_crc()
+        t0 = time.perf_counter()
+        for m in fresh:
             state.append(m)
         append.append((time.perf_counter() - t0) / len(messages))
-    return statistics.median(prepare), statistics.median(append)
+    return statistics.median(prepare), statistics.median(cues), statistics.median(append)
 
 
 async def time_default(
@@ -286,7 +305,8 @@ class Size:
     n: int
     messages: int
     check: float  # seconds per should_compact
-    compaction: float  # seconds per maybe_compact
+    compaction: float  # seconds per maybe_compact (a state built by appends, as an agent's)
+    restored: float  # the same of a restored state (its messages' ledger cues not read yet)
 
     @property
     def target_ms(self) -> float | None:
@@ -297,6 +317,7 @@ class Size:
 class Figures:
     sizes: list[Size]
     prepare: float  # seconds per message
+    cues: float  # seconds per message: its ledger cues
     append: float  # seconds per State.append onto `append_base` messages
     append_base: int
     offloads: list[float]  # seconds per successive offload
@@ -324,14 +345,15 @@ async def measure(
                 reps * 4,
             )
             compaction = await time_compaction(messages, Path(tmp), reps)
-            out.append(Size(n, len(messages), check, compaction))
-        prepare, append = time_append(reps, append_base, min(1_000, append_base))
+            restored = await time_compaction(messages, Path(tmp), reps, restored=True)
+            out.append(Size(n, len(messages), check, compaction, restored))
+        prepare, cues, append = time_append(reps, append_base, min(1_000, append_base))
         series = [
             await time_successive_offloads(Path(tmp), offload_batches, offload_size, f"successive-{k}")
             for k in range(offload_series)
         ]
         offloads = [statistics.median(times) for times in zip(*series, strict=True)]
-    return Figures(out, prepare, append, append_base, offloads)
+    return Figures(out, prepare, cues, append, append_base, offloads)
 
 
 async def main(
@@ -348,16 +370,24 @@ async def main(
     sizes = (1_000, 10_000) if quick else (1_000, 10_000, 50_000)
     figures = await measure(sizes, 3 if quick else 5)
     print("cmdc compaction benchmark (instant summarizer, ~400-char messages)")
-    print(f"{'messages':>9} {'should_compact µs':>18} {'target':>7} {'compaction ms':>14} {'target':>7}")
+    print(
+        f"{'messages':>9} {'should_compact µs':>18} {'target':>7} {'compaction ms':>14} {'target':>7}"
+        f" {'restored state ms':>18}"
+    )
     for size in figures.sizes:
         target = size.target_ms
         print(
             f"{size.messages:>9} {size.check * 1e6:>18.2f} {'< 20':>7} {size.compaction * 1e3:>14.1f} "
-            f"{'' if target is None else f'< {target:.0f}':>7}"
+            f"{'' if target is None else f'< {target:.0f}':>7} {size.restored * 1e3:>18.1f}"
         )
     print(
+        "  (compaction: a state built by appends, as an agent's; restored: made whole from its messages,"
+        " whose ledger cues the compaction reads)"
+    )
+    print(
         f"\nper message entering a state, once: {figures.prepare * 1e6:.1f} µs to prepare (estimate, encode, "
-        f"checksum); State.append onto 10k messages: {figures.append * 1e6:.1f} µs (tuple copy included)"
+        f"checksum), {figures.cues * 1e6:.1f} µs to read its ledger cues; State.append onto 10k messages: "
+        f"{figures.append * 1e6:.1f} µs (both, and the tuple copy)"
     )
     offloads = figures.offloads
     print("\noffload of 5 successive compactions of ~1k messages into one journal (ms):")

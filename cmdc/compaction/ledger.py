@@ -779,7 +779,7 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
         if m.role == "tool":
             made = calls.get(m.tool_call_id or "")
             label = made[0] if made is not None else "tool"
-            found, boxes, _ = _result_cues(m)
+            found, boxes = _result_cues(m)
             # one entry per result: its first and last error lines (a command's are on its own
             # line, `ran ... -> failed: ...`, and become an error seen when it is run again)
             errors = found if made is None or made[1][1] is None else ()
@@ -790,8 +790,8 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
             if boxes:
                 out.extend(_at(boxes, seq))
             continue
-        given = _text_cues(m) if i != last_reply else _UNCACHED
-        if given is _UNCACHED:  # the plan of the newest reply, or media named by their record
+        given = _text_cues(m)  # (the newest reply's too: read once, it makes the next read cheap)
+        if i == last_reply or given is _UNCACHED:  # its plan, or media named by their record
             text = _window(m.text, _SCAN_WINDOW)
             if text.strip():
                 out.extend(_from_text(m.role, text, seq, plan=i == last_reply))
@@ -917,14 +917,15 @@ class Cues:
 
     `text`: what a user or assistant message's text gives (`_from_text`, not as a plan), or
     `_UNCACHED` when it names its record (media in it: the placeholder says where it is kept);
-    `result`: a tool result's error lines, `- [ ]` lines and outcome; `calls`: its tool calls'
-    `_CallCues`, in order."""
+    `result`: a tool result's error lines and `- [ ]` lines; `outcome`: what it says as a
+    command's result; `calls`: its tool calls' `_CallCues`, in order."""
 
-    __slots__ = ("calls", "result", "text")
+    __slots__ = ("calls", "outcome", "result", "text")
 
     def __init__(self) -> None:
         self.text: tuple[Entry, ...] | None = None
-        self.result: tuple[tuple[str, ...], tuple[Entry, ...], tuple[str, bool]] | None = None
+        self.result: tuple[tuple[str, ...], tuple[Entry, ...]] | None = None
+        self.outcome: tuple[str, bool] | None = None
         self.calls: tuple[_CallCues, ...] | None = None
 
 
@@ -948,7 +949,7 @@ def read_cues(m: Message) -> None:
     if m.role == "system" or (m.metadata and m.is_summary):
         return
     if m.role == "tool":
-        _result_cues(m)
+        _outcome_of(m)  # (and its error lines and boxes)
     else:
         _text_cues(m)
         if m.tool_calls:
@@ -986,13 +987,12 @@ def _text_cues(m: Message) -> tuple[Entry, ...]:
     return found
 
 
-def _result_cues(m: Message) -> tuple[tuple[str, ...], tuple[Entry, ...], tuple[str, bool]]:
+def _result_cues(m: Message) -> tuple[tuple[str, ...], tuple[Entry, ...]]:
     c = cues(m)
     found = c.result
     if found is None:
         window = _window(m.text, _RESULT_WINDOW)
-        errors = tuple(error_lines(window))
-        found = c.result = (errors, tuple(_checkboxes(window, 0, own=True)), _outcome(m, errors))
+        found = c.result = (tuple(error_lines(window)), tuple(_checkboxes(window, 0, own=True)))
     return found
 
 
@@ -1005,7 +1005,13 @@ def _calls_cues(m: Message) -> tuple[_CallCues, ...]:
 
 
 def _outcome_of(result: Message | None) -> tuple[str, bool]:
-    return ("no result yet", False) if result is None else _result_cues(result)[2]
+    if result is None:
+        return "no result yet", False
+    c = cues(result)
+    found = c.outcome
+    if found is None:
+        found = c.outcome = _outcome(result, _result_cues(result)[0])
+    return found
 
 
 def _at(entries: Iterable[Entry], seq: int) -> list[Entry]:
@@ -1120,7 +1126,9 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
             unread = zeroed
         hi = max(unread, default=0)
         if hi > 0:  # (a record number is positive: 0 and below are not journal records)
-            lo = min(filter((0).__lt__, unread))
+            lo = min(unread)  # (C passes: records 0 and below, summaries', filtered out only if any)
+            if lo <= 0:
+                lo = min(filter((0).__lt__, unread))
             demoted = dict(ledger.demoted)
             for kind in SECTIONS:
                 demoted[kind] = _coalesce([*demoted.get(kind, ()), (lo, hi)])
@@ -1145,6 +1153,7 @@ def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry
     # one over every message of a 10k batch)
     found = itertools.compress(range(len(messages) - 1, -1, -1), map(_TOOL_CALLS, reversed(messages)))
     newest: dict[tuple[str, str, str], Entry] = {}  # read newest first: an older same entry adds nothing
+    plain: set[tuple[str, tuple[str, ...]]] = set()  # (tool, paths) of the calls read that did not fail
     for i in itertools.islice(found, OLDER_CALLS):
         m = messages[i]
         if m.role != "assistant":
@@ -1153,7 +1162,12 @@ def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry
         results = {r.tool_call_id: r for r in near if r.role == "tool"}
         for call, read in zip(m.tool_calls, _calls_cues(m), strict=True):
             if read[2]:  # files (the commonest call): each line's key first, an entry only for a new one
-                rank, lines = _file_lines(call.name, results.get(call.id), read[2])
+                result = results.get(call.id)
+                if result is None or not result.is_error:  # the same tool on the same files: the same lines
+                    if (call.name, read[2]) in plain:
+                        continue
+                    plain.add((call.name, read[2]))
+                rank, lines = _file_lines(call.name, result, read[2])
                 for path, text in lines:
                     key = (ARTIFACT, "path:" + path, text.partition(_PATH_SEP)[2])
                     if key not in newest:
