@@ -120,7 +120,8 @@ async def time_default(
         config: dict[str, object] = {"compact_offload_dir": str(root)}
         if trigger is not None:
             config["compact_trigger"] = ("tokens", trigger)
-        state = State(agent_id=f"default-{n}-{trigger}-{extractive}-{rep}", messages=messages, config=config)
+        # built as an agent's state is, its messages appended (see `time_compaction`)
+        state = State(agent_id=f"default-{n}-{trigger}-{extractive}-{rep}", config=config).append(*messages)
         compactor = Compactor() if extractive else Compactor(instant)
         gc.collect()  # the setup's garbage (n new messages) is not the compaction's cost
         t0, c0 = time.perf_counter(), time.process_time()
@@ -195,7 +196,7 @@ async def floor_row(n: int, root: Path, reps: int = 9, cold: bool = True) -> dic
     how, size = "warm", 0
     for rep in range(reps):
         agent = f"floor-{n}-{rep}"
-        state = State(agent_id=agent, messages=messages, config={"compact_offload_dir": str(root)})
+        state = State(agent_id=agent, config={"compact_offload_dir": str(root)}).append(*messages)  # an agent's
         compactor = Compactor(instant)
         gc.collect()
         if cold:
