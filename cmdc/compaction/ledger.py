@@ -948,12 +948,15 @@ def read_cues(m: Message) -> None:
     compaction takes what each message gives instead of reading them all at once)."""
     if m.role == "system" or (m.metadata and m.is_summary):
         return
-    if m.role == "tool":
-        _outcome_of(m)  # (and its error lines and boxes)
-    else:
-        _text_cues(m)
-        if m.tool_calls:
-            _calls_cues(m)
+    try:
+        if m.role == "tool":
+            _outcome_of(m)  # (and its error lines and boxes)
+        else:
+            _text_cues(m)
+            if m.tool_calls:
+                _calls_cues(m)
+    except Exception:  # never an append's failure: the compaction reads it again (and says why)
+        object.__setattr__(m, "_cues", None)
 
 
 APPEND_READERS.append(read_cues)

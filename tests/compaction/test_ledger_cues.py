@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cmdc import Message, State, ToolCall
+from cmdc._clip import clip_line, scrub_media
 from cmdc.compaction import ledger
 from cmdc.compaction.ledger import Entry, carry, cues_ready, observe, render
 
@@ -126,14 +128,14 @@ def _reference_call(call: ToolCall, result: Message | None, seq: int) -> list[En
     command = ledger._command(call)
     if command is not None:
         outcome, failed = ledger._outcome(result)
-        shown = ledger.scrub_media(" ".join(command.split()), f"journal record {seq}")
-        said = ledger.scrub_media(outcome, f"journal record {seq}")
+        shown = scrub_media(" ".join(command.split()), f"journal record {seq}")
+        said = scrub_media(outcome, f"journal record {seq}")
         line = ledger._one_line(f"ran `{shown}` -> {said}", ledger.ARTIFACT)
         rank = (ledger._RANK_SAID if ledger._ERROR_CODE.search(outcome) else 2) if failed else 1
         return [Entry(ledger.ARTIFACT, "cmd:" + ledger._norm(command), line, seq, rank)]
     action, rank = ledger._action(call.name)
     failed = result is not None and result.is_error
-    note = f" (failed: {ledger.clip_line(result.text.strip(), 80)})" if failed and result is not None else ""
+    note = f" (failed: {clip_line(result.text.strip(), 80)})" if failed and result is not None else ""
     return [
         Entry(ledger.ARTIFACT, "path:" + p, f"{p} \u2014 {action}{note}", seq, rank) for p in ledger._paths(call)
     ]
@@ -189,3 +191,67 @@ def test_a_message_under_a_new_id_keeps_its_cues_and_a_changed_one_does_not() ->
     changed = m.evolve(content="we must keep port 9090")
     assert not cues_ready([changed])
     assert "9090" in observe([changed], [1])[0].text
+
+
+def test_a_copied_message_shares_its_cues_and_a_message_from_json_reads_them_again() -> None:
+    """A message copies (`copy.copy`) with its cues (the "read afresh" marker, told by identity,
+    stays itself); one decoded from JSON (a checkpoint, another process) has none."""
+    import copy
+
+    media = Message.user("see the chart " + _MEDIA + " and keep it under 300 px")
+    plain = Message.user("we must keep port 8080")
+    appended = State(agent_id="a").append(media, plain).messages
+    copied = [copy.copy(m) for m in appended]
+    decoded = [Message.from_json(m.to_json()) for m in appended]
+    assert cues_ready(copied) and not cues_ready(decoded)
+    for moved in (copied, decoded):
+        assert observe(moved, [5, 6]) == _reference(_fresh(appended), [5, 6])
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+_KEYS = st.sampled_from(["path", "file_path", "paths", "command", "cmd", "todos", "items", "x", "PATH", "files"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(_KEYS | st.text(max_size=8), _JSON, max_size=5),
+    st.text(max_size=300),
+    st.text(max_size=300),
+    st.booleans(),
+)
+def test_append_takes_any_call_and_text_and_the_cues_match_a_fresh_read(
+    arguments: dict[str, object], said: str, output: str, failed: bool
+) -> None:
+    """Hostile tool arguments and texts: appending never fails on the cues, and what they give
+    is what a fresh read gives."""
+    call = ToolCall("c1", "tool", arguments)
+    messages = [
+        Message.user(said or "x"),
+        Message.assistant(said, tool_calls=(call,)),
+        Message.tool_result("c1", output, is_error=failed),
+        Message.assistant(output),
+    ]
+    appended = State(agent_id="a").append(*messages).messages
+    assert observe(appended, [1, 2, 3, 4]) == _reference(_fresh(messages), [1, 2, 3, 4])
+
+
+def test_a_cue_that_cannot_be_read_never_fails_the_append(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cues are derived: a reading that raises leaves the message without them and the
+    append goes on; the compaction that reads the message meets the error itself."""
+
+    def broken(*args: object, **keywords: object) -> list[Entry]:
+        raise RuntimeError("a bug in the ledger's reading")
+
+    monkeypatch.setattr(ledger, "_from_text", broken)
+    state = State(agent_id="a").append(Message.user("we must keep port 8080"))
+    assert state.messages[0]._cues is None and not cues_ready(state.messages)
+    with pytest.raises(RuntimeError, match="ledger's reading"):
+        observe(state.messages, [1])
