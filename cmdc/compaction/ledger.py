@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import orjson
 
-from .._clip import clip_line, scrub_media, utf8_len
+from .._clip import clip_line, may_hold_base64, scrub_media, utf8_len
 from ..message import Message, ToolCall
 from ..state import APPEND_READERS
 from ..tokens import estimate_message_tokens
@@ -906,7 +906,6 @@ def _call_cues(call: ToolCall) -> _CallCues:
 
 
 _ANY_SEQ = -7_777_777
-_ANY_WHERE = f"journal record {_ANY_SEQ}"
 
 
 class Cues:
@@ -984,7 +983,9 @@ def _text_cues(m: Message) -> tuple[Entry, ...]:
     if found is None:
         text = _window(m.text, _SCAN_WINDOW)
         found = tuple(_from_text(m.role, text, _ANY_SEQ)) if text.strip() else ()
-        if any(_ANY_WHERE in e.text for e in found):
+        # media its entries may name by their record (a placeholder in a key, or clipped from
+        # a line, or moving where the line is clipped): any a sentence of it could hold
+        if found and ("base64," in text or may_hold_base64(text.encode("utf-8", "surrogatepass"))):
             found = _UNCACHED
         c.text = found
     return found

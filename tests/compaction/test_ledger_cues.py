@@ -255,3 +255,22 @@ def test_a_cue_that_cannot_be_read_never_fails_the_append(monkeypatch: pytest.Mo
     assert state.messages[0]._cues is None and not cues_ready(state.messages)
     with pytest.raises(RuntimeError, match="ledger's reading"):
         observe(state.messages, [1])
+
+
+_DASHED = "-" * 300 + "Ab1x" * 150  # a payload only once its sentence's leading dashes are stripped
+
+
+@pytest.mark.parametrize("media", [_MEDIA, _DASHED])
+@pytest.mark.parametrize("before", [0, 60, 70, 120, 200])
+@pytest.mark.parametrize("after", [20, 140, 300])
+def test_media_clipped_out_of_an_entry_still_reads_afresh(media: str, before: int, after: int) -> None:
+    """A text whose media placeholder the entry's line clips (cut in the middle, or only partly
+    kept) or only its key holds: the record it names differs from record to record, so its
+    entries are never kept for another record (nor when only a sentence of it, not the whole
+    text, holds what looks like a payload)."""
+    m = Message.user(f"We must keep port 8080 {'x' * before}.\n{media} is the key {'y' * after}.")
+    observe([m], [1])  # read once, under record 1
+    for seq in (5, 123_456):
+        assert observe([m], [seq]) == _reference(_fresh([m]), [seq])
+    appended = State(agent_id="a").append(m.evolve()).messages
+    assert observe(appended, [5]) == _reference(_fresh([m]), [5])
