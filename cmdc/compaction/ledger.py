@@ -971,8 +971,8 @@ def cues_ready(messages: Sequence[Message]) -> bool:
             if not isinstance(c, Cues) or c.result is None:
                 return False
         elif (m.role != "system" and not (m.metadata and m.is_summary)) and (
-            not isinstance(c, Cues) or c.text is None or (m.tool_calls and c.calls is None)
-        ):
+            not isinstance(c, Cues) or c.text is None or c.text is _UNCACHED or (m.tool_calls and c.calls is None)
+        ):  # (a text with media is read afresh each time: ~1 ms a message, not for the trio thread)
             return False
     return True
 

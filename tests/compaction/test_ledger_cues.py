@@ -203,7 +203,8 @@ def test_a_copied_message_shares_its_cues_and_a_message_from_json_reads_them_aga
     appended = State(agent_id="a").append(media, plain).messages
     copied = [copy.copy(m) for m in appended]
     decoded = [Message.from_json(m.to_json()) for m in appended]
-    assert cues_ready(copied) and not cues_ready(decoded)
+    assert all(c._cues is a._cues for c, a in zip(copied, appended, strict=True))
+    assert cues_ready(copied[1:]) and not cues_ready(decoded[1:])  # (the media: read afresh, never ready)
     for moved in (copied, decoded):
         assert observe(moved, [5, 6]) == _reference(_fresh(appended), [5, 6])
 
@@ -274,3 +275,14 @@ def test_media_clipped_out_of_an_entry_still_reads_afresh(media: str, before: in
         assert observe([m], [seq]) == _reference(_fresh([m]), [seq])
     appended = State(agent_id="a").append(m.evolve()).messages
     assert observe(appended, [5]) == _reference(_fresh([m]), [5])
+
+
+def test_messages_read_afresh_each_time_are_not_ready() -> None:
+    """`cues_ready` lets the compactor read the ledger in the trio thread, on the promise that it
+    only takes what was read: a text with media is read afresh by every compaction (a sentence
+    with a payload in it takes the decision patterns a millisecond), so it is not ready."""
+    plain = Message.user("we must keep port 8080")
+    media = Message.user("see the chart " + _MEDIA + " and keep it under 300 px")
+    appended = State(agent_id="a").append(plain, media, Message.assistant("done.")).messages
+    assert cues_ready([appended[0], appended[2]])
+    assert not cues_ready(appended)
