@@ -750,16 +750,30 @@ def _outcome(result: Message | None, errors: Sequence[str] | None = None) -> tup
         return "no result yet", False
     errors = error_lines(result.text) if errors is None else errors
     if result.is_error or errors:
-        first = result.text.strip().splitlines()[0] if result.text.strip() else "error"
         # the error itself, without a test runner's "FAILED tests/x.py::test_y - " (the error
         # line with it is under Errors seen): the outcome line says what failed, briefly
-        said = " \u2026 ".join(_FAILED_TEST.sub("", e, count=1) for e in errors) if errors else first
+        said = " \u2026 ".join(_FAILED_TEST.sub("", e, count=1) for e in errors) if errors else _first_line(result.text)
         return "failed: " + said, True
     lines = [ln.strip(_RULE) for ln in _window(result.text, _RESULT_WINDOW).splitlines() if ln.strip(_RULE)]
     summary = next((ln for ln in reversed(lines) if _OUTCOME.search(ln)), lines[-1] if lines else "no output")
     return summary, False
 
 
+def _first_line(text: str) -> str:
+    """`text.strip().splitlines()[0]` ("error" for a blank text) without copying or splitting
+    the whole text (a result's may be megabytes, read as `State.append` takes it)."""
+    start = _NONSPACE.search(text)
+    if start is None:
+        return "error"
+    end = _LINE_BREAK.search(text, start.start())
+    if end is None:
+        return text[start.start() :].rstrip()
+    line = text[start.start() : end.start()]
+    return line if _NONSPACE.search(text, end.start()) else line.rstrip()
+
+
+_NONSPACE = re.compile(r"\S")  # (`\s` is what `str.strip` strips)
+_LINE_BREAK = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # where `str.splitlines` splits
 _FAILED_TEST = re.compile(r"^(?:FAILED|FAIL|ERROR)\s+\S+::\S+\s+-\s+")
 _RULE = " \t=-_*#~"
 """What a line of a test runner's output is framed with ("===== 3 passed in 1.2s =====")."""
