@@ -899,8 +899,22 @@ def _from_call(call: ToolCall, result: Message | None, seq: int, cues: _CallCues
 def _file_lines(tool: str, result: Message | None, paths: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
     """The rank and the (path, line) of each file a call to `tool` touched."""
     action, rank = _action(tool)
-    note = f" (failed: {clip_line(result.text.strip(), 80)})" if result is not None and result.is_error else ""
+    note = f" (failed: {_brief(result.text)})" if result is not None and result.is_error else ""
     return rank, [(path, f"{path} \u2014 {action}{note}") for path in paths]
+
+
+def _brief(text: str) -> str:
+    """`clip_line(text.strip(), 80)`, from the text's ends when each holds more than 80
+    characters of words (their collapsed text is the collapsed whole's head and tail, all the
+    clip keeps): a failed result may be megabytes, read in the trio thread."""
+    if len(text) > 2 * _BRIEF_WINDOW:
+        head, tail = " ".join(text[:_BRIEF_WINDOW].split()), " ".join(text[-_BRIEF_WINDOW:].split())
+        if len(head) > 80 and len(tail) > 80:
+            return clip_line(f"{head}\n{tail}", 80)
+    return clip_line(text.strip(), 80)
+
+
+_BRIEF_WINDOW = 2_000
 
 
 # -- what a message gives, read once -------------------------------------------------------------

@@ -315,3 +315,36 @@ def test_a_failed_results_first_line_is_the_stripped_texts(text: str) -> None:
         "failed: " + ((text or "x").strip().splitlines() or ["error"])[0],
         True,
     )
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_a_huge_failed_file_result_is_noted_from_its_ends(spaced: bool) -> None:
+    """A failed file tool's line notes its result in 80 bytes: read from the result's ends, not
+    the whole text split into words (the ledger reads cues in the trio thread: a 32 MB failed
+    read took it 420 ms). A text whose ends are nearly all blank is still read whole."""
+    import tracemalloc
+
+    line = "permission denied while reading this very long line of the file\n"
+    huge = (" " * 5_000 if spaced else "") + line * 200_000 + ("\n" * 5_000 if spaced else "")
+    call = Message.assistant("", tool_calls=(ToolCall("c1", "read_file", {"path": "a.py"}),))
+    messages = State(agent_id="a").append(call, Message.tool_result("c1", huge, is_error=True)).messages
+    tracemalloc.start()
+    try:
+        found = observe(messages, [7, 8])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found == _reference(_fresh(messages), [7, 8])
+    assert spaced or peak < len(huge) // 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "bb", "\u00e9", "\u4e2d", "\U0001f600", " ", "\n", "\t", "\u2028", "xyz" * 9])))
+def test_a_failed_results_note_from_its_ends_is_the_whole_texts(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    window = ledger._BRIEF_WINDOW
+    ledger._BRIEF_WINDOW = 30  # (texts past twice this are read from their ends)
+    try:
+        assert ledger._brief(text) == clip_line(text.strip(), 80)
+    finally:
+        ledger._BRIEF_WINDOW = window
