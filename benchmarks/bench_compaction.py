@@ -78,8 +78,8 @@ def time_append(reps: int, base: int = 10_000, batch: int = 1_000) -> tuple[floa
     """Seconds per message: (1) preparing a message as it enters a state (token estimate, JSON
     encoding and its checksum, done once so a compaction only copies bytes), (2) reading its
     ledger cues (`read_cues`: what the ledger takes of it, read once as it arrives), and (3) the
-    whole `State.append` of one message onto a `base`-message state (both of those, and the
-    copy of the tuple)."""
+    whole `State.append` of one message onto a `base`-message state (its token estimate, its
+    cues and the copy of the tuple; its JSON encoded before, as (1) leaves it)."""
     prepare, cues, append = [], [], []
     state = State(agent_id="app", messages=conversation(base, seed=7))
     for r in range(reps):
@@ -388,7 +388,7 @@ async def main(
     print(
         f"\nper message entering a state, once: {figures.prepare * 1e6:.1f} µs to prepare (estimate, encode, "
         f"checksum), {figures.cues * 1e6:.1f} µs to read its ledger cues; State.append onto 10k messages: "
-        f"{figures.append * 1e6:.1f} µs (both, and the tuple copy)"
+        f"{figures.append * 1e6:.1f} µs (estimate, cues and the tuple copy; encoded before)"
     )
     offloads = figures.offloads
     print("\noffload of 5 successive compactions of ~1k messages into one journal (ms):")

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import orjson
 
-from .._clip import clip_line, scrub_media, utf8_len
+from .._clip import clip_line, may_hold_base64, scrub_media, utf8_len
 from ..message import Message, ToolCall
 from ..state import APPEND_READERS
 from ..tokens import estimate_message_tokens
@@ -750,16 +750,30 @@ def _outcome(result: Message | None, errors: Sequence[str] | None = None) -> tup
         return "no result yet", False
     errors = error_lines(result.text) if errors is None else errors
     if result.is_error or errors:
-        first = result.text.strip().splitlines()[0] if result.text.strip() else "error"
         # the error itself, without a test runner's "FAILED tests/x.py::test_y - " (the error
         # line with it is under Errors seen): the outcome line says what failed, briefly
-        said = " \u2026 ".join(_FAILED_TEST.sub("", e, count=1) for e in errors) if errors else first
+        said = " \u2026 ".join(_FAILED_TEST.sub("", e, count=1) for e in errors) if errors else _first_line(result.text)
         return "failed: " + said, True
     lines = [ln.strip(_RULE) for ln in _window(result.text, _RESULT_WINDOW).splitlines() if ln.strip(_RULE)]
     summary = next((ln for ln in reversed(lines) if _OUTCOME.search(ln)), lines[-1] if lines else "no output")
     return summary, False
 
 
+def _first_line(text: str) -> str:
+    """`text.strip().splitlines()[0]` ("error" for a blank text) without copying or splitting
+    the whole text (a result's may be megabytes, read as `State.append` takes it)."""
+    start = _NONSPACE.search(text)
+    if start is None:
+        return "error"
+    end = _LINE_BREAK.search(text, start.start())
+    if end is None:
+        return text[start.start() :].rstrip()
+    line = text[start.start() : end.start()]
+    return line if _NONSPACE.search(text, end.start()) else line.rstrip()
+
+
+_NONSPACE = re.compile(r"\S")  # (`\s` is what `str.strip` strips)
+_LINE_BREAK = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")  # where `str.splitlines` splits
 _FAILED_TEST = re.compile(r"^(?:FAILED|FAIL|ERROR)\s+\S+::\S+\s+-\s+")
 _RULE = " \t=-_*#~"
 """What a line of a test runner's output is framed with ("===== 3 passed in 1.2s =====")."""
@@ -885,8 +899,22 @@ def _from_call(call: ToolCall, result: Message | None, seq: int, cues: _CallCues
 def _file_lines(tool: str, result: Message | None, paths: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
     """The rank and the (path, line) of each file a call to `tool` touched."""
     action, rank = _action(tool)
-    note = f" (failed: {clip_line(result.text.strip(), 80)})" if result is not None and result.is_error else ""
+    note = f" (failed: {_brief(result.text)})" if result is not None and result.is_error else ""
     return rank, [(path, f"{path} \u2014 {action}{note}") for path in paths]
+
+
+def _brief(text: str) -> str:
+    """`clip_line(text.strip(), 80)`, from the text's ends when each holds more than 80
+    characters of words (their collapsed text is the collapsed whole's head and tail, all the
+    clip keeps): a failed result may be megabytes, read in the trio thread."""
+    if len(text) > 2 * _BRIEF_WINDOW:
+        head, tail = " ".join(text[:_BRIEF_WINDOW].split()), " ".join(text[-_BRIEF_WINDOW:].split())
+        if len(head) > 80 and len(tail) > 80:
+            return clip_line(f"{head}\n{tail}", 80)
+    return clip_line(text.strip(), 80)
+
+
+_BRIEF_WINDOW = 2_000
 
 
 # -- what a message gives, read once -------------------------------------------------------------
@@ -906,7 +934,6 @@ def _call_cues(call: ToolCall) -> _CallCues:
 
 
 _ANY_SEQ = -7_777_777
-_ANY_WHERE = f"journal record {_ANY_SEQ}"
 
 
 class Cues:
@@ -972,8 +999,8 @@ def cues_ready(messages: Sequence[Message]) -> bool:
             if not isinstance(c, Cues) or c.result is None:
                 return False
         elif (m.role != "system" and not (m.metadata and m.is_summary)) and (
-            not isinstance(c, Cues) or c.text is None or (m.tool_calls and c.calls is None)
-        ):
+            not isinstance(c, Cues) or c.text is None or c.text is _UNCACHED or (m.tool_calls and c.calls is None)
+        ):  # (a text with media is read afresh each time: ~1 ms a message, not for the trio thread)
             return False
     return True
 
@@ -984,7 +1011,9 @@ def _text_cues(m: Message) -> tuple[Entry, ...]:
     if found is None:
         text = _window(m.text, _SCAN_WINDOW)
         found = tuple(_from_text(m.role, text, _ANY_SEQ)) if text.strip() else ()
-        if any(_ANY_WHERE in e.text for e in found):
+        # media its entries may name by their record (a placeholder in a key, or clipped from
+        # a line, or moving where the line is clipped): any a sentence of it could hold
+        if found and ("base64," in text or may_hold_base64(text.encode("utf-8", "surrogatepass"))):
             found = _UNCACHED
         c.text = found
     return found

@@ -203,7 +203,8 @@ def test_a_copied_message_shares_its_cues_and_a_message_from_json_reads_them_aga
     appended = State(agent_id="a").append(media, plain).messages
     copied = [copy.copy(m) for m in appended]
     decoded = [Message.from_json(m.to_json()) for m in appended]
-    assert cues_ready(copied) and not cues_ready(decoded)
+    assert all(c._cues is a._cues for c, a in zip(copied, appended, strict=True))
+    assert cues_ready(copied[1:]) and not cues_ready(decoded[1:])  # (the media: read afresh, never ready)
     for moved in (copied, decoded):
         assert observe(moved, [5, 6]) == _reference(_fresh(appended), [5, 6])
 
@@ -255,3 +256,95 @@ def test_a_cue_that_cannot_be_read_never_fails_the_append(monkeypatch: pytest.Mo
     assert state.messages[0]._cues is None and not cues_ready(state.messages)
     with pytest.raises(RuntimeError, match="ledger's reading"):
         observe(state.messages, [1])
+
+
+_DASHED = "-" * 300 + "Ab1x" * 150  # a payload only once its sentence's leading dashes are stripped
+
+
+@pytest.mark.parametrize("media", [_MEDIA, _DASHED])
+@pytest.mark.parametrize("before", [0, 60, 70, 120, 200])
+@pytest.mark.parametrize("after", [20, 140, 300])
+def test_media_clipped_out_of_an_entry_still_reads_afresh(media: str, before: int, after: int) -> None:
+    """A text whose media placeholder the entry's line clips (cut in the middle, or only partly
+    kept) or only its key holds: the record it names differs from record to record, so its
+    entries are never kept for another record (nor when only a sentence of it, not the whole
+    text, holds what looks like a payload)."""
+    m = Message.user(f"We must keep port 8080 {'x' * before}.\n{media} is the key {'y' * after}.")
+    observe([m], [1])  # read once, under record 1
+    for seq in (5, 123_456):
+        assert observe([m], [seq]) == _reference(_fresh([m]), [seq])
+    appended = State(agent_id="a").append(m.evolve()).messages
+    assert observe(appended, [5]) == _reference(_fresh([m]), [5])
+
+
+def test_messages_read_afresh_each_time_are_not_ready() -> None:
+    """`cues_ready` lets the compactor read the ledger in the trio thread, on the promise that it
+    only takes what was read: a text with media is read afresh by every compaction (a sentence
+    with a payload in it takes the decision patterns a millisecond), so it is not ready."""
+    plain = Message.user("we must keep port 8080")
+    media = Message.user("see the chart " + _MEDIA + " and keep it under 300 px")
+    appended = State(agent_id="a").append(plain, media, Message.assistant("done.")).messages
+    assert cues_ready([appended[0], appended[2]])
+    assert not cues_ready(appended)
+
+
+@pytest.mark.parametrize("error_line", [False, True])
+def test_appending_a_huge_failed_result_reads_only_its_window(error_line: bool) -> None:
+    """`State.append` leaves a text past `ENCODE_LATER` to a worker thread (the trio thread runs
+    every agent): its cues read only the result's window, whatever its size, not a copy of the
+    whole text split into lines (a 30 MB failing log took 260 ms and 85 MB at the append)."""
+    import tracemalloc
+
+    huge = "\n  " + "a line of a long test log, one of very many\n" * 500_000
+    result = Message.tool_result("c1", huge + ("FAILED t.py::t - E: [E7] boom\n" if error_line else ""), is_error=True)
+    tracemalloc.start()
+    try:
+        appended = State(agent_id="a").append(result).messages
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < len(huge) // 10
+    call = Message.assistant("", tool_calls=(ToolCall("c1", "bash", {"command": "pytest"}),))
+    assert observe([call, *appended], [1, 2]) == _reference(_fresh([call, result]), [1, 2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.sampled_from(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\u00a0ab"), max_size=30))
+def test_a_failed_results_first_line_is_the_stripped_texts(text: str) -> None:
+    assert ledger._outcome(Message.tool_result("c1", text or "x", is_error=True)) == (
+        "failed: " + ((text or "x").strip().splitlines() or ["error"])[0],
+        True,
+    )
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+def test_a_huge_failed_file_result_is_noted_from_its_ends(spaced: bool) -> None:
+    """A failed file tool's line notes its result in 80 bytes: read from the result's ends, not
+    the whole text split into words (the ledger reads cues in the trio thread: a 32 MB failed
+    read took it 420 ms). A text whose ends are nearly all blank is still read whole."""
+    import tracemalloc
+
+    line = "permission denied while reading this very long line of the file\n"
+    huge = (" " * 5_000 if spaced else "") + line * 200_000 + ("\n" * 5_000 if spaced else "")
+    call = Message.assistant("", tool_calls=(ToolCall("c1", "read_file", {"path": "a.py"}),))
+    messages = State(agent_id="a").append(call, Message.tool_result("c1", huge, is_error=True)).messages
+    tracemalloc.start()
+    try:
+        found = observe(messages, [7, 8])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found == _reference(_fresh(messages), [7, 8])
+    assert spaced or peak < len(huge) // 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "bb", "\u00e9", "\u4e2d", "\U0001f600", " ", "\n", "\t", "\u2028", "xyz" * 9])))
+def test_a_failed_results_note_from_its_ends_is_the_whole_texts(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    window = ledger._BRIEF_WINDOW
+    ledger._BRIEF_WINDOW = 30  # (texts past twice this are read from their ends)
+    try:
+        assert ledger._brief(text) == clip_line(text.strip(), 80)
+    finally:
+        ledger._BRIEF_WINDOW = window
