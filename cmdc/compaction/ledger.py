@@ -466,7 +466,8 @@ _ERROR_WORDS = ("rror", "xception", "FAIL", "atal:", "panic", "Traceback", "exit
 _ERROR_CODE = re.compile(r"\[[A-Z]*\d+\]|\b[A-Z]{1,5}-?\d{2,}\b|\b(?:code|errno|status) \d+")
 _NOT_ERROR = re.compile(r"(?i)\b(?:no|0|zero|without)\s+(?:errors?|failures?)\b")
 _OUTCOME = re.compile(
-    r"(?i)\b(?:passed|failed|errors?|ok|success\w*|done|exit(?:ed)? (?:code|status)?\s*\d+|\d+ (?:tests?|files?))\b"
+    r"(?i)\b(?=[pfeosd\d])"  # (a position no alternative can start at is passed over at once: 2x)
+    r"(?:passed|failed|errors?|ok|success\w*|done|exit(?:ed)? (?:code|status)?\s*\d+|\d+ (?:tests?|files?))\b"
 )
 
 _PATH_KEYS = frozenset(
@@ -977,7 +978,7 @@ def read_cues(m: Message) -> None:
         return
     try:
         if m.role == "tool":
-            _outcome_of(m)  # (and its error lines and boxes)
+            _result_cues(m)  # (its outcome line is read if a command's result: few are)
         else:
             _text_cues(m)
             if m.tool_calls:

@@ -47,3 +47,26 @@ def test_hostile_texts_read_alike_ascii_or_not() -> None:
     accented = plain + " \u00e9"
     keys = [e.key for e in ledger._from_text("user", plain, 1)]
     assert keys and keys == [e.key.removesuffix(" \u00e9") for e in ledger._from_text("user", accented, 1)]
+
+
+_OUTCOME_PLAIN = re.compile(
+    r"(?i)\b(?:passed|failed|errors?|ok|success\w*|done|exit(?:ed)? (?:code|status)?\s*\d+|\d+ (?:tests?|files?))\b"
+)
+"""The outcome pattern without its first-character lookahead, the reference."""
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        _ANY,
+        st.lists(
+            st.sampled_from(["PASSED", "failed", "Errors", "ok", "successfully", "Done", "exit code 2", "exited 0",
+                             "3 tests", "1 file", "x", " ", "\u0130", "_ok", "ok_", "9", "\n",
+                             "\u017f", "\u212a", "\u0663"]),
+            max_size=12,
+        ).map("".join),
+    )
+)  # fmt: skip
+def test_the_outcome_pattern_finds_what_the_plain_one_finds(text: str) -> None:
+    found, plain = ledger._OUTCOME.search(text), _OUTCOME_PLAIN.search(text)
+    assert (found and found.span()) == (plain and plain.span())
