@@ -934,7 +934,7 @@ def _call_cues(call: ToolCall) -> _CallCues:
     return items, command, (() if items or command is not None else tuple(_paths(call)))
 
 
-_ANY_SEQ = -7_777_777
+_ANY_SEQ = -7_777_777  # the record a text's entries are read under once (`_at` sets the real one)
 
 
 class Cues:
@@ -944,7 +944,8 @@ class Cues:
     is set when the ledger takes it (`_at`).
 
     `text`: what a user or assistant message's text gives (`_from_text`, not as a plan), or
-    `_UNCACHED` when it names its record (media in it: the placeholder says where it is kept);
+    `_UNCACHED` when it may name its record (it may hold media: a placeholder says where the
+    media is kept), so it is read afresh by every compaction;
     `result`: a tool result's error lines and `- [ ]` lines; `outcome`: what it says as a
     command's result; `calls`: its tool calls' `_CallCues`, in order."""
 
