@@ -93,11 +93,11 @@ class Entry(NamedTuple):
         return f"- {mark}{self.text}{where}"
 
     def ranked(self, rank: int) -> Entry:
-        """This entry of another rank (`attrs.evolve` costs six times as much)."""
+        """This entry of another rank (itself when the rank is the same)."""
         return self if rank == self.rank else Entry(self.kind, self.key, self.text, self.seq, rank, self.status)
 
     def to_list(self) -> list[Any]:
-        return [self.kind, self.key, self.text, self.seq, self.rank, self.status]
+        return list(self)
 
 
 @attrs.frozen
@@ -1195,19 +1195,12 @@ def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry
         near = messages[i + 1 : i + 1 + 2 * len(m.tool_calls)]
         results = {r.tool_call_id: r for r in near if r.role == "tool"}
         for call, read in zip(m.tool_calls, _calls_cues(m), strict=True):
-            if read[2]:  # files (the commonest call): each line's key first, an entry only for a new one
-                result = results.get(call.id)
-                if result is None or not result.is_error:  # the same tool on the same files: the same lines
-                    if (call.name, read[2]) in plain:
-                        continue
-                    plain.add((call.name, read[2]))
-                rank, lines = _file_lines(call.name, result, read[2])
-                for path, text in lines:
-                    key = (ARTIFACT, "path:" + path, text.partition(_PATH_SEP)[2])
-                    if key not in newest:
-                        newest[key] = Entry(ARTIFACT, key[1], text, seqs[i], rank)
-                continue
-            for e in _from_call(call, results.get(call.id), seqs[i], read):
+            result = results.get(call.id)
+            if read[2] and (result is None or not result.is_error):  # files (the commonest call):
+                if (call.name, read[2]) in plain:  # the same tool on the same files, the same lines
+                    continue
+                plain.add((call.name, read[2]))
+            for e in _from_call(call, result, seqs[i], read):
                 # a file keeps each of its actions, a command each failure (an error seen once it
                 # ran again), a task its newest state
                 if e.key.startswith("path:"):
