@@ -60,7 +60,6 @@ from .ledger import (
     cues_ready,
     fit,
     record_numbers,
-    summaries_in,
     without_ledger,
 )
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
@@ -414,9 +413,9 @@ class Compactor:
             ledger, ordered = ahead if ahead is not None and _numbered_as(written, predicted) else (None, None)
             if ledger is None:
                 if not inline:  # beside the fsync, in a worker thread
-                    ledger = await trio.to_thread.run_sync(_ledger, split, written, cap)
+                    ledger = await trio.to_thread.run_sync(_ledger, state, split, written, cap)
                 else:
-                    ledger = _ledger(split, written, cap)
+                    ledger = _ledger(state, split, written, cap)
             users, answer = ledger_shares(budget, user_budget, answer_budget, ledger, cap)
             summary = await self._summarize(
                 state, config, split, written, instruction, task, answer, window, estimated, ordered
@@ -593,7 +592,7 @@ class Compactor:
         """The work of a pass that needs the records' numbers but not their fsync, done with the
         `predicted` ones beside the append: the ledger, and (for a large batch) what the
         summarizer reads."""
-        ledger = _ledger(split, predicted, cap)
+        ledger = _ledger(state, split, predicted, cap)
         large = (estimated if estimated is not None else _estimated(split.evicted)) > _REDUCE_INLINE_TOKENS
         return ledger, self._reader_input(state, split, predicted) if large else None
 
@@ -666,13 +665,39 @@ class Compactor:
         return skipped(self._emit, state, why)
 
 
-def _ledger(split: Split, written: AppendResult, budget: int) -> Ledger:
+def _ledger(state: State, split: Split, written: AppendResult, budget: int) -> Ledger:
     """The session ledger after this compaction: the evicted summaries' ledgers merged with what
     the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
-    or what is evicted when that is smaller: the compaction stays a contraction)."""
-    seqs = record_numbers(split.evicted, written.seqs, written.first_seq)
-    ledger = carry(summaries_in(split.evicted), split.evicted, seqs)
+    or what is evicted when that is smaller: the compaction stays a contraction). Nothing here
+    passes over every evicted message (a 10k batch): the summaries are found from the state's
+    index, records numbered in order are a range."""
+    evicted = split.evicted
+    n, first = len(evicted), written.first_seq
+    given = written.seqs
+    seqs: Sequence[int]
+    if not given or (written.written == n == len(given) and given[0] == first and given[-1] == first + n - 1):
+        seqs = range(first, first + n)  # every message a new record: numbered in order (the Store contract)
+    else:
+        seqs = record_numbers(evicted, given, first)
+    summaries, positions = _evicted_summaries(state, evicted)
+    ledger = carry(summaries, evicted, seqs, positions=positions)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
+
+
+def _evicted_summaries(state: State, evicted: Sequence[Message]) -> tuple[list[Message], list[int]]:
+    """The summaries among `evicted` and where they are: looked for from the front only until
+    as many are found as the state holds (they sit after the pinned messages); none, no look."""
+    wanted = len(state.call_index.summaries)
+    found: list[Message] = []
+    at: list[int] = []
+    if wanted:
+        for i, m in enumerate(evicted):
+            if m.metadata and m.is_summary:
+                found.append(m)
+                at.append(i)
+                if len(found) >= wanted:
+                    break
+    return found, at
 
 
 def _predicted(state: State, split: Split, location: str) -> AppendResult:

@@ -154,9 +154,11 @@ def with_ledger(text: str, ledger: Ledger | None) -> str:
         text = _without_section(text, heading)
     text = text.strip()
     # after the answer's first section (the request: what the summary is about), before the rest
-    first = text.find("\n## ", 1) if text.startswith("## ") else -1
-    if first < 0:
-        return f"{render(ledger)}\n\n{text}"
+    if not text.startswith("## "):
+        return f"{render(ledger)}\n\n{text}" if text else render(ledger)
+    first = text.find("\n## ", 1)
+    if first < 0:  # the answer is its first section
+        return f"{text}\n\n{render(ledger)}"
     return f"{text[:first].rstrip()}\n\n{render(ledger)}\n\n{text[first:].lstrip()}"
 
 
@@ -167,10 +169,12 @@ def default_finalize(ctx: FinalizeContext) -> list[Message]:
     the task is kept the request section refers to it, where it sits."""
     users = preserved_user_messages(ctx)
     body = "\n".join(f"- {' '.join(t.split())}" for t in users) if users else "(none)"
-    text = replace_section(strip_scratchpad(ctx.summary), USER_MESSAGES_HEADING, body)
+    text = strip_scratchpad(ctx.summary)
     if ctx.task_id is not None and _has_section(text, TASK_HEADING):
         text = replace_section(text, TASK_HEADING, task_reference(ctx.task_before))
-    text = with_ledger(text, ctx.ledger)
+    # the ledger goes in before the user messages: only the answer is searched for its headings
+    # (not the preserved messages too, tens of kB, once per heading)
+    text = replace_section(with_ledger(text, ctx.ledger), USER_MESSAGES_HEADING, body)
     message = summary_message(
         text,
         compaction=ctx.compaction,

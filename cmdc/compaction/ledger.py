@@ -662,7 +662,10 @@ def decisions(text: str, split: Sequence[str] | None = None) -> list[str]:
 
 
 @functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)
 def _action(tool: str) -> tuple[str, int]:
+    """What a call to `tool` does to its files, and its rank (cached: a session calls a few
+    tools, each many times, and this tries each pattern in turn)."""
     for pattern, action, rank in _ACTIONS:
         if pattern.search(tool):
             return action, rank
@@ -789,7 +792,7 @@ def observe(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
     replies = (i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant")
     last_reply = next((i for i in replies if messages[i].text.strip()), -1)  # the newest, found from the end
     for i, (m, seq) in enumerate(zip(messages, seqs, strict=False)):
-        if m.is_summary or m.role == "system":
+        if (m.metadata and m.is_summary) or m.role == "system":
             continue
         if m.role == "tool":
             made = calls.get(m.tool_call_id or "")
@@ -884,9 +887,11 @@ def _from_text(role: str, text: str, seq: int, *, plan: bool = False) -> list[En
 
 def _from_call(call: ToolCall, result: Message | None, seq: int, cues: _CallCues | None = None) -> list[Entry]:
     """The entries a tool call gives (`cues`: `_call_cues(call)`, when the caller has them)."""
-    items, command, paths = _call_cues(call) if cues is None else cues
+    items, command, paths, plain = _call_cues(call) if cues is None else cues
     if items:
         return _at(items, seq)
+    if plain is not None and (result is None or not result.is_error):  # files, read with the call
+        return [Entry(ARTIFACT, key, text, seq, plain[0]) for key, text in plain[1]]
     if command is not None:
         outcome, failed = _outcome_of(result)
         shown = scrub_media(" ".join(command.split()), f"journal record {seq}")
@@ -920,9 +925,10 @@ _BRIEF_WINDOW = 2_000
 
 # -- what a message gives, read once -------------------------------------------------------------
 
-_CallCues = tuple[tuple["Entry", ...], "str | None", tuple[str, ...]]
+_CallCues = tuple[tuple["Entry", ...], "str | None", tuple[str, ...], "tuple[int, tuple[tuple[str, str], ...]] | None"]
 """What a tool call gives whatever its result: its to-do items (as entries of record 0), its
-command, the paths among its arguments."""
+command, the paths among its arguments and, for paths, the rank and the (key, text) of each
+file's entry when the result did not fail."""
 
 
 def _call_cues(call: ToolCall) -> _CallCues:
@@ -931,7 +937,13 @@ def _call_cues(call: ToolCall) -> _CallCues:
         for text, status in _todo_items(call)
     )
     command = _command(call)  # (a result's errors are its command's outcome, to-do items or not)
-    return items, command, (() if items or command is not None else tuple(_paths(call)))
+    if items or command is not None:
+        return items, command, (), None
+    paths = tuple(_paths(call))
+    if not paths:
+        return items, command, paths, None
+    rank, lines = _file_lines(call.name, None, paths)
+    return items, command, paths, (rank, tuple(("path:" + path, text) for path, text in lines))
 
 
 _ANY_SEQ = -7_777_777  # the record a text's entries are read under once (`_at` sets the real one)
@@ -1059,6 +1071,8 @@ def _at(entries: Iterable[Entry], seq: int) -> list[Entry]:
 def _merge_artifact(old: Entry, new: Entry) -> Entry:
     if not old.key.startswith("path:"):
         return new.ranked(max(old.rank, new.rank) if "failed" in new.text else new.rank)
+    if new.text == old.text:  # the same action again (a file read twice): only its record moves on
+        return Entry(ARTIFACT, old.key, old.text, new.seq, max(old.rank, new.rank))
     path = old.key[5:]
     prefix = f"{path} \u2014 "
     plain = "(failed" not in old.text and "(failed" not in new.text
@@ -1101,48 +1115,58 @@ def _shape_of(kind: str, key: str) -> str:
 def merge(previous: Ledger, observed: Iterable[Entry]) -> Ledger:
     """`previous` with `observed` folded in: a known key takes the newer text and record (a
     file's actions accumulate), a task's status changes only by what was observed; a new key is
-    appended. The current step is the newest one. The demoted ranges carry over."""
-    entries: dict[str, Entry] = {e.kind + "\0" + e.key: e for e in previous.entries}
+    appended. The current step is the newest one. The demoted ranges carry over. (Entries are
+    found by (kind, key): a pair's hash is made of its strings' own, computed once per string.)"""
+    entries: dict[tuple[str, str], Entry] = {(e.kind, e.key): e for e in previous.entries}
     shapes = {_shape(e): k for k, e in entries.items() if e.kind == VALUE}
     for new in observed:
-        k = new.kind + "\0" + new.key
+        kind = new.kind
+        k = (kind, new.key)
         old = entries.get(k)
-        if new.kind == VALUE:
+        if kind == VALUE:
             # The same statement with other numbers (a repeated template, a value restated):
             # the older one ranks lowest, so it is the first demoted to the journal.
-            similar = shapes.get(_shape(new))
+            shape = _shape(new)
+            similar = shapes.get(shape)
             if similar is not None and similar != k and similar in entries:
                 entries[similar] = entries[similar].ranked(0)
-            shapes[_shape(new)] = k
+            shapes[shape] = k
         if old is None:
             entries[k] = new
-        elif new.kind == ARTIFACT:
+        elif kind == ARTIFACT:
             if old.key.startswith("cmd:") and _FAILED_MARK in old.text and old.text != new.text:
                 seen = _superseded_failure(old)  # run again: its failure stays, as an error seen
-                entries[seen.kind + "\0" + seen.key] = seen
+                entries[(seen.kind, seen.key)] = seen
             entries[k] = _merge_artifact(old, new)
-        elif new.kind == TASK and new.key != "step":
+        elif kind == TASK and new.key != "step":
             entries[k] = Entry(old.kind, old.key, new.text, new.seq, new.rank, new.status)
         else:
             entries[k] = new.ranked(max(old.rank, new.rank))
-        if new.kind == TASK and new.key == "step":
+        if kind == TASK and new.key == "step":
             entries[k] = entries.pop(k)  # the newest step goes last
     doing = [e for e in entries.values() if e.kind == TASK and e.status == DOING and e.key != "step"]
     if doing:  # only the newest item in progress is the current step; an older one is open again
         newest = max(doing, key=lambda e: e.seq)
         for e in doing:
             if e is not newest:
-                entries[e.kind + "\0" + e.key] = Entry(e.kind, e.key, e.text, e.seq, e.rank, OPEN)
+                entries[(e.kind, e.key)] = Entry(e.kind, e.key, e.text, e.seq, e.rank, OPEN)
     return Ledger(tuple(entries.values()), dict(previous.demoted))
 
 
-def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Sequence[int]) -> Ledger:
+def carry(
+    summaries: Iterable[Message],
+    messages: Sequence[Message],
+    seqs: Sequence[int],
+    *,
+    positions: Sequence[int] | None = None,
+) -> Ledger:
     """The ledger after a compaction: the previous summaries' ledgers (from their metadata),
-    merged with what the evicted `messages` (journal records `seqs`) give."""
+    merged with what the evicted `messages` (journal records `seqs`) give. `positions`, when
+    the caller knows them: where `summaries` are among `messages` (else looked for)."""
     ledger = Ledger()
     summaries = list(summaries)
     for summary in summaries:
-        earlier = Ledger.from_metadata(summary.metadata.get(LEDGER_KEY))
+        earlier = summary_ledger(summary)
         ledger = merge(ledger, earlier.entries)
         demoted = dict(ledger.demoted)
         for kind, ranges in earlier.demoted.items():
@@ -1150,25 +1174,49 @@ def carry(summaries: Iterable[Message], messages: Sequence[Message], seqs: Seque
         ledger = Ledger(ledger.entries, demoted)
     start = _first_read(messages)
     if start > 0:  # too many to read in one compaction: the older ones are named by their records
-        # the records of the messages not read, but summaries', and numbered (> 0): C passes
-        # (max, min), the positions looked for only when there are summaries
-        unread: Sequence[int] = seqs[:start]
-        if summaries:  # none: no scan, no copy
-            zeroed = list(unread)
-            for i in summary_positions(messages[: len(zeroed)]):
-                zeroed[i] = 0
-            unread = zeroed
-        hi = max(unread, default=0)
+        # the records of the messages not read, but summaries', and numbered (> 0); no pass over
+        # them when they are numbered in order (a range: its ends), else C passes (max, min)
+        skip = set()
+        if summaries:
+            found = summary_positions(messages[:start]) if positions is None else positions
+            skip = {i for i in found if i < start}
+        lo, hi = _unread_ends(seqs, start, skip)
         if hi > 0:  # (a record number is positive: 0 and below are not journal records)
-            lo = min(unread)  # (C passes: records 0 and below, summaries', filtered out only if any)
-            if lo <= 0:
-                lo = min(filter((0).__lt__, unread))
             demoted = dict(ledger.demoted)
             for kind in SECTIONS:
                 demoted[kind] = _coalesce([*demoted.get(kind, ()), (lo, hi)])
             ledger = Ledger(ledger.entries, demoted)
-        ledger = merge(ledger, _older_calls(messages[:start], seqs[:start]))
+        ledger = merge(ledger, _older_calls(messages, seqs, start))
     return merge(ledger, observe(messages[start:], seqs[start:]))
+
+
+def _unread_ends(seqs: Sequence[int], start: int, skip: set[int]) -> tuple[int, int]:
+    """The lowest and highest positive record among `seqs[:start]` but at the positions in
+    `skip` ((0, 0) when none): a range's from its ends, stepping over skipped positions."""
+    if isinstance(seqs, range) and seqs.step == 1:
+        first = next((i for i in range(start) if i not in skip and seqs[i] > 0), None)
+        if first is None:
+            return 0, 0
+        last = next(i for i in range(start - 1, -1, -1) if i not in skip)
+        return seqs[first], seqs[last]
+    unread: Sequence[int] = seqs[:start]
+    if skip:
+        zeroed = list(unread)
+        for i in skip:
+            zeroed[i] = 0
+        unread = zeroed
+    hi = max(unread, default=0)
+    if hi <= 0:
+        return 0, 0
+    lo = min(unread)
+    if lo <= 0:
+        lo = min(filter((0).__lt__, unread))
+    return lo, hi
+
+
+def summary_ledger(summary: Message) -> Ledger:
+    """The ledger a summary carries in its metadata (empty when it has none or it is damaged)."""
+    return Ledger.from_metadata(summary.metadata.get(LEDGER_KEY))
 
 
 _TOOL_CALLS = operator.attrgetter("tool_calls")
@@ -1180,19 +1228,21 @@ touched and the commands run (with the outcome of their results) of a huge evict
 trigger evicts far more than is read) are cheap to read and would otherwise be pointer-only."""
 
 
-def _older_calls(messages: Sequence[Message], seqs: Sequence[int]) -> list[Entry]:
-    """The entries the tool calls among `messages` give (the newest `OLDER_CALLS` messages that
-    make calls; a call's result looked for among the few records after it), oldest first."""
+def _older_calls(messages: Sequence[Message], seqs: Sequence[int], end: int | None = None) -> list[Entry]:
+    """The entries the tool calls among `messages[:end]` give (the newest `OLDER_CALLS` messages
+    that make calls; a call's result looked for among the few records after it), oldest first."""
+    end = len(messages) if end is None else end
     # newest first, lazily: a C pass that stops at the `OLDER_CALLS`th message making calls (not
-    # one over every message of a 10k batch)
-    found = itertools.compress(range(len(messages) - 1, -1, -1), map(_TOOL_CALLS, reversed(messages)))
+    # one over every message of a 10k batch, nor a copy of them)
+    newest_first = map(messages.__getitem__, range(end - 1, -1, -1))
+    found = itertools.compress(range(end - 1, -1, -1), map(_TOOL_CALLS, newest_first))
     newest: dict[tuple[str, str, str], Entry] = {}  # read newest first: an older same entry adds nothing
     plain: set[tuple[str, tuple[str, ...]]] = set()  # (tool, paths) of the calls read that did not fail
     for i in itertools.islice(found, OLDER_CALLS):
         m = messages[i]
         if m.role != "assistant":
             continue
-        near = messages[i + 1 : i + 1 + 2 * len(m.tool_calls)]
+        near = messages[i + 1 : min(end, i + 1 + 2 * len(m.tool_calls))]
         results = {r.tool_call_id: r for r in near if r.role == "tool"}
         for call, read in zip(m.tool_calls, _calls_cues(m), strict=True):
             result = results.get(call.id)

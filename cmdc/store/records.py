@@ -54,7 +54,9 @@ class JournalRef:
 class AppendResult:
     """What an append did: `written` records are new; `first_seq..last_seq` cover the whole
     batch, including messages already in the journal (their records are reused). `pending`:
-    the attempts a commit must name for the batch to become visible (empty once it is)."""
+    the attempts a commit must name for the batch to become visible (empty once it is). A batch
+    whose every message is new (`written == len(seqs)`) is numbered `first_seq`, `first_seq + 1`,
+    ... in its order: every store keeps this (the compaction's ledger relies on it)."""
 
     path: Path
     first_seq: int

@@ -42,6 +42,19 @@ async def test_append_then_read_back_in_order(store: Store) -> None:
     assert await store.records("nobody") == []
 
 
+async def test_a_batch_of_new_messages_is_numbered_in_its_order(store: Store) -> None:
+    """The contract the ledger reads records by: a batch whose every message is new
+    (`written == len(batch)`) is numbered `first_seq, first_seq + 1, ...` in the batch's order."""
+    await store.append("a1", batch(3, "before"), compaction=1)
+    fresh = batch(40, "fresh")
+    result = await store.append("a1", fresh, compaction=2, commit=False)
+    assert result.written == len(fresh) == len(result.seqs)
+    assert result.seqs == tuple(range(result.first_seq, result.first_seq + len(fresh))) and result.first_seq == 4
+    await store.commit("a1", [result.attempt or ""])
+    records = {r.message.id: r.seq for r in await store.records("a1")}
+    assert [records[m.id] for m in fresh] == list(result.seqs)
+
+
 async def test_exactly_once_and_stable_numbers_across_retries(store: Store) -> None:
     msgs = batch(6)
     await store.append("a1", msgs[:4], compaction=1)

@@ -1,0 +1,163 @@
+"""The ledger's carry without a pass over every evicted message: records numbered in order are
+a range (read from its ends), the summaries are found from the state's index, the older calls
+are read in place. Each gives what the plain forms give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cmdc import Message, State, ToolCall
+from cmdc.compaction import finalize, ledger
+from cmdc.compaction.compactor import _evicted_summaries
+from cmdc.compaction.finalize import FinalizeContext, default_finalize, replace_section
+from cmdc.compaction.ledger import ARTIFACT, LEDGER_KEY, Entry, Ledger, carry, merge, render
+from cmdc.compaction.summary import strip_scratchpad, summary_message
+from tests.compaction.test_ledger_cues import conversations
+
+
+def _summary(n: int, first: int, entries: list[Entry]) -> Message:
+    made = summary_message(f"summary {n}", compaction=n, evicted=3, offload_path="j", first_seq=first, last_seq=first)
+    return made.evolve(metadata={**made.metadata, LEDGER_KEY: Ledger(tuple(entries)).to_metadata()})
+
+
+_EARLIER = [
+    Entry(ARTIFACT, "path:src/a.py", "src/a.py \u2014 read, edited", 3, 2),
+    Entry(ledger.VALUE, "val:port 8080", "port 8080", 2, 3),
+    Entry(ledger.TASK, "task:ship", "ship", 1, 2, ledger.OPEN),
+]
+
+
+@st.composite
+def evictions(draw: st.DrawFn) -> tuple[list[Message], list[int]]:
+    """Evicted messages with summaries among them (where compactions put them, or anywhere)."""
+    messages = draw(conversations())[1:]
+    summaries = [_summary(k + 1, 10 * k + 1, _EARLIER[: k + 1]) for k in range(draw(st.integers(0, 3)))]
+    for s in summaries:
+        at = 0 if draw(st.booleans()) else draw(st.integers(0, len(messages)))
+        messages.insert(at, s)
+    return messages, [i for i, m in enumerate(messages) if m.is_summary]
+
+
+@settings(max_examples=300, deadline=None)
+@given(evictions(), st.integers(1, 10**6), st.integers(0, 8))
+def test_carry_over_a_range_with_known_summaries_is_carry_over_a_list(
+    eviction: tuple[list[Message], list[int]], first: int, read: int
+) -> None:
+    messages, positions = eviction
+    seqs = range(first, first + len(messages))
+    summaries = [messages[i] for i in positions]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ledger, "READ_MESSAGES", read)  # the older part (pointer, older calls) too
+        plain = carry(summaries, messages, list(seqs))
+        assert carry(summaries, messages, seqs, positions=positions) == plain
+        assert carry(summaries, messages, seqs) == plain
+        assert render(carry(summaries, messages, seqs, positions=positions)) == render(plain)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(-3, 50), st.integers(0, 40), st.integers(0, 40), st.sets(st.integers(0, 45)))
+def test_the_ends_of_a_range_are_the_ends_of_its_list(first: int, n: int, start: int, skip: set[int]) -> None:
+    seqs = range(first, first + n)
+    start = min(start, n)
+    skip = {i for i in skip if i < start}  # (the caller's: positions among the unread)
+    assert ledger._unread_ends(seqs, start, skip) == ledger._unread_ends(list(seqs), start, skip)
+
+
+def test_the_older_calls_read_in_place_are_those_of_the_slice() -> None:
+    messages: list[Message] = []
+    for i in range(30):
+        call = ToolCall(f"c{i}", "edit_file" if i % 3 else "read_file", {"path": f"src/m{i % 4}.py"})
+        messages += [Message.assistant("", tool_calls=(call,)), Message.tool_result(call.id, "ok", is_error=i == 7)]
+    seqs = list(range(100, 100 + len(messages)))
+    for end in (0, 1, 2, 15, 16, 41, len(messages)):
+        assert ledger._older_calls(messages, seqs, end) == ledger._older_calls(messages[:end], seqs[:end])
+
+
+def test_the_evicted_summaries_are_found_without_reading_past_them() -> None:
+    """Looked for only until as many are found as the state holds; a summary kept (not
+    evicted) makes the look go on, and a state without summaries is not looked at."""
+    s1, s2 = _summary(1, 1, _EARLIER[:1]), _summary(2, 4, _EARLIER)
+    rest = [Message.user(f"u{i}") for i in range(6)]
+    state = State(agent_id="a", messages=[Message.system("sys"), s1, s2, *rest])
+    evicted = (s1, s2, *rest[:4])
+    assert _evicted_summaries(state, evicted) == ([s1, s2], [0, 1])
+    assert _evicted_summaries(state, (s2, *rest[:4])) == ([s2], [0])  # s1 kept: looked for to the end
+    plain = State(agent_id="a", messages=rest)
+    assert _evicted_summaries(plain, tuple(rest)) == ([], [])
+
+
+def test_a_file_entry_carried_twice_keeps_its_actions_once() -> None:
+    """Two summaries carrying the same file line (a retried pass, a summary restored twice): the
+    line is the same, not its actions listed twice."""
+    entry = Entry(ARTIFACT, "path:src/a.py", "src/a.py \u2014 read, edited", 3, 2)
+    merged = merge(merge(Ledger(), [entry]), [entry._replace(seq=9)])
+    assert [(e.text, e.seq) for e in merged.entries] == [("src/a.py \u2014 read, edited", 9)]
+
+
+def _old_with_ledger(text: str, led: Ledger) -> str:
+    """`with_ledger` as it was when it ran on the whole summary, user messages and all."""
+    for heading in ledger.SECTIONS.values():
+        text = finalize._without_section(text, heading)
+    text = text.strip()
+    first = text.find("\n## ", 1) if text.startswith("## ") else -1
+    if first < 0:
+        return f"{render(led)}\n\n{text}"
+    return f"{text[:first].rstrip()}\n\n{render(led)}\n\n{text[first:].lstrip()}"
+
+
+def _reference_finalize_text(summary: str, led: Ledger, users: list[str], task: bool) -> str:
+    """The summary as it was made before the ledger went in first: the user messages' section
+    put in, the task section replaced, then the ledger (after the first section)."""
+    body = "\n".join(f"- {' '.join(t.split())}" for t in users) if users else "(none)"
+    text = replace_section(strip_scratchpad(summary), finalize.USER_MESSAGES_HEADING, body)
+    if task and finalize._has_section(text, finalize.TASK_HEADING):
+        text = replace_section(text, finalize.TASK_HEADING, finalize.task_reference(True))
+    return _old_with_ledger(text, led)
+
+
+_ANSWERS = [
+    "",
+    "plain words, no sections",
+    "## Primary request and intent\nbuild it",
+    "## Primary request and intent\nbuild it\n\n## Next steps\n- test",
+    "## All user messages\n- stale\n\n## Primary request and intent\nx",
+    "## Primary request and intent\nx\n\n## Files and commands\n- the model's own list\n\n## Notes\nn",
+    "<scratchpad>thinking</scratchpad>\n## Summary\nok\n### Detail\nd\n## Errors seen\n- e",
+    "intro line\n## Decisions and reasons\n- d\n## Next steps\ngo",
+]
+
+
+@pytest.mark.parametrize("answer", _ANSWERS)
+@pytest.mark.parametrize("task", [False, True])
+def test_the_summary_reads_as_before_the_ledger_went_in_first(answer: str, task: bool, tmp_path: Path) -> None:
+    """The same lines in the same order (a blank line may differ where a section of the answer
+    under a ledger heading was taken out)."""
+    led = Ledger(tuple(_EARLIER))
+    users = ["keep port 8080", "use   Kafka\nplease"]
+    ctx = FinalizeContext(
+        summary=answer,
+        evicted=tuple(Message.user(u) for u in users),
+        state=None,
+        compaction=1,
+        offload_path=str(tmp_path / "j"),
+        first_seq=1,
+        last_seq=2,
+        user_message_budget=1_000,
+        task_id="t" if task else None,
+        task_before=True,
+        ledger=led,
+    )
+    made = default_finalize(ctx)[0]
+    expected = summary_message(
+        _reference_finalize_text(answer, led, users, task),
+        compaction=1,
+        evicted=2,
+        offload_path=str(tmp_path / "j"),
+        first_seq=1,
+        last_seq=2,
+    )
+    assert [x for x in made.text.splitlines() if x.strip()] == [x for x in expected.text.splitlines() if x.strip()]
