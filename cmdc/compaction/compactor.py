@@ -60,6 +60,7 @@ from .ledger import (
     cues_ready,
     fit,
     record_numbers,
+    remember_ledger,
     without_ledger,
 )
 from .options import SUMMARY_BUDGET, SUMMARY_FLOOR, CompactorOptions, ledger_shares, takes_options
@@ -421,7 +422,11 @@ class Compactor:
                 state, config, split, written, instruction, task, answer, window, estimated, ordered
             )
             inserted = await self._finalize(state, split, written, compaction, summary, users, task, ledger)
-            return summary, list(tag_summaries(inserted, written))  # here, while the fsync runs
+            tagged = list(tag_summaries(inserted, written))  # here, while the fsync runs
+            for m in tagged:
+                if m.metadata and m.is_summary:
+                    remember_ledger(m, ledger)  # the next compaction takes it, not its JSON
+            return summary, tagged
 
         try:
             written, (summary, inserted) = await self._offload_then(state, config, split, compaction, summarized, early)

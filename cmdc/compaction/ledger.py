@@ -1215,8 +1215,40 @@ def _unread_ends(seqs: Sequence[int], start: int, skip: set[int]) -> tuple[int, 
 
 
 def summary_ledger(summary: Message) -> Ledger:
-    """The ledger a summary carries in its metadata (empty when it has none or it is damaged)."""
-    return Ledger.from_metadata(summary.metadata.get(LEDGER_KEY))
+    """The ledger a summary carries in its metadata (empty when it has none or it is damaged):
+    the one the compaction that made the summary kept on it (`remember_ledger`), else parsed."""
+    source = summary.metadata.get(LEDGER_KEY)
+    kept = summary._cues
+    if isinstance(kept, _Carried) and kept.source is source:
+        return kept.ledger
+    return Ledger.from_metadata(source)
+
+
+class _Carried:
+    """Kept on a summary (its `_cues` slot, not part of its value) by the compaction that made
+    it: the ledger its metadata holds as `source`, so the next compaction takes the ledger
+    instead of parsing it again (~65 µs for a ledger of 50 entries)."""
+
+    __slots__ = ("ledger", "source")
+
+    def __init__(self, source: str, ledger: Ledger) -> None:
+        self.source = source
+        self.ledger = ledger
+
+
+def remember_ledger(summary: Message, ledger: Ledger) -> None:
+    """Keep `ledger` on `summary` when its metadata holds exactly it (the string the ledger
+    writes, read back as this ledger: every entry of a known kind, no empty range list)."""
+    source = summary.metadata.get(LEDGER_KEY)
+    if (
+        isinstance(source, str)
+        and len(source) <= _MAX_METADATA_CHARS
+        and all(v for v in ledger.demoted.values())
+        and all(kind in SECTIONS for kind in ledger.demoted)
+        and all(e.kind in SECTIONS for e in ledger.entries)
+        and source == ledger.to_metadata()
+    ):
+        object.__setattr__(summary, "_cues", _Carried(source, ledger))
 
 
 _TOOL_CALLS = operator.attrgetter("tool_calls")

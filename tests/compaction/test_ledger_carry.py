@@ -161,3 +161,55 @@ def test_the_summary_reads_as_before_the_ledger_went_in_first(answer: str, task:
         last_seq=2,
     )
     assert [x for x in made.text.splitlines() if x.strip()] == [x for x in expected.text.splitlines() if x.strip()]
+
+
+@settings(max_examples=200, deadline=None)
+@given(evictions(), st.integers(1, 10**6), st.integers(0, 8), st.integers(40, 4_000))
+def test_a_remembered_ledger_is_the_one_its_summary_carries(
+    eviction: tuple[list[Message], list[int]], first: int, read: int, budget: int
+) -> None:
+    """The ledger kept on a summary by the compaction that made it is the one its metadata
+    reads back as; the next compaction takes it; a summary whose ledger was changed since
+    (another metadata value) is read from its metadata."""
+    messages, positions = eviction
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ledger, "READ_MESSAGES", read)
+        seqs = list(range(first, first + len(messages)))
+        made = ledger.fit(carry([messages[i] for i in positions], messages, seqs), budget)
+    summary = _summary(9, first, [])
+    summary = summary.evolve(metadata={**summary.metadata, LEDGER_KEY: made.to_metadata()})
+    ledger.remember_ledger(summary, made)
+    assert Ledger.from_metadata(summary.metadata[LEDGER_KEY]) == made
+    assert ledger.summary_ledger(summary) is made
+    changed = summary.evolve(metadata={**summary.metadata, LEDGER_KEY: Ledger(tuple(_EARLIER)).to_metadata()})
+    assert ledger.summary_ledger(changed) == Ledger(tuple(_EARLIER))
+
+
+def test_a_ledger_its_metadata_would_not_read_back_is_not_remembered() -> None:
+    summary = _summary(1, 1, _EARLIER)
+    odd = Ledger(tuple(_EARLIER), {ledger.TASK: ()})  # an empty range list is not written
+    ledger.remember_ledger(summary, odd)
+    assert ledger.summary_ledger(summary) == Ledger(tuple(_EARLIER)) != odd
+    other = Ledger(tuple(_EARLIER[:1]))  # not the ledger the metadata holds
+    ledger.remember_ledger(summary, other)
+    assert ledger.summary_ledger(summary) == Ledger(tuple(_EARLIER))
+
+
+async def test_a_compactions_summary_carries_its_ledger_to_the_next(tmp_path: Path) -> None:
+    from cmdc import Compacted, Compactor
+    from cmdc.testing import conversation
+
+    async def instant(messages: object, instruction: str) -> str:
+        return "the summary"
+
+    state = State(agent_id="a", config={"compact_trigger": ("tokens", 10**9), "compact_offload_dir": str(tmp_path)})
+    compactor = Compactor(instant)
+    state = state.append(*conversation(60, seed=3, system=False, usage=False))
+    result = await compactor.force_compact(state)
+    assert isinstance(result, Compacted)
+    summary = next(m for m in result.state.messages if m.is_summary)
+    assert isinstance(summary._cues, ledger._Carried)
+    assert ledger.summary_ledger(summary) == Ledger.from_metadata(summary.metadata[LEDGER_KEY])
+    restored = State.from_json(result.state.to_json())  # a restored summary is read from its metadata
+    again = next(m for m in restored.messages if m.is_summary)
+    assert again._cues is None and ledger.summary_ledger(again) == ledger.summary_ledger(summary)
