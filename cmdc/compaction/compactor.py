@@ -11,6 +11,7 @@ summarizer).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from operator import attrgetter
@@ -58,6 +59,7 @@ from .ledger import (
     Ledger,
     carry,
     cues_ready,
+    first_read,
     fit,
     record_numbers,
     remember_ledger,
@@ -403,7 +405,8 @@ class Compactor:
         # The ledger is read here, while the append's fsync runs, when that is quick: a small
         # batch, or messages whose cues were read as they were appended (it then only takes
         # them, ~1 ms); else in a worker thread
-        inline = len(split.evicted) <= _LEDGER_INLINE or cues_ready(split.evicted)
+        read_from = first_read(split.evicted)  # (where the ledger reads whole: found once)
+        inline = len(split.evicted) <= _LEDGER_INLINE or cues_ready(split.evicted, read_from)
         if not inline:
 
             async def early() -> _Early:  # beside the append (its writes and fsync), in a worker thread
@@ -414,9 +417,10 @@ class Compactor:
             ledger, ordered = ahead if ahead is not None and _numbered_as(written, predicted) else (None, None)
             if ledger is None:
                 if not inline:  # beside the fsync, in a worker thread
-                    ledger = await trio.to_thread.run_sync(_ledger, state, split, written, cap)
+                    made = functools.partial(_ledger, state, split, written, cap, start=read_from)
+                    ledger = await trio.to_thread.run_sync(made)
                 else:
-                    ledger = _ledger(state, split, written, cap)
+                    ledger = _ledger(state, split, written, cap, start=read_from)
             users, answer = ledger_shares(budget, user_budget, answer_budget, ledger, cap)
             summary = await self._summarize(
                 state, config, split, written, instruction, task, answer, window, estimated, ordered
@@ -670,7 +674,7 @@ class Compactor:
         return skipped(self._emit, state, why)
 
 
-def _ledger(state: State, split: Split, written: AppendResult, budget: int) -> Ledger:
+def _ledger(state: State, split: Split, written: AppendResult, budget: int, *, start: int | None = None) -> Ledger:
     """The session ledger after this compaction: the evicted summaries' ledgers merged with what
     the evicted messages give, fitted to at most `LEDGER_SHARE` of `budget` (the summary budget,
     or what is evicted when that is smaller: the compaction stays a contraction). Nothing here
@@ -685,7 +689,7 @@ def _ledger(state: State, split: Split, written: AppendResult, budget: int) -> L
     else:
         seqs = record_numbers(evicted, given, first)
     summaries, positions = _evicted_summaries(state, evicted)
-    ledger = carry(summaries, evicted, seqs, positions=positions)
+    ledger = carry(summaries, evicted, seqs, positions=positions, start=start)
     return fit(ledger, int(budget * 4 * LEDGER_SHARE))
 
 

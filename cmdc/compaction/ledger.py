@@ -74,6 +74,11 @@ _SCAN_WINDOW = (4_000, 2_000)  # the head and tail of a long message that are re
 _RESULT_WINDOW = (2_000, 2_000)  # the same for a tool result
 
 
+_new = tuple.__new__
+"""`_new(Entry, (kind, key, text, seq, rank, status))`: an entry made without the named tuple's
+Python-level `__new__` (half the cost; a compaction makes hundreds)."""
+
+
 class Entry(NamedTuple):
     """One ledger line: its kind, the key it is deduplicated by, its text, the journal record
     of the message it comes from (the newest, when seen again), its rank (demoted lowest
@@ -94,7 +99,7 @@ class Entry(NamedTuple):
 
     def ranked(self, rank: int) -> Entry:
         """This entry of another rank (itself when the rank is the same)."""
-        return self if rank == self.rank else Entry(self.kind, self.key, self.text, self.seq, rank, self.status)
+        return self if rank == self.rank else _new(Entry, (self.kind, self.key, self.text, self.seq, rank, self.status))
 
     def to_list(self) -> list[Any]:
         return list(self)
@@ -891,7 +896,7 @@ def _from_call(call: ToolCall, result: Message | None, seq: int, cues: _CallCues
     if items:
         return _at(items, seq)
     if plain is not None and (result is None or not result.is_error):  # files, read with the call
-        return [Entry(ARTIFACT, key, text, seq, plain[0]) for key, text in plain[1]]
+        return [_new(Entry, (ARTIFACT, key, text, seq, plain[0], "")) for key, text in plain[1]]
     if command is not None:
         outcome, failed = _outcome_of(result)
         shown = scrub_media(" ".join(command.split()), f"journal record {seq}")
@@ -905,7 +910,7 @@ def _from_call(call: ToolCall, result: Message | None, seq: int, cues: _CallCues
 def _file_lines(tool: str, result: Message | None, paths: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
     """The rank and the (path, line) of each file a call to `tool` touched."""
     action, rank = _action(tool)
-    note = f" (failed: {_brief(result.text)})" if result is not None and result.is_error else ""
+    note = f" (failed: {_brief_of(result)})" if result is not None and result.is_error else ""
     return rank, [(path, f"{path} \u2014 {action}{note}") for path in paths]
 
 
@@ -921,6 +926,15 @@ def _brief(text: str) -> str:
 
 
 _BRIEF_WINDOW = 2_000
+
+
+def _brief_of(result: Message) -> str:
+    """`_brief(result.text)`, read once and kept with the result's cues."""
+    c = cues(result)
+    found = c.brief
+    if found is None:
+        found = c.brief = _brief(result.text)
+    return found
 
 
 # -- what a message gives, read once -------------------------------------------------------------
@@ -959,15 +973,17 @@ class Cues:
     `_UNCACHED` when it may name its record (it may hold media: a placeholder says where the
     media is kept), so it is read afresh by every compaction;
     `result`: a tool result's error lines and `- [ ]` lines; `outcome`: what it says as a
-    command's result; `calls`: its tool calls' `_CallCues`, in order."""
+    command's result; `brief`: its text in brief, as a failed file call's note; `calls`: its
+    tool calls' `_CallCues`, in order."""
 
-    __slots__ = ("calls", "outcome", "result", "text")
+    __slots__ = ("brief", "calls", "outcome", "result", "text")
 
     def __init__(self) -> None:
         self.text: tuple[Entry, ...] | None = None
         self.result: tuple[tuple[str, ...], tuple[Entry, ...]] | None = None
         self.outcome: tuple[str, bool] | None = None
         self.calls: tuple[_CallCues, ...] | None = None
+        self.brief: str | None = None
 
 
 _UNCACHED: tuple[Entry, ...] = (Entry(TASK, "", "", 0),)  # a marker (`Cues.text`), never an entry
@@ -1003,11 +1019,12 @@ def read_cues(m: Message) -> None:
 APPEND_READERS.append(read_cues)
 
 
-def cues_ready(messages: Sequence[Message]) -> bool:
+def cues_ready(messages: Sequence[Message], start: int | None = None) -> bool:
     """Whether every message of `messages` (evicted, in order) that a ledger reads whole has its
     cues read (appended to a state, or read by an earlier pass): the ledger then only takes
-    them, about a millisecond whatever the messages hold."""
-    for m in messages[_first_read(messages) :]:
+    them, about a millisecond whatever the messages hold. `start`: `first_read(messages)`,
+    when the caller has it."""
+    for m in messages[first_read(messages) if start is None else start :]:
         c = m._cues
         if m.role == "tool":
             if not isinstance(c, Cues) or c.result is None:
@@ -1062,7 +1079,7 @@ def _outcome_of(result: Message | None) -> tuple[str, bool]:
 
 def _at(entries: Iterable[Entry], seq: int) -> list[Entry]:
     """`entries` (read once, of no record) as the entries of journal record `seq`."""
-    return [Entry(e.kind, e.key, e.text, seq, e.rank, e.status) for e in entries]
+    return [_new(Entry, (e.kind, e.key, e.text, seq, e.rank, e.status)) for e in entries]
 
 
 # -- merging forward -----------------------------------------------------------------------------
@@ -1071,20 +1088,27 @@ def _at(entries: Iterable[Entry], seq: int) -> list[Entry]:
 def _merge_artifact(old: Entry, new: Entry) -> Entry:
     if not old.key.startswith("path:"):
         return new.ranked(max(old.rank, new.rank) if "failed" in new.text else new.rank)
-    if new.text == old.text:  # the same action again (a file read twice): only its record moves on
-        return Entry(ARTIFACT, old.key, old.text, new.seq, max(old.rank, new.rank))
-    path = old.key[5:]
+    text = _file_text(old.key[5:], old.text, new.text)
+    return _new(Entry, (ARTIFACT, old.key, text, new.seq, max(old.rank, new.rank), ""))
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_text(path: str, old: str, new: str) -> str:
+    """A file's line once `new` (one action) is seen after `old` (its actions so far): the
+    same line when the action is known, else the action added (cached: a compaction sees the
+    same few files read and edited again and again)."""
+    if new == old:  # the same action again (a file read twice): only its record moves on
+        return old
     prefix = f"{path} \u2014 "
-    plain = "(failed" not in old.text and "(failed" not in new.text
-    same_path = new.text.startswith(prefix) and old.text.startswith(prefix)
-    if plain and same_path and new.text[len(prefix) :] in old.text[len(prefix) :].split(", "):  # known action
-        return Entry(ARTIFACT, old.key, old.text, new.seq, max(old.rank, new.rank))
-    before = old.text.split(" \u2014 ", 1)[1].split(" (failed", 1)[0] if " \u2014 " in old.text else ""
-    now = new.text.split(" \u2014 ", 1)[1] if " \u2014 " in new.text else ""
+    plain = "(failed" not in old and "(failed" not in new
+    same_path = new.startswith(prefix) and old.startswith(prefix)
+    if plain and same_path and new[len(prefix) :] in old[len(prefix) :].split(", "):  # known action
+        return old
+    before = old.split(" \u2014 ", 1)[1].split(" (failed", 1)[0] if " \u2014 " in old else ""
+    now = new.split(" \u2014 ", 1)[1] if " \u2014 " in new else ""
     actions = list(dict.fromkeys([a for a in before.split(", ") if a] + [now.split(" (failed", 1)[0]]))
     note = now[len(now.split(" (failed", 1)[0]) :]
-    text = clip_line(f"{path} \u2014 {', '.join(actions)}{note}", _TEXT_BYTES[ARTIFACT])
-    return Entry(ARTIFACT, old.key, text, new.seq, max(old.rank, new.rank))
+    return clip_line(f"{path} \u2014 {', '.join(actions)}{note}", _TEXT_BYTES[ARTIFACT])
 
 
 _FAILED_MARK = " -> failed: "
@@ -1139,7 +1163,7 @@ def merge(previous: Ledger, observed: Iterable[Entry]) -> Ledger:
                 entries[(seen.kind, seen.key)] = seen
             entries[k] = _merge_artifact(old, new)
         elif kind == TASK and new.key != "step":
-            entries[k] = Entry(old.kind, old.key, new.text, new.seq, new.rank, new.status)
+            entries[k] = _new(Entry, (old.kind, old.key, new.text, new.seq, new.rank, new.status))
         else:
             entries[k] = new.ranked(max(old.rank, new.rank))
         if kind == TASK and new.key == "step":
@@ -1159,10 +1183,12 @@ def carry(
     seqs: Sequence[int],
     *,
     positions: Sequence[int] | None = None,
+    start: int | None = None,
 ) -> Ledger:
     """The ledger after a compaction: the previous summaries' ledgers (from their metadata),
-    merged with what the evicted `messages` (journal records `seqs`) give. `positions`, when
-    the caller knows them: where `summaries` are among `messages` (else looked for)."""
+    merged with what the evicted `messages` (journal records `seqs`) give. When the caller
+    knows them: `positions`, where `summaries` are among `messages` (else looked for), and
+    `start`, `first_read(messages)`."""
     ledger = Ledger()
     summaries = list(summaries)
     for summary in summaries:
@@ -1172,7 +1198,7 @@ def carry(
         for kind, ranges in earlier.demoted.items():
             demoted[kind] = _coalesce([*demoted.get(kind, ()), *ranges])
         ledger = Ledger(ledger.entries, demoted)
-    start = _first_read(messages)
+    start = first_read(messages) if start is None else start
     if start > 0:  # too many to read in one compaction: the older ones are named by their records
         # the records of the messages not read, but summaries', and numbered (> 0); no pass over
         # them when they are numbered in order (a range: its ends), else C passes (max, min)
@@ -1274,10 +1300,7 @@ def _older_calls(messages: Sequence[Message], seqs: Sequence[int], end: int | No
         m = messages[i]
         if m.role != "assistant":
             continue
-        near = messages[i + 1 : min(end, i + 1 + 2 * len(m.tool_calls))]
-        results = {r.tool_call_id: r for r in near if r.role == "tool"}
-        for call, read in zip(m.tool_calls, _calls_cues(m), strict=True):
-            result = results.get(call.id)
+        for call, read, result in _with_results(messages, i, end, m):
             if read[2] and (result is None or not result.is_error):  # files (the commonest call):
                 if (call.name, read[2]) in plain:  # the same tool on the same files, the same lines
                     continue
@@ -1293,6 +1316,26 @@ def _older_calls(messages: Sequence[Message], seqs: Sequence[int], end: int | No
     return sorted(newest.values(), key=operator.attrgetter("seq"))
 
 
+def _with_results(
+    messages: Sequence[Message], i: int, end: int, m: Message
+) -> Iterable[tuple[ToolCall, _CallCues, Message | None]]:
+    """Each call of `m` (`messages[i]`), its cues and its result: the last one for it among the
+    `2 * calls` records after `m` (before `end`). One call, the commonest, without a map."""
+    calls, reads = m.tool_calls, _calls_cues(m)
+    if len(calls) == 1:
+        call, found = calls[0], None
+        for j in (i + 2, i + 1):
+            if j < end:
+                r = messages[j]
+                if r.tool_call_id == call.id and r.role == "tool":
+                    found = r
+                    break
+        return ((call, reads[0], found),)
+    near = messages[i + 1 : min(end, i + 1 + 2 * len(calls))]
+    results = {r.tool_call_id: r for r in near if r.role == "tool"}
+    return [(call, read, results.get(call.id)) for call, read in zip(calls, reads, strict=True)]
+
+
 def summary_positions(messages: Sequence[Message]) -> list[int]:
     """Where the summaries are among `messages` (a message without metadata, nearly all, is
     passed over by one attribute test)."""
@@ -1305,7 +1348,7 @@ def summaries_in(messages: Sequence[Message]) -> list[Message]:
     return [m for m in messages if m.metadata and m.is_summary]
 
 
-def _first_read(messages: Sequence[Message]) -> int:
+def first_read(messages: Sequence[Message]) -> int:
     """Where the messages read start: at most `READ_MESSAGES` of the newest and about
     `READ_TOKENS` of their tokens (the message that reaches it is read), never between a
     tool call and its results (the read part starts at a user or assistant message)."""
@@ -1313,7 +1356,9 @@ def _first_read(messages: Sequence[Message]) -> int:
     floor = max(0, len(messages) - READ_MESSAGES)
     while start > floor and tokens < READ_TOKENS:
         start -= 1
-        tokens += estimate_message_tokens(messages[start])
+        m = messages[start]
+        cached = m._tokens  # (estimated when it entered its state: the commonest case)
+        tokens += cached if cached is not None else estimate_message_tokens(m)
     while 0 < start < len(messages) and messages[start].role == "tool":
         start -= 1
     return start
@@ -1551,6 +1596,7 @@ __all__ = [
     "Entry",
     "Ledger",
     "carry",
+    "first_read",
     "error_lines",
     "fit",
     "is_decision",

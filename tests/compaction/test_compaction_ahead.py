@@ -36,9 +36,9 @@ def ledger_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     calls: list[tuple[int, int]] = []
     real = compactor_mod._ledger
 
-    def spy(state: State, split: Any, written: AppendResult, budget: int) -> Ledger:
+    def spy(state: State, split: Any, written: AppendResult, budget: int, **kw: Any) -> Ledger:
         calls.append((written.first_seq, written.last_seq))
-        return real(state, split, written, budget)
+        return real(state, split, written, budget, **kw)
 
     monkeypatch.setattr(compactor_mod, "_ledger", spy)
     return calls
@@ -110,11 +110,11 @@ async def test_a_failure_beside_the_fsync_loses_nothing(
     made = threading.Event()
     real = compactor_mod._ledger
 
-    def ledger(state: State, split: Any, written: AppendResult, budget: int) -> Ledger:
+    def ledger(state: State, split: Any, written: AppendResult, budget: int, **kw: Any) -> Ledger:
         made.set()
         if failure == "ledger":
             raise RuntimeError("ledger bug")
-        return real(state, split, written, budget)
+        return real(state, split, written, budget, **kw)
 
     def fsync(fd: int) -> None:
         if is_journal_fd(fd) and failure == "fsync":
@@ -154,11 +154,11 @@ async def test_a_cancel_while_the_ledger_is_made_waits_for_the_append(
 
     done: list[bool] = []
 
-    def slow_ledger(state: State, split: Any, written: AppendResult, budget: int) -> Ledger:
+    def slow_ledger(state: State, split: Any, written: AppendResult, budget: int, **kw: Any) -> Ledger:
         making.set()
         release.wait(10)
         try:
-            return real(state, split, written, budget)
+            return real(state, split, written, budget, **kw)
         finally:
             done.append(True)
 

@@ -504,6 +504,33 @@ async def test_closing_a_store_ends_its_index_thread_and_a_later_write_starts_on
     await store.aclose()
 
 
+async def test_an_idle_index_thread_waits_for_the_next_poke_then_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its work done, the thread waits `_LINGER` seconds: a later write (the next compaction's
+    commit) finds it and starts none; idle that long, it ends, and the next write starts one."""
+    monkeypatch.setattr(_index, "_QUIET", 0.0)
+    monkeypatch.setattr(_index, "_LINGER", 1.5)
+    store = OffloadStore(tmp_path)
+    await store.append("a", batch(10), compaction=1)
+    thread = store._indexer._thread
+    assert thread is not None
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
+    assert thread.is_alive() and store._indexer._thread is thread  # lingering
+    await store.append("a", batch(5, 10), compaction=2)
+    assert store._indexer._thread is thread  # no new thread
+    assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
+    assert [r.seq for r in await OffloadStore(tmp_path).search("a", "item12", 3)] == [13]
+    await trio.to_thread.run_sync(thread.join, 30.0)  # idle for `_LINGER`: it ends
+    assert not thread.is_alive() and store._indexer._thread is None
+    await store.append("a", batch(3, 20), compaction=3)
+    later = store._indexer._thread
+    assert later is not None and later is not thread
+    await store.aclose()
+    await trio.to_thread.run_sync(later.join, 10.0)
+    assert not later.is_alive()
+
+
 async def test_a_store_dropped_unclosed_ends_its_index_thread(tmp_path: Path) -> None:
     """The thread holds its store weakly: a store nobody refers to is collected and its thread
     ends, without waiting for the quiet period."""

@@ -83,6 +83,7 @@ before it takes the lock (writers are not held up by a long catch-up)."""
 _TAIL = 64  # bytes before the mark whose checksum tells the journal is still the one indexed
 _QUIET = 2.0  # seconds without a poke before the background thread indexes (the store is idle)
 _LATEST = 30.0  # ... but no later than this after the first poke it has not served
+_LINGER = 120.0  # an idle thread waits this long for more work before it ends
 _WORD = re.compile(r"\w+")
 _JOINED = re.compile(r"\w[/.-]")  # where an identifier may be
 
@@ -1343,8 +1344,9 @@ def check(conn: sqlite3.Connection) -> list[str]:
 class Indexer:
     """One daemon thread per store (at a lower CPU priority) that brings poked journals' indexes
     up to date once the store has been quiet `_QUIET` seconds (at most `_LATEST` after a poke):
-    indexing never competes with a burst of compactions; it ends when idle, and when `close`d
-    (the store closed, or collected: the thread holds the store weakly). `work(path, stopped)`
+    indexing never competes with a burst of compactions; idle, it waits `_LINGER` seconds for
+    more (the next compaction's poke then starts no thread) and ends, or ends at once when
+    `close`d (the store closed, or collected: the thread holds the store weakly). `work(path, stopped)`
     is called with each journal path and a check that tells it to stop early (between two
     transactions); what it raises is logged and dropped (a reader catches up itself)."""
 
@@ -1356,6 +1358,7 @@ class Indexer:
         self._last = 0.0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._busy = False  # a journal handed to the work, not done yet
 
     def poke(self, path: Path) -> None:
         with self._lock:
@@ -1381,18 +1384,29 @@ class Indexer:
 
     def _next(self, stop: threading.Event) -> Path | None:
         with self._lock:
+            self._busy = False  # (the work handed out last is done)
+            idle_since: float | None = None
             while True:
                 if stop.is_set():  # closed: `close` let go of this thread already
                     return None
                 if not self._pending:
-                    self._thread = None
-                    return None
+                    # idle: it waits a while for the next poke before it ends (a compaction
+                    # minutes after the last then starts no thread: ~0.1-0.2 ms of its time)
+                    now = time.monotonic()
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= _LINGER:
+                        self._thread = None
+                        return None
+                    self._wake.wait(_LINGER - (now - idle_since))
+                    continue
+                idle_since = None
                 now = time.monotonic()
                 oldest = min(self._pending.values())
                 due = min(self._last + _QUIET, oldest + _LATEST)
                 if now >= due:
                     path = min(self._pending, key=self._pending.__getitem__)
                     del self._pending[path]
+                    self._busy = True
                     return path
                 self._wake.wait(due - now)
 
@@ -1415,11 +1429,12 @@ class Indexer:
                 del work
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """For tests: whether the thread finished its work within `timeout`."""
+        """For tests: whether the thread finished its work within `timeout` (it may linger,
+        idle, for the next poke)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if self._thread is None:
+                if self._thread is None or (not self._pending and not self._busy):
                     return True
             time.sleep(0.01)
         return False
