@@ -1096,9 +1096,8 @@ def _merge_artifact(old: Entry, new: Entry) -> Entry:
 def _file_text(path: str, old: str, new: str) -> str:
     """A file's line once `new` (one action) is seen after `old` (its actions so far): the
     same line when the action is known, else the action added (cached: a compaction sees the
-    same few files read and edited again and again)."""
-    if new == old:  # the same action again (a file read twice): only its record moves on
-        return old
+    same few files read and edited again and again). The same line again (a summary's ledger
+    carried twice) adds no action: its actions are not listed twice."""
     prefix = f"{path} \u2014 "
     plain = "(failed" not in old and "(failed" not in new
     same_path = new.startswith(prefix) and old.startswith(prefix)
@@ -1106,7 +1105,8 @@ def _file_text(path: str, old: str, new: str) -> str:
         return old
     before = old.split(" \u2014 ", 1)[1].split(" (failed", 1)[0] if " \u2014 " in old else ""
     now = new.split(" \u2014 ", 1)[1] if " \u2014 " in new else ""
-    actions = list(dict.fromkeys([a for a in before.split(", ") if a] + [now.split(" (failed", 1)[0]]))
+    added = [] if new == old else [now.split(" (failed", 1)[0]]
+    actions = list(dict.fromkeys([a for a in before.split(", ") if a] + added))
     note = now[len(now.split(" (failed", 1)[0]) :]
     return clip_line(f"{path} \u2014 {', '.join(actions)}{note}", _TEXT_BYTES[ARTIFACT])
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cmdc import Message, State, ToolCall
+from cmdc._clip import clip_line
 from cmdc.compaction import finalize, ledger
 from cmdc.compaction.compactor import _evicted_summaries
 from cmdc.compaction.finalize import FinalizeContext, default_finalize, replace_section
@@ -96,6 +97,26 @@ def test_a_file_entry_carried_twice_keeps_its_actions_once() -> None:
     entry = Entry(ARTIFACT, "path:src/a.py", "src/a.py \u2014 read, edited", 3, 2)
     merged = merge(merge(Ledger(), [entry]), [entry._replace(seq=9)])
     assert [(e.text, e.seq) for e in merged.entries] == [("src/a.py \u2014 read, edited", 9)]
+
+
+def test_a_file_line_that_failed_twice_the_same_way_is_merged_as_before() -> None:
+    """The same failed line seen again goes through the merge as before (clipped to the line's
+    bytes, its whitespace collapsed): only a line of several actions is not given them twice."""
+    path = "deep/" * 45 + "f.py"  # a long path: its failed line is over the line's 200 bytes
+    messages: list[Message] = []
+    for i in range(2):
+        call = ToolCall(f"c{i}", "edit_file", {"path": path})
+        failed = Message.tool_result(call.id, "Error: no", is_error=True)
+        messages += [Message.assistant("", tool_calls=(call,)), failed]
+    (line,) = [e.text for e in carry([], messages, [1, 2, 3, 4]).entries if e.kind == ARTIFACT]
+    assert line == clip_line(f"{path} \u2014 edited (failed: Error: no)", 200)
+    assert len(line.encode()) <= 200
+    spaced = Entry(ARTIFACT, "path:a  b.py", "a  b.py \u2014 edited (failed: x)", 3, 2)
+    once = merge(merge(Ledger(), [spaced]), [spaced._replace(seq=9)]).entries
+    assert [(e.text, e.seq) for e in once] == [("a b.py \u2014 edited (failed: x)", 9)]
+    several = Entry(ARTIFACT, "path:src/a.py", "src/a.py \u2014 read, edited (failed: x)", 3, 2)
+    once = merge(merge(Ledger(), [several]), [several._replace(seq=9)]).entries
+    assert [(e.text, e.seq) for e in once] == [("src/a.py \u2014 read, edited (failed: x)", 9)]
 
 
 def _old_with_ledger(text: str, led: Ledger) -> str:
