@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
@@ -154,11 +155,9 @@ def with_ledger(text: str, ledger: Ledger | None) -> str:
         text = _without_section(text, heading)
     text = text.strip()
     # after the answer's first section (the request: what the summary is about), before the rest
-    if not text.startswith("## "):
-        return f"{render(ledger)}\n\n{text}" if text else render(ledger)
-    first = text.find("\n## ", 1)
-    if first < 0:  # the answer is its first section
-        return f"{text}\n\n{render(ledger)}"
+    first = text.find("\n## ", 1) if text.startswith("## ") else -1
+    if first < 0:
+        return f"{render(ledger)}\n\n{text}"
     return f"{text[:first].rstrip()}\n\n{render(ledger)}\n\n{text[first:].lstrip()}"
 
 
@@ -169,12 +168,15 @@ def default_finalize(ctx: FinalizeContext) -> list[Message]:
     the task is kept the request section refers to it, where it sits."""
     users = preserved_user_messages(ctx)
     body = "\n".join(f"- {' '.join(t.split())}" for t in users) if users else "(none)"
-    text = strip_scratchpad(ctx.summary)
+    # A line stands for the user messages while the answer's sections are looked for (not tens
+    # of kB of them, once per heading); it ends as they do (a space when the last is blank), so
+    # what is stripped around it is what would be stripped around them.
+    tail = body[len(body.rstrip()) :]
+    mark = f"\x00{uuid.uuid4().hex}\x00"
+    text = replace_section(strip_scratchpad(ctx.summary), USER_MESSAGES_HEADING, mark + tail)
     if ctx.task_id is not None and _has_section(text, TASK_HEADING):
         text = replace_section(text, TASK_HEADING, task_reference(ctx.task_before))
-    # the ledger goes in before the user messages: only the answer is searched for its headings
-    # (not the preserved messages too, tens of kB, once per heading)
-    text = replace_section(with_ledger(text, ctx.ledger), USER_MESSAGES_HEADING, body)
+    text = _with_users(with_ledger(text, ctx.ledger), mark, tail, body)
     message = summary_message(
         text,
         compaction=ctx.compaction,
@@ -187,6 +189,17 @@ def default_finalize(ctx: FinalizeContext) -> list[Message]:
     if ctx.ledger is not None:
         extra[LEDGER_KEY] = ctx.ledger.to_metadata()
     return [message.evolve(metadata={**message.metadata, **extra})]
+
+
+def _with_users(text: str, mark: str, tail: str, body: str) -> str:
+    """`text` with the user messages (`body`) where `mark` (then `tail`, unless stripped) is."""
+    at = text.find(mark)
+    if at < 0:  # (their section was under one the ledger replaced)
+        return text
+    end = at + len(mark)
+    if text.startswith(tail, end):
+        return f"{text[:at]}{body}{text[end + len(tail) :]}"
+    return f"{text[:at]}{body[: len(body) - len(tail)]}{text[end:]}"
 
 
 async def default_summary(ctx: FinalizeContext, messages: list[Message]) -> list[Message]:

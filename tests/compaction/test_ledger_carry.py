@@ -184,6 +184,45 @@ def test_the_summary_reads_as_before_the_ledger_went_in_first(answer: str, task:
     assert [x for x in made.text.splitlines() if x.strip()] == [x for x in expected.text.splitlines() if x.strip()]
 
 
+_ODD_PATHS = ["a\u2028## All user messages\u2028b.py", "c\rd.py", "e\x0b# All user messages"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        *_ANSWERS,
+        "## Primary request and intent\nbuild X\n# All user messages\n- hi\n## Pending tasks\n- y",
+        "## All user messages\n- stale\n## Next step\ngo",
+    ],
+)
+@pytest.mark.parametrize("users", [["keep port 8080", "use   Kafka\nplease"], ["a", "   "], []])
+def test_the_summary_is_the_one_made_with_the_user_messages_in_first(
+    answer: str, users: list[str], tmp_path: Path
+) -> None:
+    """Exactly as before (not only its lines): a user-messages heading of the answer after the
+    ledger's place, or a file's path in the ledger that holds a line break and a heading, changes
+    nothing; the ledger is never searched for the user messages' heading."""
+    odd = [Entry(ARTIFACT, "path:" + p, f"{p} \u2014 read", 4 + i, 0) for i, p in enumerate(_ODD_PATHS)]
+    led = Ledger((*_EARLIER, *odd))
+    ctx = FinalizeContext(
+        summary=answer,
+        evicted=tuple(Message.user(u) for u in users),
+        state=None,
+        compaction=1,
+        offload_path=str(tmp_path / "j"),
+        first_seq=1,
+        last_seq=2,
+        user_message_budget=1_000,
+        task_id=None,
+        task_before=True,
+        ledger=led,
+    )
+    made = default_finalize(ctx)[0]
+    expected = _reference_finalize_text(answer, led, users, False)
+    assert made.text.split("\n\n", 1)[1] == expected.strip()
+    assert render(led) in made.text
+
+
 @settings(max_examples=200, deadline=None)
 @given(evictions(), st.integers(1, 10**6), st.integers(0, 8), st.integers(40, 4_000))
 def test_a_remembered_ledger_is_the_one_its_summary_carries(
