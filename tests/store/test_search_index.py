@@ -508,9 +508,10 @@ async def test_an_idle_index_thread_waits_for_the_next_poke_then_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its work done, the thread waits `_LINGER` seconds: a later write (the next compaction's
-    commit) finds it and starts none; idle that long, it ends, and the next write starts one."""
+    commit) finds it and starts none; idle that long, it ends, and the next write starts one.
+    (No timing: the linger is long while the thread must be found, then none, the thread woken.)"""
     monkeypatch.setattr(_index, "_QUIET", 0.0)
-    monkeypatch.setattr(_index, "_LINGER", 1.5)
+    monkeypatch.setattr(_index, "_LINGER", 600.0)
     store = OffloadStore(tmp_path)
     await store.append("a", batch(10), compaction=1)
     thread = store._indexer._thread
@@ -521,6 +522,9 @@ async def test_an_idle_index_thread_waits_for_the_next_poke_then_ends(
     assert store._indexer._thread is thread  # no new thread
     assert await trio.to_thread.run_sync(store._indexer.wait_idle, 60.0)
     assert [r.seq for r in await OffloadStore(tmp_path).search("a", "item12", 3)] == [13]
+    monkeypatch.setattr(_index, "_LINGER", 0.0)
+    with store._indexer._lock:
+        store._indexer._wake.notify_all()  # (as a spurious wake-up: it looks at the time again)
     await trio.to_thread.run_sync(thread.join, 30.0)  # idle for `_LINGER`: it ends
     assert not thread.is_alive() and store._indexer._thread is None
     await store.append("a", batch(3, 20), compaction=3)
@@ -529,6 +533,37 @@ async def test_an_idle_index_thread_waits_for_the_next_poke_then_ends(
     await store.aclose()
     await trio.to_thread.run_sync(later.join, 10.0)
     assert not later.is_alive()
+
+
+def test_a_closed_threads_last_work_does_not_make_the_next_thread_look_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread closed in the middle of a journal, and the thread a poke started since: the
+    first one's work ending is not the second one's (`wait_idle` waits for the second)."""
+    monkeypatch.setattr(_index, "_QUIET", 0.0)
+    monkeypatch.setattr(_index, "_LINGER", 600.0)
+    started = {p: threading.Event() for p in ("one", "two")}
+    release = {p: threading.Event() for p in ("one", "two")}
+
+    def work(path: Path, stopped: Callable[[], bool]) -> None:
+        started[path.name].set()
+        release[path.name].wait(30)
+
+    indexer = _index.Indexer(work)
+    indexer.poke(Path("one"))
+    assert started["one"].wait(30)
+    first = indexer.close()  # while it works on "one"
+    indexer.poke(Path("two"))
+    assert started["two"].wait(30)
+    second = indexer._thread
+    assert first is not None and second is not None and second is not first
+    release["one"].set()
+    first.join(30)
+    assert not first.is_alive()
+    assert not indexer.wait_idle(0.3)  # "two" is still in hand
+    release["two"].set()
+    assert indexer.wait_idle(30)
+    indexer.close()
+    second.join(30)
+    assert not second.is_alive()
 
 
 async def test_a_store_dropped_unclosed_ends_its_index_thread(tmp_path: Path) -> None:

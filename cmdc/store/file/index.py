@@ -1384,7 +1384,8 @@ class Indexer:
 
     def _next(self, stop: threading.Event) -> Path | None:
         with self._lock:
-            self._busy = False  # (the work handed out last is done)
+            if not stop.is_set():  # (a closed thread's work is not the current thread's)
+                self._busy = False  # (the work handed out last is done)
             idle_since: float | None = None
             while True:
                 if stop.is_set():  # closed: `close` let go of this thread already
