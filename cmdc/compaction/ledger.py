@@ -667,10 +667,7 @@ def decisions(text: str, split: Sequence[str] | None = None) -> list[str]:
 
 
 @functools.lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=1024)
 def _action(tool: str) -> tuple[str, int]:
-    """What a call to `tool` does to its files, and its rank (cached: a session calls a few
-    tools, each many times, and this tries each pattern in turn)."""
     for pattern, action, rank in _ACTIONS:
         if pattern.search(tool):
             return action, rank
@@ -1271,10 +1268,11 @@ def remember_ledger(summary: Message, ledger: Ledger) -> None:
         and len(source) <= _MAX_METADATA_CHARS
         and all(v for v in ledger.demoted.values())
         and all(kind in SECTIONS for kind in ledger.demoted)
-        and all(e.kind in SECTIONS for e in ledger.entries)
+        and all(e.kind in SECTIONS and type(e.seq) is int and type(e.rank) is int for e in ledger.entries)
         and source == ledger.to_metadata()
-    ):
-        object.__setattr__(summary, "_cues", _Carried(source, ledger))
+    ):  # (its own copy of the ranges: a finalizer holding the ledger cannot change it later)
+        kept = Ledger(ledger.entries, {kind: tuple(ranges) for kind, ranges in ledger.demoted.items()})
+        object.__setattr__(summary, "_cues", _Carried(source, kept))
 
 
 _TOOL_CALLS = operator.attrgetter("tool_calls")

@@ -240,7 +240,7 @@ def test_a_remembered_ledger_is_the_one_its_summary_carries(
     summary = summary.evolve(metadata={**summary.metadata, LEDGER_KEY: made.to_metadata()})
     ledger.remember_ledger(summary, made)
     assert Ledger.from_metadata(summary.metadata[LEDGER_KEY]) == made
-    assert ledger.summary_ledger(summary) is made
+    assert ledger.summary_ledger(summary) == made and isinstance(summary._cues, ledger._Carried)
     changed = summary.evolve(metadata={**summary.metadata, LEDGER_KEY: Ledger(tuple(_EARLIER)).to_metadata()})
     assert ledger.summary_ledger(changed) == Ledger(tuple(_EARLIER))
 
@@ -253,6 +253,20 @@ def test_a_ledger_its_metadata_would_not_read_back_is_not_remembered() -> None:
     other = Ledger(tuple(_EARLIER[:1]))  # not the ledger the metadata holds
     ledger.remember_ledger(summary, other)
     assert ledger.summary_ledger(summary) == Ledger(tuple(_EARLIER))
+    floats = Ledger(tuple(e._replace(seq=float(e.seq)) for e in _EARLIER))  # (JSON writes 3.0, reads a float)
+    made = summary.evolve(metadata={**summary.metadata, LEDGER_KEY: floats.to_metadata()})
+    ledger.remember_ledger(made, floats)
+    assert made._cues is None and ledger.summary_ledger(made) == Ledger()  # read back: not entries
+
+
+def test_a_remembered_ledger_is_a_copy_of_its_ranges() -> None:
+    ranges = {ledger.VALUE: ((1, 4),)}
+    led = Ledger(tuple(_EARLIER), ranges)
+    summary = _summary(1, 1, [])
+    summary = summary.evolve(metadata={**summary.metadata, LEDGER_KEY: led.to_metadata()})
+    ledger.remember_ledger(summary, led)
+    ranges[ledger.TASK] = ((7, 9),)  # a finalizer changing the ledger it was given, afterwards
+    assert ledger.summary_ledger(summary) == Ledger.from_metadata(summary.metadata[LEDGER_KEY])
 
 
 async def test_a_compactions_summary_carries_its_ledger_to_the_next(tmp_path: Path) -> None:
