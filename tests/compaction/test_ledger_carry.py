@@ -4,6 +4,7 @@ are read in place. Each gives what the plain forms give."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from cmdc import Message, State, ToolCall
 from cmdc._clip import clip_line
 from cmdc.compaction import finalize, ledger
 from cmdc.compaction.compactor import _evicted_summaries
-from cmdc.compaction.finalize import FinalizeContext, default_finalize, replace_section
+from cmdc.compaction.finalize import FinalizeContext, default_finalize, replace_section, with_ledger
 from cmdc.compaction.ledger import ARTIFACT, LEDGER_KEY, Entry, Ledger, carry, merge, render
 from cmdc.compaction.summary import strip_scratchpad, summary_message
 from tests.compaction.test_ledger_cues import conversations
@@ -84,11 +85,24 @@ def test_the_evicted_summaries_are_found_without_reading_past_them() -> None:
     s1, s2 = _summary(1, 1, _EARLIER[:1]), _summary(2, 4, _EARLIER)
     rest = [Message.user(f"u{i}") for i in range(6)]
     state = State(agent_id="a", messages=[Message.system("sys"), s1, s2, *rest])
-    evicted = (s1, s2, *rest[:4])
-    assert _evicted_summaries(state, evicted) == ([s1, s2], [0, 1])
-    assert _evicted_summaries(state, (s2, *rest[:4])) == ([s2], [0])  # s1 kept: looked for to the end
+    evicted = _Counted((s1, s2, *rest[:4]))
+    assert _evicted_summaries(state, evicted) == ([s1, s2], [0, 1]) and evicted.read == 2
+    kept = _Counted((s2, *rest[:4]))
+    assert _evicted_summaries(state, kept) == ([s2], [0]) and kept.read == 5  # s1 kept: to the end
     plain = State(agent_id="a", messages=rest)
-    assert _evicted_summaries(plain, tuple(rest)) == ([], [])
+    unread = _Counted(tuple(rest))
+    assert _evicted_summaries(plain, unread) == ([], []) and unread.read == 0
+
+
+class _Counted(tuple[Message, ...]):
+    """Evicted messages that count how many were read."""
+
+    read = 0
+
+    def __iter__(self) -> Iterator[Message]:
+        for m in super().__iter__():
+            self.read += 1
+            yield m
 
 
 def test_a_file_entry_carried_twice_keeps_its_actions_once() -> None:
@@ -119,25 +133,31 @@ def test_a_file_line_that_failed_twice_the_same_way_is_merged_as_before() -> Non
     assert [(e.text, e.seq) for e in once] == [("src/a.py \u2014 read, edited (failed: x)", 9)]
 
 
-def _old_with_ledger(text: str, led: Ledger) -> str:
-    """`with_ledger` as it was when it ran on the whole summary, user messages and all."""
-    for heading in ledger.SECTIONS.values():
-        text = finalize._without_section(text, heading)
-    text = text.strip()
-    first = text.find("\n## ", 1) if text.startswith("## ") else -1
-    if first < 0:
-        return f"{render(led)}\n\n{text}"
-    return f"{text[:first].rstrip()}\n\n{render(led)}\n\n{text[first:].lstrip()}"
-
-
 def _reference_finalize_text(summary: str, led: Ledger, users: list[str], task: bool) -> str:
-    """The summary as it was made before the ledger went in first: the user messages' section
-    put in, the task section replaced, then the ledger (after the first section)."""
+    """The summary as it was made before the user messages went in as a marker: their section
+    put in, the task section replaced, then the ledger (after the first section), over it all."""
     body = "\n".join(f"- {' '.join(t.split())}" for t in users) if users else "(none)"
     text = replace_section(strip_scratchpad(summary), finalize.USER_MESSAGES_HEADING, body)
     if task and finalize._has_section(text, finalize.TASK_HEADING):
         text = replace_section(text, finalize.TASK_HEADING, finalize.task_reference(True))
-    return _old_with_ledger(text, led)
+    return with_ledger(text, led)
+
+
+def _context(answer: str, users: list[str], led: Ledger, tmp_path: Path, task: bool) -> FinalizeContext:
+    """A finalizer's context: the summarizer's `answer`, `users` evicted, the ledger `led`."""
+    return FinalizeContext(
+        summary=answer,
+        evicted=tuple(Message.user(u) for u in users),
+        state=None,
+        compaction=1,
+        offload_path=str(tmp_path / "j"),
+        first_seq=1,
+        last_seq=2,
+        user_message_budget=1_000,
+        task_id="t" if task else None,
+        task_before=True,
+        ledger=led,
+    )
 
 
 _ANSWERS = [
@@ -159,20 +179,7 @@ def test_the_summary_reads_as_before_the_ledger_went_in_first(answer: str, task:
     under a ledger heading was taken out)."""
     led = Ledger(tuple(_EARLIER))
     users = ["keep port 8080", "use   Kafka\nplease"]
-    ctx = FinalizeContext(
-        summary=answer,
-        evicted=tuple(Message.user(u) for u in users),
-        state=None,
-        compaction=1,
-        offload_path=str(tmp_path / "j"),
-        first_seq=1,
-        last_seq=2,
-        user_message_budget=1_000,
-        task_id="t" if task else None,
-        task_before=True,
-        ledger=led,
-    )
-    made = default_finalize(ctx)[0]
+    made = default_finalize(_context(answer, users, led, tmp_path, task))[0]
     expected = summary_message(
         _reference_finalize_text(answer, led, users, task),
         compaction=1,
@@ -193,6 +200,7 @@ _ODD_PATHS = ["a\u2028## All user messages\u2028b.py", "c\rd.py", "e\x0b# All us
         *_ANSWERS,
         "## Primary request and intent\nbuild X\n# All user messages\n- hi\n## Pending tasks\n- y",
         "## All user messages\n- stale\n## Next step\ngo",
+        "## Primary request and intent\nx\n# Files and commands\n- own\n## All user messages\n- stale",
     ],
 )
 @pytest.mark.parametrize("users", [["keep port 8080", "use   Kafka\nplease"], ["a", "   "], []])
@@ -204,20 +212,7 @@ def test_the_summary_is_the_one_made_with_the_user_messages_in_first(
     nothing; the ledger is never searched for the user messages' heading."""
     odd = [Entry(ARTIFACT, "path:" + p, f"{p} \u2014 read", 4 + i, 0) for i, p in enumerate(_ODD_PATHS)]
     led = Ledger((*_EARLIER, *odd))
-    ctx = FinalizeContext(
-        summary=answer,
-        evicted=tuple(Message.user(u) for u in users),
-        state=None,
-        compaction=1,
-        offload_path=str(tmp_path / "j"),
-        first_seq=1,
-        last_seq=2,
-        user_message_budget=1_000,
-        task_id=None,
-        task_before=True,
-        ledger=led,
-    )
-    made = default_finalize(ctx)[0]
+    made = default_finalize(_context(answer, users, led, tmp_path, False))[0]
     expected = _reference_finalize_text(answer, led, users, False)
     assert made.text.split("\n\n", 1)[1] == expected.strip()
     assert render(led) in made.text
@@ -253,7 +248,8 @@ def test_a_ledger_its_metadata_would_not_read_back_is_not_remembered() -> None:
     other = Ledger(tuple(_EARLIER[:1]))  # not the ledger the metadata holds
     ledger.remember_ledger(summary, other)
     assert ledger.summary_ledger(summary) == Ledger(tuple(_EARLIER))
-    floats = Ledger(tuple(e._replace(seq=float(e.seq)) for e in _EARLIER))  # (JSON writes 3.0, reads a float)
+    # (JSON writes 3.0, reads a float)
+    floats = Ledger(tuple(e._replace(seq=float(e.seq)) for e in _EARLIER))  # type: ignore[arg-type]
     made = summary.evolve(metadata={**summary.metadata, LEDGER_KEY: floats.to_metadata()})
     ledger.remember_ledger(made, floats)
     assert made._cues is None and ledger.summary_ledger(made) == Ledger()  # read back: not entries
